@@ -1,0 +1,103 @@
+# attnd — `make` builds, `make test` proves, `make bench` measures, `make run` serves.
+#
+#   make              build/attnd, build/libattn.a
+#   make test         every suite, then every suite again under ASan + UBSan
+#   make run          the server on its defaults (ATTND_* variables change them)
+#   make bench        the benchmark table
+#
+# On a fresh Debian machine the first of these installs the packages it needs
+# (tools/deps.sh: apt-get when root, otherwise it prints the one command).
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra -Werror -pthread \
+                -Ilib -Iapi -Iserver
+# Recursively expanded on purpose: pkg-config may only exist once tools/deps.sh ran.
+PKG_CFLAGS = $(shell pkg-config --cflags openblas jansson libmicrohttpd 2>/dev/null)
+PKG_LIBS_LIB = $(shell pkg-config --libs openblas 2>/dev/null) -lm
+PKG_LIBS_API = $(shell pkg-config --libs jansson 2>/dev/null)
+PKG_LIBS_SRV = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
+PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null)
+ifeq ($(SAN),1)
+SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(PKG_CFLAGS) $(CFLAGS)
+LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
+
+LIB_SRC  := $(sort $(wildcard lib/*.c))
+API_SRC  := $(sort $(wildcard api/*.c))
+SRV_SRC  := $(sort $(filter-out server/main.c,$(wildcard server/*.c)))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o
+SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o)
+SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
+
+DEPS_STAMP = build/.deps-ok
+
+.PHONY: all test check run bench clean deps sanitize
+all: $(BUILD)/attnd $(BUILD)/libattn.a
+
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): tools/deps.sh
+	@sh tools/deps.sh build
+	@mkdir -p build && touch $@
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# The contract, embedded so that the binary serves GET /openapi.yaml on its own.
+$(BUILD)/openapi_yaml.c: api/openapi.yaml
+	@mkdir -p $(dir $@)
+	@{ echo '#include <stddef.h>'; \
+	   echo 'const char api_openapi_yaml[] = {'; \
+	   od -An -v -tx1 $< | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	   echo '0x00};'; \
+	   echo 'const size_t api_openapi_yaml_len = sizeof api_openapi_yaml - 1;'; } > $@
+$(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/libattn.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/libattnapi.a: $(API_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/libattnsrv.a: $(SRV_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+
+$(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+
+# Runs every suite of this build; tests/run-suite.sh prints each suite's
+# result line and fails when any suite fails.
+check: $(TESTS) $(BUILD)/attnd
+	@sh tests/run-suites.sh $(BUILD) $(TESTS)
+
+test: $(DEPS_STAMP)
+	@sh tools/deps.sh test
+	$(MAKE) --no-print-directory check BUILD=build
+	$(MAKE) --no-print-directory check BUILD=build/san SAN=1 OPT=-O1
+
+run: $(BUILD)/attnd
+	./$(BUILD)/attnd
+
+bench: $(BUILD)/attnd $(BUILD)/libattn.a
+	@sh tools/deps.sh bench
+	@sh bench/run.sh $(BUILD)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,136 @@
+/*
+ * The JSON text layer of api/: a strict RFC 8259 validator, an object walker,
+ * and the tensor codec that reads numbers straight into float32 buffers and
+ * writes them straight out. jansson is kept for everything that is not a
+ * tensor (scalars, small objects, the meta and error objects), but building a
+ * json_t per number is what makes a generic parser slow, so tensors never go
+ * through it.
+ *
+ * Flow for a request body:
+ *   json_text_validate(body)          strict check of the whole document, once
+ *   json_text_members(body)           top-level members: decoded key + value span
+ *   api_tensor_decode(span)           tensor fields
+ *   json_loadb(span, JSON_DECODE_ANY) the other fields (jansson)
+ */
+#ifndef API_CODEC_H
+#define API_CODEC_H
+
+#include "api.h"
+
+#define API_MAX_RANK 8   /* ranks above 4 are decoded only to be refused with a clear message */
+#define API_MAX_DEPTH 64 /* nesting depth a body may have */
+
+/* ------------------------------------------------ strict JSON text (json_text.c) */
+
+/*
+ * True when buf[0..len) is exactly one JSON value by RFC 8259, strictly:
+ * no comments, trailing commas, leading zeros, NaN/Infinity, single quotes,
+ * control characters in strings or invalid escapes; valid UTF-8 (no overlong
+ * forms, no surrogates encoded in UTF-8); \u escapes must pair surrogates;
+ * whitespace is only space, tab, LF, CR; nesting at most API_MAX_DEPTH.
+ * Otherwise fills err: 400 "invalid_json", the message says what and at which
+ * byte offset (line:column).
+ */
+bool json_text_validate(const char *buf, size_t len, api_error *err);
+
+/* The byte just after the value that starts at p. The text must have passed
+ * json_text_validate; never reads past `end`. */
+const char *json_text_skip(const char *p, const char *end);
+
+typedef struct {
+    char key[64];           /* decoded (escapes resolved), NUL-terminated */
+    bool key_too_long;      /* the decoded key did not fit (it is then no known field) */
+    const char *value;      /* first byte of the value */
+    const char *value_end;  /* byte after the value */
+} json_member;
+
+/*
+ * Lists the members of the object whose text starts at p (at '{', validated
+ * text), at most `max`. Fails with 400 "duplicate_key" (field = `where` + key)
+ * when a key appears twice (compared after decoding escapes), 400
+ * "too_many_fields" when there are more than `max`, or 400 "wrong_type" when
+ * p is not an object. `where` names the object in messages: "" for the body,
+ * "q" for a tensor object, and so on.
+ */
+bool json_text_members(const char *p, const char *end, json_member *out,
+                       size_t max, size_t *count, const char *where,
+                       api_error *err);
+
+/* -------------------------------------------------- tensors (tensor_codec.c) */
+
+typedef enum { API_F32 = 0, API_BOOL = 1 } api_dtype;
+
+typedef struct {
+    api_dtype dtype;
+    int rank;
+    int64_t shape[API_MAX_RANK];
+    int64_t count;  /* product of shape */
+    float *f32;     /* API_F32: `count` floats (malloc'd; NULL when count == 0) */
+    uint8_t *b8;    /* API_BOOL: `count` bytes, each 0 or 1 (malloc'd) */
+} api_tensor;
+
+/*
+ * Decodes the tensor whose (validated) JSON text is [p, end):
+ *   nested arrays          [[1, 2], [3, 4]]
+ *   flat object            {"shape": [2, 2], "data": [1, 2, 3, 4]}
+ *   base64 object          {"shape": [2, 2], "dtype": "float32", "base64": "..."}
+ *                          ("dtype": "bool": one byte per element, 0 or 1)
+ * Numbers are read as JSON numbers are by Python and then converted to
+ * float32 (correctly rounded to double, then to float32), as a client that
+ * builds torch.tensor(json.loads(body)) would get.
+ * accept_bool: true for masks, where true/false (or dtype "bool") give API_BOOL.
+ * Errors (field = `field`): 400 "wrong_type" (not one of the three forms,
+ * strings or nulls as elements, booleans where numbers are wanted, numbers
+ * mixed with booleans), 400 "unknown_field" / "missing_field" in the object
+ * forms, 400 "invalid_number" (not finite as a float32, e.g. 1e39),
+ * 400 "invalid_base64", 422 "ragged_array", 422 "shape_mismatch" (data or
+ * base64 length does not match shape), 422 "invalid_shape" (negative,
+ * non-integer or too many dimensions, overflowing product). A declared shape
+ * is checked against the data before anything of its size is allocated.
+ * On failure *t holds nothing to free.
+ */
+bool api_tensor_decode(const char *p, const char *end, const char *field,
+                       bool accept_bool, api_tensor *t, api_error *err);
+
+void api_tensor_free(api_tensor *t);
+
+/*
+ * Reads one JSON number (validated text) at p into the float32 that Python's
+ * float() followed by a float32 conversion gives; *stop is the byte after it.
+ * Returns false when the result is not finite as a float32 (1e39, -1e39).
+ */
+bool api_parse_number(const char *p, const char *end, const char **stop,
+                      float *out);
+
+/* ------------------------------------------------------- output buffer */
+
+/* A growing byte buffer; after an allocation failure `failed` is set and
+ * further appends do nothing. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} api_buf;
+
+void api_buf_append(api_buf *b, const char *s, size_t n);
+void api_buf_puts(api_buf *b, const char *s);
+void api_buf_printf(api_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void api_buf_free(api_buf *b);
+
+/* Appends the shortest decimal text that reads back (as float32) as exactly
+ * f: 0.1f -> "0.1", 1e-7f -> "1e-07" or "1e-7", 3.0f -> "3.0" or "3"; -0.0f
+ * -> "-0.0". Non-finite values, which JSON cannot carry, are written as null. */
+void api_buf_float(api_buf *b, float f);
+
+typedef enum {
+    API_ENC_NESTED = 0, /* [[...], ...] */
+    API_ENC_FLAT = 1,   /* {"shape": [...], "data": [...]} */
+    API_ENC_BASE64 = 2, /* {"shape": [...], "dtype": "float32", "base64": "..."} */
+} api_encoding;
+
+/* Appends the JSON text of a float32 tensor of `rank` (>= 1) dims `shape`. */
+void api_tensor_encode(api_buf *b, const float *data, int rank,
+                       const int64_t *shape, api_encoding enc);
+
+#endif /* API_CODEC_H */

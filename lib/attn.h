@@ -1,0 +1,219 @@
+/*
+ * libattn — the numerics of self-attention, as the chapter "Self-Attention
+ * Mechanism" defines them: scaled dot-product attention (Eq. 10), the causal
+ * mask (Eq. 14-15), multi-head attention (Eq. 12-13) and the gradients through
+ * all of them (Eq. 16-18).
+ *
+ * Conventions
+ *   - Every tensor is float32, row-major, contiguous, owned by the caller.
+ *   - SDPA tensors are 4-D: q [B, H_q, n_q, d_k], k [B, H_kv, n_k, d_k],
+ *     v [B, H_kv, n_k, d_v], out [B, H_q, n_q, d_v]. Lower-rank callers use
+ *     B = 1 and/or H = 1.
+ *   - Query head h uses key/value head h / (H_q / H_kv) (grouped-query
+ *     attention; H_kv == H_q is ordinary multi-head, H_kv == 1 multi-query).
+ *   - Causal masking is aligned bottom-right: query i may see key j iff
+ *     j <= i + (n_k - n_q).
+ *   - A row with no visible key ("fully masked") yields zeros: output row,
+ *     weight row and its gradients. Its log-sum-exp is -INFINITY.
+ *   - Errors are values: every call returns ATTN_OK or an error code and, when
+ *     `err` is not NULL, a message. Nothing aborts, prints or exits.
+ *
+ * Memory: the default algorithm tiles over query and key blocks and keeps the
+ * softmax online, so the n_q x n_k matrix is never formed; extra memory is
+ * O((n_q + n_k) * d) per call. Only a non-NULL `weights` argument makes the
+ * caller pay for the n_q x n_k matrix, and it is the caller's buffer.
+ *
+ * Threads: each call runs its independent work (batch x head x query tile)
+ * on `threads` threads of its own (pthreads) and is safe to call from many
+ * threads at once. libattn keeps OpenBLAS itself single-threaded (it calls
+ * openblas_set_num_threads(1) once, on first use), so that `threads` is the
+ * whole of the parallelism and the cores are never oversubscribed.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    ATTN_OK = 0,
+    ATTN_ERR_INVALID = 1, /* shapes or options that do not fit together */
+    ATTN_ERR_NOMEM = 2,   /* an allocation failed */
+} attn_status;
+
+typedef struct {
+    attn_status status;
+    char message[240];
+} attn_error;
+
+/* ------------------------------------------------------------------ masks */
+
+typedef enum {
+    ATTN_MASK_NONE = 0,
+    ATTN_MASK_BOOL, /* allowed[...] != 0: the query may attend to the key */
+    ATTN_MASK_BIAS, /* bias[...] is added to the scaled score (finite values) */
+} attn_mask_kind;
+
+/*
+ * An explicit mask, read through element strides over the logical shape
+ * [B, H_q, n_q, n_k]; a stride of 0 broadcasts that dimension.
+ * Element (b, h, i, j) is at index b*stride[0] + h*stride[1] + i*stride[2] +
+ * j*stride[3] of `allowed` (BOOL) or `bias` (BIAS).
+ */
+typedef struct {
+    attn_mask_kind kind;
+    const uint8_t *allowed;
+    const float *bias;
+    int64_t stride[4];
+} attn_mask;
+
+/*
+ * Sets mask->stride for a contiguous mask of `rank` (0..4) dimensions `shape`,
+ * broadcast by NumPy rules (shapes aligned on the right; a dimension must be
+ * equal or 1) to [batch, heads, n_q, n_k]. Returns ATTN_ERR_INVALID when the
+ * shapes do not broadcast.
+ */
+attn_status attn_mask_broadcast(attn_mask *mask, int rank, const int64_t *shape,
+                                int64_t batch, int64_t heads, int64_t n_q,
+                                int64_t n_k, attn_error *err);
+
+/* ------------------------------------------------------------- statistics */
+
+/*
+ * The chapter's variance analysis (Theorem 1, Corollary 1), over the entries
+ * that are not masked (causal or boolean; an additive bias masks nothing):
+ * mean and population variance of the raw scores S = Q K^T and of the scaled
+ * scores scale * S (bias not included); and, over the rows that are not fully
+ * masked, the entropy of each weight row in nats and each row's largest
+ * weight. When a count is 0 the values that depend on it are 0.
+ */
+typedef struct {
+    double scores_mean, scores_var;
+    double scaled_mean, scaled_var;
+    double entropy_mean, entropy_min, entropy_max;
+    double max_weight_mean;
+    int64_t scores_count; /* entries not masked */
+    int64_t rows_count;   /* rows not fully masked */
+} attn_stats;
+
+/* ---------------------------------------------- scaled dot-product (SDPA) */
+
+typedef struct {
+    int64_t batch;    /* B >= 1 */
+    int64_t heads_q;  /* H_q >= 1 */
+    int64_t heads_kv; /* H_kv >= 1, divides H_q */
+    int64_t n_q, n_k; /* >= 1 */
+    int64_t d_k, d_v; /* >= 1 */
+    float scale;      /* finite, > 0; the chapter's default is attn_default_scale(d_k) */
+    bool causal;
+    attn_mask mask; /* kind ATTN_MASK_NONE for none */
+    int threads;    /* >= 1 */
+} attn_sdpa_params;
+
+/* 1 / sqrt(d_k) (Eq. 7). */
+float attn_default_scale(int64_t d_k);
+
+/*
+ * Forward (Eq. 10): out = softmax(scale * q k^T + mask) v.
+ *   q [B,H_q,n_q,d_k], k [B,H_kv,n_k,d_k], v [B,H_kv,n_k,d_v] -> out [B,H_q,n_q,d_v]
+ * Optional outputs (NULL to skip):
+ *   lse     [B,H_q,n_q]      log-sum-exp of each row of scale*S + bias over the
+ *                            visible keys; -INFINITY for a fully masked row.
+ *                            attn_sdpa_backward needs it.
+ *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here)
+ *   stats                    see attn_stats
+ */
+attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
+                              const float *k, const float *v, float *out,
+                              float *lse, float *weights, attn_stats *stats,
+                              attn_error *err);
+
+/*
+ * Backward (Eq. 16-18), recomputing the scores tile by tile from lse.
+ *   dout [B,H_q,n_q,d_v], out and lse as returned by attn_sdpa_forward
+ *   -> dq [B,H_q,n_q,d_k], dk [B,H_kv,n_k,d_k], dv [B,H_kv,n_k,d_v]
+ * The gradients are written, not accumulated. For grouped-query attention
+ * dk and dv sum over the query heads that share each key/value head.
+ */
+attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
+                               const float *k, const float *v,
+                               const float *out, const float *lse,
+                               const float *dout, float *dq, float *dk,
+                               float *dv, attn_error *err);
+
+/* Nominal FLOPs of the forward pass: the two matrix products,
+ * 2 * B * H_q * n_q * n_k * (d_k + d_v), with no discount for masking. The
+ * backward pass costs 2.5 times as much (five products instead of two). */
+double attn_sdpa_flops(const attn_sdpa_params *p);
+
+/* ------------------------------------------------ multi-head attention */
+
+/*
+ * Multi-head attention (Eq. 12-13) in the chapter's convention: projections
+ * multiply on the right, Q = X W_Q + b_Q, so a weight is [d_in, d_out].
+ * Head i uses the i-th contiguous block of columns of each projection.
+ */
+typedef struct {
+    int64_t batch;          /* B >= 1 */
+    int64_t n;              /* query positions: rows of x */
+    int64_t m;              /* key positions: rows of context (n without context) */
+    int64_t d_model;        /* columns of x */
+    int64_t d_ctx;          /* columns of context (d_model without context) */
+    int64_t heads;          /* h >= 1 */
+    int64_t kv_heads;       /* h_kv >= 1, divides h */
+    int64_t d_k, d_v;       /* per-head widths */
+    int64_t d_out;          /* columns of w_o; h*d_v when w_o is absent */
+    float scale;            /* finite, > 0 */
+    bool causal;
+    attn_mask mask;         /* strides over [B, h, n, m] */
+    int threads;            /* >= 1 */
+} attn_mha_params;
+
+typedef struct {
+    const float *x;       /* [B, n, d_model] */
+    const float *context; /* [B, m, d_ctx], or NULL for self-attention */
+    const float *w_q;     /* [d_model, h*d_k] */
+    const float *w_k;     /* [d_ctx, h_kv*d_k] */
+    const float *w_v;     /* [d_ctx, h_kv*d_v] */
+    const float *w_o;     /* [h*d_v, d_out], or NULL: out is the heads concatenated */
+    const float *b_q;     /* [h*d_k] or NULL */
+    const float *b_k;     /* [h_kv*d_k] or NULL */
+    const float *b_v;     /* [h_kv*d_v] or NULL */
+    const float *b_o;     /* [d_out] or NULL (must be NULL without w_o) */
+} attn_mha_inputs;
+
+/* Gradients, each the shape of its input; set a pointer to NULL to skip it.
+ * `context` must be NULL when the inputs have no context. */
+typedef struct {
+    float *x, *context;
+    float *w_q, *w_k, *w_v, *w_o;
+    float *b_q, *b_k, *b_v, *b_o;
+} attn_mha_grads;
+
+/*
+ * Forward: out [B, n, d_out]; optional weights [B, h, n, m] (per head) and
+ * stats (over every head), as for attn_sdpa_forward.
+ */
+attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in,
+                             float *out, float *weights, attn_stats *stats,
+                             attn_error *err);
+
+/*
+ * Backward: given dout [B, n, d_out], writes every non-NULL gradient in `g`.
+ * Stateless: it recomputes the projections and the forward pass it needs.
+ */
+attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *in,
+                              const float *dout, const attn_mha_grads *g,
+                              attn_error *err);
+
+/* Nominal FLOPs of the forward pass: projections, attention, output projection. */
+double attn_mha_flops(const attn_mha_params *p);
+
+/* ---------------------------------------------------------- information */
+
+const char *attn_version(void);      /* libattn's version, "1.0.0" */
+const char *attn_blas_config(void);  /* openblas_get_config() */
+const char *attn_blas_corename(void);/* openblas_get_corename() */
+
+#endif /* ATTN_H */

@@ -1,0 +1,24 @@
+/* Shared plumbing of libattn's own files; not part of the public API. */
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include "attn.h"
+
+/* Calls fn(ctx, i, worker) for every i in [0, count) on up to `threads`
+ * threads (the calling thread is one of them); worker is in [0, threads).
+ * Runs inline when threads <= 1 or count <= 1. Returns ATTN_ERR_NOMEM only
+ * when no thread could be started and the work could not run; otherwise
+ * every i has run when it returns. */
+attn_status attn_parallel_for(int threads, int64_t count,
+                              void (*fn)(void *ctx, int64_t i, int worker),
+                              void *ctx);
+
+/* Keeps OpenBLAS single-threaded (once per process); every public entry
+ * point calls it before its first BLAS call. */
+void attn_blas_init(void);
+
+/* Fills err (when not NULL) and returns `status`. */
+attn_status attn_fail(attn_error *err, attn_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif /* ATTN_INTERNAL_H */

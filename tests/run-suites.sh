@@ -1,0 +1,14 @@
+#!/bin/sh
+# Runs each test binary given, with ATTND_BIN pointing at this build's server,
+# and fails if any of them fails. Each libcheck suite prints its own
+# "N%: Checks: N, Failures: N, Errors: N" line.
+set -u
+build=$1; shift
+export ATTND_BIN="$build/attnd"
+export ATTND_TESTDATA="${ATTND_TESTDATA:-$(pwd)/tests/data}"
+status=0
+for t in "$@"; do
+    echo "== $t"
+    "$t" || { echo "FAILED: $t"; status=1; }
+done
+exit $status

@@ -1,0 +1,28 @@
+#!/bin/sh
+# Makes sure the Debian packages that a make target needs are installed.
+#   tools/deps.sh build|test|bench
+# As root it installs what is missing with apt-get; otherwise it prints the
+# one command that would, and fails.
+set -u
+need="libmicrohttpd-dev libjansson-dev libopenblas-dev pkg-config"
+case "${1:-build}" in
+    build) ;;
+    test)  need="$need check libcurl4-openssl-dev nginx curl" ;;
+    bench) need="$need wrk nginx curl python3-fastapi python3-uvicorn python3-numpy" ;;
+    *) echo "usage: tools/deps.sh build|test|bench" >&2; exit 2 ;;
+esac
+missing=""
+for p in $need; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ]; then
+    echo "installing Debian packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing; } >/tmp/attnd-apt.log 2>&1 \
+        || { tail -20 /tmp/attnd-apt.log; echo "apt-get failed (log: /tmp/attnd-apt.log)" >&2; exit 1; }
+else
+    echo "missing Debian packages:$missing" >&2
+    echo "install them with:  sudo apt-get install -y$missing" >&2
+    exit 1
+fi
