@@ -1,0 +1,192 @@
+/*
+ * Tensor codec speed: api_tensor_decode / api_tensor_encode against jansson's
+ * json_loadb / json_dumps on the same text.
+ *
+ *   codec COUNT
+ *
+ * The text is a JSON array of COUNT random float32 values, each written the
+ * way NumPy's repr writes a float32 (the shortest decimal that reads back to
+ * the same float32), separated by ", " as Python's json.dumps does.
+ * Our decode includes json_text_validate, since a request body is validated
+ * once before its tensors are read. jansson reads with flags 0 and writes
+ * with flags 0 (its defaults: 17 significant digits).
+ * Each figure is the best of several repetitions after a warm-up.
+ */
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Shortest "%.*g" text that reads back as exactly f, as repr(np.float32). */
+static int shortest(char *out, size_t cap, float f)
+{
+    int len = 0;
+    for (int digits = 1; digits <= 9; digits++) {
+        len = snprintf(out, cap, "%.*g", digits, (double)f);
+        if (strtof(out, NULL) == f)
+            break;
+    }
+    return len;
+}
+
+/* Normal-ish float32 values, as a client's activations would be. */
+static char *make_text(size_t count, size_t *len)
+{
+    size_t cap = count * 20 + 16;
+    char *text = malloc(cap);
+    if (text == NULL)
+        return NULL;
+    unsigned seed = 11;
+    size_t at = 0;
+    text[at++] = '[';
+    for (size_t i = 0; i < count; i++) {
+        float s = 0.0f;
+        for (int j = 0; j < 4; j++)
+            s += (float)rand_r(&seed) / (float)RAND_MAX - 0.5f;
+        if (i > 0) {
+            text[at++] = ',';
+            text[at++] = ' ';
+        }
+        at += (size_t)shortest(text + at, cap - at, s * 1.7f);
+    }
+    text[at++] = ']';
+    text[at] = '\0';
+    *len = at;
+    return text;
+}
+
+typedef struct {
+    double decode_s, encode_s;
+    size_t encoded_len;
+} timing;
+
+static int time_ours(const char *text, size_t len, int reps, timing *best)
+{
+    best->decode_s = best->encode_s = INFINITY;
+    for (int r = 0; r <= reps; r++) { /* r == 0 is the warm-up */
+        api_error err;
+        api_tensor t;
+        double t0 = now_s();
+        if (!json_text_validate(text, len, &err) ||
+            !api_tensor_decode(text, text + len, "x", false, &t, &err)) {
+            fprintf(stderr, "codec: decode: %s %s\n", err.code, err.message);
+            return -1;
+        }
+        double t1 = now_s();
+        api_buf b = {0};
+        api_tensor_encode(&b, t.f32, t.rank, t.shape, API_ENC_NESTED);
+        double t2 = now_s();
+        if (b.failed) {
+            fprintf(stderr, "codec: encode ran out of memory\n");
+            return -1;
+        }
+        if (r > 0) {
+            best->decode_s = fmin(best->decode_s, t1 - t0);
+            best->encode_s = fmin(best->encode_s, t2 - t1);
+        }
+        best->encoded_len = b.len;
+        api_buf_free(&b);
+        api_tensor_free(&t);
+    }
+    return 0;
+}
+
+static int time_jansson(const char *text, size_t len, int reps, timing *best)
+{
+    best->decode_s = best->encode_s = INFINITY;
+    for (int r = 0; r <= reps; r++) {
+        json_error_t jerr;
+        double t0 = now_s();
+        json_t *root = json_loadb(text, len, 0, &jerr);
+        double t1 = now_s();
+        if (root == NULL) {
+            fprintf(stderr, "codec: json_loadb: %s\n", jerr.text);
+            return -1;
+        }
+        char *out = json_dumps(root, 0);
+        double t2 = now_s();
+        if (out == NULL) {
+            fprintf(stderr, "codec: json_dumps failed\n");
+            return -1;
+        }
+        if (r > 0) {
+            best->decode_s = fmin(best->decode_s, t1 - t0);
+            best->encode_s = fmin(best->encode_s, t2 - t1);
+        }
+        best->encoded_len = strlen(out);
+        free(out);
+        json_decref(root);
+    }
+    return 0;
+}
+
+/* Our decode then encode must give back the same float32 values. */
+static int check_round_trip(const char *text, size_t len)
+{
+    api_error err;
+    api_tensor a, b;
+    if (!api_tensor_decode(text, text + len, "x", false, &a, &err))
+        return -1;
+    api_buf buf = {0};
+    api_tensor_encode(&buf, a.f32, a.rank, a.shape, API_ENC_NESTED);
+    int rc = -1;
+    if (!buf.failed &&
+        api_tensor_decode(buf.data, buf.data + buf.len, "x", false, &b, &err)) {
+        rc = b.count == a.count &&
+                     memcmp(a.f32, b.f32, (size_t)a.count * sizeof(float)) == 0
+                 ? 0
+                 : -1;
+        api_tensor_free(&b);
+    }
+    api_buf_free(&buf);
+    api_tensor_free(&a);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    size_t count = argc == 2 ? (size_t)atol(argv[1]) : 1000000;
+    size_t len;
+    char *text = make_text(count, &len);
+    if (text == NULL) {
+        fprintf(stderr, "codec: out of memory\n");
+        return 1;
+    }
+    timing ours, theirs;
+    if (time_ours(text, len, 5, &ours) != 0 ||
+        time_jansson(text, len, 3, &theirs) != 0)
+        return 1;
+    if (check_round_trip(text, len) != 0) {
+        fprintf(stderr, "codec: decode(encode(x)) != x\n");
+        return 1;
+    }
+    double mb = 1e-6;
+    printf("count %zu\n", count);
+    printf("text_bytes %zu\n", len);
+    printf("ours_decode_s %.6f\n", ours.decode_s);
+    printf("ours_encode_s %.6f\n", ours.encode_s);
+    printf("ours_encoded_bytes %zu\n", ours.encoded_len);
+    printf("ours_decode_mbs %.1f\n", (double)len * mb / ours.decode_s);
+    printf("ours_encode_mbs %.1f\n", (double)ours.encoded_len * mb / ours.encode_s);
+    printf("jansson_decode_s %.6f\n", theirs.decode_s);
+    printf("jansson_encode_s %.6f\n", theirs.encode_s);
+    printf("jansson_encoded_bytes %zu\n", theirs.encoded_len);
+    printf("jansson_decode_mbs %.1f\n", (double)len * mb / theirs.decode_s);
+    printf("jansson_encode_mbs %.1f\n", (double)theirs.encoded_len * mb / theirs.encode_s);
+    printf("ratio %.2f\n", (theirs.decode_s + theirs.encode_s) /
+                               (ours.decode_s + ours.encode_s));
+    free(text);
+    return 0;
+}

@@ -1,0 +1,235 @@
+/*
+ * Kernel speed: libattn's SDPA against the machine's own matrix-multiply rate.
+ *
+ *   kernel info                      CPU model, cores, OpenBLAS corename/config
+ *   kernel sgemm THREADS SIZE        square sgemm C = A B, SIZE^3, on THREADS
+ *                                    OpenBLAS threads
+ *   kernel attn THREADS H N D        forward, causal forward, forward+backward
+ *
+ * Output is one "key value" pair a line, for bench/run.sh to put in its table.
+ *
+ * sgemm runs in its own process (run.sh calls `kernel sgemm` separately) so
+ * that giving OpenBLAS two threads there never touches the attn process,
+ * where libattn keeps OpenBLAS single-threaded and runs its own threads.
+ *
+ * Every figure is the best of several repetitions after one warm-up run: the
+ * machine is shared and noisy, and the best run is the one least disturbed.
+ * Shapes (attn): q, k, v, out, dout, dq, dk, dv [1, H, N, D]; lse [1, H, N].
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attn.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Normal-ish values (sum of uniforms): what activations look like. */
+static void fill_random(float *x, size_t count, unsigned *seed)
+{
+    for (size_t i = 0; i < count; i++) {
+        float s = 0.0f;
+        for (int j = 0; j < 4; j++)
+            s += (float)rand_r(seed) / (float)RAND_MAX - 0.5f;
+        x[i] = s * 1.7f;
+    }
+}
+
+static float *alloc_random(size_t count, unsigned *seed)
+{
+    float *x = malloc(count * sizeof *x);
+    if (x == NULL) {
+        fprintf(stderr, "kernel: out of memory (%zu floats)\n", count);
+        exit(1);
+    }
+    fill_random(x, count, seed);
+    return x;
+}
+
+/* How many timed repetitions fit in about `budget_s`, given one took `once_s`. */
+static int reps_for(double once_s, double budget_s, int lo, int hi)
+{
+    int reps = once_s > 0 ? (int)(budget_s / once_s) : hi;
+    return reps < lo ? lo : reps > hi ? hi : reps;
+}
+
+static int cmd_info(void)
+{
+    char model[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f != NULL) {
+        char line[512];
+        while (fgets(line, sizeof line, f) != NULL) {
+            if (strncmp(line, "model name", 10) == 0) {
+                char *colon = strchr(line, ':');
+                if (colon != NULL) {
+                    snprintf(model, sizeof model, "%s", colon + 2);
+                    model[strcspn(model, "\n")] = '\0';
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    printf("cpu %s\n", model);
+    printf("cores %ld\n", sysconf(_SC_NPROCESSORS_ONLN));
+    printf("blas_corename %s\n", openblas_get_corename());
+    printf("blas_config %s\n", openblas_get_config());
+    printf("attn_version %s\n", attn_version());
+    return 0;
+}
+
+static int cmd_sgemm(int threads, int size)
+{
+    openblas_set_num_threads(threads);
+    unsigned seed = 1;
+    size_t count = (size_t)size * (size_t)size;
+    float *a = alloc_random(count, &seed);
+    float *b = alloc_random(count, &seed);
+    float *c = alloc_random(count, &seed);
+    double flops = 2.0 * size * (double)size * size;
+
+    double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size,
+                1.0f, a, size, b, size, 0.0f, c, size);
+    double once = now_s() - t0;
+    int reps = reps_for(once, 3.0, 3, 50);
+    double best = once;
+    for (int r = 0; r < reps; r++) {
+        t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size,
+                    size, 1.0f, a, size, b, size, 0.0f, c, size);
+        double t = now_s() - t0;
+        if (t < best)
+            best = t;
+    }
+    printf("sgemm_threads %d\n", openblas_get_num_threads());
+    printf("sgemm_size %d\n", size);
+    printf("sgemm_gflop %.3f\n", flops * 1e-9);
+    printf("sgemm_s %.6f\n", best);
+    printf("sgemm_gflops %.2f\n", flops / best * 1e-9);
+    free(a);
+    free(b);
+    free(c);
+    return 0;
+}
+
+typedef struct {
+    attn_sdpa_params p;
+    const float *q, *k, *v, *dout;
+    float *out, *lse, *dq, *dk, *dv;
+} attn_case;
+
+static int run_forward(attn_case *c, bool causal)
+{
+    attn_error err;
+    c->p.causal = causal;
+    if (attn_sdpa_forward(&c->p, c->q, c->k, c->v, c->out, NULL, NULL, NULL,
+                          &err) != ATTN_OK) {
+        fprintf(stderr, "kernel: attn_sdpa_forward: %s\n", err.message);
+        return -1;
+    }
+    return 0;
+}
+
+static int run_forward_backward(attn_case *c)
+{
+    attn_error err;
+    c->p.causal = false;
+    if (attn_sdpa_forward(&c->p, c->q, c->k, c->v, c->out, c->lse, NULL, NULL,
+                          &err) != ATTN_OK ||
+        attn_sdpa_backward(&c->p, c->q, c->k, c->v, c->out, c->lse, c->dout,
+                           c->dq, c->dk, c->dv, &err) != ATTN_OK) {
+        fprintf(stderr, "kernel: forward+backward: %s\n", err.message);
+        return -1;
+    }
+    return 0;
+}
+
+enum { FULL, CAUSAL, FWD_BWD };
+
+static int run_mode(attn_case *c, int mode)
+{
+    return mode == FWD_BWD ? run_forward_backward(c) : run_forward(c, mode == CAUSAL);
+}
+
+/* Warm-up, then the best of as many repetitions as fit the budget. */
+static double best_time(attn_case *c, int mode, double budget_s)
+{
+    double t0 = now_s();
+    if (run_mode(c, mode) != 0)
+        return -1;
+    double once = now_s() - t0;
+    int reps = reps_for(once, budget_s, 3, 200);
+    double best = INFINITY;
+    for (int r = 0; r < reps; r++) {
+        t0 = now_s();
+        if (run_mode(c, mode) != 0)
+            return -1;
+        double t = now_s() - t0;
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d)
+{
+    unsigned seed = 7;
+    size_t count = (size_t)(heads * n * d);
+    attn_case c = {
+        .p = {.batch = 1, .heads_q = heads, .heads_kv = heads, .n_q = n,
+              .n_k = n, .d_k = d, .d_v = d, .scale = attn_default_scale(d),
+              .causal = false, .mask = {.kind = ATTN_MASK_NONE},
+              .threads = threads},
+    };
+    float *q = alloc_random(count, &seed), *k = alloc_random(count, &seed);
+    float *v = alloc_random(count, &seed), *dout = alloc_random(count, &seed);
+    c.q = q, c.k = k, c.v = v, c.dout = dout;
+    c.out = alloc_random(count, &seed);
+    c.lse = alloc_random((size_t)(heads * n), &seed);
+    c.dq = alloc_random(count, &seed);
+    c.dk = alloc_random(count, &seed);
+    c.dv = alloc_random(count, &seed);
+
+    /* Nominal work, as the issue counts it: 4 * B * H * n_q * n_k * d. */
+    double flops = 4.0 * (double)heads * (double)n * (double)n * (double)d;
+    double full = best_time(&c, FULL, 2.5);
+    double causal = best_time(&c, CAUSAL, 1.5);
+    double fwd_bwd = best_time(&c, FWD_BWD, 3.0);
+    int rc = full > 0 && causal > 0 && fwd_bwd > 0 ? 0 : 1;
+    if (rc == 0) {
+        printf("n %lld\n", (long long)n);
+        printf("gflop %.4f\n", flops * 1e-9);
+        printf("full_s %.6f\n", full);
+        printf("causal_s %.6f\n", causal);
+        printf("fwdbwd_s %.6f\n", fwd_bwd);
+        printf("gflops %.2f\n", flops / full * 1e-9);
+    }
+    free(q), free(k), free(v), free(dout);
+    free(c.out), free(c.lse), free(c.dq), free(c.dk), free(c.dv);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "info") == 0)
+        return cmd_info();
+    if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
+        return cmd_sgemm(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 6 && strcmp(argv[1], "attn") == 0)
+        return cmd_attn(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]),
+                        atoll(argv[5]));
+    fprintf(stderr, "usage: kernel info | sgemm THREADS SIZE | attn THREADS H N D\n");
+    return 2;
+}
