@@ -1,0 +1,2116 @@
+/*
+ * libattn's scaled dot-product attention against an independent reference.
+ *
+ * Every expected value is computed here: closed forms for the chapter's
+ * worked examples and exercises, and tests/support/ref.c (plain loops in
+ * double precision, finite differences for gradients) for everything else.
+ * Sizes straddle the library's tiles (powers of two from 32 to 512), so an
+ * off-by-one at a tile edge, a missing scale or a lost row shows up as an
+ * error far above the tolerances below.
+ *
+ * ATTN_TEST_VERBOSE=1 prints the largest error each comparison saw.
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "support/ref.h"
+
+/* Forward outputs relative to the largest reference value: float32 with
+ * sums over up to 513 keys stays near 1e-6; a wrong scale or a shifted
+ * mask is off by 1e-2 or more. */
+#define TOL_FORWARD 2e-5
+/* Gradients of float32 code against double finite differences. */
+#define TOL_GRAD 1e-3
+/* Gradients at sizes too large for finite differences, against the
+ * analytic double reference (itself checked against finite differences). */
+#define TOL_GRAD_ANALYTIC 1e-4
+/* Statistics, relative to 1 + |value|. */
+#define TOL_STATS 1e-5
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* splitmix64: reproducible inputs without depending on rand(). */
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static double rng_uniform(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    ck_assert_msg(p != NULL, "out of memory in the test itself");
+    return p;
+}
+
+static float *nan_floats(size_t n)
+{
+    float *x = xcalloc(n, sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN; /* anything the library forgets to write shows up */
+    return x;
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *d = xcalloc(n, sizeof *d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+static void note(const char *what, double err)
+{
+    if (getenv("ATTN_TEST_VERBOSE"))
+        fprintf(stderr, "  %-52s max err %.3g\n", what, err);
+}
+
+/* Largest |got - want| over the largest |want| (over 1 when want is all
+ * zeros), so one tolerance serves tensors of any magnitude. A non-finite
+ * value where a finite one is wanted is an infinite error. */
+static double rel_err(const float *got, const double *want, size_t n)
+{
+    double worst = 0.0, big = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]))
+            return INFINITY;
+        double d = fabs((double)got[i] - want[i]);
+        worst = d > worst ? d : worst;
+        big = fabs(want[i]) > big ? fabs(want[i]) : big;
+    }
+    return worst / (big > 0.0 ? big : 1.0);
+}
+
+/* Log-sum-exp: -inf must match -inf exactly, the rest relative to 1+|x|. */
+static double lse_err(const float *got, const double *want, size_t n)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (want[i] == -INFINITY) {
+            if (got[i] != -INFINITY)
+                return INFINITY;
+            continue;
+        }
+        if (!isfinite(got[i]))
+            return INFINITY;
+        double d = fabs((double)got[i] - want[i]) / (1.0 + fabs(want[i]));
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+/* Largest |a - b| over the largest |a|, both from the library. */
+static double float_diff(const float *a, const float *b, size_t n)
+{
+    double worst = 0.0, big = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(b[i]))
+            return INFINITY;
+        if (isnan(a[i]) || a[i] == b[i])
+            continue;
+        double d = fabs((double)a[i] - (double)b[i]);
+        worst = d > worst ? d : worst;
+        big = fabs(a[i]) > big ? fabs(a[i]) : big;
+    }
+    return worst / (big > 0.0 ? big : 1.0);
+}
+
+static int count_nonfinite(const float *x, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += !isfinite(x[i]);
+    return bad;
+}
+
+#define ASSERT_ERR(err, tol, what)                                         \
+    do {                                                                   \
+        double e_ = (err);                                                 \
+        note(what, e_);                                                    \
+        ck_assert_msg(e_ <= (tol), "%s: error %.3g exceeds %.3g", what, e_, \
+                      (double)(tol));                                      \
+    } while (0)
+
+#define ASSERT_OK(st, err)                                                 \
+    ck_assert_msg((st) == ATTN_OK, "libattn failed (%d): %s", (int)(st),   \
+                  (err).message)
+
+/* Shapes and the chapter's default scale 1/sqrt(d_k), computed here. */
+static attn_sdpa_params sdpa_shape(int64_t batch, int64_t heads_q,
+                                   int64_t heads_kv, int64_t n_q, int64_t n_k,
+                                   int64_t d_k, int64_t d_v)
+{
+    attn_sdpa_params p;
+    memset(&p, 0, sizeof p);
+    p.batch = batch;
+    p.heads_q = heads_q;
+    p.heads_kv = heads_kv;
+    p.n_q = n_q;
+    p.n_k = n_k;
+    p.d_k = d_k;
+    p.d_v = d_v;
+    p.scale = (float)(1.0 / sqrt((double)d_k));
+    p.mask.kind = ATTN_MASK_NONE;
+    p.threads = 1;
+    return p;
+}
+
+/*
+ * One problem: inputs in float for the library, the same values in double
+ * for the reference. `lib` is what the library is called with; `ref` is the
+ * same problem as the reference reads it (its mask, when there is one, is
+ * expanded to the full [B, H_q, n_q, n_k] here, independently of
+ * attn_mask_broadcast).
+ */
+typedef struct {
+    attn_sdpa_params lib, ref;
+    size_t n_qel, n_kel, n_vel, n_out, n_rows, n_w;
+    float *q, *k, *v, *dout;
+    double *qd, *kd, *vd, *doutd;
+    void *mask_src, *mask_full; /* owned mask buffers, if any */
+} sdpa_case;
+
+static void fill(float *x, size_t n, uint64_t *seed, double amp)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(amp * rng_uniform(seed));
+}
+
+static void case_init(sdpa_case *c, const attn_sdpa_params *p, uint64_t seed,
+                      double q_amp)
+{
+    memset(c, 0, sizeof *c);
+    c->lib = *p;
+    c->ref = *p;
+    c->n_qel = (size_t)(p->batch * p->heads_q * p->n_q * p->d_k);
+    c->n_kel = (size_t)(p->batch * p->heads_kv * p->n_k * p->d_k);
+    c->n_vel = (size_t)(p->batch * p->heads_kv * p->n_k * p->d_v);
+    c->n_out = (size_t)(p->batch * p->heads_q * p->n_q * p->d_v);
+    c->n_rows = (size_t)(p->batch * p->heads_q * p->n_q);
+    c->n_w = c->n_rows * (size_t)p->n_k;
+    c->q = xcalloc(c->n_qel, sizeof *c->q);
+    c->k = xcalloc(c->n_kel, sizeof *c->k);
+    c->v = xcalloc(c->n_vel, sizeof *c->v);
+    c->dout = xcalloc(c->n_out, sizeof *c->dout);
+    uint64_t s = seed * 7919u + 17u;
+    fill(c->q, c->n_qel, &s, q_amp);
+    fill(c->k, c->n_kel, &s, 1.0);
+    fill(c->v, c->n_vel, &s, 1.0);
+    fill(c->dout, c->n_out, &s, 1.0);
+    c->qd = to_double(c->q, c->n_qel);
+    c->kd = to_double(c->k, c->n_kel);
+    c->vd = to_double(c->v, c->n_vel);
+    c->doutd = to_double(c->dout, c->n_out);
+}
+
+/* After editing c->q/k/v/dout by hand. */
+static void case_sync(sdpa_case *c)
+{
+    for (size_t i = 0; i < c->n_qel; i++)
+        c->qd[i] = c->q[i];
+    for (size_t i = 0; i < c->n_kel; i++)
+        c->kd[i] = c->k[i];
+    for (size_t i = 0; i < c->n_vel; i++)
+        c->vd[i] = c->v[i];
+    for (size_t i = 0; i < c->n_out; i++)
+        c->doutd[i] = c->dout[i];
+}
+
+static void case_free(sdpa_case *c)
+{
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->dout);
+    free(c->qd);
+    free(c->kd);
+    free(c->vd);
+    free(c->doutd);
+    free(c->mask_src);
+    free(c->mask_full);
+}
+
+/* Index of full-shape element (b,h,i,j) in a contiguous mask of `rank`
+ * dims `shape`, by NumPy's rules: align on the right, size 1 repeats. */
+static size_t numpy_index(int rank, const int64_t *shape, const int64_t *at4)
+{
+    size_t idx = 0;
+    for (int t = 0; t < rank; t++) {
+        int64_t coord = shape[t] == 1 ? 0 : at4[4 - rank + t];
+        idx = idx * (size_t)shape[t] + (size_t)coord;
+    }
+    return idx;
+}
+
+/*
+ * Gives the case a random mask of `kind` and shape `shape`: the library
+ * reads it through attn_mask_broadcast, the reference through a full
+ * expansion made here. Boolean masks allow a key with probability 3/4.
+ */
+static void case_mask(sdpa_case *c, attn_mask_kind kind, int rank,
+                      const int64_t *shape, uint64_t seed)
+{
+    size_t n_src = 1;
+    for (int t = 0; t < rank; t++)
+        n_src *= (size_t)shape[t];
+    size_t el = kind == ATTN_MASK_BOOL ? sizeof(uint8_t) : sizeof(float);
+    c->mask_src = xcalloc(n_src, el);
+    c->mask_full = xcalloc(c->n_w, el);
+    uint64_t s = seed * 104729u + 5u;
+    for (size_t i = 0; i < n_src; i++) {
+        if (kind == ATTN_MASK_BOOL)
+            ((uint8_t *)c->mask_src)[i] = rng_uniform(&s) > -0.5;
+        else
+            ((float *)c->mask_src)[i] = (float)(2.0 * rng_uniform(&s));
+    }
+    const attn_sdpa_params *p = &c->lib;
+    size_t f = 0;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < p->heads_q; h++)
+            for (int64_t i = 0; i < p->n_q; i++)
+                for (int64_t j = 0; j < p->n_k; j++, f++) {
+                    int64_t at[4] = {b, h, i, j};
+                    size_t src = numpy_index(rank, shape, at);
+                    memcpy((char *)c->mask_full + f * el,
+                           (char *)c->mask_src + src * el, el);
+                }
+
+    attn_error err = {0};
+    c->lib.mask.kind = kind;
+    c->lib.mask.allowed = kind == ATTN_MASK_BOOL ? c->mask_src : NULL;
+    c->lib.mask.bias = kind == ATTN_MASK_BIAS ? c->mask_src : NULL;
+    attn_status st = attn_mask_broadcast(&c->lib.mask, rank, shape, p->batch,
+                                         p->heads_q, p->n_q, p->n_k, &err);
+    ASSERT_OK(st, err);
+
+    c->ref.mask.kind = kind;
+    c->ref.mask.allowed = kind == ATTN_MASK_BOOL ? c->mask_full : NULL;
+    c->ref.mask.bias = kind == ATTN_MASK_BIAS ? c->mask_full : NULL;
+    c->ref.mask.stride[0] = p->heads_q * p->n_q * p->n_k;
+    c->ref.mask.stride[1] = p->n_q * p->n_k;
+    c->ref.mask.stride[2] = p->n_k;
+    c->ref.mask.stride[3] = 1;
+}
+
+/* What the library returned for one forward call. */
+typedef struct {
+    float *out, *lse, *weights;
+    attn_stats stats;
+} lib_fwd;
+
+static void lib_forward(const sdpa_case *c, const attn_sdpa_params *p,
+                        lib_fwd *r, bool want_weights, bool want_stats)
+{
+    r->out = nan_floats(c->n_out);
+    r->lse = nan_floats(c->n_rows);
+    r->weights = want_weights ? nan_floats(c->n_w) : NULL;
+    memset(&r->stats, 0, sizeof r->stats);
+    attn_error err = {0};
+    attn_status st =
+        attn_sdpa_forward(p, c->q, c->k, c->v, r->out, r->lse, r->weights,
+                          want_stats ? &r->stats : NULL, &err);
+    ASSERT_OK(st, err);
+}
+
+static void lib_fwd_free(lib_fwd *r)
+{
+    free(r->out);
+    free(r->lse);
+    free(r->weights);
+}
+
+/* Reference forward of the case: out, lse and (if asked) weights. */
+typedef struct {
+    double *out, *lse, *weights;
+} ref_fwd;
+
+static void reference_forward(const sdpa_case *c, ref_fwd *r, bool weights)
+{
+    r->out = xcalloc(c->n_out, sizeof *r->out);
+    r->lse = xcalloc(c->n_rows, sizeof *r->lse);
+    r->weights = weights ? xcalloc(c->n_w, sizeof *r->weights) : NULL;
+    ref_sdpa_forward(&c->ref, c->qd, c->kd, c->vd, r->out, r->lse,
+                     r->weights);
+}
+
+static void ref_fwd_free(ref_fwd *r)
+{
+    free(r->out);
+    free(r->lse);
+    free(r->weights);
+}
+
+/* Output, log-sum-exp and (when small enough) weights against the
+ * reference; returns the largest of the three errors. */
+static double check_forward(const sdpa_case *c, double tol, const char *what)
+{
+    bool weights = c->n_w <= (size_t)1 << 20;
+    lib_fwd got;
+    ref_fwd want;
+    lib_forward(c, &c->lib, &got, weights, false);
+    reference_forward(c, &want, weights);
+    char label[160];
+    double e_out = rel_err(got.out, want.out, c->n_out);
+    snprintf(label, sizeof label, "%s: out", what);
+    ASSERT_ERR(e_out, tol, label);
+    double e_lse = lse_err(got.lse, want.lse, c->n_rows);
+    snprintf(label, sizeof label, "%s: lse", what);
+    ASSERT_ERR(e_lse, tol, label);
+    double e_w = 0.0;
+    if (weights) {
+        e_w = rel_err(got.weights, want.weights, c->n_w);
+        snprintf(label, sizeof label, "%s: weights", what);
+        ASSERT_ERR(e_w, tol, label);
+    }
+    lib_fwd_free(&got);
+    ref_fwd_free(&want);
+    double worst = e_out > e_lse ? e_out : e_lse;
+    return worst > e_w ? worst : e_w;
+}
+
+/* What the library's backward returned (after its own forward). */
+typedef struct {
+    float *dq, *dk, *dv;
+} lib_grads;
+
+static void lib_backward(const sdpa_case *c, const attn_sdpa_params *p,
+                         lib_grads *g)
+{
+    lib_fwd f;
+    lib_forward(c, p, &f, false, false);
+    g->dq = nan_floats(c->n_qel);
+    g->dk = nan_floats(c->n_kel);
+    g->dv = nan_floats(c->n_vel);
+    attn_error err = {0};
+    attn_status st = attn_sdpa_backward(p, c->q, c->k, c->v, f.out, f.lse,
+                                        c->dout, g->dq, g->dk, g->dv, &err);
+    ASSERT_OK(st, err);
+    lib_fwd_free(&f);
+}
+
+static void lib_grads_free(lib_grads *g)
+{
+    free(g->dq);
+    free(g->dk);
+    free(g->dv);
+}
+
+/* dq, dk, dv of the library against central finite differences of the
+ * double reference (and against its analytic gradients). Small sizes only:
+ * every input element costs two reference forward passes. */
+static void check_grad_fd(sdpa_case *c, const char *what)
+{
+    lib_grads g;
+    lib_backward(c, &c->lib, &g);
+    double *fq = xcalloc(c->n_qel, sizeof *fq);
+    double *fk = xcalloc(c->n_kel, sizeof *fk);
+    double *fv = xcalloc(c->n_vel, sizeof *fv);
+    ref_sdpa_grad_fd(&c->ref, c->qd, c->kd, c->vd, c->doutd, 1e-5, fq, fk,
+                     fv);
+    char label[160];
+    snprintf(label, sizeof label, "%s: dq vs finite differences", what);
+    ASSERT_ERR(rel_err(g.dq, fq, c->n_qel), TOL_GRAD, label);
+    snprintf(label, sizeof label, "%s: dk vs finite differences", what);
+    ASSERT_ERR(rel_err(g.dk, fk, c->n_kel), TOL_GRAD, label);
+    snprintf(label, sizeof label, "%s: dv vs finite differences", what);
+    ASSERT_ERR(rel_err(g.dv, fv, c->n_vel), TOL_GRAD, label);
+
+    ref_sdpa_backward(&c->ref, c->qd, c->kd, c->vd, c->doutd, fq, fk, fv);
+    snprintf(label, sizeof label, "%s: dq vs analytic", what);
+    ASSERT_ERR(rel_err(g.dq, fq, c->n_qel), TOL_GRAD_ANALYTIC, label);
+    snprintf(label, sizeof label, "%s: dk vs analytic", what);
+    ASSERT_ERR(rel_err(g.dk, fk, c->n_kel), TOL_GRAD_ANALYTIC, label);
+    snprintf(label, sizeof label, "%s: dv vs analytic", what);
+    ASSERT_ERR(rel_err(g.dv, fv, c->n_vel), TOL_GRAD_ANALYTIC, label);
+    free(fq);
+    free(fk);
+    free(fv);
+    lib_grads_free(&g);
+}
+
+/* The same against the analytic double reference, for larger sizes. */
+static void check_grad_analytic(sdpa_case *c, const char *what)
+{
+    lib_grads g;
+    lib_backward(c, &c->lib, &g);
+    double *rq = xcalloc(c->n_qel, sizeof *rq);
+    double *rk = xcalloc(c->n_kel, sizeof *rk);
+    double *rv = xcalloc(c->n_vel, sizeof *rv);
+    ref_sdpa_backward(&c->ref, c->qd, c->kd, c->vd, c->doutd, rq, rk, rv);
+    char label[160];
+    snprintf(label, sizeof label, "%s: dq", what);
+    ASSERT_ERR(rel_err(g.dq, rq, c->n_qel), TOL_GRAD_ANALYTIC, label);
+    snprintf(label, sizeof label, "%s: dk", what);
+    ASSERT_ERR(rel_err(g.dk, rk, c->n_kel), TOL_GRAD_ANALYTIC, label);
+    snprintf(label, sizeof label, "%s: dv", what);
+    ASSERT_ERR(rel_err(g.dv, rv, c->n_vel), TOL_GRAD_ANALYTIC, label);
+    free(rq);
+    free(rk);
+    free(rv);
+    lib_grads_free(&g);
+}
+
+/* ----------------------------------------------------- small functions */
+
+START_TEST(default_scale_is_inverse_sqrt_dk)
+{
+    ck_assert_msg(attn_default_scale(64) == 0.125f, "d_k=64 gives %.9g",
+                  (double)attn_default_scale(64));
+    ck_assert_msg(attn_default_scale(1) == 1.0f, "d_k=1");
+    ck_assert_msg(attn_default_scale(4) == 0.5f, "d_k=4");
+    const int64_t dks[] = {2, 3, 65, 128, 1000};
+    for (size_t t = 0; t < sizeof dks / sizeof dks[0]; t++) {
+        double want = 1.0 / sqrt((double)dks[t]);
+        double got = attn_default_scale(dks[t]);
+        ck_assert_msg(fabs(got - want) <= 1e-7 * want, "d_k=%lld: %.9g",
+                      (long long)dks[t], got);
+    }
+}
+END_TEST
+
+START_TEST(flops_count_two_products_without_mask_discount)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 3, 5, 7, 11);
+    double want = 2.0 * 2 * 4 * 3 * 5 * (7 + 11);
+    ck_assert_msg(attn_sdpa_flops(&p) == want, "flops %.17g, want %.17g",
+                  attn_sdpa_flops(&p), want);
+    p.causal = true;
+    ck_assert_msg(attn_sdpa_flops(&p) == want, "causal discounted: %.17g",
+                  attn_sdpa_flops(&p));
+    attn_sdpa_params big = sdpa_shape(8, 32, 8, 4096, 4096, 128, 128);
+    double want_big = 2.0 * 8 * 32 * 4096.0 * 4096.0 * 256;
+    ck_assert_msg(attn_sdpa_flops(&big) == want_big, "large: %.17g",
+                  attn_sdpa_flops(&big));
+}
+END_TEST
+
+/* ------------------------------------- the chapter's examples/exercises */
+
+/* Two tokens, Q = K = I (d_k = 2), V = [[1,2],[3,4]]: the scaled scores
+ * of each row differ by 1/sqrt(2), so the weights are
+ * softmax([0.7071, 0]) = [0.6698, 0.3302]. */
+START_TEST(worked_example_1_two_tokens_weights_0_6698)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 2, 2, 2, 2);
+    p.scale = attn_default_scale(2);
+    const float q[4] = {1, 0, 0, 1}, k[4] = {1, 0, 0, 1};
+    const float v[4] = {1, 2, 3, 4};
+    float out[4], lse[2], w[4];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, w, NULL, &err), err);
+
+    ck_assert_msg(fabs(w[0] - 0.6698) < 5e-5 && fabs(w[1] - 0.3302) < 5e-5,
+                  "row 0 weights %.6f %.6f, want 0.6698 0.3302", (double)w[0],
+                  (double)w[1]);
+    ck_assert_msg(fabs(w[2] - 0.3302) < 5e-5 && fabs(w[3] - 0.6698) < 5e-5,
+                  "row 1 weights %.6f %.6f, want 0.3302 0.6698", (double)w[2],
+                  (double)w[3]);
+    double a = 1.0 / (1.0 + exp(-1.0 / sqrt(2.0)));
+    const double want_w[4] = {a, 1 - a, 1 - a, a};
+    const double want_out[4] = {3 - 2 * a, 4 - 2 * a, 1 + 2 * a, 2 + 2 * a};
+    const double s = 1.0 / sqrt(2.0);
+    const double want_lse[2] = {s + log(1 + exp(-s)), s + log(1 + exp(-s))};
+    ASSERT_ERR(rel_err(w, want_w, 4), 1e-6, "example 1 weights");
+    ASSERT_ERR(rel_err(out, want_out, 4), 1e-6, "example 1 output");
+    ASSERT_ERR(lse_err(lse, want_lse, 2), 1e-6, "example 1 lse");
+}
+END_TEST
+
+/* Three tokens, self-attention with Q = K = V = X, d_k = 4 (scale 1/2):
+ * X X^T = [[2,0,2],[0,8,4],[2,4,4]], so the scaled scores are
+ * [[1,0,1],[0,4,2],[1,2,2]] and every weight has a closed form. */
+START_TEST(worked_example_2_three_tokens_closed_form)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 3, 3, 4, 4);
+    const float x[12] = {1, 0, 1, 0, 0, 2, 0, 2, 1, 1, 1, 1};
+    const double scaled[3][3] = {{1, 0, 1}, {0, 4, 2}, {1, 2, 2}};
+    double want_w[9], want_out[12], want_lse[3];
+    for (int i = 0; i < 3; i++) {
+        double z = 0.0;
+        for (int j = 0; j < 3; j++)
+            z += exp(scaled[i][j]);
+        want_lse[i] = log(z);
+        for (int j = 0; j < 3; j++)
+            want_w[i * 3 + j] = exp(scaled[i][j]) / z;
+        for (int c = 0; c < 4; c++) {
+            want_out[i * 4 + c] = 0.0;
+            for (int j = 0; j < 3; j++)
+                want_out[i * 4 + c] += want_w[i * 3 + j] * x[j * 4 + c];
+        }
+    }
+    float out[12], lse[3], w[9];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, x, x, x, out, lse, w, NULL, &err), err);
+    /* e / (2e + 1) = 0.4223 for the first row's equal pair. */
+    ck_assert_msg(fabs(w[0] - 0.4223) < 5e-5 && fabs(w[2] - 0.4223) < 5e-5 &&
+                      fabs(w[1] - 0.1554) < 5e-5,
+                  "row 0 weights %.5f %.5f %.5f", (double)w[0], (double)w[1],
+                  (double)w[2]);
+    ASSERT_ERR(rel_err(w, want_w, 9), 1e-6, "example 2 weights");
+    ASSERT_ERR(rel_err(out, want_out, 12), 1e-6, "example 2 output");
+    ASSERT_ERR(lse_err(lse, want_lse, 3), 1e-6, "example 2 lse");
+}
+END_TEST
+
+static void exercise_5_causal(int64_t n)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n, n, 3, 2);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, (uint64_t)n, 2.0);
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, true, false);
+    for (int64_t i = 0; i < n; i++) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            float w = got.weights[i * n + j];
+            if (j > i)
+                ck_assert_msg(w == 0.0f, "n=%lld: weight (%lld,%lld) = %g "
+                              "above the diagonal", (long long)n,
+                              (long long)i, (long long)j, (double)w);
+            sum += w;
+        }
+        ck_assert_msg(fabs(sum - 1.0) < 1e-6, "n=%lld: row %lld sums to %.9g",
+                      (long long)n, (long long)i, sum);
+    }
+    ck_assert_msg(fabs(got.weights[0] - 1.0f) <= 1e-6,
+                  "first row weight on key 0 is %.9g", (double)got.weights[0]);
+    /* The first query sees only the first key: its output is v_0. */
+    for (int c2 = 0; c2 < 2; c2++)
+        ck_assert_msg(fabs(got.out[c2] - c.v[c2]) <= 1e-6,
+                      "first output row is not v_0");
+    lib_fwd_free(&got);
+    char label[64];
+    snprintf(label, sizeof label, "exercise 5 causal n=%lld", (long long)n);
+    check_forward(&c, 1e-6, label);
+    case_free(&c);
+}
+
+START_TEST(exercise_5_causal_n3_lower_triangular)
+{
+    exercise_5_causal(3);
+}
+END_TEST
+
+START_TEST(exercise_5_causal_n4_lower_triangular)
+{
+    exercise_5_causal(4);
+}
+END_TEST
+
+/* With all scores equal (q = 0), causal row i spreads 1/(i+1) over keys
+ * 0..i, and its output is the mean of v_0..v_i: the mask's alignment is
+ * visible in plain numbers. */
+START_TEST(exercise_5_causal_uniform_scores_average_the_prefix)
+{
+    const int64_t n = 4;
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n, n, 2, 1);
+    p.causal = true;
+    const float q[8] = {0};
+    const float k[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const float v[4] = {1, 2, 4, 8};
+    float out[4], w[16];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, NULL, w, NULL, &err), err);
+    double prefix = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        prefix += v[i];
+        for (int64_t j = 0; j < n; j++) {
+            double want = j <= i ? 1.0 / (double)(i + 1) : 0.0;
+            ck_assert_msg(fabs(w[i * n + j] - want) <= 1e-7,
+                          "weight (%lld,%lld) = %.9g, want %.9g", (long long)i,
+                          (long long)j, (double)w[i * n + j], want);
+        }
+        double want_out = prefix / (double)(i + 1);
+        ck_assert_msg(fabs(out[i] - want_out) <= 1e-6 * want_out,
+                      "output %lld = %.9g, want %.9g", (long long)i,
+                      (double)out[i], want_out);
+    }
+}
+END_TEST
+
+/* Scores 10 and 0 with d_k = 64 (q = e_0, k_0 = 10 e_0, k_1 = 0). */
+static void exercise_6(float scale, double *w0, double *w1)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 1, 2, 64, 1);
+    p.scale = scale;
+    float q[64] = {0}, k[128] = {0};
+    const float v[2] = {1, 0};
+    q[0] = 1.0f;
+    k[0] = 10.0f;
+    float out[1], w[2];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, NULL, w, NULL, &err), err);
+    ck_assert_msg(fabs(out[0] - w[0]) <= 1e-6, "output %.9g != weight %.9g",
+                  (double)out[0], (double)w[0]);
+    *w0 = w[0];
+    *w1 = w[1];
+}
+
+START_TEST(exercise_6_unscaled_scores_saturate_softmax)
+{
+    double w0, w1;
+    exercise_6(1.0f, &w0, &w1);
+    double want1 = exp(-10.0) / (1.0 + exp(-10.0)); /* 4.54e-5 */
+    ck_assert_msg(fabs(w0 - 0.9999546) < 2e-7, "w0 = %.9g, want 0.9999546",
+                  w0);
+    ck_assert_msg(fabs(w1 - want1) < 1e-4 * want1 &&
+                      fabs(w1 - 0.0000454) < 1e-7,
+                  "w1 = %.9g, want %.9g", w1, want1);
+}
+END_TEST
+
+START_TEST(exercise_6_scaled_by_inverse_sqrt_64)
+{
+    double w0, w1;
+    exercise_6(attn_default_scale(64), &w0, &w1);
+    double want0 = 1.0 / (1.0 + exp(-1.25));
+    ck_assert_msg(fabs(w0 - 0.7773) < 5e-5 && fabs(w1 - 0.2227) < 5e-5,
+                  "weights %.6f %.6f, want 0.7773 0.2227", w0, w1);
+    ck_assert_msg(fabs(w0 - want0) < 1e-6 && fabs(w1 - (1 - want0)) < 1e-6,
+                  "weights %.9f %.9f, want %.9f", w0, w1, want0);
+}
+END_TEST
+
+/* --------------------------------------------- forward vs the reference */
+
+/* Checks the reference's own analytic gradients against its finite
+ * differences, so that every later comparison rests on both agreeing. */
+START_TEST(reference_backward_matches_its_finite_differences)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 5, 3, 3, 2);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 99, 2.0);
+    const int64_t shape[1] = {3};
+    case_mask(&c, ATTN_MASK_BIAS, 1, shape, 4);
+    double *aq = xcalloc(c.n_qel, sizeof *aq), *fq = xcalloc(c.n_qel, 8);
+    double *ak = xcalloc(c.n_kel, sizeof *ak), *fk = xcalloc(c.n_kel, 8);
+    double *av = xcalloc(c.n_vel, sizeof *av), *fv = xcalloc(c.n_vel, 8);
+    ref_sdpa_backward(&c.ref, c.qd, c.kd, c.vd, c.doutd, aq, ak, av);
+    ref_sdpa_grad_fd(&c.ref, c.qd, c.kd, c.vd, c.doutd, 1e-5, fq, fk, fv);
+    double worst = 0.0, big = 0.0;
+    const double *a[3] = {aq, ak, av}, *f[3] = {fq, fk, fv};
+    const size_t n[3] = {c.n_qel, c.n_kel, c.n_vel};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < n[t]; i++) {
+            worst = fmax(worst, fabs(a[t][i] - f[t][i]));
+            big = fmax(big, fabs(f[t][i]));
+        }
+    ck_assert_msg(big > 0.1, "degenerate gradients");
+    ASSERT_ERR(worst / big, 1e-8, "reference analytic vs finite differences");
+    free(aq), free(fq), free(ak), free(fk), free(av), free(fv);
+    case_free(&c);
+}
+END_TEST
+
+/* Ranks 2-4 as the API maps them (B = 1 and/or H = 1), sizes of 1,
+ * n_q != n_k and d_k != d_v, with and without the causal mask. */
+START_TEST(forward_matches_reference_small_shapes_ranks_2_to_4)
+{
+    static const int64_t shapes[][7] = {
+        /* B, H_q, H_kv, n_q, n_k, d_k, d_v */
+        {1, 1, 1, 1, 1, 1, 1},   {1, 1, 1, 1, 7, 3, 5},
+        {1, 1, 1, 9, 1, 4, 2},   {1, 1, 1, 5, 8, 1, 1},
+        {1, 1, 1, 17, 13, 6, 9}, {1, 3, 3, 6, 10, 4, 7},
+        {1, 2, 2, 1, 5, 8, 3},   {2, 3, 3, 7, 5, 3, 4},
+        {3, 2, 2, 4, 4, 5, 5},   {2, 2, 1, 6, 9, 2, 3},
+        {2, 1, 1, 3, 2, 1, 6},
+    };
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int causal = 0; causal < 2; causal++) {
+            const int64_t *s = shapes[t];
+            attn_sdpa_params p =
+                sdpa_shape(s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
+            p.causal = causal;
+            sdpa_case c;
+            case_init(&c, &p, t * 2 + (uint64_t)causal, 2.0);
+            char label[96];
+            snprintf(label, sizeof label,
+                     "shape [%lld,%lld/%lld,%lld,%lld,%lld,%lld] causal=%d",
+                     (long long)s[0], (long long)s[1], (long long)s[2],
+                     (long long)s[3], (long long)s[4], (long long)s[5],
+                     (long long)s[6], causal);
+            check_forward(&c, TOL_FORWARD, label);
+            case_free(&c);
+        }
+}
+END_TEST
+
+static const int64_t tile_sizes[] = {1,   2,   63,  64,  65,  127,
+                                     128, 129, 255, 256, 257, 513};
+static const int64_t widths[] = {1, 3, 64, 65};
+#define N_TILE_SIZES (sizeof tile_sizes / sizeof tile_sizes[0])
+
+static void tile_case(int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v,
+                      bool causal, uint64_t seed)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n_q, n_k, d_k, d_v);
+    p.causal = causal;
+    sdpa_case c;
+    case_init(&c, &p, seed, 2.0);
+    char label[96];
+    snprintf(label, sizeof label, "n_q=%lld n_k=%lld d_k=%lld d_v=%lld%s",
+             (long long)n_q, (long long)n_k, (long long)d_k, (long long)d_v,
+             causal ? " causal" : "");
+    check_forward(&c, TOL_FORWARD, label);
+    case_free(&c);
+}
+
+START_TEST(forward_square_sizes_around_tile_boundaries)
+{
+    for (size_t t = 0; t < N_TILE_SIZES; t++)
+        tile_case(tile_sizes[t], tile_sizes[t], widths[t % 4],
+                  widths[(t + 1) % 4], false, 100 + t);
+}
+END_TEST
+
+START_TEST(forward_square_causal_around_tile_boundaries)
+{
+    for (size_t t = 0; t < N_TILE_SIZES; t++)
+        tile_case(tile_sizes[t], tile_sizes[t], widths[(t + 2) % 4],
+                  widths[(t + 3) % 4], true, 200 + t);
+}
+END_TEST
+
+static const int64_t uneven_pairs[][2] = {
+    {1, 513},  {513, 1},  {2, 127},   {127, 2},   {63, 129},
+    {129, 63}, {64, 257}, {257, 64},  {65, 128},  {128, 65},
+    {255, 256}, {256, 255}, {513, 257}, {257, 513},
+};
+#define N_UNEVEN (sizeof uneven_pairs / sizeof uneven_pairs[0])
+
+START_TEST(forward_nq_ne_nk_around_tile_boundaries)
+{
+    for (size_t t = 0; t < N_UNEVEN; t++)
+        tile_case(uneven_pairs[t][0], uneven_pairs[t][1], widths[t % 4],
+                  widths[(t + 3) % 4], false, 300 + t);
+}
+END_TEST
+
+START_TEST(forward_causal_nq_ne_nk_around_tile_boundaries)
+{
+    for (size_t t = 0; t < N_UNEVEN; t++)
+        tile_case(uneven_pairs[t][0], uneven_pairs[t][1], widths[(t + 1) % 4],
+                  widths[(t + 2) % 4], true, 400 + t);
+}
+END_TEST
+
+/* Batch and heads around tiles: each (b, h) must read its own slices. */
+START_TEST(forward_batched_heads_around_tile_boundaries)
+{
+    attn_sdpa_params p = sdpa_shape(2, 3, 3, 65, 129, 5, 3);
+    sdpa_case c;
+    case_init(&c, &p, 500, 2.0);
+    check_forward(&c, TOL_FORWARD, "B=2 H=3 65x129");
+    case_free(&c);
+    p = sdpa_shape(3, 2, 2, 130, 66, 3, 4);
+    p.causal = true;
+    case_init(&c, &p, 501, 2.0);
+    check_forward(&c, TOL_FORWARD, "B=3 H=2 130x66 causal");
+    case_free(&c);
+}
+END_TEST
+
+/* Without lse, weights or stats the output must be the same. */
+START_TEST(forward_optional_outputs_may_be_null)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, 70, 40, 8, 8);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 600, 2.0);
+    lib_fwd full;
+    lib_forward(&c, &c.lib, &full, true, true);
+    float *out = nan_floats(c.n_out);
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&c.lib, c.q, c.k, c.v, out, NULL, NULL, NULL,
+                                &err),
+              err);
+    ASSERT_ERR(float_diff(full.out, out, c.n_out), 1e-6,
+               "out without optional outputs");
+    free(out);
+    lib_fwd_free(&full);
+    case_free(&c);
+}
+END_TEST
+
+/* ------------------------------------------------------------- causal */
+
+/* n_q < n_k (decoding with a cache): query i sees keys 0..i + n_k - n_q;
+ * the single-query case sees every key. */
+START_TEST(causal_bottom_right_when_nq_lt_nk)
+{
+    const int64_t n_q = 3, n_k = 7;
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n_q, n_k, 4, 3);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 700, 2.0);
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, true, false);
+    for (int64_t i = 0; i < n_q; i++)
+        for (int64_t j = 0; j < n_k; j++) {
+            float w = got.weights[i * n_k + j];
+            if (j <= i + n_k - n_q)
+                ck_assert_msg(w > 0.0f, "(%lld,%lld) should be visible",
+                              (long long)i, (long long)j);
+            else
+                ck_assert_msg(w == 0.0f, "(%lld,%lld) should be masked: %g",
+                              (long long)i, (long long)j, (double)w);
+        }
+    lib_fwd_free(&got);
+    check_forward(&c, TOL_FORWARD, "causal 3x7");
+    case_free(&c);
+
+    /* One query with causal is the same as no mask at all. */
+    p = sdpa_shape(1, 1, 1, 1, 9, 4, 3);
+    case_init(&c, &p, 701, 2.0);
+    lib_fwd plain, causal;
+    lib_forward(&c, &c.lib, &plain, true, false);
+    c.lib.causal = true;
+    lib_forward(&c, &c.lib, &causal, true, false);
+    ASSERT_ERR(float_diff(plain.out, causal.out, c.n_out), 0.0,
+               "single causal query equals unmasked");
+    ASSERT_ERR(float_diff(plain.weights, causal.weights, c.n_w), 0.0,
+               "single causal query weights");
+    lib_fwd_free(&plain);
+    lib_fwd_free(&causal);
+    case_free(&c);
+}
+END_TEST
+
+/* n_q > n_k: the first n_q - n_k queries see no key at all. */
+START_TEST(causal_nq_gt_nk_top_rows_zero_with_lse_minus_inf)
+{
+    const int64_t n_q = 7, n_k = 3, d_v = 5;
+    attn_sdpa_params p = sdpa_shape(2, 2, 2, n_q, n_k, 4, d_v);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 800, 2.0);
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, true, true);
+    for (size_t r = 0; r < c.n_rows; r++) {
+        int64_t i = (int64_t)(r % (size_t)n_q);
+        bool masked = i < n_q - n_k;
+        if (masked)
+            ck_assert_msg(got.lse[r] == -INFINITY, "row %zu lse %g", r,
+                          (double)got.lse[r]);
+        else
+            ck_assert_msg(isfinite(got.lse[r]), "row %zu lse %g", r,
+                          (double)got.lse[r]);
+        for (int64_t c2 = 0; c2 < d_v && masked; c2++)
+            ck_assert_msg(got.out[r * d_v + (size_t)c2] == 0.0f,
+                          "masked row %zu output %g", r,
+                          (double)got.out[r * d_v + (size_t)c2]);
+        for (int64_t j = 0; j < n_k && masked; j++)
+            ck_assert_msg(got.weights[r * n_k + (size_t)j] == 0.0f,
+                          "masked row %zu weight %g", r,
+                          (double)got.weights[r * n_k + (size_t)j]);
+    }
+    ck_assert_int_eq(count_nonfinite(got.out, c.n_out), 0);
+    ck_assert_int_eq(count_nonfinite(got.weights, c.n_w), 0);
+    ck_assert_msg(got.stats.rows_count == 2 * 2 * n_k,
+                  "stats rows_count %lld", (long long)got.stats.rows_count);
+    lib_fwd_free(&got);
+    check_forward(&c, TOL_FORWARD, "causal 7x3");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(causal_nq_gt_nk_backward_gives_zero_grads_no_nan)
+{
+    const int64_t n_q = 6, n_k = 2, d_k = 3;
+    attn_sdpa_params p = sdpa_shape(1, 2, 1, n_q, n_k, d_k, 2);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 900, 2.0);
+    lib_grads g;
+    lib_backward(&c, &c.lib, &g);
+    ck_assert_int_eq(count_nonfinite(g.dq, c.n_qel), 0);
+    ck_assert_int_eq(count_nonfinite(g.dk, c.n_kel), 0);
+    ck_assert_int_eq(count_nonfinite(g.dv, c.n_vel), 0);
+    for (size_t r = 0; r < c.n_rows; r++) {
+        int64_t i = (int64_t)(r % (size_t)n_q);
+        for (int64_t t = 0; t < d_k && i < n_q - n_k; t++)
+            ck_assert_msg(g.dq[r * d_k + (size_t)t] == 0.0f,
+                          "dq of masked row %zu is %g", r,
+                          (double)g.dq[r * d_k + (size_t)t]);
+    }
+    /* The row that sees only key 0 has zero dq too: a softmax over one
+     * key does not move. */
+    lib_grads_free(&g);
+    check_grad_fd(&c, "causal 6x2 GQA");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(causal_weights_zero_above_aligned_diagonal_at_tile_sizes)
+{
+    static const int64_t pairs[][2] = {{129, 129}, {65, 200}, {200, 65}};
+    for (size_t t = 0; t < 3; t++) {
+        int64_t n_q = pairs[t][0], n_k = pairs[t][1];
+        attn_sdpa_params p = sdpa_shape(1, 1, 1, n_q, n_k, 8, 4);
+        p.causal = true;
+        sdpa_case c;
+        case_init(&c, &p, 1000 + t, 2.0);
+        lib_fwd got;
+        lib_forward(&c, &c.lib, &got, true, false);
+        int wrong = 0;
+        for (int64_t i = 0; i < n_q; i++)
+            for (int64_t j = 0; j < n_k; j++) {
+                float w = got.weights[i * n_k + j];
+                bool visible = j <= i + n_k - n_q;
+                wrong += visible ? !(w > 0.0f) : w != 0.0f;
+            }
+        ck_assert_msg(wrong == 0, "%lldx%lld: %d weights on the wrong side",
+                      (long long)n_q, (long long)n_k, wrong);
+        lib_fwd_free(&got);
+        case_free(&c);
+    }
+}
+END_TEST
+
+/* --------------------------------------------------------------- masks */
+
+START_TEST(mask_broadcast_strides_for_each_shape)
+{
+    const int64_t B = 2, H = 3, n_q = 4, n_k = 5;
+    struct {
+        int rank;
+        int64_t shape[4];
+        int64_t stride[4];
+    } cases[] = {
+        {1, {n_k}, {0, 0, 0, 1}},
+        {2, {n_q, n_k}, {0, 0, n_k, 1}},
+        {3, {1, n_q, n_k}, {0, 0, n_k, 1}},
+        {3, {H, 1, n_k}, {0, n_k, 0, 1}},
+        {4, {B, 1, 1, n_k}, {n_k, 0, 0, 1}},
+        {4, {B, H, n_q, n_k}, {H * n_q * n_k, n_q * n_k, n_k, 1}},
+        {2, {n_q, 1}, {0, 0, 1, 0}},
+        {0, {0}, {0, 0, 0, 0}},
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        attn_mask m;
+        memset(&m, 0, sizeof m);
+        for (int d = 0; d < 4; d++)
+            m.stride[d] = 12345; /* must be overwritten */
+        attn_error err = {0};
+        attn_status st = attn_mask_broadcast(&m, cases[t].rank,
+                                             cases[t].shape, B, H, n_q, n_k,
+                                             &err);
+        ASSERT_OK(st, err);
+        for (int d = 0; d < 4; d++)
+            ck_assert_msg(m.stride[d] == cases[t].stride[d],
+                          "case %zu: stride[%d] = %lld, want %lld", t, d,
+                          (long long)m.stride[d],
+                          (long long)cases[t].stride[d]);
+    }
+}
+END_TEST
+
+START_TEST(mask_broadcast_rejects_non_broadcastable_shapes)
+{
+    const int64_t B = 2, H = 3, n_q = 4, n_k = 5;
+    struct {
+        int rank;
+        int64_t shape[5];
+    } bad[] = {
+        {1, {3}},                /* n_k mismatch */
+        {2, {2, n_k}},           /* n_q mismatch */
+        {3, {2, n_q, n_k}},      /* heads mismatch */
+        {4, {3, H, n_q, n_k}},   /* batch mismatch */
+        {1, {0}},                /* empty dimension */
+        {2, {n_k, n_q}},         /* transposed */
+        {5, {1, B, H, n_q, n_k}}, /* rank above 4 */
+        {-1, {0}},               /* negative rank */
+    };
+    for (size_t t = 0; t < sizeof bad / sizeof bad[0]; t++) {
+        attn_mask m;
+        memset(&m, 0, sizeof m);
+        attn_error err;
+        memset(&err, 0, sizeof err);
+        attn_status st = attn_mask_broadcast(&m, bad[t].rank, bad[t].shape, B,
+                                             H, n_q, n_k, &err);
+        ck_assert_msg(st == ATTN_ERR_INVALID, "case %zu accepted (%d)", t,
+                      (int)st);
+        ck_assert_msg(err.message[0] != '\0', "case %zu: empty message", t);
+        ck_assert_msg(memchr(err.message, '\0', sizeof err.message) != NULL,
+                      "case %zu: message not terminated", t);
+        st = attn_mask_broadcast(&m, bad[t].rank, bad[t].shape, B, H, n_q,
+                                 n_k, NULL);
+        ck_assert_msg(st == ATTN_ERR_INVALID, "case %zu with err NULL", t);
+    }
+}
+END_TEST
+
+/* The five broadcast shapes of the brief against a mask expanded here. */
+static const struct {
+    int rank;
+    int64_t shape[4];
+} mask_shapes[] = {
+    {1, {7}},          /* [n_k] */
+    {2, {5, 7}},       /* [n_q, n_k] */
+    {3, {1, 5, 7}},    /* [1, n_q, n_k] */
+    {3, {4, 1, 7}},    /* [H, 1, n_k] */
+    {4, {2, 1, 1, 7}}, /* [B, 1, 1, n_k] */
+    {4, {2, 4, 5, 7}}, /* full */
+};
+#define N_MASK_SHAPES (sizeof mask_shapes / sizeof mask_shapes[0])
+
+static void mask_forward_cases(attn_mask_kind kind, bool causal,
+                               int64_t heads_kv, const char *name)
+{
+    for (size_t t = 0; t < N_MASK_SHAPES; t++) {
+        attn_sdpa_params p = sdpa_shape(2, 4, heads_kv, 5, 7, 3, 4);
+        p.causal = causal;
+        sdpa_case c;
+        case_init(&c, &p, 1100 + t, 2.0);
+        case_mask(&c, kind, mask_shapes[t].rank, mask_shapes[t].shape,
+                  1200 + t);
+        char label[96];
+        snprintf(label, sizeof label, "%s mask rank %d shape #%zu", name,
+                 mask_shapes[t].rank, t);
+        check_forward(&c, TOL_FORWARD, label);
+        case_free(&c);
+    }
+}
+
+START_TEST(bool_mask_broadcast_shapes_match_reference)
+{
+    mask_forward_cases(ATTN_MASK_BOOL, false, 4, "bool");
+}
+END_TEST
+
+START_TEST(bias_mask_broadcast_shapes_match_reference)
+{
+    mask_forward_cases(ATTN_MASK_BIAS, false, 4, "bias");
+}
+END_TEST
+
+START_TEST(bool_mask_combined_with_causal)
+{
+    mask_forward_cases(ATTN_MASK_BOOL, true, 2, "bool+causal");
+}
+END_TEST
+
+START_TEST(bias_mask_combined_with_causal)
+{
+    mask_forward_cases(ATTN_MASK_BIAS, true, 1, "bias+causal");
+}
+END_TEST
+
+/* A scalar bias shifts every score equally: the weights do not move. */
+START_TEST(bias_mask_scalar_changes_only_lse)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, 6, 9, 4, 4);
+    sdpa_case c;
+    case_init(&c, &p, 1300, 2.0);
+    lib_fwd plain;
+    lib_forward(&c, &c.lib, &plain, true, false);
+    const float shift = 3.0f;
+    c.lib.mask.kind = ATTN_MASK_BIAS;
+    c.lib.mask.bias = &shift;
+    attn_error err = {0};
+    ASSERT_OK(attn_mask_broadcast(&c.lib.mask, 0, NULL, 1, 2, 6, 9, &err),
+              err);
+    lib_fwd biased;
+    lib_forward(&c, &c.lib, &biased, true, false);
+    ASSERT_ERR(float_diff(plain.weights, biased.weights, c.n_w), 1e-6,
+               "weights under a constant bias");
+    ASSERT_ERR(float_diff(plain.out, biased.out, c.n_out), 1e-6,
+               "output under a constant bias");
+    for (size_t r = 0; r < c.n_rows; r++)
+        ck_assert_msg(fabs(biased.lse[r] - plain.lse[r] - shift) < 1e-5,
+                      "lse row %zu moved by %g, want 3", r,
+                      (double)(biased.lse[r] - plain.lse[r]));
+    lib_fwd_free(&plain);
+    lib_fwd_free(&biased);
+    case_free(&c);
+}
+END_TEST
+
+/* A boolean mask row of all false: zeros everywhere, lse -inf, no NaN,
+ * zero gradients for that row, and stats that skip it. */
+START_TEST(bool_mask_fully_masked_row_gives_zeros)
+{
+    const int64_t n_q = 4, n_k = 5, d_k = 3, d_v = 2;
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n_q, n_k, d_k, d_v);
+    sdpa_case c;
+    case_init(&c, &p, 1400, 2.0);
+    const int64_t shape[2] = {n_q, n_k};
+    case_mask(&c, ATTN_MASK_BOOL, 2, shape, 1401);
+    uint8_t *src = c.mask_src, *full = c.mask_full;
+    for (int64_t j = 0; j < n_k; j++) {
+        src[2 * n_k + j] = 0; /* row 2: nothing visible */
+        full[2 * n_k + j] = 0;
+        src[1 * n_k + j] = j == 3; /* row 1: one key */
+        full[1 * n_k + j] = j == 3;
+    }
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, true, true);
+    ck_assert_msg(got.lse[2] == -INFINITY, "lse of masked row %g",
+                  (double)got.lse[2]);
+    for (int64_t t = 0; t < d_v; t++)
+        ck_assert_msg(got.out[2 * d_v + t] == 0.0f, "masked output %g",
+                      (double)got.out[2 * d_v + t]);
+    for (int64_t j = 0; j < n_k; j++) {
+        ck_assert_msg(got.weights[2 * n_k + j] == 0.0f, "masked weight %g",
+                      (double)got.weights[2 * n_k + j]);
+        ck_assert_msg(got.weights[1 * n_k + j] == (j == 3 ? 1.0f : 0.0f),
+                      "one-key row weight %lld = %.9g", (long long)j,
+                      (double)got.weights[1 * n_k + j]);
+    }
+    ck_assert_msg(got.stats.rows_count == n_q - 1, "rows_count %lld",
+                  (long long)got.stats.rows_count);
+    lib_fwd_free(&got);
+    check_forward(&c, TOL_FORWARD, "bool mask with empty row");
+
+    lib_grads g;
+    lib_backward(&c, &c.lib, &g);
+    for (int64_t t = 0; t < d_k; t++)
+        ck_assert_msg(g.dq[2 * d_k + t] == 0.0f, "dq of masked row %g",
+                      (double)g.dq[2 * d_k + t]);
+    lib_grads_free(&g);
+    check_grad_fd(&c, "bool mask with empty row");
+    case_free(&c);
+}
+END_TEST
+
+/* Every row masked: all zeros, all lse -inf, stats with zero counts. */
+START_TEST(bool_mask_all_false_gives_zeros_and_empty_stats)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, 3, 4, 2, 2);
+    sdpa_case c;
+    case_init(&c, &p, 1500, 2.0);
+    const uint8_t none = 0;
+    c.lib.mask.kind = ATTN_MASK_BOOL;
+    c.lib.mask.allowed = &none;
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, true, true);
+    for (size_t i = 0; i < c.n_out; i++)
+        ck_assert_msg(got.out[i] == 0.0f, "output %zu = %g", i,
+                      (double)got.out[i]);
+    for (size_t i = 0; i < c.n_w; i++)
+        ck_assert_msg(got.weights[i] == 0.0f, "weight %zu", i);
+    for (size_t i = 0; i < c.n_rows; i++)
+        ck_assert_msg(got.lse[i] == -INFINITY, "lse %zu", i);
+    attn_stats *s = &got.stats;
+    ck_assert_msg(s->scores_count == 0 && s->rows_count == 0,
+                  "counts %lld %lld", (long long)s->scores_count,
+                  (long long)s->rows_count);
+    ck_assert_msg(s->scores_mean == 0 && s->scores_var == 0 &&
+                      s->scaled_mean == 0 && s->scaled_var == 0 &&
+                      s->entropy_mean == 0 && s->entropy_min == 0 &&
+                      s->entropy_max == 0 && s->max_weight_mean == 0,
+                  "stats of nothing must be 0");
+    lib_grads g;
+    lib_backward(&c, &c.lib, &g);
+    for (size_t i = 0; i < c.n_qel; i++)
+        ck_assert_msg(g.dq[i] == 0.0f, "dq %zu = %g", i, (double)g.dq[i]);
+    for (size_t i = 0; i < c.n_kel; i++)
+        ck_assert_msg(g.dk[i] == 0.0f, "dk %zu = %g", i, (double)g.dk[i]);
+    for (size_t i = 0; i < c.n_vel; i++)
+        ck_assert_msg(g.dv[i] == 0.0f, "dv %zu = %g", i, (double)g.dv[i]);
+    lib_grads_free(&g);
+    lib_fwd_free(&got);
+    case_free(&c);
+}
+END_TEST
+
+/* Masks at tile sizes: a key-padding mask over 257 keys with causal. */
+START_TEST(bool_mask_with_causal_around_tile_boundaries)
+{
+    attn_sdpa_params p = sdpa_shape(2, 2, 1, 129, 257, 16, 8);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 1600, 2.0);
+    const int64_t shape[4] = {2, 1, 1, 257};
+    case_mask(&c, ATTN_MASK_BOOL, 4, shape, 1601);
+    check_forward(&c, TOL_FORWARD, "key padding 129x257 causal");
+    case_free(&c);
+    p = sdpa_shape(1, 2, 2, 300, 65, 8, 8);
+    p.causal = true;
+    case_init(&c, &p, 1602, 2.0);
+    const int64_t shape2[2] = {300, 65};
+    case_mask(&c, ATTN_MASK_BIAS, 2, shape2, 1603);
+    check_forward(&c, TOL_FORWARD, "bias 300x65 causal");
+    case_free(&c);
+}
+END_TEST
+
+/* ----------------------------------------------------------------- GQA */
+
+START_TEST(gqa_forward_hq4_hkv2_and_hkv1)
+{
+    const int64_t kv[2] = {2, 1};
+    for (int t = 0; t < 2; t++)
+        for (int causal = 0; causal < 2; causal++) {
+            attn_sdpa_params p = sdpa_shape(2, 4, kv[t], 70, 66, 8, 5);
+            p.causal = causal;
+            sdpa_case c;
+            case_init(&c, &p, 1700 + (uint64_t)(t * 2 + causal), 2.0);
+            char label[64];
+            snprintf(label, sizeof label, "GQA 4/%lld causal=%d",
+                     (long long)kv[t], causal);
+            check_forward(&c, TOL_FORWARD, label);
+            case_free(&c);
+        }
+}
+END_TEST
+
+/* Head h must read key/value head h / 2, not h % 2: with distinct values
+ * per kv head the outputs tell them apart. */
+START_TEST(gqa_query_head_uses_kv_head_h_over_group)
+{
+    attn_sdpa_params p = sdpa_shape(1, 4, 2, 1, 1, 1, 1);
+    const float q[4] = {1, 1, 1, 1}, k[2] = {1, 1}, v[2] = {10, 20};
+    float out[4];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, NULL, NULL, NULL, &err),
+              err);
+    const float want[4] = {10, 10, 20, 20};
+    for (int h = 0; h < 4; h++)
+        ck_assert_msg(out[h] == want[h], "head %d read value %g, want %g", h,
+                      (double)out[h], (double)want[h]);
+}
+END_TEST
+
+START_TEST(gqa_backward_hkv2_sums_shared_heads)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 4, 5, 3, 2);
+    sdpa_case c;
+    case_init(&c, &p, 1800, 2.0);
+    check_grad_fd(&c, "GQA 4/2");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(gqa_backward_hkv1_multi_query)
+{
+    attn_sdpa_params p = sdpa_shape(1, 4, 1, 5, 4, 2, 3);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 1900, 2.0);
+    check_grad_fd(&c, "MQA 4/1 causal");
+    case_free(&c);
+}
+END_TEST
+
+/* ------------------------------------------------------ extreme scores */
+
+/* Scores of +-1e4: exp of the difference underflows to exactly 0, so the
+ * weights are exactly one-hot and nothing overflows. */
+START_TEST(extreme_scores_give_exact_one_hot_weights)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 3, 3, 1, 2);
+    p.scale = 1.0f;
+    const float q[3] = {100, -100, 0.01f};
+    const float k[3] = {100, -100, 0};
+    const float v[6] = {1, 2, 3, 4, 5, 6};
+    float out[6], lse[3], w[9];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, w, NULL, &err), err);
+    /* row 0: scores [1e4, -1e4, 0]; row 1: [-1e4, 1e4, 0]. */
+    const float want_w0[3] = {1, 0, 0}, want_w1[3] = {0, 1, 0};
+    for (int j = 0; j < 3; j++) {
+        ck_assert_msg(w[j] == want_w0[j], "row 0 weight %d = %.9g", j,
+                      (double)w[j]);
+        ck_assert_msg(w[3 + j] == want_w1[j], "row 1 weight %d = %.9g", j,
+                      (double)w[3 + j]);
+    }
+    ck_assert_int_eq(count_nonfinite(out, 6), 0);
+    ck_assert_int_eq(count_nonfinite(lse, 3), 0);
+    ck_assert_int_eq(count_nonfinite(w, 9), 0);
+    ck_assert_msg(fabs(out[0] - 1) < 1e-6 && fabs(out[1] - 2) < 1e-6,
+                  "row 0 output %g %g", (double)out[0], (double)out[1]);
+    ck_assert_msg(fabs(out[2] - 3) < 1e-6 && fabs(out[3] - 4) < 1e-6,
+                  "row 1 output %g %g", (double)out[2], (double)out[3]);
+    ck_assert_msg(fabs(lse[0] - 1e4) < 1e-2 && fabs(lse[1] - 1e4) < 1e-2,
+                  "lse %g %g", (double)lse[0], (double)lse[1]);
+}
+END_TEST
+
+/* The same at a size with several key tiles, where the winning key comes
+ * late and an online softmax must rescale by exp(-2e4) = 0 cleanly. */
+START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
+{
+    const int64_t n = 300;
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n, n, 1, 1);
+    p.scale = 1.0f;
+    sdpa_case c;
+    case_init(&c, &p, 2000, 1.0);
+    for (int64_t j = 0; j < n; j++) {
+        c.k[j] = j == 290 ? 100.0f : -100.0f;
+        c.v[j] = (float)j;
+    }
+    for (int64_t i = 0; i < n; i++)
+        c.q[i] = 100.0f;
+    case_sync(&c);
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, true, true);
+    for (int64_t i = 0; i < n; i++) {
+        ck_assert_msg(got.out[i] == 290.0f, "row %lld output %.9g",
+                      (long long)i, (double)got.out[i]);
+        for (int64_t j = 0; j < n; j++)
+            ck_assert_msg(got.weights[i * n + j] == (j == 290 ? 1.0f : 0.0f),
+                          "weight (%lld,%lld) = %g", (long long)i,
+                          (long long)j, (double)got.weights[i * n + j]);
+    }
+    ck_assert_msg(fabs(got.stats.max_weight_mean - 1.0) < 1e-9 &&
+                      fabs(got.stats.entropy_max) < 1e-9,
+                  "one-hot stats: max weight %g entropy max %g",
+                  got.stats.max_weight_mean, got.stats.entropy_max);
+    lib_fwd_free(&got);
+    lib_grads g;
+    lib_backward(&c, &c.lib, &g);
+    ck_assert_int_eq(count_nonfinite(g.dq, c.n_qel), 0);
+    ck_assert_int_eq(count_nonfinite(g.dk, c.n_kel), 0);
+    ck_assert_int_eq(count_nonfinite(g.dv, c.n_vel), 0);
+    /* All the weight on key 290: dv there is the sum of dout, else 0. */
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += c.dout[i];
+    ck_assert_msg(fabs(g.dv[290] - sum) < 1e-4 * (1 + fabs(sum)),
+                  "dv[290] = %g, want %g", (double)g.dv[290], sum);
+    for (int64_t j = 0; j < n; j++)
+        ck_assert_msg(j == 290 || g.dv[j] == 0.0f, "dv[%lld] = %g",
+                      (long long)j, (double)g.dv[j]);
+    lib_grads_free(&g);
+    case_free(&c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ gradients */
+
+START_TEST(grad_matches_finite_differences_plain)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 5, 5, 4, 3);
+    sdpa_case c;
+    case_init(&c, &p, 2100, 2.0);
+    check_grad_fd(&c, "plain 5x5");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(grad_matches_finite_differences_causal)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, 6, 6, 3, 4);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 2200, 2.0);
+    check_grad_fd(&c, "causal 6x6");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(grad_matches_finite_differences_nq_ne_nk)
+{
+    static const int64_t pairs[][2] = {{3, 7}, {7, 3}};
+    for (int t = 0; t < 2; t++)
+        for (int causal = 0; causal < 2; causal++) {
+            attn_sdpa_params p =
+                sdpa_shape(1, 1, 1, pairs[t][0], pairs[t][1], 2, 5);
+            p.causal = causal;
+            sdpa_case c;
+            case_init(&c, &p, 2300 + (uint64_t)(t * 2 + causal), 2.0);
+            char label[64];
+            snprintf(label, sizeof label, "%lldx%lld causal=%d",
+                     (long long)pairs[t][0], (long long)pairs[t][1], causal);
+            check_grad_fd(&c, label);
+            case_free(&c);
+        }
+}
+END_TEST
+
+START_TEST(grad_matches_finite_differences_with_masks)
+{
+    attn_sdpa_params p = sdpa_shape(2, 2, 2, 4, 5, 3, 2);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 2400, 2.0);
+    const int64_t shape[3] = {2, 1, 5};
+    case_mask(&c, ATTN_MASK_BIAS, 3, shape, 2401);
+    check_grad_fd(&c, "bias [H,1,n_k] + causal");
+    case_free(&c);
+    p.causal = false;
+    case_init(&c, &p, 2402, 2.0);
+    const int64_t shape2[4] = {2, 2, 4, 5};
+    case_mask(&c, ATTN_MASK_BOOL, 4, shape2, 2403);
+    check_grad_fd(&c, "bool [B,H,n_q,n_k]");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(grad_matches_finite_differences_explicit_scale_rank4)
+{
+    attn_sdpa_params p = sdpa_shape(2, 3, 3, 3, 4, 5, 2);
+    p.scale = 0.9f;
+    sdpa_case c;
+    case_init(&c, &p, 2500, 1.0);
+    check_grad_fd(&c, "B=2 H=3 scale 0.9");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(grad_size_one_everything)
+{
+    /* One key: the softmax is constant 1, so dq = dk = 0 and dv = dout. */
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 1, 1, 1, 1);
+    p.causal = true;
+    const float q[1] = {0.7f}, k[1] = {-1.3f}, v[1] = {2.5f};
+    const float dout[1] = {0.25f};
+    float out[1], lse[1], dq[1] = {NAN}, dk[1] = {NAN}, dv[1] = {NAN};
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, NULL, NULL, &err),
+              err);
+    ck_assert_msg(out[0] == 2.5f, "output %g", (double)out[0]);
+    ck_assert_msg(fabs(lse[0] - 0.7 * -1.3) < 1e-6, "lse %g", (double)lse[0]);
+    ASSERT_OK(attn_sdpa_backward(&p, q, k, v, out, lse, dout, dq, dk, dv,
+                                 &err),
+              err);
+    ck_assert_msg(dq[0] == 0.0f && dk[0] == 0.0f, "dq %g dk %g",
+                  (double)dq[0], (double)dk[0]);
+    ck_assert_msg(dv[0] == 0.25f, "dv %g", (double)dv[0]);
+}
+END_TEST
+
+/* Tile-sized backward against the analytic reference: dk/dv gather from
+ * several query tiles, dq from several key tiles. */
+START_TEST(grad_around_tile_boundaries_matches_analytic_reference)
+{
+    static const int64_t shapes[][4] = {
+        /* n_q, n_k, d_k, d_v */
+        {65, 129, 3, 5}, {129, 65, 65, 1}, {257, 257, 8, 8}, {1, 513, 4, 4},
+    };
+    for (size_t t = 0; t < 4; t++)
+        for (int causal = 0; causal < 2; causal++) {
+            const int64_t *s = shapes[t];
+            attn_sdpa_params p = sdpa_shape(1, 1, 1, s[0], s[1], s[2], s[3]);
+            p.causal = causal;
+            sdpa_case c;
+            case_init(&c, &p, 2600 + t * 2 + (uint64_t)causal, 2.0);
+            char label[64];
+            snprintf(label, sizeof label, "backward %lldx%lld d=%lld/%lld%s",
+                     (long long)s[0], (long long)s[1], (long long)s[2],
+                     (long long)s[3], causal ? " causal" : "");
+            check_grad_analytic(&c, label);
+            case_free(&c);
+        }
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 130, 70, 16, 8);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 2700, 2.0);
+    const int64_t shape[4] = {2, 1, 1, 70};
+    case_mask(&c, ATTN_MASK_BOOL, 4, shape, 2701);
+    check_grad_analytic(&c, "backward GQA 4/2 130x70 causal + padding");
+    case_free(&c);
+}
+END_TEST
+
+/* The gradients are written, not accumulated: calling twice on buffers
+ * that already hold the result gives the same numbers. */
+START_TEST(grad_overwrites_rather_than_accumulates)
+{
+    attn_sdpa_params p = sdpa_shape(1, 4, 2, 9, 7, 3, 3);
+    sdpa_case c;
+    case_init(&c, &p, 2800, 2.0);
+    lib_fwd f;
+    lib_forward(&c, &c.lib, &f, false, false);
+    float *dq[2], *dk[2], *dv[2];
+    for (int r = 0; r < 2; r++) {
+        dq[r] = nan_floats(c.n_qel);
+        dk[r] = nan_floats(c.n_kel);
+        dv[r] = nan_floats(c.n_vel);
+    }
+    attn_error err = {0};
+    for (int r = 0; r < 2; r++)
+        ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse,
+                                     c.dout, dq[r], dk[r], dv[r], &err),
+                  err);
+    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse, c.dout,
+                                 dq[1], dk[1], dv[1], &err),
+              err);
+    ASSERT_ERR(float_diff(dq[0], dq[1], c.n_qel), 0.0, "dq twice");
+    ASSERT_ERR(float_diff(dk[0], dk[1], c.n_kel), 0.0, "dk twice");
+    ASSERT_ERR(float_diff(dv[0], dv[1], c.n_vel), 0.0, "dv twice");
+    ck_assert_int_eq(count_nonfinite(dq[0], c.n_qel), 0);
+    for (int r = 0; r < 2; r++) {
+        free(dq[r]);
+        free(dk[r]);
+        free(dv[r]);
+    }
+    lib_fwd_free(&f);
+    case_free(&c);
+}
+END_TEST
+
+/* ----------------------------------------------------------- properties */
+
+START_TEST(weights_rows_sum_to_one)
+{
+    for (size_t t = 0; t < N_TILE_SIZES; t += 2) {
+        int64_t n = tile_sizes[t];
+        attn_sdpa_params p = sdpa_shape(1, 2, 2, n, tile_sizes[t + 1], 7, 2);
+        p.causal = t % 4 == 0;
+        sdpa_case c;
+        case_init(&c, &p, 2900 + t, 3.0);
+        lib_fwd got;
+        lib_forward(&c, &c.lib, &got, true, false);
+        int64_t n_k = p.n_k;
+        for (size_t r = 0; r < c.n_rows; r++) {
+            double sum = 0.0;
+            for (int64_t j = 0; j < n_k; j++) {
+                float w = got.weights[r * (size_t)n_k + (size_t)j];
+                ck_assert_msg(w >= 0.0f && w <= 1.0f, "weight %g", (double)w);
+                sum += w;
+            }
+            ck_assert_msg(fabs(sum - 1.0) < 1e-5, "n=%lld row %zu sums to %.9g",
+                          (long long)n, r, sum);
+        }
+        lib_fwd_free(&got);
+        case_free(&c);
+    }
+}
+END_TEST
+
+/* Exercise 2: each output coordinate is a convex combination of the
+ * visible values, so it lies between their minimum and maximum. */
+START_TEST(output_in_convex_hull_of_visible_values)
+{
+    attn_sdpa_params p = sdpa_shape(2, 2, 1, 70, 90, 5, 6);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 3000, 3.0);
+    const int64_t shape[2] = {70, 90};
+    case_mask(&c, ATTN_MASK_BIAS, 2, shape, 3001);
+    lib_fwd got;
+    lib_forward(&c, &c.lib, &got, false, false);
+    const attn_sdpa_params *q = &c.ref;
+    for (int64_t b = 0; b < q->batch; b++)
+        for (int64_t h = 0; h < q->heads_q; h++)
+            for (int64_t i = 0; i < q->n_q; i++)
+                for (int64_t t = 0; t < q->d_v; t++) {
+                    double lo = INFINITY, hi = -INFINITY, bias;
+                    for (int64_t j = 0; j < q->n_k; j++) {
+                        if (!ref_visible(q, b, h, i, j, &bias))
+                            continue;
+                        /* heads_kv = 1: every head reads the same values */
+                        double x = c.v[(b * q->n_k + j) * q->d_v + t];
+                        lo = fmin(lo, x);
+                        hi = fmax(hi, x);
+                    }
+                    size_t o = (size_t)(((b * q->heads_q + h) * q->n_q + i) *
+                                            q->d_v + t);
+                    double y = got.out[o];
+                    ck_assert_msg(y >= lo - 1e-6 && y <= hi + 1e-6,
+                                  "out %g outside [%g, %g]", y, lo, hi);
+                }
+    lib_fwd_free(&got);
+    case_free(&c);
+}
+END_TEST
+
+/* Exercise 8: without a mask, permuting the tokens permutes the output. */
+START_TEST(self_attention_permutation_equivariant)
+{
+    const int64_t n = 70, d = 6;
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n, n, d, d);
+    sdpa_case a, b;
+    case_init(&a, &p, 3100, 2.0);
+    case_init(&b, &p, 3100, 2.0);
+    int64_t perm[70];
+    for (int64_t i = 0; i < n; i++)
+        perm[i] = (i * 37 + 11) % n; /* 37 is coprime with 70 */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < d; t++) {
+            b.q[i * d + t] = a.q[perm[i] * d + t];
+            b.k[i * d + t] = a.k[perm[i] * d + t];
+            b.v[i * d + t] = a.v[perm[i] * d + t];
+        }
+    lib_fwd ga, gb;
+    lib_forward(&a, &a.lib, &ga, false, false);
+    lib_forward(&b, &b.lib, &gb, false, false);
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < d; t++)
+            worst = fmax(worst, fabs(gb.out[i * d + t] -
+                                     ga.out[perm[i] * d + t]));
+    ASSERT_ERR(worst, 1e-5, "permuted output vs output permuted");
+    lib_fwd_free(&ga);
+    lib_fwd_free(&gb);
+    case_free(&a);
+    case_free(&b);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- stats */
+
+static void check_stats(const sdpa_case *c, const char *what)
+{
+    lib_fwd got;
+    lib_forward(c, &c->lib, &got, false, true);
+    attn_stats want;
+    ref_sdpa_stats(&c->ref, c->qd, c->kd, &want);
+    const attn_stats *s = &got.stats;
+    ck_assert_msg(s->scores_count == want.scores_count,
+                  "%s: scores_count %lld, want %lld", what,
+                  (long long)s->scores_count, (long long)want.scores_count);
+    ck_assert_msg(s->rows_count == want.rows_count,
+                  "%s: rows_count %lld, want %lld", what,
+                  (long long)s->rows_count, (long long)want.rows_count);
+    struct {
+        const char *name;
+        double got, want;
+    } v[] = {
+        {"scores mean", s->scores_mean, want.scores_mean},
+        {"scores var", s->scores_var, want.scores_var},
+        {"scaled mean", s->scaled_mean, want.scaled_mean},
+        {"scaled var", s->scaled_var, want.scaled_var},
+        {"entropy mean", s->entropy_mean, want.entropy_mean},
+        {"entropy min", s->entropy_min, want.entropy_min},
+        {"entropy max", s->entropy_max, want.entropy_max},
+        {"max weight mean", s->max_weight_mean, want.max_weight_mean},
+    };
+    double worst = 0.0;
+    for (size_t t = 0; t < sizeof v / sizeof v[0]; t++) {
+        double e = fabs(v[t].got - v[t].want) / (1.0 + fabs(v[t].want));
+        ck_assert_msg(e <= TOL_STATS, "%s: %s = %.9g, want %.9g", what,
+                      v[t].name, v[t].got, v[t].want);
+        worst = fmax(worst, e);
+    }
+    char label[96];
+    snprintf(label, sizeof label, "stats %s", what);
+    note(label, worst);
+    lib_fwd_free(&got);
+}
+
+START_TEST(stats_match_reference_without_mask)
+{
+    attn_sdpa_params p = sdpa_shape(2, 2, 2, 9, 11, 16, 4);
+    sdpa_case c;
+    case_init(&c, &p, 3200, 2.0);
+    check_stats(&c, "plain");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(stats_match_reference_causal_bool_mask_gqa)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 12, 8, 8, 3);
+    p.causal = true;
+    p.scale = 0.3f;
+    sdpa_case c;
+    case_init(&c, &p, 3300, 2.0);
+    const int64_t shape[2] = {12, 8};
+    case_mask(&c, ATTN_MASK_BOOL, 2, shape, 3301);
+    check_stats(&c, "causal+bool, n_q > n_k");
+    case_free(&c);
+}
+END_TEST
+
+/* A bias changes the weights (so entropy) but masks no score. */
+START_TEST(stats_bias_counts_every_score)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, 7, 7, 4, 4);
+    sdpa_case c;
+    case_init(&c, &p, 3400, 2.0);
+    const int64_t shape[2] = {7, 7};
+    case_mask(&c, ATTN_MASK_BIAS, 2, shape, 3401);
+    check_stats(&c, "bias");
+    case_free(&c);
+}
+END_TEST
+
+START_TEST(stats_match_reference_around_tile_boundaries)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 1, 257, 129, 64, 8);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 3500, 3.0);
+    check_stats(&c, "257x129 causal");
+    case_free(&c);
+}
+END_TEST
+
+/* -------------------------------------------------------------- threads */
+
+static void compare_threads(sdpa_case *c, int threads, const char *what)
+{
+    attn_sdpa_params p1 = c->lib, pn = c->lib;
+    p1.threads = 1;
+    pn.threads = threads;
+    lib_fwd f1, fn;
+    lib_forward(c, &p1, &f1, true, true);
+    lib_forward(c, &pn, &fn, true, true);
+    char label[96];
+    snprintf(label, sizeof label, "%s threads=%d: out", what, threads);
+    ASSERT_ERR(float_diff(f1.out, fn.out, c->n_out), 1e-6, label);
+    snprintf(label, sizeof label, "%s threads=%d: lse", what, threads);
+    ASSERT_ERR(float_diff(f1.lse, fn.lse, c->n_rows), 1e-6, label);
+    snprintf(label, sizeof label, "%s threads=%d: weights", what, threads);
+    ASSERT_ERR(float_diff(f1.weights, fn.weights, c->n_w), 1e-6, label);
+    ck_assert_msg(f1.stats.scores_count == fn.stats.scores_count &&
+                      f1.stats.rows_count == fn.stats.rows_count &&
+                      fabs(f1.stats.scores_var - fn.stats.scores_var) <=
+                          1e-9 * (1 + f1.stats.scores_var) &&
+                      fabs(f1.stats.entropy_mean - fn.stats.entropy_mean) <=
+                          1e-9 * (1 + f1.stats.entropy_mean),
+                  "%s: stats differ between 1 and %d threads", what, threads);
+    lib_grads g1, gn;
+    lib_backward(c, &p1, &g1);
+    lib_backward(c, &pn, &gn);
+    snprintf(label, sizeof label, "%s threads=%d: dq", what, threads);
+    ASSERT_ERR(float_diff(g1.dq, gn.dq, c->n_qel), 1e-6, label);
+    snprintf(label, sizeof label, "%s threads=%d: dk", what, threads);
+    ASSERT_ERR(float_diff(g1.dk, gn.dk, c->n_kel), 1e-6, label);
+    snprintf(label, sizeof label, "%s threads=%d: dv", what, threads);
+    ASSERT_ERR(float_diff(g1.dv, gn.dv, c->n_vel), 1e-6, label);
+    lib_grads_free(&g1);
+    lib_grads_free(&gn);
+    lib_fwd_free(&f1);
+    lib_fwd_free(&fn);
+}
+
+START_TEST(threads_1_and_2_agree_forward_and_backward)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 300, 200, 32, 16);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 3600, 2.0);
+    const int64_t shape[4] = {2, 1, 1, 200};
+    case_mask(&c, ATTN_MASK_BOOL, 4, shape, 3601);
+    compare_threads(&c, 2, "GQA 300x200 causal+mask");
+    case_free(&c);
+}
+END_TEST
+
+/* More threads than work items or cores must change nothing either. */
+START_TEST(threads_more_than_work_agree)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 5, 700, 8, 8);
+    sdpa_case c;
+    case_init(&c, &p, 3700, 2.0);
+    compare_threads(&c, 7, "5x700");
+    case_free(&c);
+    p = sdpa_shape(1, 2, 1, 520, 40, 4, 4);
+    case_init(&c, &p, 3701, 2.0);
+    compare_threads(&c, 3, "520x40 MQA");
+    case_free(&c);
+}
+END_TEST
+
+typedef struct {
+    const sdpa_case *c;
+    float *out;
+    attn_status st;
+} concurrent_job;
+
+static void *concurrent_worker(void *arg)
+{
+    concurrent_job *job = arg;
+    attn_sdpa_params p = job->c->lib;
+    p.threads = 2;
+    for (int rep = 0; rep < 3 && job->st == ATTN_OK; rep++)
+        job->st = attn_sdpa_forward(&p, job->c->q, job->c->k, job->c->v,
+                                    job->out, NULL, NULL, NULL, NULL);
+    return NULL;
+}
+
+/* Calls from several threads at once, each with its own threads, share no
+ * hidden state. */
+START_TEST(concurrent_calls_from_two_threads_match_sequential)
+{
+    attn_sdpa_params pa = sdpa_shape(1, 2, 2, 150, 150, 16, 16);
+    attn_sdpa_params pb = sdpa_shape(2, 2, 1, 90, 140, 8, 4);
+    pb.causal = true;
+    sdpa_case a, b;
+    case_init(&a, &pa, 3800, 2.0);
+    case_init(&b, &pb, 3801, 2.0);
+    lib_fwd sa, sb;
+    lib_forward(&a, &a.lib, &sa, false, false);
+    lib_forward(&b, &b.lib, &sb, false, false);
+    concurrent_job ja = {&a, nan_floats(a.n_out), ATTN_OK};
+    concurrent_job jb = {&b, nan_floats(b.n_out), ATTN_OK};
+    pthread_t ta, tb;
+    ck_assert_int_eq(pthread_create(&ta, NULL, concurrent_worker, &ja), 0);
+    ck_assert_int_eq(pthread_create(&tb, NULL, concurrent_worker, &jb), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    ck_assert_int_eq(ja.st, ATTN_OK);
+    ck_assert_int_eq(jb.st, ATTN_OK);
+    ASSERT_ERR(float_diff(sa.out, ja.out, a.n_out), 1e-6, "concurrent a");
+    ASSERT_ERR(float_diff(sb.out, jb.out, b.n_out), 1e-6, "concurrent b");
+    free(ja.out);
+    free(jb.out);
+    lib_fwd_free(&sa);
+    lib_fwd_free(&sb);
+    case_free(&a);
+    case_free(&b);
+}
+END_TEST
+
+/* ---------------------------------------------------- invalid arguments */
+
+/* Buffers far larger than any shape below, so that a library that reads
+ * before it validates still does not crash the test. */
+#define BIG 4096
+static float g_in[BIG], g_out[BIG], g_out2[BIG], g_out3[BIG], g_lse[BIG];
+
+static attn_sdpa_params valid_params(void)
+{
+    return sdpa_shape(1, 4, 2, 3, 3, 2, 2);
+}
+
+static void expect_invalid_forward(const attn_sdpa_params *p, const float *q,
+                                   const float *k, const float *v, float *out,
+                                   const char *why)
+{
+    attn_error err;
+    memset(&err, 0, sizeof err);
+    attn_status st =
+        attn_sdpa_forward(p, q, k, v, out, NULL, NULL, NULL, &err);
+    ck_assert_msg(st == ATTN_ERR_INVALID, "%s: forward returned %d", why,
+                  (int)st);
+    ck_assert_msg(err.status == ATTN_ERR_INVALID, "%s: err.status %d", why,
+                  (int)err.status);
+    ck_assert_msg(err.message[0] != '\0', "%s: empty message", why);
+    ck_assert_msg(memchr(err.message, '\0', sizeof err.message) != NULL,
+                  "%s: message not terminated", why);
+    st = attn_sdpa_forward(p, q, k, v, out, NULL, NULL, NULL, NULL);
+    ck_assert_msg(st == ATTN_ERR_INVALID, "%s: with err NULL returned %d",
+                  why, (int)st);
+}
+
+static void expect_invalid_backward(const attn_sdpa_params *p,
+                                    const float *dout, const char *why)
+{
+    attn_error err;
+    memset(&err, 0, sizeof err);
+    attn_status st = attn_sdpa_backward(p, g_in, g_in, g_in, g_in, g_lse,
+                                        dout, g_out, g_out2, g_out3, &err);
+    ck_assert_msg(st == ATTN_ERR_INVALID, "%s: backward returned %d", why,
+                  (int)st);
+    ck_assert_msg(err.message[0] != '\0', "%s: empty message", why);
+    st = attn_sdpa_backward(p, g_in, g_in, g_in, g_in, g_lse, dout, g_out,
+                            g_out2, g_out3, NULL);
+    ck_assert_msg(st == ATTN_ERR_INVALID, "%s: backward, err NULL: %d", why,
+                  (int)st);
+}
+
+START_TEST(valid_params_are_accepted)
+{
+    /* The baseline the invalid cases below each break in one way. */
+    attn_sdpa_params p = valid_params();
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, g_in, g_in, g_in, g_out, g_lse, NULL,
+                                NULL, &err),
+              err);
+    ASSERT_OK(attn_sdpa_backward(&p, g_in, g_in, g_in, g_in, g_lse, g_in,
+                                 g_out, g_out2, g_out3, &err),
+              err);
+}
+END_TEST
+
+START_TEST(invalid_heads_not_divisible)
+{
+    attn_sdpa_params p = valid_params();
+    p.heads_kv = 3; /* 4 % 3 != 0 */
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "H_q=4 H_kv=3");
+    expect_invalid_backward(&p, g_in, "H_q=4 H_kv=3");
+    p.heads_kv = 8; /* more kv heads than query heads */
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "H_q=4 H_kv=8");
+    p.heads_kv = 0;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "H_kv=0");
+    p = valid_params();
+    p.heads_q = 0;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "H_q=0");
+}
+END_TEST
+
+START_TEST(invalid_scale_not_positive_finite)
+{
+    const float bad[] = {0.0f, -0.0f, -0.5f, NAN, INFINITY, -INFINITY};
+    const char *names[] = {"0", "-0", "-0.5", "NaN", "inf", "-inf"};
+    for (size_t t = 0; t < sizeof bad / sizeof bad[0]; t++) {
+        attn_sdpa_params p = valid_params();
+        p.scale = bad[t];
+        char why[32];
+        snprintf(why, sizeof why, "scale %s", names[t]);
+        expect_invalid_forward(&p, g_in, g_in, g_in, g_out, why);
+        expect_invalid_backward(&p, g_in, why);
+    }
+}
+END_TEST
+
+START_TEST(invalid_sizes_zero_or_negative)
+{
+    int64_t *fields[7];
+    const char *names[7] = {"batch", "heads_q", "heads_kv", "n_q",
+                            "n_k",   "d_k",     "d_v"};
+    for (int f = 0; f < 7; f++)
+        for (int64_t bad = 0; bad >= -1; bad--) {
+            attn_sdpa_params p = valid_params();
+            fields[0] = &p.batch;
+            fields[1] = &p.heads_q;
+            fields[2] = &p.heads_kv;
+            fields[3] = &p.n_q;
+            fields[4] = &p.n_k;
+            fields[5] = &p.d_k;
+            fields[6] = &p.d_v;
+            *fields[f] = bad;
+            char why[48];
+            snprintf(why, sizeof why, "%s = %lld", names[f], (long long)bad);
+            expect_invalid_forward(&p, g_in, g_in, g_in, g_out, why);
+            expect_invalid_backward(&p, g_in, why);
+        }
+}
+END_TEST
+
+START_TEST(invalid_threads_zero_or_negative)
+{
+    attn_sdpa_params p = valid_params();
+    p.threads = 0;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "threads 0");
+    expect_invalid_backward(&p, g_in, "threads 0");
+    p.threads = -2;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "threads -2");
+}
+END_TEST
+
+START_TEST(invalid_null_tensors)
+{
+    attn_sdpa_params p = valid_params();
+    expect_invalid_forward(&p, NULL, g_in, g_in, g_out, "q NULL");
+    expect_invalid_forward(&p, g_in, NULL, g_in, g_out, "k NULL");
+    expect_invalid_forward(&p, g_in, g_in, NULL, g_out, "v NULL");
+    expect_invalid_forward(&p, g_in, g_in, g_in, NULL, "out NULL");
+    expect_invalid_backward(&p, NULL, "dout NULL");
+    attn_error err = {0};
+    ck_assert_msg(attn_sdpa_forward(NULL, g_in, g_in, g_in, g_out, NULL, NULL,
+                                    NULL, &err) == ATTN_ERR_INVALID,
+                  "params NULL");
+}
+END_TEST
+
+START_TEST(invalid_mask_without_data)
+{
+    attn_sdpa_params p = valid_params();
+    p.mask.kind = ATTN_MASK_BOOL; /* allowed left NULL */
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "bool mask NULL");
+    p.mask.kind = ATTN_MASK_BIAS; /* bias left NULL */
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "bias mask NULL");
+    p.mask.kind = (attn_mask_kind)7;
+    p.mask.bias = g_in;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "unknown mask kind");
+}
+END_TEST
+
+/* --------------------------------------------------------------- suite */
+
+static Suite *lib_suite(void)
+{
+    Suite *s = suite_create("lib");
+    struct {
+        const char *name;
+        const TTest *tests[16];
+    } groups[] = {
+        {"functions",
+         {default_scale_is_inverse_sqrt_dk,
+          flops_count_two_products_without_mask_discount}},
+        {"chapter",
+         {worked_example_1_two_tokens_weights_0_6698,
+          worked_example_2_three_tokens_closed_form,
+          exercise_5_causal_n3_lower_triangular,
+          exercise_5_causal_n4_lower_triangular,
+          exercise_5_causal_uniform_scores_average_the_prefix,
+          exercise_6_unscaled_scores_saturate_softmax,
+          exercise_6_scaled_by_inverse_sqrt_64}},
+        {"forward",
+         {reference_backward_matches_its_finite_differences,
+          forward_matches_reference_small_shapes_ranks_2_to_4,
+          forward_square_sizes_around_tile_boundaries,
+          forward_square_causal_around_tile_boundaries,
+          forward_nq_ne_nk_around_tile_boundaries,
+          forward_causal_nq_ne_nk_around_tile_boundaries,
+          forward_batched_heads_around_tile_boundaries,
+          forward_optional_outputs_may_be_null}},
+        {"causal",
+         {causal_bottom_right_when_nq_lt_nk,
+          causal_nq_gt_nk_top_rows_zero_with_lse_minus_inf,
+          causal_nq_gt_nk_backward_gives_zero_grads_no_nan,
+          causal_weights_zero_above_aligned_diagonal_at_tile_sizes}},
+        {"masks",
+         {mask_broadcast_strides_for_each_shape,
+          mask_broadcast_rejects_non_broadcastable_shapes,
+          bool_mask_broadcast_shapes_match_reference,
+          bias_mask_broadcast_shapes_match_reference,
+          bool_mask_combined_with_causal, bias_mask_combined_with_causal,
+          bias_mask_scalar_changes_only_lse,
+          bool_mask_fully_masked_row_gives_zeros,
+          bool_mask_all_false_gives_zeros_and_empty_stats,
+          bool_mask_with_causal_around_tile_boundaries}},
+        {"gqa",
+         {gqa_forward_hq4_hkv2_and_hkv1, gqa_query_head_uses_kv_head_h_over_group,
+          gqa_backward_hkv2_sums_shared_heads,
+          gqa_backward_hkv1_multi_query}},
+        {"extremes",
+         {extreme_scores_give_exact_one_hot_weights,
+          extreme_scores_across_tiles_and_backward_stay_finite}},
+        {"gradients",
+         {grad_matches_finite_differences_plain,
+          grad_matches_finite_differences_causal,
+          grad_matches_finite_differences_nq_ne_nk,
+          grad_matches_finite_differences_with_masks,
+          grad_matches_finite_differences_explicit_scale_rank4,
+          grad_size_one_everything,
+          grad_around_tile_boundaries_matches_analytic_reference,
+          grad_overwrites_rather_than_accumulates}},
+        {"properties",
+         {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
+          self_attention_permutation_equivariant}},
+        {"stats",
+         {stats_match_reference_without_mask,
+          stats_match_reference_causal_bool_mask_gqa,
+          stats_bias_counts_every_score,
+          stats_match_reference_around_tile_boundaries}},
+        {"threads",
+         {threads_1_and_2_agree_forward_and_backward,
+          threads_more_than_work_agree,
+          concurrent_calls_from_two_threads_match_sequential}},
+        {"invalid",
+         {valid_params_are_accepted, invalid_heads_not_divisible,
+          invalid_scale_not_positive_finite, invalid_sizes_zero_or_negative,
+          invalid_threads_zero_or_negative, invalid_null_tensors,
+          invalid_mask_without_data}},
+    };
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+        TCase *tc = tcase_create(groups[g].name);
+        /* Generous: the sanitizer build at -O1 is several times slower. */
+        tcase_set_timeout(tc, 120);
+        for (size_t t = 0; t < 16 && groups[g].tests[t]; t++)
+            tcase_add_test(tc, groups[g].tests[t]);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(lib_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
