@@ -158,8 +158,8 @@ if [ -x "$ATTND" ] && [ -f "$OUT/big.json" ] && want server; then
             put srv_hwm_before_kb "$before"
             put srv_hwm_after_kb "$after"
             put srv_growth_kb $((after - before))
-            put srv_body_in $(wc -c < "$OUT/big.json")
-            put srv_body_out $(wc -c < "$TMP/big.out")
+            put srv_body_in "$(wc -c < "$OUT/big.json")"
+            put srv_body_out "$(wc -c < "$TMP/big.out")"
         else
             note "attnd answered $status: $(head -c 300 "$TMP/big.out")"
         fi
