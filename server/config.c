@@ -1,0 +1,335 @@
+/*
+ * The option table and everything that walks it: defaults, ATTND_* variables,
+ * command-line flags, --help, and the /v1/info limits.
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum {
+    OPT_ADDR,    /* numeric IPv4 or IPv6 address */
+    OPT_INT,     /* integer within [min, max] */
+    OPT_BYTES,   /* integer with an optional KiB/MiB/GiB suffix */
+    OPT_NUMBER,  /* finite number (1e12) within [min, max] */
+    OPT_CHOICE,  /* one of `choices`, stored as its index */
+    OPT_ORIGINS, /* repeatable / comma-separated list of CORS origins */
+    OPT_ACTION,  /* --help, --version: no value */
+} opt_type;
+
+typedef struct {
+    const char *name;    /* flag without "--"; env is ATTND_ + NAME with '-' -> '_' */
+    const char *metavar; /* shown in --help */
+    opt_type type;
+    size_t offset;       /* where the value lives in attnd_config */
+    const char *def;     /* default, parsed like any other value */
+    int (*def_fn)(void); /* default computed at run time (instead of def) */
+    double min, max;
+    const char *const *choices;
+    bool limit;          /* reported under "limits" in /v1/info */
+    const char *help;
+} opt_row;
+
+static int online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+static const char *const log_formats[] = {"text", "json", NULL};
+
+#define OFF(field) offsetof(attnd_config, field)
+
+static const opt_row options[] = {
+    {"bind", "ADDR", OPT_ADDR, OFF(bind), "127.0.0.1", NULL, 0, 0, NULL, false,
+     "address to listen on (IPv4 or IPv6; 0.0.0.0 for every interface)"},
+    {"port", "N", OPT_INT, OFF(port), "8080", NULL, 0, 65535, NULL, false,
+     "TCP port (0 picks a free one)"},
+    {"threads", "N", OPT_INT, OFF(threads), NULL, online_cores, 1, 256, NULL, true,
+     "requests computed at once, and the cores they share (default: cores)"},
+    {"max-body", "BYTES", OPT_BYTES, OFF(max_body), "64MiB", NULL, 1024, 4294967296.0,
+     NULL, true, "larger request bodies get 413 (suffixes KiB, MiB, GiB)"},
+    {"max-work", "FLOPS", OPT_NUMBER, OFF(max_work), "1e12", NULL, 1, 1e18, NULL, true,
+     "requests needing more floating-point operations get 422"},
+    {"queue", "N", OPT_INT, OFF(queue), "64", NULL, 0, 100000, NULL, true,
+     "requests that may wait for a compute slot; beyond that 503"},
+    {"timeout", "SECONDS", OPT_INT, OFF(timeout), "30", NULL, 1, 86400, NULL, true,
+     "idle connections are closed after this long"},
+    {"cors-origin", "ORIGIN", OPT_ORIGINS, OFF(n_origins), "", NULL, 0, 0, NULL, false,
+     "allow cross-origin requests from ORIGIN (repeatable, comma-separated, * for any)"},
+    {"log-format", "text|json", OPT_CHOICE, OFF(log_format), "text", NULL, 0, 0,
+     log_formats, false, "access log format on stderr"},
+    {"version", NULL, OPT_ACTION, 0, NULL, NULL, 0, 0, NULL, false,
+     "print the version and exit"},
+    {"help", NULL, OPT_ACTION, 0, NULL, NULL, 0, 0, NULL, false,
+     "print this help and exit"},
+};
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static bool fail(char *err, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool fail(char *err, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static void env_name(const opt_row *o, char *buf, size_t len)
+{
+    size_t i = (size_t)snprintf(buf, len, "ATTND_");
+    for (const char *s = o->name; *s && i + 1 < len; s++)
+        buf[i++] = *s == '-' ? '_' : (char)toupper((unsigned char)*s);
+    buf[i] = '\0';
+}
+
+static bool parse_int64(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_bytes(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return false;
+    double mul = 1;
+    if (!strcasecmp(end, "k") || !strcasecmp(end, "kib"))
+        mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib"))
+        mul = 1024.0 * 1024;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib"))
+        mul = 1024.0 * 1024 * 1024;
+    else if (*end)
+        return false;
+    *out = (double)v * mul;
+    return true;
+}
+
+static bool add_origins(attnd_config *cfg, const char *list, const char *who,
+                        char *err, size_t len)
+{
+    const char *p = list;
+    while (*p) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        const char *start = p;
+        while (*p && *p != ',')
+            p++;
+        const char *end = p;
+        while (end > start && end[-1] == ' ')
+            end--;
+        size_t n = (size_t)(end - start);
+        if (n == 0)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            if (!isgraph((unsigned char)start[i]))
+                return fail(err, len, "%s: origin \"%.*s\" contains a space or control character",
+                            who, (int)n, start);
+        if (n >= sizeof cfg->origins[0])
+            return fail(err, len, "%s: origin \"%.40s...\" is too long", who, start);
+        if (cfg->n_origins == CFG_MAX_ORIGINS)
+            return fail(err, len, "%s: at most %d origins", who, CFG_MAX_ORIGINS);
+        memcpy(cfg->origins[cfg->n_origins], start, n);
+        cfg->origins[cfg->n_origins][n] = '\0';
+        cfg->n_origins++;
+    }
+    return true;
+}
+
+/* Parses `value` for option o into cfg; `who` names the source in messages. */
+static bool set_value(attnd_config *cfg, const opt_row *o, const char *value,
+                      const char *who, char *err, size_t len)
+{
+    char *field = (char *)cfg + o->offset;
+    long long iv;
+    double dv;
+    switch (o->type) {
+    case OPT_ADDR: {
+        unsigned char tmp[sizeof(struct in6_addr)];
+        if (strlen(value) >= sizeof cfg->bind ||
+            (inet_pton(AF_INET, value, tmp) != 1 && inet_pton(AF_INET6, value, tmp) != 1))
+            return fail(err, len, "%s: \"%s\" is not an IPv4 or IPv6 address", who, value);
+        strcpy(field, value);
+        return true;
+    }
+    case OPT_INT:
+        if (!parse_int64(value, &iv))
+            return fail(err, len, "%s: \"%s\" is not an integer", who, value);
+        if (iv < o->min || iv > o->max)
+            return fail(err, len, "%s: %lld is out of range %.0f..%.0f", who, iv, o->min, o->max);
+        *(int *)field = (int)iv;
+        return true;
+    case OPT_BYTES:
+        if (!parse_bytes(value, &dv))
+            return fail(err, len, "%s: \"%s\" is not a byte count (e.g. 1048576 or 64MiB)",
+                        who, value);
+        if (dv < o->min || dv > o->max)
+            return fail(err, len, "%s: %s is out of range %.0f..%.0f bytes", who, value,
+                        o->min, o->max);
+        *(int64_t *)field = (int64_t)dv;
+        return true;
+    case OPT_NUMBER: {
+        char *end;
+        errno = 0;
+        dv = strtod(value, &end);
+        if (errno || end == value || *end || !isfinite(dv))
+            return fail(err, len, "%s: \"%s\" is not a finite number", who, value);
+        if (dv < o->min || dv > o->max)
+            return fail(err, len, "%s: %s is out of range %g..%g", who, value, o->min, o->max);
+        *(double *)field = dv;
+        return true;
+    }
+    case OPT_CHOICE:
+        for (int i = 0; o->choices[i]; i++)
+            if (!strcmp(value, o->choices[i])) {
+                *(int *)field = i;
+                return true;
+            }
+        return fail(err, len, "%s: \"%s\" is not one of %s", who, value, o->metavar);
+    case OPT_ORIGINS:
+        return add_origins(cfg, value, who, err, len);
+    case OPT_ACTION:
+        break;
+    }
+    return fail(err, len, "%s: takes no value", who);
+}
+
+static const opt_row *find_option(const char *name, size_t n)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (strlen(options[i].name) == n && !strncmp(options[i].name, name, n))
+            return &options[i];
+    return NULL;
+}
+
+cfg_result config_load(attnd_config *cfg, int argc, char **argv, char *err,
+                       size_t err_len)
+{
+    memset(cfg, 0, sizeof *cfg);
+    char who[64];
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const opt_row *o = &options[i];
+        if (o->type == OPT_ACTION)
+            continue;
+        if (o->def_fn)
+            *(int *)((char *)cfg + o->offset) = o->def_fn();
+        else if (!set_value(cfg, o, o->def, "default", err, err_len))
+            return CFG_ERROR;
+        env_name(o, who, sizeof who);
+        const char *env = getenv(who);
+        if (env && *env && !set_value(cfg, o, env, who, err, err_len))
+            return CFG_ERROR;
+    }
+
+    bool origins_from_flags = false;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) {
+            fail(err, err_len, "unexpected argument \"%s\"", arg);
+            return CFG_ERROR;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
+        const opt_row *o = find_option(name, name_len);
+        if (!o) {
+            fail(err, err_len, "unknown option \"%.*s\"", (int)(name_len + 2), arg);
+            return CFG_ERROR;
+        }
+        if (o->type == OPT_ACTION) {
+            if (eq) {
+                fail(err, err_len, "--%s takes no value", o->name);
+                return CFG_ERROR;
+            }
+            return !strcmp(o->name, "help") ? CFG_HELP : CFG_VERSION;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!value) {
+            fail(err, err_len, "--%s needs a value (%s)", o->name, o->metavar);
+            return CFG_ERROR;
+        }
+        /* Flags replace the origins an environment variable gave, and add up
+         * among themselves. */
+        if (o->type == OPT_ORIGINS && !origins_from_flags) {
+            cfg->n_origins = 0;
+            origins_from_flags = true;
+        }
+        snprintf(who, sizeof who, "--%s", o->name);
+        if (!set_value(cfg, o, value, who, err, err_len))
+            return CFG_ERROR;
+    }
+    return CFG_OK;
+}
+
+void config_help(FILE *out)
+{
+    fprintf(out, "usage: attnd [options]\n\n"
+                 "attnd serves scaled dot-product and multi-head attention over HTTP.\n"
+                 "Every option can also be set by the environment variable shown.\n\n");
+    char env[64], flag[64];
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const opt_row *o = &options[i];
+        snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->metavar ? " " : "",
+                 o->metavar ? o->metavar : "");
+        fprintf(out, "  %-24s %s\n", flag, o->help);
+        if (o->type == OPT_ACTION)
+            continue;
+        env_name(o, env, sizeof env);
+        if (o->def_fn)
+            fprintf(out, "  %-24s [env %s, default %d here]\n", "", env, o->def_fn());
+        else
+            fprintf(out, "  %-24s [env %s, default %s]\n", "", env, *o->def ? o->def : "none");
+    }
+}
+
+size_t config_limits_json(const attnd_config *cfg, char *buf, size_t cap)
+{
+    size_t n = 0;
+#define PUT(...) n += (size_t)snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__)
+    PUT("{");
+    bool first = true;
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const opt_row *o = &options[i];
+        if (!o->limit)
+            continue;
+        const char *field = (const char *)cfg + o->offset;
+        PUT("%s\"", first ? "" : ", ");
+        for (const char *s = o->name; *s; s++)
+            PUT("%c", *s == '-' ? '_' : *s);
+        PUT("\": ");
+        switch (o->type) {
+        case OPT_INT:
+            PUT("%d", *(const int *)field);
+            break;
+        case OPT_BYTES:
+            PUT("%lld", (long long)*(const int64_t *)field);
+            break;
+        case OPT_NUMBER:
+            PUT("%.17g", *(const double *)field);
+            break;
+        default:
+            PUT("null");
+            break;
+        }
+        first = false;
+    }
+    PUT("}");
+#undef PUT
+    return n;
+}

@@ -1,0 +1,94 @@
+/*
+ * Cross-origin requests (the Fetch standard's CORS protocol): an allowed
+ * Origin is echoed back with Vary: Origin, so that a cache never serves one
+ * origin's answer to another; a preflight OPTIONS is answered 204 with the
+ * methods of the path and the headers the browser asked for.
+ */
+#include "server.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const attnd_config *config;
+static bool any_origin;
+
+void cors_init(const attnd_config *cfg)
+{
+    config = cfg;
+    any_origin = false;
+    for (int i = 0; i < cfg->n_origins; i++)
+        if (!strcmp(cfg->origins[i], "*"))
+            any_origin = true;
+}
+
+bool cors_enabled(void)
+{
+    return config && config->n_origins > 0;
+}
+
+const char *cors_allowed(const char *origin)
+{
+    if (!origin || !cors_enabled())
+        return NULL;
+    if (any_origin)
+        return origin;
+    for (int i = 0; i < config->n_origins; i++)
+        if (!strcasecmp(config->origins[i], origin))
+            return origin;
+    return NULL;
+}
+
+void cors_add_headers(struct MHD_Response *resp, const char *origin)
+{
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+    /* Lets a page read the timings and the retry hint, and see Server-Timing
+     * in its own performance entries. */
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Server-Timing, Retry-After");
+    MHD_add_response_header(resp, "Timing-Allow-Origin", origin);
+}
+
+static bool header_name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '-' || c == '_' || c == ',' || c == ' ';
+}
+
+/* The headers a preflight asks for are echoed when they are plain header
+ * names; anything odd falls back to the one header a JSON client needs. */
+static const char *allowed_headers(const char *requested)
+{
+    if (!requested || !*requested || strlen(requested) > 512)
+        return "Content-Type";
+    for (const char *p = requested; *p; p++)
+        if (!header_name_char(*p))
+            return "Content-Type";
+    return requested;
+}
+
+void cors_preflight(srv_request *r, const char *allow)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        http_reply_owned(r, 500, "application/json", NULL, 0, NULL);
+        return;
+    }
+    const char *requested = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                        "Access-Control-Request-Headers");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (r->origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->origin);
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", allowed_headers(requested));
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "7200");
+    }
+    if (cors_enabled())
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+    if (http_draining())
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    r->responded = true;
+    r->status = 204;
+    r->bytes_out = 0;
+    MHD_queue_response(r->conn, 204, resp);
+    MHD_destroy_response(resp);
+}

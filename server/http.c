@@ -1,0 +1,555 @@
+/*
+ * Bytes in, bytes out: the libmicrohttpd daemon, the reading of request
+ * bodies (with the --max-body limit and the Content-Type rule of SPEC §3),
+ * and the queueing of responses with the headers every response carries.
+ *
+ * Threads: a small pool of I/O threads, each with its own epoll set, accepts
+ * connections and parses HTTP; tiny requests are answered on them, large
+ * computations are handed to compute.c with the connection suspended.
+ * Responses that never change (/healthz, /openapi.yaml, the 404, ...) are
+ * built once and shared by every request that needs no header of its own.
+ */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A body buffer larger than this is not kept for the connection's next
+ * request: idle keep-alive connections should not pin megabytes. */
+#define KEEP_BODY_BUFFER (1u << 20)
+
+struct srv_canned {
+    int status;
+    const char *content_type;
+    const char *body;
+    size_t len;
+    char *owned;              /* body storage when canned_error built it */
+    const char *hname, *hvalue;
+    struct MHD_Response *shared;
+};
+
+static const attnd_config *config;
+static struct MHD_Daemon *daemon_;
+static MHD_socket quiesced_fd = MHD_INVALID_SOCKET;
+static atomic_bool draining;
+static atomic_long in_flight;
+static srv_canned *stock[N_STOCK];
+
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ responses */
+
+/* Headers that depend on the request, not on the answer. */
+static void add_request_headers(const srv_request *r, struct MHD_Response *resp)
+{
+    if (cors_enabled())
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+    if (r->origin)
+        cors_add_headers(resp, r->origin);
+    /* While draining, tell keep-alive clients to go elsewhere next time. */
+    if (atomic_load_explicit(&draining, memory_order_relaxed))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+}
+
+static struct MHD_Response *canned_build(const srv_canned *c)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(c->len, (void *)c->body, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return NULL;
+    if (c->content_type)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, c->content_type);
+    if (c->hname)
+        MHD_add_response_header(resp, c->hname, c->hvalue);
+    return resp;
+}
+
+srv_canned *canned_new(int status, const char *content_type, const char *body,
+                       size_t len, const char *hname, const char *hvalue)
+{
+    srv_canned *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    *c = (srv_canned){status, content_type, body, len, NULL, hname, hvalue, NULL};
+    c->shared = canned_build(c);
+    if (!c->shared) {
+        free(c);
+        return NULL;
+    }
+    /* The shared copy carries what every request would add, so that the
+     * common case (no Origin, not draining) queues it untouched. */
+    if (cors_enabled())
+        MHD_add_response_header(c->shared, MHD_HTTP_HEADER_VARY, "Origin");
+    return c;
+}
+
+srv_canned *canned_error(int status, const char *code, const char *message,
+                         const char *hname, const char *hvalue)
+{
+    api_error e;
+    api_fail(&e, status, code, "", "%s", message);
+    size_t len;
+    char *body = api_error_json(&e, &len);
+    if (!body)
+        return NULL;
+    srv_canned *c = canned_new(status, "application/json", body, len, hname, hvalue);
+    if (!c) {
+        free(body);
+        return NULL;
+    }
+    c->owned = body;
+    return c;
+}
+
+void canned_free(srv_canned *c)
+{
+    if (!c)
+        return;
+    MHD_destroy_response(c->shared);
+    free(c->owned);
+    free(c);
+}
+
+static void queue(srv_request *r, int status, struct MHD_Response *resp, size_t len)
+{
+    r->responded = true;
+    r->status = status;
+    r->bytes_out = len;
+    if (MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
+        r->status = 0; /* the connection is gone or in a state that takes no answer */
+}
+
+void http_reply_canned(srv_request *r, const srv_canned *c)
+{
+    if (!r->origin && !atomic_load_explicit(&draining, memory_order_relaxed)) {
+        queue(r, c->status, c->shared, c->len);
+        return;
+    }
+    struct MHD_Response *resp = canned_build(c);
+    if (!resp) {
+        queue(r, c->status, c->shared, c->len);
+        return;
+    }
+    add_request_headers(r, resp);
+    queue(r, c->status, resp, c->len);
+    MHD_destroy_response(resp);
+}
+
+void http_reply_stock(srv_request *r, stock_error e)
+{
+    http_reply_canned(r, stock[e]);
+}
+
+void http_reply_owned(srv_request *r, int status, const char *content_type,
+                      char *body, size_t len, const char *const *extra)
+{
+    struct MHD_Response *resp =
+        body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp) {
+        free(body);
+        http_reply_stock(r, STOCK_OUT_OF_MEMORY);
+        return;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    for (; extra && extra[0]; extra += 2)
+        MHD_add_response_header(resp, extra[0], extra[1]);
+    add_request_headers(r, resp);
+    queue(r, status, resp, len);
+    MHD_destroy_response(resp);
+}
+
+void http_reply_error(srv_request *r, const api_error *e)
+{
+    size_t len;
+    char *body = api_error_json(e, &len);
+    http_reply_owned(r, e->status, "application/json", body, len, NULL);
+}
+
+void http_resume(srv_request *r)
+{
+    MHD_resume_connection(r->conn);
+}
+
+/* --------------------------------------------------------- request bodies */
+
+/* SPEC §3: no Content-Type, curl's default form type, or JSON (any
+ * parameters, any +json subtype) are read as JSON; anything else is a 415. */
+static bool readable_as_json(const char *content_type)
+{
+    if (!content_type)
+        return true;
+    const char *p = content_type;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t n = strcspn(p, "; \t");
+    if (n == 0)
+        return true;
+    if ((n == 16 && !strncasecmp(p, "application/json", n)) ||
+        (n == 33 && !strncasecmp(p, "application/x-www-form-urlencoded", n)))
+        return true;
+    return n > 17 && !strncasecmp(p, "application/", 12) && !strncasecmp(p + n - 5, "+json", 5);
+}
+
+static bool reserve(srv_request *r, size_t need)
+{
+    if (need <= r->body_cap)
+        return true;
+    char *p = realloc(r->body, need);
+    if (!p)
+        return false;
+    r->body = p;
+    r->body_cap = need;
+    return true;
+}
+
+/* Checks what the headers promise before a byte of the body is read, so an
+ * oversized or unreadable upload is refused without being received. Returns
+ * false when a response was queued. */
+static bool expect_body(srv_request *r)
+{
+    if (atomic_load_explicit(&draining, memory_order_relaxed)) {
+        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+        return false;
+    }
+    const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!readable_as_json(ct)) {
+        http_reply_stock(r, STOCK_UNSUPPORTED_MEDIA);
+        return false;
+    }
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        errno = 0;
+        unsigned long long n = strtoull(cl, NULL, 10);
+        if (errno || n > (unsigned long long)config->max_body) {
+            http_reply_stock(r, STOCK_BODY_TOO_LARGE);
+            return false;
+        }
+        /* One allocation of the announced size instead of a doubling series. */
+        if (!reserve(r, n ? (size_t)n : 1))
+            r->out_of_memory = true;
+    }
+    return true;
+}
+
+static void take_body(srv_request *r, const char *data, size_t n)
+{
+    r->bytes_in += n;
+    if (r->too_large || r->out_of_memory)
+        return;
+    if (r->body_len + n > (size_t)config->max_body) {
+        /* Only a chunked upload gets here (a Content-Length was checked). */
+        r->too_large = true;
+        return;
+    }
+    if (r->body_len + n > r->body_cap) {
+        size_t cap = r->body_cap * 2;
+        if (cap < r->body_len + n)
+            cap = r->body_len + n;
+        if (cap < 16384)
+            cap = 16384;
+        if (cap > (size_t)config->max_body)
+            cap = (size_t)config->max_body;
+        if (!reserve(r, cap)) {
+            r->out_of_memory = true;
+            return;
+        }
+    }
+    memcpy(r->body + r->body_len, data, n);
+    r->body_len += n;
+}
+
+/* ------------------------------------------------------------- callbacks */
+
+static void begin_request(srv_request *r, struct MHD_Connection *c, const char *url,
+                          const char *method)
+{
+    r->conn = c;
+    r->method = method;
+    r->path = url;
+    r->t_start = srv_now();
+    r->route = NULL;
+    r->label = -1;
+    r->body_len = 0;
+    r->bytes_in = 0;
+    r->too_large = r->out_of_memory = false;
+    r->responded = false;
+    r->status = 0;
+    r->bytes_out = 0;
+    atomic_store_explicit(&r->computed, false, memory_order_relaxed);
+    r->res = (api_response){0};
+    r->in_flight = true;
+    atomic_fetch_add_explicit(&in_flight, 1, memory_order_relaxed);
+    metrics_in_flight(1);
+    const char *origin = cors_enabled()
+        ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin") : NULL;
+    r->origin = cors_allowed(origin);
+}
+
+/* The first call for a request: only the headers are known. A compute
+ * request whose headers already doom it (too large, not JSON, draining) is
+ * answered now, which makes libmicrohttpd skip its body and close the
+ * connection. Everything else is answered on the last call, after the body:
+ * an answer queued this early would cost the client its keep-alive. */
+static void on_headers(srv_request *r)
+{
+    bool path_known = false;
+    r->route = routes_match(r->method, r->path, &path_known, &r->label);
+    if (r->route && r->route->has_body)
+        expect_body(r);
+}
+
+/* The last call: the whole body is in (or was discarded). */
+static void on_body_done(srv_request *r)
+{
+    if (!r->route) {
+        const char *allow = routes_allow(r->path);
+        if (!allow)
+            http_reply_stock(r, STOCK_NOT_FOUND);
+        else if (!strcmp(r->method, MHD_HTTP_METHOD_OPTIONS))
+            cors_preflight(r, allow);
+        else
+            http_reply_canned(r, routes_not_allowed(r->path));
+    } else if (r->too_large) {
+        http_reply_stock(r, STOCK_BODY_TOO_LARGE);
+    } else if (r->out_of_memory) {
+        http_reply_stock(r, STOCK_OUT_OF_MEMORY);
+    } else if (atomic_load(&r->computed)) {
+        routes_compute_done(r); /* resumed by a compute worker */
+    } else {
+        r->route->handle(r);
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)cls;
+    (void)version;
+    srv_request *r = *con_cls;
+    if (!r) {
+        const union MHD_ConnectionInfo *info =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        r = info ? info->socket_context : NULL;
+        if (!r)
+            return MHD_NO; /* no memory for this connection: drop it */
+        begin_request(r, c, url, method);
+        *con_cls = r;
+        on_headers(r);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->route && r->route->has_body && !r->responded) {
+            take_body(r, upload, n);
+        } else {
+            r->bytes_in += n; /* a body nobody reads */
+            r->too_large = r->bytes_in > (size_t)config->max_body;
+        }
+        /* A chunked upload past the limit is read to its end so that the
+         * client gets its 413, but not forever. */
+        if (r->too_large && r->bytes_in > 2 * (size_t)config->max_body)
+            return MHD_NO;
+        return MHD_YES;
+    }
+    if (!r->responded)
+        on_body_done(r);
+    return MHD_YES;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    srv_request *r = *con_cls;
+    if (!r || !r->in_flight)
+        return;
+    double seconds = srv_now() - r->t_start;
+    if (!r->responded || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* nginx's 499: the client went away before its answer was sent. */
+        if (!r->responded || r->status == 0)
+            r->status = 499;
+    }
+    char remote[INET6_ADDRSTRLEN] = "-";
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (info && info->client_addr) {
+        const struct sockaddr *sa = info->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr,
+                      remote, sizeof remote);
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
+                      remote, sizeof remote);
+    }
+    log_request(r, seconds, remote);
+    metrics_request_done(r->label, r->status, seconds, r->bytes_in, r->bytes_out);
+    metrics_in_flight(-1);
+    api_response_free(&r->res);
+    r->res = (api_response){0};
+    if (r->body_cap > KEEP_BODY_BUFFER) {
+        free(r->body);
+        r->body = NULL;
+        r->body_cap = 0;
+    }
+    r->in_flight = false;
+    *con_cls = NULL;
+    atomic_fetch_sub_explicit(&in_flight, 1, memory_order_release);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    (void)cls;
+    (void)c;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = calloc(1, sizeof(srv_request));
+    } else {
+        srv_request *r = *socket_context;
+        if (r) {
+            free(r->body);
+            free(r);
+        }
+        *socket_context = NULL;
+    }
+}
+
+static void on_mhd_error(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[400];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    log_event("warn", "libmicrohttpd: %s", msg);
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+static bool build_stock(void)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "the request body is larger than this server's limit of %lld bytes (--max-body)",
+             (long long)config->max_body);
+    stock[STOCK_NOT_FOUND] = canned_error(404, "not_found",
+        "no such path; the API is described at GET /openapi.yaml", NULL, NULL);
+    stock[STOCK_BODY_TOO_LARGE] = canned_error(413, "body_too_large", msg, NULL, NULL);
+    stock[STOCK_UNSUPPORTED_MEDIA] = canned_error(415, "unsupported_media_type",
+        "the body must be JSON: send Content-Type: application/json (or none)", NULL, NULL);
+    stock[STOCK_OUT_OF_MEMORY] = canned_error(500, "out_of_memory",
+        "the server ran out of memory for this request; try a smaller one", NULL, NULL);
+    stock[STOCK_OVERLOADED] = canned_error(503, "overloaded",
+        "every compute slot is busy and the queue is full; retry shortly",
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    stock[STOCK_SHUTTING_DOWN] = canned_error(503, "shutting_down",
+        "this server is shutting down; retry on another replica",
+        MHD_HTTP_HEADER_RETRY_AFTER, "5");
+    for (int i = 0; i < N_STOCK; i++)
+        if (!stock[i])
+            return false;
+    return true;
+}
+
+bool http_start(const attnd_config *cfg, char *err, size_t err_len)
+{
+    config = cfg;
+    cors_init(cfg);
+    if (!build_stock() || !routes_init(cfg)) {
+        snprintf(err, err_len, "out of memory building the fixed responses");
+        return false;
+    }
+    if (!compute_start(cfg)) {
+        snprintf(err, err_len, "cannot start compute threads");
+        return false;
+    }
+
+    struct sockaddr_storage addr = {0};
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                         MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&addr;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&addr;
+    if (inet_pton(AF_INET, cfg->bind, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)cfg->port);
+    } else if (inet_pton(AF_INET6, cfg->bind, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)cfg->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        snprintf(err, err_len, "cannot parse bind address %s", cfg->bind);
+        return false;
+    }
+
+    /* I/O threads only parse HTTP and answer small requests; one per core is
+     * enough to keep the compute threads fed. */
+    unsigned int io_threads = (unsigned)cfg->threads < 2 ? 1 : 2;
+    if (getenv("XIO")) io_threads = (unsigned)atoi(getenv("XIO"));
+    if (getenv("XTURBO")) flags |= MHD_USE_TURBO;
+    daemon_ = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, NULL,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+        MHD_OPTION_THREAD_POOL_SIZE, io_threads,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
+        MHD_OPTION_END);
+    if (!daemon_) {
+        snprintf(err, err_len, "cannot listen on %s port %d: %s", cfg->bind, cfg->port,
+                 strerror(errno));
+        compute_stop();
+        return false;
+    }
+    return true;
+}
+
+int http_port(void)
+{
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
+    return info ? info->port : config->port;
+}
+
+void http_quiesce(void)
+{
+    atomic_store(&draining, true);
+    quiesced_fd = MHD_quiesce_daemon(daemon_);
+}
+
+bool http_draining(void)
+{
+    return atomic_load_explicit(&draining, memory_order_relaxed);
+}
+
+long http_in_flight(void)
+{
+    return atomic_load_explicit(&in_flight, memory_order_acquire);
+}
+
+void http_stop(void)
+{
+    MHD_stop_daemon(daemon_);
+    daemon_ = NULL;
+    if (quiesced_fd != MHD_INVALID_SOCKET)
+        close(quiesced_fd);
+    compute_stop();
+    routes_free();
+    for (int i = 0; i < N_STOCK; i++) {
+        canned_free(stock[i]);
+        stock[i] = NULL;
+    }
+}

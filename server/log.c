@@ -1,0 +1,122 @@
+/*
+ * The access log and the few events around it, on stderr, as text or as one
+ * JSON object per line. Each line goes out in a single write(2) so that lines
+ * from different I/O threads never interleave.
+ */
+#include "server.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static log_format format = LOG_TEXT;
+
+void log_init(log_format fmt)
+{
+    format = fmt;
+}
+
+size_t json_escape(char *buf, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char tmp[8];
+        size_t k;
+        if (*p == '"' || *p == '\\') {
+            tmp[0] = '\\';
+            tmp[1] = (char)*p;
+            k = 2;
+        } else if (*p < 0x20 || *p >= 0x7f) {
+            /* Bytes beyond ASCII are escaped one by one: a path is not
+             * necessarily valid UTF-8, and the log line must stay JSON. */
+            k = (size_t)snprintf(tmp, sizeof tmp, "\\u%04x", *p);
+        } else {
+            tmp[0] = (char)*p;
+            k = 1;
+        }
+        if (n + k < cap)
+            memcpy(buf + n, tmp, k);
+        n += k;
+    }
+    if (cap)
+        buf[n < cap ? n : cap - 1] = '\0';
+    return n;
+}
+
+/* Like json_escape, for the text format: printable ASCII kept, the rest as
+ * \xNN, so that a request path cannot forge a log line. */
+static void text_escape(char *buf, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++) {
+        if (*p > 0x20 && *p < 0x7f && *p != '"' && *p != '\\')
+            buf[n++] = (char)*p;
+        else
+            n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", *p);
+    }
+    buf[n] = '\0';
+}
+
+static void timestamp(char *buf, size_t cap)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, cap - n, ".%03ldZ", ts.tv_nsec / 1000000);
+}
+
+static void emit(const char *line, size_t len)
+{
+    /* A failed log write has nowhere to be reported; the request goes on. */
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}
+
+void log_request(const srv_request *r, double seconds, const char *remote)
+{
+    char ts[40], method[40], path[1024], line[1400];
+    timestamp(ts, sizeof ts);
+    int n;
+    if (format == LOG_JSON) {
+        json_escape(method, sizeof method, r->method ? r->method : "");
+        json_escape(path, sizeof path, r->path ? r->path : "");
+        n = snprintf(line, sizeof line,
+                     "{\"time\":\"%s\",\"remote\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
+                     "\"status\":%d,\"bytes\":%zu,\"duration_ms\":%.3f}\n",
+                     ts, remote, method, path, r->status, r->bytes_out, seconds * 1e3);
+    } else {
+        text_escape(method, sizeof method, r->method ? r->method : "");
+        text_escape(path, sizeof path, r->path ? r->path : "");
+        n = snprintf(line, sizeof line, "%s %s \"%s %s\" %d %zu %.3fms\n", ts, remote,
+                     method, path, r->status, r->bytes_out, seconds * 1e3);
+    }
+    if (n > 0)
+        emit(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+void log_event(const char *level, const char *fmt, ...)
+{
+    char ts[40], msg[512], esc[1100], line[1300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(msg);
+    while (len && msg[len - 1] == '\n') /* libmicrohttpd's messages end in one */
+        msg[--len] = '\0';
+    timestamp(ts, sizeof ts);
+    int n;
+    if (format == LOG_JSON) {
+        json_escape(esc, sizeof esc, msg);
+        n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"message\":\"%s\"}\n",
+                     ts, level, esc);
+    } else {
+        n = snprintf(line, sizeof line, "%s %s %s\n", ts, level, msg);
+    }
+    if (n > 0)
+        emit(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
