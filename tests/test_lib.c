@@ -19,6 +19,7 @@
 
 #include "attn.h"
 #include "support/ref.h"
+#include "vexp.h" /* lib-private: the softmax's exp and max kernels */
 
 /* Forward outputs relative to the largest reference value: float32 with
  * sums over up to 513 keys stays near 1e-6; a wrong scale or a shifted
@@ -825,6 +826,39 @@ START_TEST(forward_batched_heads_around_tile_boundaries)
 }
 END_TEST
 
+/* More than two 512-wide key tiles, so the online softmax rescales its
+ * running sums more than once; n_q > n_k with several fully masked query
+ * tiles; very wide heads. */
+START_TEST(forward_many_key_tiles_and_wide_heads)
+{
+    static const int64_t shapes[][5] = {
+        /* n_q, n_k, d_k, d_v, causal */
+        {3, 1100, 8, 8, 0},    {130, 1100, 16, 4, 1}, {1030, 600, 4, 4, 1},
+        {70, 90, 300, 513, 0}, {70, 90, 513, 7, 1},
+    };
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const int64_t *s = shapes[t];
+        attn_sdpa_params p = sdpa_shape(1, 1, 1, s[0], s[1], s[2], s[3]);
+        p.causal = s[4];
+        sdpa_case c;
+        case_init(&c, &p, 550 + t, 2.0);
+        char label[96];
+        snprintf(label, sizeof label, "n_q=%lld n_k=%lld d_k=%lld d_v=%lld%s",
+                 (long long)s[0], (long long)s[1], (long long)s[2],
+                 (long long)s[3], s[4] ? " causal" : "");
+        check_forward(&c, TOL_FORWARD, label);
+        case_free(&c);
+    }
+    attn_sdpa_params p = sdpa_shape(1, 2, 1, 130, 1025, 65, 3);
+    sdpa_case c;
+    case_init(&c, &p, 560, 2.0);
+    const int64_t shape[1] = {1025};
+    case_mask(&c, ATTN_MASK_BIAS, 1, shape, 561);
+    check_forward(&c, TOL_FORWARD, "bias [n_k] 130x1025 MQA");
+    case_free(&c);
+}
+END_TEST
+
 /* Without lse, weights or stats the output must be the same. */
 START_TEST(forward_optional_outputs_may_be_null)
 {
@@ -1066,6 +1100,8 @@ static const struct {
     {3, {4, 1, 7}},    /* [H, 1, n_k] */
     {4, {2, 1, 1, 7}}, /* [B, 1, 1, n_k] */
     {4, {2, 4, 5, 7}}, /* full */
+    {2, {5, 1}},       /* [n_q, 1]: one flag per query */
+    {4, {1, 4, 1, 1}}, /* [1, H, 1, 1]: one flag per head */
 };
 #define N_MASK_SHAPES (sizeof mask_shapes / sizeof mask_shapes[0])
 
@@ -1137,6 +1173,45 @@ START_TEST(bias_mask_scalar_changes_only_lse)
                       (double)(biased.lse[r] - plain.lse[r]));
     lib_fwd_free(&plain);
     lib_fwd_free(&biased);
+    case_free(&c);
+}
+END_TEST
+
+/* attn_mask reads any strides, not only those attn_mask_broadcast makes:
+ * here a mask stored key-major ([n_k, n_q], so stride[2] = 1). */
+START_TEST(mask_arbitrary_strides_key_major_layout)
+{
+    const int64_t n_q = 6, n_k = 9;
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, n_q, n_k, 3, 3);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 1350, 2.0);
+    uint8_t *key_major = xcalloc((size_t)(n_q * n_k), 1);
+    uint8_t *full = xcalloc(c.n_w, 1);
+    uint64_t seed = 1351;
+    for (int64_t j = 0; j < n_k; j++)
+        for (int64_t i = 0; i < n_q; i++)
+            key_major[j * n_q + i] = rng_uniform(&seed) > -0.3;
+    for (int64_t h = 0; h < 2; h++)
+        for (int64_t i = 0; i < n_q; i++)
+            for (int64_t j = 0; j < n_k; j++)
+                full[(h * n_q + i) * n_k + j] = key_major[j * n_q + i];
+    c.lib.mask.kind = ATTN_MASK_BOOL;
+    c.lib.mask.allowed = key_major;
+    c.lib.mask.stride[0] = 0;
+    c.lib.mask.stride[1] = 0;
+    c.lib.mask.stride[2] = 1;
+    c.lib.mask.stride[3] = n_q;
+    c.ref.mask.kind = ATTN_MASK_BOOL;
+    c.ref.mask.allowed = full;
+    c.ref.mask.stride[0] = 2 * n_q * n_k;
+    c.ref.mask.stride[1] = n_q * n_k;
+    c.ref.mask.stride[2] = n_k;
+    c.ref.mask.stride[3] = 1;
+    check_forward(&c, TOL_FORWARD, "key-major bool mask");
+    check_grad_fd(&c, "key-major bool mask");
+    free(key_major);
+    free(full);
     case_free(&c);
 }
 END_TEST
@@ -1342,31 +1417,39 @@ START_TEST(extreme_scores_give_exact_one_hot_weights)
 }
 END_TEST
 
-/* The same at a size with several key tiles, where the winning key comes
- * late and an online softmax must rescale by exp(-2e4) = 0 cleanly. */
+/* The same across forward key tiles (n_k > 1024): rows whose winning key
+ * comes in the last tile make the online softmax rescale what it summed so
+ * far by exp(-2e4) = 0; rows whose winner comes first see later tiles add
+ * exactly nothing. */
 START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
 {
-    const int64_t n = 300;
-    attn_sdpa_params p = sdpa_shape(1, 1, 1, n, n, 1, 1);
+    const int64_t n_q = 130, n_k = 1100, late = 1050, early = 5;
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, n_q, n_k, 2, 1);
     p.scale = 1.0f;
     sdpa_case c;
     case_init(&c, &p, 2000, 1.0);
-    for (int64_t j = 0; j < n; j++) {
-        c.k[j] = j == 290 ? 100.0f : -100.0f;
+    for (int64_t j = 0; j < n_k; j++) {
+        c.k[j * 2] = j == late ? 100.0f : -100.0f;
+        c.k[j * 2 + 1] = j == early ? 100.0f : -100.0f;
         c.v[j] = (float)j;
     }
-    for (int64_t i = 0; i < n; i++)
-        c.q[i] = 100.0f;
+    for (int64_t i = 0; i < n_q; i++) {
+        c.q[i * 2] = i % 2 ? 0.0f : 100.0f;
+        c.q[i * 2 + 1] = i % 2 ? 100.0f : 0.0f;
+    }
     case_sync(&c);
     lib_fwd got;
     lib_forward(&c, &c.lib, &got, true, true);
-    for (int64_t i = 0; i < n; i++) {
-        ck_assert_msg(got.out[i] == 290.0f, "row %lld output %.9g",
+    for (int64_t i = 0; i < n_q; i++) {
+        int64_t win = i % 2 ? early : late;
+        ck_assert_msg(got.out[i] == (float)win, "row %lld output %.9g",
                       (long long)i, (double)got.out[i]);
-        for (int64_t j = 0; j < n; j++)
-            ck_assert_msg(got.weights[i * n + j] == (j == 290 ? 1.0f : 0.0f),
+        ck_assert_msg(fabs(got.lse[i] - 1e4) < 1e-2, "row %lld lse %.9g",
+                      (long long)i, (double)got.lse[i]);
+        for (int64_t j = 0; j < n_k; j++)
+            ck_assert_msg(got.weights[i * n_k + j] == (j == win ? 1.0f : 0.0f),
                           "weight (%lld,%lld) = %g", (long long)i,
-                          (long long)j, (double)got.weights[i * n + j]);
+                          (long long)j, (double)got.weights[i * n_k + j]);
     }
     ck_assert_msg(fabs(got.stats.max_weight_mean - 1.0) < 1e-9 &&
                       fabs(got.stats.entropy_max) < 1e-9,
@@ -1378,15 +1461,18 @@ START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
     ck_assert_int_eq(count_nonfinite(g.dq, c.n_qel), 0);
     ck_assert_int_eq(count_nonfinite(g.dk, c.n_kel), 0);
     ck_assert_int_eq(count_nonfinite(g.dv, c.n_vel), 0);
-    /* All the weight on key 290: dv there is the sum of dout, else 0. */
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        sum += c.dout[i];
-    ck_assert_msg(fabs(g.dv[290] - sum) < 1e-4 * (1 + fabs(sum)),
-                  "dv[290] = %g, want %g", (double)g.dv[290], sum);
-    for (int64_t j = 0; j < n; j++)
-        ck_assert_msg(j == 290 || g.dv[j] == 0.0f, "dv[%lld] = %g",
-                      (long long)j, (double)g.dv[j]);
+    /* All the weight on the winners: dv there sums dout over their rows. */
+    double sum_late = 0.0, sum_early = 0.0;
+    for (int64_t i = 0; i < n_q; i++)
+        *(i % 2 ? &sum_early : &sum_late) += c.dout[i];
+    ck_assert_msg(fabs(g.dv[late] - sum_late) < 1e-4 * (1 + fabs(sum_late)),
+                  "dv[late] = %g, want %g", (double)g.dv[late], sum_late);
+    ck_assert_msg(fabs(g.dv[early] - sum_early) <
+                      1e-4 * (1 + fabs(sum_early)),
+                  "dv[early] = %g, want %g", (double)g.dv[early], sum_early);
+    for (int64_t j = 0; j < n_k; j++)
+        ck_assert_msg(j == late || j == early || g.dv[j] == 0.0f,
+                      "dv[%lld] = %g", (long long)j, (double)g.dv[j]);
     lib_grads_free(&g);
     case_free(&c);
 }
@@ -1515,6 +1601,20 @@ START_TEST(grad_around_tile_boundaries_matches_analytic_reference)
     const int64_t shape[4] = {2, 1, 1, 70};
     case_mask(&c, ATTN_MASK_BOOL, 4, shape, 2701);
     check_grad_analytic(&c, "backward GQA 4/2 130x70 causal + padding");
+    case_free(&c);
+}
+END_TEST
+
+/* Causal with n_q > n_k at tile sizes, GQA, on two threads: key tiles
+ * start their query loop below the diagonal, off the query-tile grid. */
+START_TEST(grad_causal_nq_gt_nk_gqa_two_threads_matches_analytic_reference)
+{
+    attn_sdpa_params p = sdpa_shape(1, 4, 2, 300, 150, 8, 8);
+    p.causal = true;
+    p.threads = 2;
+    sdpa_case c;
+    case_init(&c, &p, 2750, 2.0);
+    check_grad_analytic(&c, "backward GQA 300x150 causal threads=2");
     case_free(&c);
 }
 END_TEST
@@ -1740,6 +1840,21 @@ START_TEST(stats_match_reference_around_tile_boundaries)
     sdpa_case c;
     case_init(&c, &p, 3500, 3.0);
     check_stats(&c, "257x129 causal");
+    case_free(&c);
+}
+END_TEST
+
+/* Several key tiles per row and two threads: the per-tile moments and the
+ * per-worker accumulators must merge to the one-pass answer. */
+START_TEST(stats_many_key_tiles_two_threads)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 2, 260, 1100, 8, 2);
+    p.threads = 2;
+    sdpa_case c;
+    case_init(&c, &p, 3550, 3.0);
+    const int64_t shape[1] = {1100};
+    case_mask(&c, ATTN_MASK_BOOL, 1, shape, 3551);
+    check_stats(&c, "260x1100 bool [n_k], 2 threads");
     case_free(&c);
 }
 END_TEST
@@ -2017,6 +2132,128 @@ START_TEST(invalid_mask_without_data)
 }
 END_TEST
 
+/* Shapes whose element counts overflow are refused before anything is
+ * allocated or read (the buffers passed here are tiny). */
+START_TEST(invalid_sizes_that_overflow_are_rejected)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 1, 1, 1, 1);
+    p.n_q = (int64_t)1 << 62;
+    p.d_k = 16;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "n_q * d_k overflows");
+    p = sdpa_shape(1, 1, 1, 1, 1, 1, 1);
+    p.batch = (int64_t)1 << 40;
+    p.heads_q = p.heads_kv = (int64_t)1 << 30;
+    expect_invalid_forward(&p, g_in, g_in, g_in, g_out, "B * H overflows");
+    /* q, k, v fit in int64 but the weights [n_q, n_k] do not. */
+    p = sdpa_shape(1, 1, 1, (int64_t)1 << 33, (int64_t)1 << 33, 1, 1);
+    attn_error err;
+    memset(&err, 0, sizeof err);
+    attn_status st = attn_sdpa_forward(&p, g_in, g_in, g_in, g_out, NULL,
+                                       g_out2, NULL, &err);
+    ck_assert_msg(st == ATTN_ERR_INVALID && err.message[0] != '\0',
+                  "weights of 2^66 elements accepted (%d)", (int)st);
+}
+END_TEST
+
+/* ----------------------------------------------- softmax row kernels */
+
+static const attn_vexp_kind vexp_kinds[] = {ATTN_VEXP_PORTABLE, ATTN_VEXP_AVX2,
+                                            ATTN_VEXP_AVX512};
+static const char *const vexp_names[] = {"portable", "avx2", "avx512"};
+
+/* Every version the CPU runs: exp within a few ulp of exp in double,
+ * exp(0) exactly 1, arguments below ATTN_VEXP_MIN and -inf exactly 0, the
+ * returned sum equal to the sum of the results, and nothing written past
+ * the row (the vector tails use masked loads and stores). */
+START_TEST(vexp_kinds_match_exp_and_flush_below_min)
+{
+    enum { MAXN = 67, GUARD = 17 };
+    float x[MAXN + GUARD], arg[MAXN];
+    for (size_t kd = 0; kd < 3; kd++) {
+        if (!attn_vexp_available(vexp_kinds[kd]))
+            continue;
+        double worst = 0.0;
+        uint64_t seed = 4000 + kd;
+        for (int64_t n = 0; n <= MAXN; n++) {
+            const float shift = n % 3 == 0 ? 0.0f : 2.5f;
+            for (int64_t j = 0; j < n; j++) {
+                switch ((n + j) % 7) {
+                case 0: x[j] = shift; break;                   /* exp(0) */
+                case 1: x[j] = -INFINITY; break;               /* masked */
+                case 2: x[j] = shift + ATTN_VEXP_MIN - 0.01f; break;
+                case 3: x[j] = shift + ATTN_VEXP_MIN + 0.01f; break;
+                default:
+                    x[j] = shift + (float)(44.0 * rng_uniform(&seed) - 43.0);
+                }
+                arg[j] = x[j] - shift;
+            }
+            for (int g = 0; g < GUARD; g++)
+                x[n + g] = 12345.0f;
+            float sum = attn_vexp_sum_kind(vexp_kinds[kd], x, n, shift);
+            double total = 0.0;
+            for (int64_t j = 0; j < n; j++) {
+                total += x[j];
+                if (arg[j] < ATTN_VEXP_MIN) {
+                    ck_assert_msg(x[j] == 0.0f, "%s: exp(%g) = %g, want 0",
+                                  vexp_names[kd], (double)arg[j],
+                                  (double)x[j]);
+                    continue;
+                }
+                if (arg[j] == 0.0f)
+                    ck_assert_msg(x[j] == 1.0f, "%s: exp(0) = %.9g",
+                                  vexp_names[kd], (double)x[j]);
+                double want = exp((double)arg[j]);
+                double e = fabs(x[j] - want) / want;
+                worst = fmax(worst, e);
+                ck_assert_msg(e < 4.8e-7, "%s: exp(%.9g) = %.9g, want %.9g",
+                              vexp_names[kd], (double)arg[j], (double)x[j],
+                              want);
+            }
+            for (int g = 0; g < GUARD; g++)
+                ck_assert_msg(x[n + g] == 12345.0f,
+                              "%s: n=%lld wrote past the row at +%d",
+                              vexp_names[kd], (long long)n, g);
+            ck_assert_msg(fabs(sum - total) <= 1e-6 * (1.0 + total),
+                          "%s: n=%lld sum %.9g, elements add to %.9g",
+                          vexp_names[kd], (long long)n, (double)sum, total);
+        }
+        char label[64];
+        snprintf(label, sizeof label, "vexp %s relative error",
+                 vexp_names[kd]);
+        note(label, worst);
+    }
+}
+END_TEST
+
+START_TEST(vmax_kinds_find_the_maximum_at_every_position)
+{
+    enum { MAXN = 67 };
+    float x[MAXN + 16];
+    for (size_t kd = 0; kd < 3; kd++) {
+        if (!attn_vexp_available(vexp_kinds[kd]))
+            continue;
+        ck_assert_msg(attn_vmax_kind(vexp_kinds[kd], x, 0) == -INFINITY,
+                      "%s: max of nothing", vexp_names[kd]);
+        for (int64_t n = 1; n <= MAXN; n++)
+            for (int64_t at = 0; at < n; at++) {
+                for (int64_t j = 0; j < n; j++)
+                    x[j] = j % 4 == 1 ? -INFINITY : -3.0f - (float)j;
+                for (int g = 0; g < 16; g++)
+                    x[n + g] = 1e30f; /* past the row: must not be read */
+                x[at] = -1.0f;
+                float m = attn_vmax_kind(vexp_kinds[kd], x, n);
+                ck_assert_msg(m == -1.0f, "%s: n=%lld max at %lld: got %g",
+                              vexp_names[kd], (long long)n, (long long)at,
+                              (double)m);
+            }
+        for (int64_t j = 0; j < 20; j++)
+            x[j] = -INFINITY;
+        ck_assert_msg(attn_vmax_kind(vexp_kinds[kd], x, 20) == -INFINITY,
+                      "%s: all -inf", vexp_names[kd]);
+    }
+}
+END_TEST
+
 /* --------------------------------------------------------------- suite */
 
 static Suite *lib_suite(void)
@@ -2045,6 +2282,7 @@ static Suite *lib_suite(void)
           forward_nq_ne_nk_around_tile_boundaries,
           forward_causal_nq_ne_nk_around_tile_boundaries,
           forward_batched_heads_around_tile_boundaries,
+          forward_many_key_tiles_and_wide_heads,
           forward_optional_outputs_may_be_null}},
         {"causal",
          {causal_bottom_right_when_nq_lt_nk,
@@ -2058,6 +2296,7 @@ static Suite *lib_suite(void)
           bias_mask_broadcast_shapes_match_reference,
           bool_mask_combined_with_causal, bias_mask_combined_with_causal,
           bias_mask_scalar_changes_only_lse,
+          mask_arbitrary_strides_key_major_layout,
           bool_mask_fully_masked_row_gives_zeros,
           bool_mask_all_false_gives_zeros_and_empty_stats,
           bool_mask_with_causal_around_tile_boundaries}},
@@ -2076,6 +2315,7 @@ static Suite *lib_suite(void)
           grad_matches_finite_differences_explicit_scale_rank4,
           grad_size_one_everything,
           grad_around_tile_boundaries_matches_analytic_reference,
+          grad_causal_nq_gt_nk_gqa_two_threads_matches_analytic_reference,
           grad_overwrites_rather_than_accumulates}},
         {"properties",
          {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
@@ -2084,16 +2324,21 @@ static Suite *lib_suite(void)
          {stats_match_reference_without_mask,
           stats_match_reference_causal_bool_mask_gqa,
           stats_bias_counts_every_score,
-          stats_match_reference_around_tile_boundaries}},
+          stats_match_reference_around_tile_boundaries,
+          stats_many_key_tiles_two_threads}},
         {"threads",
          {threads_1_and_2_agree_forward_and_backward,
           threads_more_than_work_agree,
           concurrent_calls_from_two_threads_match_sequential}},
+        {"kernels",
+         {vexp_kinds_match_exp_and_flush_below_min,
+          vmax_kinds_find_the_maximum_at_every_position}},
         {"invalid",
          {valid_params_are_accepted, invalid_heads_not_divisible,
           invalid_scale_not_positive_finite, invalid_sizes_zero_or_negative,
           invalid_threads_zero_or_negative, invalid_null_tensors,
-          invalid_mask_without_data}},
+          invalid_mask_without_data,
+          invalid_sizes_that_overflow_are_rejected}},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         TCase *tc = tcase_create(groups[g].name);
