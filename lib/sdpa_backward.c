@@ -1,0 +1,137 @@
+/*
+ * attn_sdpa_backward (Eq. 16-18), FlashAttention-2 style.
+ *   q [B,H_q,n_q,d_k], k [B,H_kv,n_k,d_k], v [B,H_kv,n_k,d_v],
+ *   out, dout [B,H_q,n_q,d_v], lse [B,H_q,n_q]
+ *   -> dq [B,H_q,n_q,d_k], dk [B,H_kv,n_k,d_k], dv [B,H_kv,n_k,d_v]
+ *
+ * A work unit is one key tile of one (batch, key/value head): it visits every
+ * query tile of every query head that shares the key/value head, so it alone
+ * writes its rows of dk and dv (the GQA sum happens inside the unit). dq
+ * rows receive contributions from every key tile, so each worker adds into
+ * its own copy of dq (worker 0 into dq itself) and the copies are summed at
+ * the end: O(n_q d_k) extra memory per extra worker, and no locks.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdpa.h"
+
+typedef struct {
+    float *p, *dp; /* [SDPA_BWD_BQ, SDPA_BWD_BK] */
+    float *dq;     /* [B, H_q, n_q, d_k]: the caller's dq for worker 0 */
+} bwd_worker;
+
+typedef struct {
+    sdpa_call call;
+    const float *lse, *dout, *delta;
+    float *dk, *dv;
+    int64_t k_tiles;
+    bwd_worker *workers;
+} bwd_job;
+
+static void backward_unit(void *ctx, int64_t u, int worker)
+{
+    const bwd_job *job = ctx;
+    const sdpa_call *c = &job->call;
+    const attn_sdpa_params *p = c->p;
+    const bwd_worker *w = &job->workers[worker];
+    int64_t kt = u % job->k_tiles, bhk = u / job->k_tiles;
+    int64_t b = bhk / p->heads_kv, hk = bhk % p->heads_kv;
+    sdpa_tile t = {.b = b, .j0 = kt * SDPA_BWD_BK};
+    t.cols = p->n_k - t.j0 < SDPA_BWD_BK ? p->n_k - t.j0 : SDPA_BWD_BK;
+    float *dk = job->dk + (bhk * p->n_k + t.j0) * p->d_k;
+    float *dv = job->dv + (bhk * p->n_k + t.j0) * p->d_v;
+    memset(dk, 0, (size_t)(t.cols * p->d_k) * sizeof *dk);
+    memset(dv, 0, (size_t)(t.cols * p->d_v) * sizeof *dv);
+    /* Queries above the causal diagonal see none of these keys. */
+    int64_t i_start = 0;
+    if (p->causal && t.j0 - c->offset > 0)
+        i_start = t.j0 - c->offset;
+    for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
+        int64_t bh = b * p->heads_q + t.h;
+        for (t.i0 = i_start; t.i0 < p->n_q; t.i0 += SDPA_BWD_BQ) {
+            t.rows = p->n_q - t.i0 < SDPA_BWD_BQ ? p->n_q - t.i0 : SDPA_BWD_BQ;
+            int64_t row = bh * p->n_q + t.i0;
+            sdpa_bwd_state st = {
+                .p = w->p, .dp = w->dp,
+                .lse = job->lse + row, .delta = job->delta + row,
+                .dout = job->dout + row * p->d_v, .dq = w->dq + row * p->d_k,
+                .dk = dk, .dv = dv,
+            };
+            sdpa_backward_tile(c, &t, &st);
+        }
+    }
+}
+
+/* delta [rows] = rowsum(dout * out), the softmax's correction term. */
+static void row_dots(const float *dout, const float *out, int64_t rows, int64_t d,
+                     float *delta)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        double s = 0.0;
+        for (int64_t j = 0; j < d; j++)
+            s += (double)dout[i * d + j] * out[i * d + j];
+        delta[i] = (float)s;
+    }
+}
+
+attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
+                               const float *k, const float *v,
+                               const float *out, const float *lse,
+                               const float *dout, float *dq, float *dk,
+                               float *dv, attn_error *err)
+{
+    attn_status s = sdpa_check_params(p, false, err);
+    if (s != ATTN_OK)
+        return s;
+    if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL ||
+        dout == NULL || dq == NULL || dk == NULL || dv == NULL)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "q, k, v, out, lse, dout, dq, dk and dv must not be NULL");
+    attn_blas_init();
+
+    const int64_t rows = p->batch * p->heads_q * p->n_q;
+    const int64_t dq_size = rows * p->d_k;
+    bwd_job job = {
+        .call = {.p = p, .q = q, .k = k, .v = v, .group = p->heads_q / p->heads_kv,
+                 .offset = p->n_k - p->n_q},
+        .lse = lse, .dout = dout, .dk = dk, .dv = dv,
+        .k_tiles = (p->n_k + SDPA_BWD_BK - 1) / SDPA_BWD_BK,
+    };
+    int64_t units = p->batch * p->heads_kv * job.k_tiles;
+    int threads = sdpa_threads(p, units, 2.5 * attn_sdpa_flops(p));
+    float *delta = sdpa_alloc(rows, sizeof(float));
+    bwd_worker *workers = calloc((size_t)threads, sizeof *workers);
+    bool ok = delta != NULL && workers != NULL;
+    for (int i = 0; ok && i < threads; i++) {
+        workers[i].p = sdpa_alloc((int64_t)SDPA_BWD_BQ * SDPA_BWD_BK, sizeof(float));
+        workers[i].dp = sdpa_alloc((int64_t)SDPA_BWD_BQ * SDPA_BWD_BK, sizeof(float));
+        /* calloc: pages a worker never touches cost nothing. */
+        workers[i].dq = i == 0 ? dq : calloc((size_t)dq_size, sizeof(float));
+        ok = workers[i].p && workers[i].dp && workers[i].dq;
+    }
+    if (ok) {
+        row_dots(dout, out, rows, p->d_v, delta);
+        memset(dq, 0, (size_t)dq_size * sizeof *dq);
+        job.delta = delta;
+        job.workers = workers;
+        s = attn_parallel_for(threads, units, backward_unit, &job);
+        for (int i = 1; i < threads; i++)
+            for (int64_t j = 0; j < dq_size; j++)
+                dq[j] += workers[i].dq[j];
+    }
+    for (int i = 0; workers != NULL && i < threads; i++) {
+        free(workers[i].p);
+        free(workers[i].dp);
+        if (i > 0)
+            free(workers[i].dq);
+    }
+    free(workers);
+    free(delta);
+    if (!ok)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the backward pass");
+    if (s != ATTN_OK)
+        return attn_fail(err, s, "could not run the backward pass's threads");
+    return ATTN_OK;
+}

@@ -1,0 +1,120 @@
+/* Everything an SDPA entry point decides before touching a tensor: whether
+ * the parameters fit together, how many FLOPs the call is worth, how many
+ * threads that justifies. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "sdpa.h"
+
+float attn_default_scale(int64_t d_k)
+{
+    return d_k >= 1 ? (float)(1.0 / sqrt((double)d_k)) : 1.0f;
+}
+
+double attn_sdpa_flops(const attn_sdpa_params *p)
+{
+    if (p == NULL)
+        return 0.0;
+    return 2.0 * (double)p->batch * (double)p->heads_q * (double)p->n_q *
+           (double)p->n_k * (double)(p->d_k + p->d_v);
+}
+
+/* Elements of a tensor with these dimensions, or -1 when the count (or its
+ * size in bytes) does not fit. */
+static int64_t elements(int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    int64_t n;
+    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, c, &n) ||
+        __builtin_mul_overflow(n, d, &n) || n > INT64_MAX / 8)
+        return -1;
+    return n;
+}
+
+static attn_status check_mask(const attn_sdpa_params *p, attn_error *err)
+{
+    const attn_mask *m = &p->mask;
+    if (m->kind == ATTN_MASK_NONE)
+        return ATTN_OK;
+    if (m->kind != ATTN_MASK_BOOL && m->kind != ATTN_MASK_BIAS)
+        return attn_fail(err, ATTN_ERR_INVALID, "mask kind %d is not a known kind",
+                         (int)m->kind);
+    if (m->kind == ATTN_MASK_BOOL && m->allowed == NULL)
+        return attn_fail(err, ATTN_ERR_INVALID, "boolean mask has no data (allowed is NULL)");
+    if (m->kind == ATTN_MASK_BIAS && m->bias == NULL)
+        return attn_fail(err, ATTN_ERR_INVALID, "bias mask has no data (bias is NULL)");
+    const int64_t dims[4] = {p->batch, p->heads_q, p->n_q, p->n_k};
+    int64_t last = 0; /* index of the mask's last element */
+    for (int a = 0; a < 4; a++) {
+        int64_t span;
+        if (m->stride[a] < 0)
+            return attn_fail(err, ATTN_ERR_INVALID, "mask stride %d is negative (%lld)",
+                             a, (long long)m->stride[a]);
+        if (__builtin_mul_overflow(dims[a] - 1, m->stride[a], &span) ||
+            __builtin_add_overflow(last, span, &last))
+            return attn_fail(err, ATTN_ERR_INVALID, "mask strides address beyond int64");
+    }
+    return ATTN_OK;
+}
+
+attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
+                              attn_error *err)
+{
+    if (p == NULL)
+        return attn_fail(err, ATTN_ERR_INVALID, "parameters are NULL");
+    const struct {
+        const char *name;
+        int64_t value;
+    } sizes[] = {
+        {"batch", p->batch}, {"heads_q", p->heads_q}, {"heads_kv", p->heads_kv},
+        {"n_q", p->n_q},     {"n_k", p->n_k},         {"d_k", p->d_k},
+        {"d_v", p->d_v},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value < 1)
+            return attn_fail(err, ATTN_ERR_INVALID, "%s is %lld; it must be >= 1",
+                             sizes[i].name, (long long)sizes[i].value);
+    if (p->heads_q % p->heads_kv != 0)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "heads_q = %lld is not a multiple of heads_kv = %lld",
+                         (long long)p->heads_q, (long long)p->heads_kv);
+    if (!isfinite(p->scale) || !(p->scale > 0.0f))
+        return attn_fail(err, ATTN_ERR_INVALID, "scale is %g; it must be finite and > 0",
+                         (double)p->scale);
+    if (p->threads < 1)
+        return attn_fail(err, ATTN_ERR_INVALID, "threads is %d; it must be >= 1",
+                         p->threads);
+    /* d_k and d_v are leading dimensions of BLAS calls, which take an int. */
+    if (p->d_k > INT_MAX || p->d_v > INT_MAX)
+        return attn_fail(err, ATTN_ERR_INVALID, "d_k = %lld or d_v = %lld is too large",
+                         (long long)p->d_k, (long long)p->d_v);
+    if (elements(p->batch, p->heads_q, p->n_q, p->d_k) < 0 ||
+        elements(p->batch, p->heads_q, p->n_q, p->d_v) < 0 ||
+        elements(p->batch, p->heads_kv, p->n_k, p->d_k) < 0 ||
+        elements(p->batch, p->heads_kv, p->n_k, p->d_v) < 0)
+        return attn_fail(err, ATTN_ERR_INVALID, "tensor sizes overflow");
+    if (with_weights && elements(p->batch, p->heads_q, p->n_q, p->n_k) < 0)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "weights [%lld, %lld, %lld, %lld] would overflow",
+                         (long long)p->batch, (long long)p->heads_q,
+                         (long long)p->n_q, (long long)p->n_k);
+    return check_mask(p, err);
+}
+
+int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops)
+{
+    if (flops < SDPA_MIN_PARALLEL_FLOPS || units <= 1)
+        return 1;
+    return units < p->threads ? (int)units : p->threads;
+}
+
+void *sdpa_alloc(int64_t n, size_t size)
+{
+    /* Rounded up to whole cache lines, as aligned_alloc requires. */
+    if (n < 1)
+        n = 1;
+    if ((uint64_t)n > SIZE_MAX / size - 64)
+        return NULL;
+    size_t bytes = ((size_t)n * size + 63) / 64 * 64;
+    return aligned_alloc(64, bytes);
+}
