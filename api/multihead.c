@@ -1,0 +1,419 @@
+/*
+ * POST /v1/multihead — multi-head attention (Eq. 12-13) in the chapter's
+ * convention, Q = X W_Q + b_Q (weights [d_in, d_out], multiplied on the
+ * right), with grouped-query heads, cross-attention and gradients.
+ *
+ * Request tensors (B? present when x has rank 3):
+ *   x [B?, n, d_model]   context [B?, m, d_ctx] (absent: m = n, d_ctx = d_model)
+ *   w_q [d_model, h*d_k]   w_k [d_ctx, h_kv*d_k]   w_v [d_ctx, h_kv*d_v]
+ *   w_o [h*d_v, d_out] (absent: d_out = h*d_v, the heads concatenated)
+ *   b_q [h*d_k]  b_k [h_kv*d_k]  b_v [h_kv*d_v]  b_o [d_out]
+ * output [B?, n, d_out]; weights [B?, h, n, m] per head or [B?, n, m] for
+ * "mean"; grad: one entry per differentiable input given, shaped like it.
+ */
+#include "request.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The differentiable inputs come first, in the order of attn_mha_inputs. */
+enum {
+    F_X, F_CONTEXT, F_W_Q, F_W_K, F_W_V, F_W_O, F_B_Q, F_B_K, F_B_V, F_B_O,
+    N_INPUTS,
+    F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
+    F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_COUNT
+};
+
+const api_field api_multihead_fields[] = {
+    [F_X] = {"x", API_FIELD_TENSOR, true},
+    [F_CONTEXT] = {"context", API_FIELD_TENSOR, false},
+    [F_W_Q] = {"w_q", API_FIELD_TENSOR, true},
+    [F_W_K] = {"w_k", API_FIELD_TENSOR, true},
+    [F_W_V] = {"w_v", API_FIELD_TENSOR, true},
+    [F_W_O] = {"w_o", API_FIELD_TENSOR, false},
+    [F_B_Q] = {"b_q", API_FIELD_TENSOR, false},
+    [F_B_K] = {"b_k", API_FIELD_TENSOR, false},
+    [F_B_V] = {"b_v", API_FIELD_TENSOR, false},
+    [F_B_O] = {"b_o", API_FIELD_TENSOR, false},
+    [F_NUM_HEADS] = {"num_heads", API_FIELD_INTEGER, true},
+    [F_NUM_KV_HEADS] = {"num_kv_heads", API_FIELD_INTEGER, false},
+    [F_CAUSAL] = {"causal", API_FIELD_BOOL, false},
+    [F_MASK] = {"mask", API_FIELD_MASK, false},
+    [F_SCALE] = {"scale", API_FIELD_NUMBER, false},
+    [F_RETURN_WEIGHTS] = {"return_weights", API_FIELD_WEIGHTS, false},
+    [F_RETURN_STATS] = {"return_stats", API_FIELD_BOOL, false},
+    [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_TENSOR, false},
+    [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
+};
+const size_t api_multihead_nfields = F_COUNT;
+
+typedef struct {
+    api_value f[F_COUNT];
+    int rank;                     /* of x (and context): 2 or 3 */
+    int64_t shape[N_INPUTS][API_MAX_RANK]; /* of each input, for its gradient */
+    int input_rank[N_INPUTS];
+    attn_mha_params p;
+    double flops;
+    api_encoding enc;
+    bool want_weights, want_mean, want_stats, want_grad;
+    float *out, *weights;
+    float *grad[N_INPUTS];
+    attn_stats stats;
+} multihead_call;
+
+static void release_inputs(multihead_call *c)
+{
+    api_values_free(c->f, F_COUNT);
+    c->p.mask = (attn_mask){0};
+}
+
+static void release(multihead_call *c)
+{
+    release_inputs(c);
+    free(c->out);
+    free(c->weights);
+    for (int i = 0; i < N_INPUTS; i++)
+        free(c->grad[i]);
+}
+
+#define MISMATCH(field, ...) api_fail(err, 422, "shape_mismatch", field, __VA_ARGS__)
+#define LL(x) ((long long)(x))
+
+static const api_tensor *given(const multihead_call *c, int f)
+{
+    return c->f[f].present ? &c->f[f].tensor : NULL;
+}
+
+/* A weight [rows, cols] whose rows must be `rows` (named `rows_of`). */
+static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
+                         const char *rows_of, const char *form, api_error *err)
+{
+    if (!api_check_rank(w, field, 2, 2, form, err))
+        return false;
+    if (w->shape[0] != rows)
+        return MISMATCH(field, "%s has %lld rows but %s", field,
+                        LL(w->shape[0]), rows_of);
+    return true;
+}
+
+/* A bias [len] that must match the columns of its projection. */
+static bool check_bias(const api_tensor *b, const char *field, int64_t len,
+                       const char *of, api_error *err)
+{
+    if (!b)
+        return true;
+    char form[64];
+    snprintf(form, sizeof form, "[%lld]", LL(len));
+    if (!api_check_rank(b, field, 1, 1, form, err))
+        return false;
+    if (b->shape[0] != len)
+        return MISMATCH(field, "%s has %lld entries but %s has %lld columns",
+                        field, LL(b->shape[0]), of, LL(len));
+    return true;
+}
+
+/* x and context: ranks, batch, and the sizes n, m, d_model, d_ctx. */
+static bool validate_sequences(multihead_call *c, api_error *err)
+{
+    const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
+    if (!api_check_rank(x, "x", 2, 3, "[n, d_model] or [batch, n, d_model]", err))
+        return false;
+    int r = c->rank = x->rank;
+    attn_mha_params *p = &c->p;
+    p->batch = r == 3 ? x->shape[0] : 1;
+    p->n = x->shape[r - 2];
+    p->d_model = x->shape[r - 1];
+    p->m = p->n;
+    p->d_ctx = p->d_model;
+    if (!ctx)
+        return true;
+    if (!api_check_rank(ctx, "context", 2, 3, "[m, d_ctx] or [batch, m, d_ctx]", err))
+        return false;
+    if (ctx->rank != r)
+        return MISMATCH("context", "context has rank %d but x has rank %d; they "
+                        "must have the same rank", ctx->rank, r);
+    if (r == 3 && ctx->shape[0] != p->batch)
+        return MISMATCH("context", "context has batch %lld but x has batch %lld",
+                        LL(ctx->shape[0]), LL(p->batch));
+    p->m = ctx->shape[r - 2];
+    p->d_ctx = ctx->shape[r - 1];
+    return true;
+}
+
+static bool validate_heads(multihead_call *c, api_error *err)
+{
+    attn_mha_params *p = &c->p;
+    p->heads = c->f[F_NUM_HEADS].integer;
+    p->kv_heads = c->f[F_NUM_KV_HEADS].present ? c->f[F_NUM_KV_HEADS].integer
+                                               : p->heads;
+    if (p->heads < 1)
+        return api_fail(err, 422, "invalid_value", "num_heads",
+                        "num_heads must be at least 1, got %lld", LL(p->heads));
+    if (p->kv_heads < 1)
+        return api_fail(err, 422, "invalid_value", "num_kv_heads",
+                        "num_kv_heads must be at least 1, got %lld", LL(p->kv_heads));
+    if (p->heads % p->kv_heads != 0)
+        return api_fail(err, 422, "invalid_value", "num_kv_heads",
+                        "num_heads=%lld is not a multiple of num_kv_heads=%lld "
+                        "(each key/value head serves a whole group of query heads)",
+                        LL(p->heads), LL(p->kv_heads));
+    return true;
+}
+
+/* The projections fix d_k, d_v and d_out. */
+static bool validate_weights(multihead_call *c, api_error *err)
+{
+    attn_mha_params *p = &c->p;
+    char rows_q[80], rows_kv[80];
+    snprintf(rows_q, sizeof rows_q, "x has d_model=%lld", LL(p->d_model));
+    snprintf(rows_kv, sizeof rows_kv, "%s has %s=%lld",
+             given(c, F_CONTEXT) ? "context" : "x",
+             given(c, F_CONTEXT) ? "d_ctx" : "d_model", LL(p->d_ctx));
+
+    const api_tensor *w_q = given(c, F_W_Q), *w_k = given(c, F_W_K),
+                     *w_v = given(c, F_W_V), *w_o = given(c, F_W_O);
+    if (!check_weight(w_q, "w_q", p->d_model, rows_q, "[d_model, num_heads*d_k]", err))
+        return false;
+    if (w_q->shape[1] % p->heads != 0)
+        return MISMATCH("w_q", "w_q has %lld columns, not a multiple of num_heads=%lld",
+                        LL(w_q->shape[1]), LL(p->heads));
+    p->d_k = w_q->shape[1] / p->heads;
+
+    if (!check_weight(w_k, "w_k", p->d_ctx, rows_kv, "[d_ctx, num_kv_heads*d_k]", err))
+        return false;
+    if (w_k->shape[1] != p->kv_heads * p->d_k)
+        return MISMATCH("w_k", "w_k has %lld columns but needs num_kv_heads*d_k = "
+                        "%lld*%lld = %lld (d_k=%lld from w_q)", LL(w_k->shape[1]),
+                        LL(p->kv_heads), LL(p->d_k), LL(p->kv_heads * p->d_k),
+                        LL(p->d_k));
+
+    if (!check_weight(w_v, "w_v", p->d_ctx, rows_kv, "[d_ctx, num_kv_heads*d_v]", err))
+        return false;
+    if (w_v->shape[1] % p->kv_heads != 0)
+        return MISMATCH("w_v", "w_v has %lld columns, not a multiple of num_kv_heads=%lld",
+                        LL(w_v->shape[1]), LL(p->kv_heads));
+    p->d_v = w_v->shape[1] / p->kv_heads;
+
+    p->d_out = p->heads * p->d_v;
+    if (w_o) {
+        char rows_o[80];
+        snprintf(rows_o, sizeof rows_o, "the heads give num_heads*d_v = %lld",
+                 LL(p->heads * p->d_v));
+        if (!check_weight(w_o, "w_o", p->heads * p->d_v, rows_o,
+                          "[num_heads*d_v, d_out]", err))
+            return false;
+        p->d_out = w_o->shape[1];
+    } else if (given(c, F_B_O)) {
+        return api_fail(err, 422, "invalid_value", "b_o",
+                        "b_o needs w_o: without w_o the output is the heads "
+                        "concatenated, with no output projection to add a bias to");
+    }
+    return check_bias(given(c, F_B_Q), "b_q", p->heads * p->d_k, "w_q", err) &&
+           check_bias(given(c, F_B_K), "b_k", p->kv_heads * p->d_k, "w_k", err) &&
+           check_bias(given(c, F_B_V), "b_v", p->kv_heads * p->d_v, "w_v", err) &&
+           check_bias(given(c, F_B_O), "b_o", p->d_out, "w_o", err);
+}
+
+static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
+{
+    if (!validate_sequences(c, err) || !validate_heads(c, err) ||
+        !validate_weights(c, err))
+        return false;
+    attn_mha_params *p = &c->p;
+    p->threads = api_threads(lim);
+    p->causal = c->f[F_CAUSAL].present && c->f[F_CAUSAL].flag;
+    p->scale = c->f[F_SCALE].present ? c->f[F_SCALE].number
+                                     : attn_default_scale(p->d_k);
+    if (!(p->scale > 0))
+        return api_fail(err, 422, "invalid_value", "scale",
+                        "scale must be greater than 0 (as a float32), got %g",
+                        (double)c->f[F_SCALE].number);
+    int64_t scores[4] = {p->batch, p->heads, p->n, p->m};
+    if (c->f[F_MASK].present &&
+        !api_mask_setup(&c->f[F_MASK].tensor, 4, scores, p->batch, p->heads,
+                        p->n, p->m, &p->mask, err))
+        return false;
+
+    c->want_weights = c->f[F_RETURN_WEIGHTS].present && c->f[F_RETURN_WEIGHTS].flag;
+    c->want_mean = c->want_weights && c->f[F_RETURN_WEIGHTS].mean;
+    c->want_stats = c->f[F_RETURN_STATS].present && c->f[F_RETURN_STATS].flag;
+    c->want_grad = c->f[F_GRAD_OUTPUT].present;
+    c->enc = c->f[F_OUTPUT_ENCODING].present ? c->f[F_OUTPUT_ENCODING].encoding
+                                             : API_ENC_NESTED;
+    int64_t out_shape[3] = {p->batch, p->n, p->d_out};
+    int r = c->rank;
+    if (c->want_grad &&
+        !api_check_shape(&c->f[F_GRAD_OUTPUT].tensor, "grad_output", r,
+                         out_shape + (3 - r), "the output [batch?, n, d_out]", err))
+        return false;
+    for (int i = 0; i < N_INPUTS; i++) {
+        c->input_rank[i] = c->f[i].tensor.rank;
+        memcpy(c->shape[i], c->f[i].tensor.shape, sizeof c->shape[i]);
+    }
+    /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
+    c->flops = attn_mha_flops(p) * (c->want_grad ? 3.5 : 1.0);
+    return api_check_work(c->flops, lim, err);
+}
+
+static const float *data(const multihead_call *c, int f)
+{
+    return c->f[f].present ? c->f[f].tensor.f32 : NULL;
+}
+
+/* The head average of weights [B, h, n, m] into [B, n, m]. */
+static float *head_mean(const float *w, const attn_mha_params *p)
+{
+    int64_t plane = p->n * p->m;
+    float *mean = api_alloc_floats(p->batch * plane);
+    if (!mean)
+        return NULL;
+    for (int64_t b = 0; b < p->batch; b++) {
+        float *dst = mean + b * plane;
+        for (int64_t e = 0; e < plane; e++) {
+            double sum = 0; /* in double, so that many heads average exactly */
+            for (int64_t h = 0; h < p->heads; h++)
+                sum += w[(b * p->heads + h) * plane + e];
+            dst[e] = (float)(sum / (double)p->heads);
+        }
+    }
+    return mean;
+}
+
+static bool compute(multihead_call *c, api_error *err)
+{
+    const attn_mha_params *p = &c->p;
+    int64_t n_out = p->batch * p->n * p->d_out;
+    int64_t n_weights = p->batch * p->heads * p->n * p->m;
+    c->out = api_alloc_floats(n_out);
+    if (c->want_weights)
+        c->weights = api_alloc_floats(n_weights);
+    if (!c->out || (c->want_weights && !c->weights))
+        return api_fail(err, 500, "out_of_memory", "",
+                        "out of memory for the output of this request");
+    attn_mha_inputs in = {
+        .x = data(c, F_X), .context = data(c, F_CONTEXT),
+        .w_q = data(c, F_W_Q), .w_k = data(c, F_W_K), .w_v = data(c, F_W_V),
+        .w_o = data(c, F_W_O), .b_q = data(c, F_B_Q), .b_k = data(c, F_B_K),
+        .b_v = data(c, F_B_V), .b_o = data(c, F_B_O),
+    };
+    attn_error ae = {0};
+    if (attn_mha_forward(p, &in, c->out, c->weights,
+                         c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
+        return api_fail_attn(err, &ae);
+    if (!api_check_finite(c->out, n_out, "the output", err) ||
+        (c->weights && !api_check_finite(c->weights, n_weights, "the weights", err)))
+        return false;
+    if (c->want_stats && !(isfinite(c->stats.scores_mean) &&
+                           isfinite(c->stats.scores_var) &&
+                           isfinite(c->stats.scaled_mean) &&
+                           isfinite(c->stats.scaled_var)))
+        return api_fail(err, 422, "numerical_overflow", "",
+                        "the score statistics overflow; the inputs are too large "
+                        "in magnitude, scale them down");
+    if (c->want_mean) {
+        float *mean = head_mean(c->weights, p);
+        if (!mean)
+            return api_fail(err, 500, "out_of_memory", "",
+                            "out of memory for the averaged weights");
+        free(c->weights);
+        c->weights = mean;
+    }
+    if (!c->want_grad)
+        return true;
+
+    for (int i = 0; i < N_INPUTS; i++)
+        if (c->f[i].present && !(c->grad[i] = api_alloc_floats(c->f[i].tensor.count)))
+            return api_fail(err, 500, "out_of_memory", "",
+                            "out of memory for the gradients of this request");
+    attn_mha_grads g = {
+        .x = c->grad[F_X], .context = c->grad[F_CONTEXT],
+        .w_q = c->grad[F_W_Q], .w_k = c->grad[F_W_K], .w_v = c->grad[F_W_V],
+        .w_o = c->grad[F_W_O], .b_q = c->grad[F_B_Q], .b_k = c->grad[F_B_K],
+        .b_v = c->grad[F_B_V], .b_o = c->grad[F_B_O],
+    };
+    if (attn_mha_backward(p, &in, data(c, F_GRAD_OUTPUT), &g, &ae) != ATTN_OK)
+        return api_fail_attn(err, &ae);
+    for (int i = 0; i < N_INPUTS; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "the gradient of %s", api_multihead_fields[i].name);
+        if (c->grad[i] && !api_check_finite(c->grad[i], c->f[i].tensor.count, what, err))
+            return false;
+    }
+    return true;
+}
+
+/* Writes one result and frees it: the text now holds it. */
+static void emit(api_buf *b, const char *name, float **buf, int rank,
+                 const int64_t *shape, api_encoding enc, bool first)
+{
+    api_out_tensor t = {.name = name, .data = *buf, .rank = rank};
+    memcpy(t.shape, shape, (size_t)rank * sizeof *shape);
+    api_write_tensor(b, &t, enc, first);
+    free(*buf);
+    *buf = NULL;
+}
+
+static void encode(multihead_call *c, api_buf *b, api_timing *t)
+{
+    const attn_mha_params *p = &c->p;
+    api_encoding enc = c->enc;
+    int r = c->rank, lead = r == 3; /* whether B is shown */
+    int64_t out_shape[3] = {p->batch, p->n, p->d_out};
+    int64_t heads_shape[4] = {p->batch, p->heads, p->n, p->m};
+    int64_t mean_shape[3] = {p->batch, p->n, p->m};
+    api_buf_puts(b, "{");
+    emit(b, "output", &c->out, r, out_shape + !lead, enc, true);
+    if (c->want_mean)
+        emit(b, "weights", &c->weights, r, mean_shape + !lead, enc, false);
+    else if (c->want_weights)
+        emit(b, "weights", &c->weights, r + 1, heads_shape + !lead, enc, false);
+    if (c->want_grad) {
+        api_buf_puts(b, ",\"grad\":{");
+        bool first = true;
+        for (int i = 0; i < N_INPUTS; i++) {
+            if (!c->grad[i])
+                continue;
+            emit(b, api_multihead_fields[i].name, &c->grad[i], c->input_rank[i],
+                 c->shape[i], enc, first);
+            first = false;
+        }
+        api_buf_puts(b, "}");
+    }
+    if (c->want_stats)
+        api_write_stats(b, &c->stats);
+    json_t *shape = json_pack(
+        "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+        "batch", (json_int_t)p->batch, "n", (json_int_t)p->n,
+        "m", (json_int_t)p->m, "d_model", (json_int_t)p->d_model,
+        "d_ctx", (json_int_t)p->d_ctx, "heads", (json_int_t)p->heads,
+        "kv_heads", (json_int_t)p->kv_heads, "d_k", (json_int_t)p->d_k,
+        "d_v", (json_int_t)p->d_v, "d_out", (json_int_t)p->d_out);
+    if (!shape)
+        b->failed = true;
+    api_write_meta(b, shape, c->flops, t);
+    api_buf_puts(b, "}");
+}
+
+bool api_multihead(const char *body, size_t len, const api_limits *lim,
+                   api_timing *t, api_buf *out, api_error *err)
+{
+    multihead_call c = {0};
+    bool ok = api_read_fields(body, len, api_multihead_fields, F_COUNT,
+                              api_attention_fields, api_attention_nfields,
+                              "/v1/attention", c.f, err) &&
+              validate(&c, lim, err);
+    api_lap(t, &t->decode_ms);
+    if (!ok) {
+        release(&c);
+        return false;
+    }
+    ok = compute(&c, err);
+    release_inputs(&c);
+    api_lap(t, &t->compute_ms);
+    if (ok)
+        encode(&c, out, t);
+    release(&c);
+    return ok;
+}

@@ -1,0 +1,322 @@
+/*
+ * Reading the members of a request body against an operation's field table:
+ * the one place where unknown, missing and mistyped fields are refused.
+ *
+ * Tensors go through the codec (api_tensor_decode); every other value is a
+ * scalar read with jansson, except numbers, which use the codec's reader so
+ * that "scale": 0.1 rounds to float32 exactly as the tensors' numbers do and
+ * 1e39 is refused the same way.
+ */
+#include "request.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <string.h>
+
+/* "a string", "an array", ... from the first byte of a validated value. */
+static const char *json_kind_name(const char *value)
+{
+    switch (*value) {
+    case '{': return "an object";
+    case '[': return "an array";
+    case '"': return "a string";
+    case 't': case 'f': return "a boolean";
+    case 'n': return "null";
+    default: return "a number";
+    }
+}
+
+/* Edit distance with adjacent transpositions (optimal string alignment),
+ * case-insensitive, so that "casual" is one edit from "causal". */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63)
+        return 64;
+    size_t d[64][64];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            int ca = tolower((unsigned char)a[i - 1]);
+            int cb = tolower((unsigned char)b[j - 1]);
+            size_t best = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[la][lb];
+}
+
+/* The field name nearest to `key`, when near enough to be a likely typo:
+ * at most two edits, and fewer than half the name's letters (so that "x"
+ * is not offered "q"). */
+static const char *nearest_field(const char *key, const api_field *schema,
+                                 size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(key, schema[i].name);
+        if (d < best_d && (d == 0 || 2 * d < strlen(schema[i].name))) {
+            best = schema[i].name;
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+static bool has_field(const char *key, const api_field *schema, size_t n)
+{
+    for (size_t i = 0; schema && i < n; i++)
+        if (strcmp(key, schema[i].name) == 0)
+            return true;
+    return false;
+}
+
+static bool unknown_field(const json_member *m, const api_field *schema,
+                          size_t n, const api_field *other, size_t n_other,
+                          const char *other_route, api_error *err)
+{
+    const char *shown = m->key_too_long ? "..." : "";
+    if (!m->key_too_long && has_field(m->key, other, n_other))
+        return api_fail(err, 400, "unknown_field", m->key,
+                        "unknown field \"%s\" (it belongs to %s)", m->key,
+                        other_route);
+    const char *near = m->key_too_long ? NULL : nearest_field(m->key, schema, n);
+    if (near)
+        return api_fail(err, 400, "unknown_field", m->key,
+                        "unknown field \"%s\" (did you mean \"%s\"?)", m->key,
+                        near);
+    char names[400] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < n && used < sizeof names; i++)
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                 i ? ", " : "", schema[i].name);
+    return api_fail(err, 400, "unknown_field", m->key,
+                    "unknown field \"%s%s\"; the fields are %s", m->key, shown,
+                    names);
+}
+
+/* A string value decoded by jansson (escapes resolved); NULL when the value
+ * is not a string. The caller frees it with json_decref. */
+static json_t *load_string(const json_member *m)
+{
+    json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
+                           JSON_DECODE_ANY, NULL);
+    if (j && !json_is_string(j)) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static bool wrong_type(const api_field *f, const json_member *m,
+                       const char *wanted, api_error *err)
+{
+    return api_fail(err, 400, "wrong_type", f->name, "%s must be %s, got %s",
+                    f->name, wanted, json_kind_name(m->value));
+}
+
+static bool read_bool(const api_field *f, const json_member *m, api_value *v,
+                      api_error *err)
+{
+    if (*m->value != 't' && *m->value != 'f')
+        return wrong_type(f, m, "true or false (a JSON boolean, not 0/1 or a string)",
+                          err);
+    v->flag = *m->value == 't';
+    return true;
+}
+
+static bool read_number(const api_field *f, const json_member *m,
+                        api_value *v, api_error *err)
+{
+    if (*m->value != '-' && !isdigit((unsigned char)*m->value))
+        return wrong_type(f, m, "a number", err);
+    const char *stop;
+    if (!api_parse_number(m->value, m->value_end, &stop, &v->number))
+        return api_fail(err, 400, "invalid_number", f->name,
+                        "%s=%.*s is not finite as a float32 (largest is about 3.4e38)",
+                        f->name, (int)(m->value_end - m->value < 40 ? m->value_end - m->value : 40),
+                        m->value);
+    return true;
+}
+
+static bool read_integer(const api_field *f, const json_member *m,
+                         api_value *v, api_error *err)
+{
+    if (*m->value != '-' && !isdigit((unsigned char)*m->value))
+        return wrong_type(f, m, "an integer", err);
+    int span = (int)(m->value_end - m->value < 40 ? m->value_end - m->value : 40);
+    json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
+                           JSON_DECODE_ANY, NULL);
+    double x;
+    if (!j) /* validated text: only an integer or real too large for jansson */
+        x = m->value[0] == '-' ? -INFINITY : INFINITY;
+    else
+        x = json_number_value(j);
+    bool integral = !j || json_is_integer(j) || x == floor(x);
+    json_decref(j);
+    if (!integral)
+        return api_fail(err, 400, "wrong_type", f->name,
+                        "%s must be an integer, got %.*s", f->name, span, m->value);
+    if (!(x >= -1e15 && x <= 1e15))
+        return api_fail(err, 422, "invalid_value", f->name,
+                        "%s=%.*s is out of range", f->name, span, m->value);
+    v->integer = (int64_t)x;
+    return true;
+}
+
+static bool read_encoding(const api_field *f, const json_member *m,
+                          api_value *v, api_error *err)
+{
+    json_t *j = load_string(m);
+    if (!j)
+        return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
+    const char *s = json_string_value(j);
+    bool ok = true;
+    if (strcmp(s, "nested") == 0)
+        v->encoding = API_ENC_NESTED;
+    else if (strcmp(s, "flat") == 0)
+        v->encoding = API_ENC_FLAT;
+    else if (strcmp(s, "base64") == 0)
+        v->encoding = API_ENC_BASE64;
+    else
+        ok = api_fail(err, 422, "invalid_value", f->name,
+                      "%s must be one of \"nested\", \"flat\", \"base64\", got \"%.40s\"",
+                      f->name, s);
+    json_decref(j);
+    return ok;
+}
+
+static bool read_weights_mode(const api_field *f, const json_member *m,
+                              api_value *v, api_error *err)
+{
+    if (*m->value == 't' || *m->value == 'f') {
+        v->flag = *m->value == 't';
+        return true;
+    }
+    json_t *j = load_string(m);
+    if (!j)
+        return wrong_type(f, m, "true, false or \"mean\"", err);
+    bool ok = strcmp(json_string_value(j), "mean") == 0;
+    if (ok)
+        v->flag = v->mean = true;
+    else
+        api_fail(err, 422, "invalid_value", f->name,
+                 "%s must be true, false or \"mean\", got \"%.40s\"", f->name,
+                 json_string_value(j));
+    json_decref(j);
+    return ok;
+}
+
+/* Base64 can carry what JSON numbers cannot: NaN and infinities. Attention
+ * over them has no meaning (and a -inf bias is spelled as a boolean mask
+ * here), so they are refused like 1e39. */
+static bool check_finite_input(const api_field *f, const api_tensor *t,
+                               api_error *err)
+{
+    if (t->dtype != API_F32)
+        return true;
+    for (int64_t i = 0; i < t->count; i++)
+        if (!isfinite(t->f32[i]))
+            return api_fail(err, 400, "invalid_number", f->name,
+                            "%s[%lld] (row-major) is not a finite float32; "
+                            "use a boolean mask to exclude positions",
+                            f->name, (long long)i);
+    return true;
+}
+
+static bool read_tensor(const api_field *f, const json_member *m,
+                        api_value *v, api_error *err)
+{
+    bool is_mask = f->kind == API_FIELD_MASK;
+    if (!api_tensor_decode(m->value, m->value_end, f->name, is_mask,
+                           &v->tensor, err))
+        return false;
+    if (!check_finite_input(f, &v->tensor, err)) {
+        api_tensor_free(&v->tensor);
+        return false;
+    }
+    return true;
+}
+
+static bool read_value(const api_field *f, const json_member *m, api_value *v,
+                       api_error *err)
+{
+    switch (f->kind) {
+    case API_FIELD_TENSOR:
+    case API_FIELD_MASK: return read_tensor(f, m, v, err);
+    case API_FIELD_BOOL: return read_bool(f, m, v, err);
+    case API_FIELD_NUMBER: return read_number(f, m, v, err);
+    case API_FIELD_INTEGER: return read_integer(f, m, v, err);
+    case API_FIELD_ENCODING: return read_encoding(f, m, v, err);
+    case API_FIELD_WEIGHTS: return read_weights_mode(f, m, v, err);
+    }
+    return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
+}
+
+bool api_read_fields(const char *body, size_t len, const api_field *schema,
+                     size_t n_fields, const api_field *other, size_t n_other,
+                     const char *other_route, api_value *values,
+                     api_error *err)
+{
+    json_member members[API_MAX_FIELDS];
+    size_t count = 0;
+    const char *p = body, *end = body + len;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    if (!json_text_members(p, end, members, API_MAX_FIELDS, &count, "", err))
+        return false;
+
+    /* Which member holds each field; names first, so that a typo is
+     * reported before anything else and no tensor is decoded in vain. */
+    const json_member *of_field[API_MAX_FIELDS] = {0};
+    for (size_t i = 0; i < count; i++) {
+        size_t f = 0;
+        while (f < n_fields && (members[i].key_too_long ||
+                                strcmp(members[i].key, schema[f].name) != 0))
+            f++;
+        if (f == n_fields)
+            return unknown_field(&members[i], schema, n_fields, other, n_other,
+                                 other_route, err);
+        of_field[f] = &members[i];
+    }
+    for (size_t f = 0; f < n_fields; f++) {
+        bool is_null = of_field[f] && *of_field[f]->value == 'n';
+        if (schema[f].required && (!of_field[f] || is_null))
+            return api_fail(err, 400, "missing_field", schema[f].name,
+                            "the field \"%s\" is required%s", schema[f].name,
+                            is_null ? " (it is null)" : "");
+    }
+
+    memset(values, 0, n_fields * sizeof *values);
+    for (size_t f = 0; f < n_fields; f++) {
+        const json_member *m = of_field[f];
+        if (!m || *m->value == 'n')
+            continue;
+        if (!read_value(&schema[f], m, &values[f], err)) {
+            api_values_free(values, n_fields);
+            return false;
+        }
+        values[f].present = true;
+    }
+    return true;
+}
+
+void api_values_free(api_value *values, size_t n_fields)
+{
+    for (size_t f = 0; f < n_fields; f++) {
+        api_tensor_free(&values[f].tensor);
+        values[f].present = false;
+    }
+}

@@ -1,0 +1,123 @@
+/*
+ * The checks every handler shares once its fields are decoded: ranks, exact
+ * shapes, mask broadcasting, the work limit, finite results, and turning a
+ * libattn error into an API error.
+ */
+#include "request.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *api_shape_text(char *buf, size_t size, int rank,
+                           const int64_t *shape)
+{
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < rank && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld",
+                                 i ? ", " : "", (long long)shape[i]);
+    if (used < size)
+        snprintf(buf + used, size - used, "]");
+    return buf;
+}
+
+bool api_check_rank(const api_tensor *t, const char *field, int lo, int hi,
+                    const char *forms, api_error *err)
+{
+    char s[96];
+    if (t->rank < lo || t->rank > hi)
+        return api_fail(err, 422, "invalid_shape", field,
+                        "%s has rank %d (shape %s); it must have rank %d to %d: %s",
+                        field, t->rank, api_shape_text(s, sizeof s, t->rank, t->shape),
+                        lo, hi, forms);
+    for (int i = 0; i < t->rank; i++)
+        if (t->shape[i] < 1)
+            return api_fail(err, 422, "invalid_shape", field,
+                            "%s has shape %s; every dimension must be at least 1",
+                            field, api_shape_text(s, sizeof s, t->rank, t->shape));
+    return true;
+}
+
+bool api_check_shape(const api_tensor *t, const char *field, int rank,
+                     const int64_t *shape, const char *what, api_error *err)
+{
+    bool same = t->rank == rank;
+    for (int i = 0; same && i < rank; i++)
+        same = t->shape[i] == shape[i];
+    if (same)
+        return true;
+    char got[96], want[96];
+    return api_fail(err, 422, "shape_mismatch", field,
+                    "%s has shape %s but must have the shape of %s, %s", field,
+                    api_shape_text(got, sizeof got, t->rank, t->shape), what,
+                    api_shape_text(want, sizeof want, rank, shape));
+}
+
+bool api_mask_setup(const api_tensor *t, int score_rank,
+                    const int64_t *score_shape, int64_t batch, int64_t heads,
+                    int64_t n_q, int64_t n_k, attn_mask *mask, api_error *err)
+{
+    char got[96], want[96];
+    attn_error ae = {0};
+    bool fits = t->rank <= score_rank &&
+                attn_mask_broadcast(mask, t->rank, t->shape, batch, heads, n_q,
+                                    n_k, &ae) == ATTN_OK;
+    if (!fits)
+        return api_fail(err, 422, "shape_mismatch", "mask",
+                        "mask has shape %s, which does not broadcast to the scores' "
+                        "shape %s (NumPy rules: aligned on the right, each "
+                        "dimension equal or 1, no more dimensions than the scores)",
+                        api_shape_text(got, sizeof got, t->rank, t->shape),
+                        api_shape_text(want, sizeof want, score_rank, score_shape));
+    if (t->dtype == API_BOOL) {
+        mask->kind = ATTN_MASK_BOOL;
+        mask->allowed = t->b8;
+    } else {
+        mask->kind = ATTN_MASK_BIAS;
+        mask->bias = t->f32;
+    }
+    return true;
+}
+
+bool api_check_work(double flops, const api_limits *lim, api_error *err)
+{
+    if (!lim || !(lim->max_work > 0) || flops <= lim->max_work)
+        return true;
+    return api_fail(err, 422, "work_limit", "",
+                    "this request needs %.4g FLOPs, more than this server's limit "
+                    "of %.4g (--max-work); send smaller tensors or split the batch",
+                    flops, lim->max_work);
+}
+
+bool api_fail_attn(api_error *err, const attn_error *ae)
+{
+    if (ae->status == ATTN_ERR_NOMEM)
+        return api_fail(err, 500, "out_of_memory", "",
+                        "out of memory while computing attention");
+    return api_fail(err, 422, "invalid_value", "", "%s",
+                    ae->message[0] ? ae->message : "the library refused these inputs");
+}
+
+float *api_alloc_floats(int64_t count)
+{
+    if (count < 0 || (uint64_t)count > SIZE_MAX / sizeof(float) - 1)
+        return NULL;
+    return malloc((count ? (size_t)count : 1) * sizeof(float));
+}
+
+bool api_check_finite(const float *x, int64_t count, const char *what,
+                      api_error *err)
+{
+    for (int64_t i = 0; i < count; i++)
+        if (!isfinite(x[i]))
+            return api_fail(err, 422, "numerical_overflow", "",
+                            "%s overflows float32 (a non-finite value at element "
+                            "%lld); the inputs are too large in magnitude, scale "
+                            "them down", what, (long long)i);
+    return true;
+}
+
+int api_threads(const api_limits *lim)
+{
+    return lim && lim->threads > 1 ? lim->threads : 1;
+}

@@ -1,0 +1,1616 @@
+/*
+ * The API layer without sockets: request bodies go straight into
+ * api_handle(), answers are parsed back with jansson and checked against a
+ * double-precision reference written here (or against libattn called
+ * directly on the same inputs), never against the API's own output.
+ */
+#include "api.h"
+#include "attn.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ helpers */
+
+static const api_limits LIM = {.max_work = 0, .threads = 2};
+
+/* Deterministic inputs in [-1, 1), exactly representable as float32. */
+static uint64_t rng_state = 12345;
+static float rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(rng_state >> 40) / (double)(1ULL << 24) * 2.0 - 1.0);
+}
+static float *rnd_tensor(int64_t count)
+{
+    float *x = malloc((size_t)count * sizeof *x);
+    for (int64_t i = 0; i < count; i++)
+        x[i] = rnd();
+    return x;
+}
+
+static int64_t count_of(int rank, const int64_t *shape)
+{
+    int64_t c = 1;
+    for (int i = 0; i < rank; i++)
+        c *= shape[i];
+    return c;
+}
+
+/* A growing string for building request bodies. */
+typedef struct {
+    char *s;
+    size_t len, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (b->len + (size_t)n + 1 > b->cap) {
+        b->cap = (b->len + (size_t)n + 1) * 2;
+        b->s = realloc(b->s, b->cap);
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+typedef enum { ENC_NESTED, ENC_FLAT, ENC_BASE64 } enc;
+static const char *const ENC_NAME[] = {"nested", "flat", "base64"};
+
+static void b64_encode(sbuf *b, const unsigned char *p, size_t n)
+{
+    static const char A[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16;
+        if (i + 1 < n) v |= (unsigned)p[i + 1] << 8;
+        if (i + 2 < n) v |= p[i + 2];
+        sb_printf(b, "%c%c%c%c", A[v >> 18], A[(v >> 12) & 63],
+                  i + 1 < n ? A[(v >> 6) & 63] : '=', i + 2 < n ? A[v & 63] : '=');
+    }
+}
+
+static void nested(sbuf *b, const float *x, const uint8_t *m, int rank,
+                   const int64_t *shape, int64_t *at)
+{
+    sb_printf(b, "[");
+    for (int64_t i = 0; i < shape[0]; i++) {
+        if (i)
+            sb_printf(b, ",");
+        if (rank == 1) {
+            if (m)
+                sb_printf(b, "%s", m[*at] ? "true" : "false");
+            else
+                sb_printf(b, "%.9g", (double)x[*at]);
+            (*at)++;
+        } else {
+            nested(b, x, m, rank - 1, shape + 1, at);
+        }
+    }
+    sb_printf(b, "]");
+}
+
+/* Writes a float tensor (x) or a boolean one (m) in encoding e. */
+static void put_tensor(sbuf *b, const float *x, const uint8_t *m, int rank,
+                       const int64_t *shape, enc e)
+{
+    int64_t n = count_of(rank, shape), at = 0;
+    if (e == ENC_NESTED) {
+        nested(b, x, m, rank, shape, &at);
+        return;
+    }
+    sb_printf(b, "{\"shape\":[");
+    for (int i = 0; i < rank; i++)
+        sb_printf(b, "%s%lld", i ? "," : "", (long long)shape[i]);
+    sb_printf(b, "],");
+    if (e == ENC_FLAT) {
+        sb_printf(b, "\"data\":[");
+        for (int64_t i = 0; i < n; i++) {
+            if (m)
+                sb_printf(b, "%s%s", i ? "," : "", m[i] ? "true" : "false");
+            else
+                sb_printf(b, "%s%.9g", i ? "," : "", (double)x[i]);
+        }
+        sb_printf(b, "]}");
+    } else {
+        sb_printf(b, "\"dtype\":\"%s\",\"base64\":\"", m ? "bool" : "float32");
+        if (m)
+            b64_encode(b, m, (size_t)n);
+        else /* little-endian float32: this test runs on little-endian hosts */
+            b64_encode(b, (const unsigned char *)x, (size_t)n * 4);
+        sb_printf(b, "\"}");
+    }
+}
+
+static void put_field(sbuf *b, const char *name, const float *x, int rank,
+                      const int64_t *shape, enc e)
+{
+    sb_printf(b, "%s\"%s\":", b->len > 1 ? "," : "", name);
+    put_tensor(b, x, NULL, rank, shape, e);
+}
+
+/* Reads a response tensor in any encoding into a new float array; checks
+ * its shape is `rank`/`shape`. */
+static int b64_value(char c)
+{
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+static void flatten(json_t *j, int depth, int rank, const int64_t *shape,
+                    float *out, int64_t *at)
+{
+    if (depth == rank) {
+        ck_assert_msg(json_is_number(j), "element is not a number");
+        out[(*at)++] = (float)json_number_value(j);
+        return;
+    }
+    ck_assert_msg(json_is_array(j), "depth %d is not an array", depth);
+    ck_assert_int_eq(json_array_size(j), shape[depth]);
+    for (size_t i = 0; i < json_array_size(j); i++)
+        flatten(json_array_get(j, i), depth + 1, rank, shape, out, at);
+}
+
+static float *get_tensor(json_t *j, enc e, int rank, const int64_t *shape)
+{
+    ck_assert_ptr_nonnull(j);
+    int64_t n = count_of(rank, shape);
+    float *out = calloc((size_t)n + 1, sizeof *out);
+    if (e == ENC_NESTED) {
+        int64_t at = 0;
+        flatten(j, 0, rank, shape, out, &at);
+        ck_assert_int_eq(at, n);
+        return out;
+    }
+    json_t *sh = json_object_get(j, "shape");
+    ck_assert_msg(json_is_array(sh), "no shape");
+    ck_assert_int_eq(json_array_size(sh), rank);
+    for (int i = 0; i < rank; i++)
+        ck_assert_int_eq(json_integer_value(json_array_get(sh, (size_t)i)), shape[i]);
+    if (e == ENC_FLAT) {
+        json_t *data = json_object_get(j, "data");
+        ck_assert_int_eq(json_array_size(data), n);
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (float)json_number_value(json_array_get(data, (size_t)i));
+        return out;
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "float32");
+    const char *s = json_string_value(json_object_get(j, "base64"));
+    ck_assert_ptr_nonnull(s);
+    unsigned char *bytes = (unsigned char *)out;
+    size_t nb = 0, len = strlen(s);
+    ck_assert_int_eq(len % 4, 0);
+    for (size_t i = 0; i < len; i += 4) {
+        int v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = s[i + k] == '=' ? 0 : b64_value(s[i + k]);
+        unsigned w = (unsigned)(v[0] << 18 | v[1] << 12 | v[2] << 6 | v[3]);
+        unsigned char three[3] = {(unsigned char)(w >> 16), (unsigned char)(w >> 8),
+                                  (unsigned char)w};
+        for (int k = 0; k < 3 && nb < (size_t)n * 4; k++)
+            bytes[nb++] = three[k];
+    }
+    ck_assert_int_eq(nb, (size_t)n * 4);
+    return out;
+}
+
+/* Runs the request and returns the parsed body, checking the status. */
+static json_t *call(api_op op, const char *body, size_t len, const api_limits *lim,
+                    int status)
+{
+    api_response res;
+    api_handle(op, body, len, lim, &res);
+    ck_assert_ptr_nonnull(res.body);
+    json_error_t je;
+    json_t *j = json_loadb(res.body, res.body_len, 0, &je);
+    ck_assert_msg(j != NULL, "body is not JSON: %s", je.text);
+    ck_assert_msg(res.status == status, "status %d, wanted %d: %.*s", res.status,
+                  status, (int)(res.body_len < 400 ? res.body_len : 400), res.body);
+    api_response_free(&res);
+    return j;
+}
+
+static json_t *call_ok(api_op op, const sbuf *b)
+{
+    return call(op, b->s, b->len, &LIM, 200);
+}
+
+/* Checks the error object: status, code and field (NULL: no field). */
+static void expect_error_lim(api_op op, const char *body, const api_limits *lim,
+                             int status, const char *code, const char *field)
+{
+    json_t *j = call(op, body, strlen(body), lim, status);
+    json_t *e = json_object_get(j, "error");
+    ck_assert_msg(json_is_object(e), "no error object");
+    ck_assert_int_eq(json_integer_value(json_object_get(e, "status")), status);
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
+    ck_assert_msg(json_string_length(json_object_get(e, "message")) > 10,
+                  "message too short");
+    json_t *f = json_object_get(e, "field");
+    if (field)
+        ck_assert_str_eq(json_string_value(f) ? json_string_value(f) : "(none)", field);
+    else
+        ck_assert_ptr_null(f);
+    json_decref(j);
+}
+
+static void expect_error(api_op op, const char *body, int status,
+                         const char *code, const char *field)
+{
+    expect_error_lim(op, body, &LIM, status, code, field);
+}
+
+static const char *error_message(json_t *j)
+{
+    return json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+}
+
+#define ck_close(a, b, tol)                                                   \
+    ck_assert_msg(fabs((double)(a) - (double)(b)) <= (tol) * (1 + fabs((double)(b))), \
+                  "%s = %.9g, wanted %.9g", #a, (double)(a), (double)(b))
+
+static void assert_close_all(const float *got, const double *want, int64_t n,
+                             double tol)
+{
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i])),
+                      "element %lld: %.9g, wanted %.9g", (long long)i,
+                      (double)got[i], want[i]);
+}
+
+/* --------------------------------------------------- double reference */
+
+/* One SDPA problem, everything already in the 4-D layout of attn.h. The
+ * mask is given expanded to [B, H_q, n_q, n_k] (allowed or bias). */
+typedef struct {
+    int64_t B, Hq, Hkv, nq, nk, dk, dv;
+    double scale;
+    bool causal;
+    const uint8_t *allowed; /* or NULL */
+    const float *bias;      /* or NULL */
+} ref_problem;
+
+/* out [B,Hq,nq,dv] and weights [B,Hq,nq,nk] (either may be NULL). */
+static void ref_sdpa(const ref_problem *r, const float *q, const float *k,
+                     const float *v, double *out, double *weights)
+{
+    int64_t group = r->Hq / r->Hkv;
+    double *s = malloc((size_t)r->nk * sizeof *s);
+    for (int64_t b = 0; b < r->B; b++)
+    for (int64_t h = 0; h < r->Hq; h++)
+    for (int64_t i = 0; i < r->nq; i++) {
+        int64_t g = h / group;
+        const float *qi = q + ((b * r->Hq + h) * r->nq + i) * r->dk;
+        int64_t row = (b * r->Hq + h) * r->nq + i;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < r->nk; j++) {
+            const float *kj = k + ((b * r->Hkv + g) * r->nk + j) * r->dk;
+            double dot = 0;
+            for (int64_t t = 0; t < r->dk; t++)
+                dot += (double)qi[t] * kj[t];
+            s[j] = r->scale * dot;
+            if (r->bias)
+                s[j] += r->bias[row * r->nk + j];
+            bool visible = !(r->causal && j > i + (r->nk - r->nq)) &&
+                           !(r->allowed && !r->allowed[row * r->nk + j]);
+            if (!visible)
+                s[j] = -INFINITY;
+            if (s[j] > mx)
+                mx = s[j];
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < r->nk; j++) {
+            s[j] = mx == -INFINITY ? 0 : exp(s[j] - mx);
+            sum += s[j];
+        }
+        for (int64_t j = 0; j < r->nk; j++) {
+            s[j] = sum > 0 ? s[j] / sum : 0;
+            if (weights)
+                weights[row * r->nk + j] = s[j];
+        }
+        if (out)
+            for (int64_t t = 0; t < r->dv; t++) {
+                double acc = 0;
+                for (int64_t j = 0; j < r->nk; j++)
+                    acc += s[j] * v[((b * r->Hkv + g) * r->nk + j) * r->dv + t];
+                out[row * r->dv + t] = acc;
+            }
+    }
+    free(s);
+}
+
+/* sum(dout * out(q)) as a function of q, for finite differences. */
+static double ref_loss(const ref_problem *r, const float *q, const float *k,
+                       const float *v, const float *dout)
+{
+    int64_t n = r->B * r->Hq * r->nq * r->dv;
+    double *out = malloc((size_t)n * sizeof *out);
+    ref_sdpa(r, q, k, v, out, NULL);
+    double loss = 0;
+    for (int64_t i = 0; i < n; i++)
+        loss += out[i] * dout[i];
+    free(out);
+    return loss;
+}
+
+/* ------------------------------------------------- attention: results */
+
+/* Builds a q/k/v request of the given rank and checks output (and weights)
+ * against the reference. */
+static void check_attention(int rank, int64_t B, int64_t Hq, int64_t Hkv,
+                            int64_t nq, int64_t nk, int64_t dk, int64_t dv,
+                            bool causal, enc in, enc out_enc, bool weights)
+{
+    int64_t qs[4] = {B, Hq, nq, dk}, ks[4] = {B, Hkv, nk, dk}, vs[4] = {B, Hkv, nk, dv};
+    int skip = 4 - rank;
+    float *q = rnd_tensor(B * Hq * nq * dk), *k = rnd_tensor(B * Hkv * nk * dk),
+          *v = rnd_tensor(B * Hkv * nk * dv);
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "q", q, rank, qs + skip, in);
+    put_field(&b, "k", k, rank, ks + skip, in);
+    put_field(&b, "v", v, rank, vs + skip, in);
+    sb_printf(&b, ",\"causal\":%s,\"return_weights\":%s,\"output_encoding\":\"%s\"}",
+              causal ? "true" : "false", weights ? "true" : "false",
+              ENC_NAME[out_enc]);
+    json_t *j = call_ok(API_OP_ATTENTION, &b);
+
+    ref_problem r = {B, Hq, Hkv, nq, nk, dk, dv, 1 / sqrt((double)dk), causal, NULL, NULL};
+    double *ro = malloc((size_t)(B * Hq * nq * dv) * sizeof *ro);
+    double *rw = malloc((size_t)(B * Hq * nq * nk) * sizeof *rw);
+    ref_sdpa(&r, q, k, v, ro, rw);
+    int64_t os[4] = {B, Hq, nq, dv}, ws[4] = {B, Hq, nq, nk};
+    float *o = get_tensor(json_object_get(j, "output"), out_enc, rank, os + skip);
+    assert_close_all(o, ro, B * Hq * nq * dv, 1e-5);
+    if (weights) {
+        float *w = get_tensor(json_object_get(j, "weights"), out_enc, rank, ws + skip);
+        assert_close_all(w, rw, B * Hq * nq * nk, 1e-5);
+        free(w);
+    } else {
+        ck_assert_ptr_null(json_object_get(j, "weights"));
+    }
+    ck_assert_ptr_null(json_object_get(j, "grad"));
+    ck_assert_ptr_null(json_object_get(j, "stats"));
+    free(o), free(ro), free(rw), free(q), free(k), free(v), free(b.s);
+    json_decref(j);
+}
+
+START_TEST(attention_rank2_nested_matches_reference)
+{
+    check_attention(2, 1, 1, 1, 5, 7, 4, 3, false, ENC_NESTED, ENC_NESTED, false);
+}
+END_TEST
+
+START_TEST(attention_rank3_is_heads_times_positions)
+{
+    check_attention(3, 1, 3, 3, 4, 6, 8, 5, false, ENC_NESTED, ENC_NESTED, true);
+}
+END_TEST
+
+START_TEST(attention_rank4_grouped_query_heads)
+{
+    check_attention(4, 2, 4, 2, 3, 5, 4, 6, false, ENC_FLAT, ENC_NESTED, true);
+}
+END_TEST
+
+START_TEST(attention_multi_query_single_kv_head)
+{
+    check_attention(3, 1, 4, 1, 3, 3, 2, 2, false, ENC_NESTED, ENC_FLAT, false);
+}
+END_TEST
+
+START_TEST(attention_causal_bottom_right_when_nq_lt_nk)
+{
+    check_attention(2, 1, 1, 1, 3, 6, 4, 4, true, ENC_NESTED, ENC_NESTED, true);
+}
+END_TEST
+
+START_TEST(attention_causal_square_rank4)
+{
+    check_attention(4, 2, 2, 2, 5, 5, 3, 3, true, ENC_BASE64, ENC_BASE64, true);
+}
+END_TEST
+
+START_TEST(attention_every_encoding_in_and_out)
+{
+    for (int in = 0; in < 3; in++)
+        for (int out = 0; out < 3; out++)
+            check_attention(3, 1, 2, 2, 3, 4, 3, 2, false, (enc)in, (enc)out, true);
+}
+END_TEST
+
+START_TEST(attention_weights_rows_sum_to_one_and_causal_zeros)
+{
+    int64_t s[2] = {4, 3};
+    float *q = rnd_tensor(12), *k = rnd_tensor(12), *v = rnd_tensor(12);
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "q", q, 2, s, ENC_NESTED);
+    put_field(&b, "k", k, 2, s, ENC_NESTED);
+    put_field(&b, "v", v, 2, s, ENC_NESTED);
+    sb_printf(&b, ",\"causal\":true,\"return_weights\":true}");
+    json_t *j = call_ok(API_OP_ATTENTION, &b);
+    int64_t ws[2] = {4, 4};
+    float *w = get_tensor(json_object_get(j, "weights"), ENC_NESTED, 2, ws);
+    for (int i = 0; i < 4; i++) {
+        double sum = 0;
+        for (int jj = 0; jj < 4; jj++) {
+            sum += w[i * 4 + jj];
+            if (jj > i)
+                ck_assert_float_eq(w[i * 4 + jj], 0.0f);
+        }
+        ck_close(sum, 1.0, 1e-6);
+    }
+    ck_close(w[0], 1.0, 0); /* the first query sees only the first key */
+    free(w), free(q), free(k), free(v), free(b.s);
+    json_decref(j);
+}
+END_TEST
+
+/* A mask of the given kind and shape, checked after broadcasting by hand. */
+static void check_mask(bool boolean, int mask_rank, const int64_t *mask_shape,
+                       enc e, bool causal)
+{
+    const int64_t B = 2, H = 2, nq = 3, nk = 4, d = 3;
+    int64_t qs[4] = {B, H, nq, d}, ks[4] = {B, H, nk, d};
+    float *q = rnd_tensor(B * H * nq * d), *k = rnd_tensor(B * H * nk * d),
+          *v = rnd_tensor(B * H * nk * d);
+    int64_t mn = count_of(mask_rank, mask_shape);
+    float *bias = rnd_tensor(mn);
+    uint8_t *allowed = malloc((size_t)mn);
+    for (int64_t i = 0; i < mn; i++)
+        allowed[i] = (i % 3) != 1;
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "q", q, 4, qs, ENC_NESTED);
+    put_field(&b, "k", k, 4, ks, ENC_NESTED);
+    put_field(&b, "v", v, 4, ks, ENC_NESTED);
+    sb_printf(&b, ",\"mask\":");
+    put_tensor(&b, boolean ? NULL : bias, boolean ? allowed : NULL, mask_rank,
+               mask_shape, e);
+    sb_printf(&b, ",\"causal\":%s,\"return_weights\":true}", causal ? "true" : "false");
+    json_t *j = call_ok(API_OP_ATTENTION, &b);
+
+    /* Broadcast by NumPy rules, by hand: right-aligned, size-1 dims repeat. */
+    int64_t full = B * H * nq * nk, dims4[4] = {B, H, nq, nk};
+    uint8_t *fa = malloc((size_t)full);
+    float *fb = malloc((size_t)full * sizeof *fb);
+    for (int64_t e4 = 0; e4 < full; e4++) {
+        int64_t idx[4] = {e4 / (H * nq * nk), e4 / (nq * nk) % H, e4 / nk % nq, e4 % nk};
+        int64_t src = 0;
+        for (int a = 0; a < mask_rank; a++) {
+            int64_t dim = mask_shape[a], i = idx[4 - mask_rank + a];
+            src = src * dim + (dim == 1 ? 0 : i);
+        }
+        (void)dims4;
+        fa[e4] = allowed[src];
+        fb[e4] = bias[src];
+    }
+    ref_problem r = {B, H, H, nq, nk, d, d, 1 / sqrt((double)d), causal,
+                     boolean ? fa : NULL, boolean ? NULL : fb};
+    double *ro = malloc((size_t)(B * H * nq * d) * sizeof *ro);
+    double *rw = malloc((size_t)full * sizeof *rw);
+    ref_sdpa(&r, q, k, v, ro, rw);
+    int64_t os[4] = {B, H, nq, d}, ws[4] = {B, H, nq, nk};
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 4, os);
+    float *w = get_tensor(json_object_get(j, "weights"), ENC_NESTED, 4, ws);
+    assert_close_all(o, ro, B * H * nq * d, 1e-5);
+    assert_close_all(w, rw, full, 1e-5);
+    free(o), free(w), free(ro), free(rw), free(fa), free(fb), free(bias), free(allowed);
+    free(q), free(k), free(v), free(b.s);
+    json_decref(j);
+}
+
+START_TEST(attention_bool_mask_broadcasts_numpy_style)
+{
+    int64_t key_padding[2] = {1, 4};      /* per key, every query */
+    int64_t per_batch[4] = {2, 1, 3, 4};  /* per batch, shared by heads */
+    int64_t full[4] = {2, 2, 3, 4};
+    check_mask(true, 2, key_padding, ENC_NESTED, false);
+    check_mask(true, 4, per_batch, ENC_FLAT, true);
+    check_mask(true, 4, full, ENC_BASE64, false);
+}
+END_TEST
+
+START_TEST(attention_bias_mask_is_added_to_scaled_scores)
+{
+    int64_t row[1] = {4}, plane[2] = {3, 4}, heads[3] = {2, 1, 4};
+    check_mask(false, 1, row, ENC_NESTED, false);
+    check_mask(false, 2, plane, ENC_BASE64, true);
+    check_mask(false, 3, heads, ENC_FLAT, false);
+}
+END_TEST
+
+START_TEST(attention_explicit_scale_is_used)
+{
+    int64_t s[2] = {3, 4};
+    float *q = rnd_tensor(12), *k = rnd_tensor(12), *v = rnd_tensor(12);
+    sbuf b = {0};
+    sb_printf(&b, "{\"scale\":2.5");
+    put_field(&b, "q", q, 2, s, ENC_NESTED);
+    put_field(&b, "k", k, 2, s, ENC_NESTED);
+    put_field(&b, "v", v, 2, s, ENC_NESTED);
+    sb_printf(&b, "}");
+    json_t *j = call_ok(API_OP_ATTENTION, &b);
+    ref_problem r = {1, 1, 1, 3, 3, 4, 4, 2.5, false, NULL, NULL};
+    double ro[12];
+    ref_sdpa(&r, q, k, v, ro, NULL);
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 2, s);
+    assert_close_all(o, ro, 12, 1e-5);
+    free(o), free(q), free(k), free(v), free(b.s);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(attention_null_optional_fields_mean_default)
+{
+    const char *body =
+        "{\"q\":[[1,0]],\"k\":[[1,0],[0,1]],\"v\":[[1,2],[3,4]],\"mask\":null,"
+        "\"scale\":null,\"causal\":null,\"grad_output\":null,\"output_encoding\":null}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    double w0 = exp(1 / sqrt(2.0)) / (exp(1 / sqrt(2.0)) + 1);
+    json_t *row = json_array_get(json_object_get(j, "output"), 0);
+    ck_close(json_number_value(json_array_get(row, 0)), w0 * 1 + (1 - w0) * 3, 1e-6);
+    ck_close(json_number_value(json_array_get(row, 1)), w0 * 2 + (1 - w0) * 4, 1e-6);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(attention_fully_masked_row_gives_zeros)
+{
+    const char *body =
+        "{\"q\":[[1,0],[0,1]],\"k\":[[1,0],[0,1]],\"v\":[[1,2],[3,4]],"
+        "\"mask\":[[false,false],[true,true]],\"return_weights\":true,"
+        "\"grad_output\":[[1,1],[1,1]]}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    int64_t s[2] = {2, 2};
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 2, s);
+    float *w = get_tensor(json_object_get(j, "weights"), ENC_NESTED, 2, s);
+    float *dq = get_tensor(json_object_get(json_object_get(j, "grad"), "q"),
+                           ENC_NESTED, 2, s);
+    ck_assert_float_eq(o[0], 0); ck_assert_float_eq(o[1], 0);
+    ck_assert_float_eq(w[0], 0); ck_assert_float_eq(w[1], 0);
+    ck_assert_float_eq(dq[0], 0); ck_assert_float_eq(dq[1], 0);
+    ck_close(w[2] + w[3], 1.0, 1e-6);
+    free(o), free(w), free(dq);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(attention_stats_match_reference)
+{
+    int64_t s[2] = {4, 3};
+    float *q = rnd_tensor(12), *k = rnd_tensor(12), *v = rnd_tensor(12);
+    sbuf b = {0};
+    sb_printf(&b, "{\"return_stats\":true,\"causal\":true");
+    put_field(&b, "q", q, 2, s, ENC_NESTED);
+    put_field(&b, "k", k, 2, s, ENC_NESTED);
+    put_field(&b, "v", v, 2, s, ENC_NESTED);
+    sb_printf(&b, "}");
+    json_t *j = call_ok(API_OP_ATTENTION, &b);
+    json_t *st = json_object_get(j, "stats");
+    ck_assert_ptr_nonnull(st);
+
+    /* Scores over the visible (causal) entries; entropy and max per row. */
+    ref_problem r = {1, 1, 1, 4, 4, 3, 3, 1 / sqrt(3.0), true, NULL, NULL};
+    double w[16];
+    ref_sdpa(&r, q, k, v, NULL, w);
+    double sum = 0, sum2 = 0, ent_sum = 0, ent_min = INFINITY, ent_max = -INFINITY,
+           maxw = 0;
+    int cnt = 0;
+    for (int i = 0; i < 4; i++) {
+        double ent = 0, mx = 0;
+        for (int jj = 0; jj <= i; jj++) {
+            double dot = 0;
+            for (int t = 0; t < 3; t++)
+                dot += (double)q[i * 3 + t] * k[jj * 3 + t];
+            sum += dot, sum2 += dot * dot, cnt++;
+            if (w[i * 4 + jj] > 0)
+                ent -= w[i * 4 + jj] * log(w[i * 4 + jj]);
+            if (w[i * 4 + jj] > mx)
+                mx = w[i * 4 + jj];
+        }
+        ent_sum += ent, maxw += mx;
+        ent_min = fmin(ent_min, ent), ent_max = fmax(ent_max, ent);
+    }
+    double mean = sum / cnt, var = sum2 / cnt - mean * mean;
+    json_t *sc = json_object_get(st, "scores"), *ss = json_object_get(st, "scaled_scores"),
+           *en = json_object_get(st, "entropy"), *mw = json_object_get(st, "max_weight");
+    ck_close(json_number_value(json_object_get(sc, "mean")), mean, 1e-5);
+    ck_close(json_number_value(json_object_get(sc, "var")), var, 1e-5);
+    ck_close(json_number_value(json_object_get(ss, "mean")), mean / sqrt(3.0), 1e-5);
+    ck_close(json_number_value(json_object_get(ss, "var")), var / 3.0, 1e-5);
+    ck_close(json_number_value(json_object_get(en, "mean")), ent_sum / 4, 1e-5);
+    ck_close(json_number_value(json_object_get(en, "min")), ent_min, 1e-5);
+    ck_close(json_number_value(json_object_get(en, "max")), ent_max, 1e-5);
+    ck_close(json_number_value(json_object_get(mw, "mean")), maxw / 4, 1e-5);
+    free(q), free(k), free(v), free(b.s);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(attention_stats_null_when_everything_masked)
+{
+    const char *body = "{\"q\":[[1,0]],\"k\":[[1,0]],\"v\":[[1,2]],"
+                       "\"mask\":[[false]],\"return_stats\":true}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    json_t *st = json_object_get(j, "stats");
+    ck_assert(json_is_null(json_object_get(json_object_get(st, "scores"), "mean")));
+    ck_assert(json_is_null(json_object_get(json_object_get(st, "scaled_scores"), "var")));
+    ck_assert(json_is_null(json_object_get(json_object_get(st, "entropy"), "min")));
+    ck_assert(json_is_null(json_object_get(json_object_get(st, "max_weight"), "mean")));
+    json_decref(j);
+}
+END_TEST
+
+/* Gradients: dq by central differences of the double reference, dk and dv
+ * against libattn called directly on the same inputs. */
+START_TEST(attention_grad_matches_finite_differences_and_libattn)
+{
+    const int64_t B = 1, Hq = 4, Hkv = 2, nq = 3, nk = 4, d = 3;
+    int64_t qs[3] = {Hq, nq, d}, ks[3] = {Hkv, nk, d}, os[3] = {Hq, nq, d};
+    int64_t nqe = Hq * nq * d, nke = Hkv * nk * d;
+    float *q = rnd_tensor(nqe), *k = rnd_tensor(nke), *v = rnd_tensor(nke),
+          *dout = rnd_tensor(nqe);
+    for (int e = 0; e < 3; e++) {
+        sbuf b = {0};
+        sb_printf(&b, "{\"causal\":true,\"output_encoding\":\"%s\"", ENC_NAME[e]);
+        put_field(&b, "q", q, 3, qs, (enc)e);
+        put_field(&b, "k", k, 3, ks, (enc)((e + 1) % 3));
+        put_field(&b, "v", v, 3, ks, (enc)((e + 2) % 3));
+        put_field(&b, "grad_output", dout, 3, os, (enc)e);
+        sb_printf(&b, "}");
+        json_t *j = call_ok(API_OP_ATTENTION, &b);
+        json_t *g = json_object_get(j, "grad");
+        ck_assert_int_eq(json_object_size(g), 3);
+        float *gq = get_tensor(json_object_get(g, "q"), (enc)e, 3, qs);
+        float *gk = get_tensor(json_object_get(g, "k"), (enc)e, 3, ks);
+        float *gv = get_tensor(json_object_get(g, "v"), (enc)e, 3, ks);
+
+        ref_problem r = {B, Hq, Hkv, nq, nk, d, d, 1 / sqrt((double)d), true, NULL, NULL};
+        for (int64_t i = 0; i < nqe; i++) {
+            float keep = q[i];
+            const double h = 1e-3;
+            q[i] = keep + (float)h;
+            double up = ref_loss(&r, q, k, v, dout);
+            q[i] = keep - (float)h;
+            double down = ref_loss(&r, q, k, v, dout);
+            q[i] = keep;
+            double fd = (up - down) / ((double)(keep + (float)h) - (double)(keep - (float)h));
+            ck_assert_msg(fabs(gq[i] - fd) < 2e-3, "dq[%lld]=%g, fd %g", (long long)i,
+                          (double)gq[i], fd);
+        }
+        attn_sdpa_params p = {.batch = B, .heads_q = Hq, .heads_kv = Hkv, .n_q = nq,
+                              .n_k = nk, .d_k = d, .d_v = d,
+                              .scale = attn_default_scale(d), .causal = true,
+                              .threads = 1};
+        float out[36], lse[12], dq[36], dk[24], dv[24];
+        ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, out, lse, NULL, NULL, NULL), ATTN_OK);
+        ck_assert_int_eq(attn_sdpa_backward(&p, q, k, v, out, lse, dout, dq, dk, dv, NULL),
+                         ATTN_OK);
+        for (int64_t i = 0; i < nke; i++) {
+            ck_close(gk[i], dk[i], 1e-5);
+            ck_close(gv[i], dv[i], 1e-5);
+        }
+        free(gq), free(gk), free(gv), free(b.s);
+        json_decref(j);
+    }
+    free(q), free(k), free(v), free(dout);
+}
+END_TEST
+
+START_TEST(attention_meta_names_dims_flops_and_timing)
+{
+    int64_t qs[4] = {2, 4, 3, 8}, ks[4] = {2, 2, 5, 8}, vs[4] = {2, 2, 5, 6};
+    float *q = rnd_tensor(192), *k = rnd_tensor(160), *v = rnd_tensor(120);
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "q", q, 4, qs, ENC_NESTED);
+    put_field(&b, "k", k, 4, ks, ENC_NESTED);
+    put_field(&b, "v", v, 4, vs, ENC_NESTED);
+    sb_printf(&b, "}");
+    api_response res;
+    api_handle(API_OP_ATTENTION, b.s, b.len, &LIM, &res);
+    ck_assert_int_eq(res.status, 200);
+    ck_assert_uint_eq(strlen(res.body), res.body_len);
+    json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+    json_t *meta = json_object_get(j, "meta"), *sh = json_object_get(meta, "shape");
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "batch")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "heads_q")), 4);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "heads_kv")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "n_q")), 3);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "n_k")), 5);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "d_k")), 8);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "d_v")), 6);
+    /* two products: 2 * B * H_q * n_q * n_k * (d_k + d_v) */
+    ck_close(json_number_value(json_object_get(meta, "flops")), 2.0 * 2 * 4 * 3 * 5 * 14, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(meta, "algorithm")), "tiled");
+    json_t *t = json_object_get(meta, "timing_ms");
+    double sum = 0;
+    const char *steps[] = {"decode", "compute", "encode"};
+    for (int i = 0; i < 3; i++) {
+        json_t *x = json_object_get(t, steps[i]);
+        ck_assert(json_is_number(x));
+        ck_assert(json_number_value(x) >= 0);
+        sum += json_number_value(x);
+    }
+    ck_close(json_number_value(json_object_get(t, "total")), sum, 1e-3);
+    ck_assert(res.decode_ms >= 0 && res.compute_ms >= 0 && res.encode_ms >= 0);
+    api_response_free(&res);
+    api_response_free(&res); /* twice is harmless */
+    free(q), free(k), free(v), free(b.s);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(attention_response_numbers_round_trip_float32)
+{
+    /* One key: the output is exactly v, so its text must read back as v. */
+    const char *body = "{\"q\":[[0.5]],\"k\":[[0.25]],\"v\":[[0.1,1e-7,3.4028235e38,-0.0]]}";
+    api_response res;
+    api_handle(API_OP_ATTENTION, body, strlen(body), &LIM, &res);
+    ck_assert_int_eq(res.status, 200);
+    json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+    json_t *row = json_array_get(json_object_get(j, "output"), 0);
+    ck_assert_float_eq((float)json_number_value(json_array_get(row, 0)), 0.1f);
+    ck_assert_float_eq((float)json_number_value(json_array_get(row, 1)), 1e-7f);
+    ck_assert_float_eq((float)json_number_value(json_array_get(row, 2)), 3.4028235e38f);
+    json_decref(j);
+    api_response_free(&res);
+}
+END_TEST
+
+/* ------------------------------------------------- multi-head: results */
+
+typedef struct {
+    int64_t B, n, m, d_model, d_ctx, h, h_kv, d_k, d_v, d_out;
+    bool cross, has_wo, biases, causal;
+} mha_case;
+
+typedef struct {
+    float *x, *ctx, *w_q, *w_k, *w_v, *w_o, *b_q, *b_k, *b_v, *b_o;
+} mha_data;
+
+static mha_data mha_make(const mha_case *c)
+{
+    mha_data d = {0};
+    d.x = rnd_tensor(c->B * c->n * c->d_model);
+    if (c->cross)
+        d.ctx = rnd_tensor(c->B * c->m * c->d_ctx);
+    d.w_q = rnd_tensor(c->d_model * c->h * c->d_k);
+    d.w_k = rnd_tensor(c->d_ctx * c->h_kv * c->d_k);
+    d.w_v = rnd_tensor(c->d_ctx * c->h_kv * c->d_v);
+    if (c->has_wo)
+        d.w_o = rnd_tensor(c->h * c->d_v * c->d_out);
+    if (c->biases) {
+        d.b_q = rnd_tensor(c->h * c->d_k);
+        d.b_k = rnd_tensor(c->h_kv * c->d_k);
+        d.b_v = rnd_tensor(c->h_kv * c->d_v);
+        if (c->has_wo)
+            d.b_o = rnd_tensor(c->d_out);
+    }
+    return d;
+}
+
+static void mha_free(mha_data *d)
+{
+    float **all[] = {&d->x, &d->ctx, &d->w_q, &d->w_k, &d->w_v, &d->w_o,
+                     &d->b_q, &d->b_k, &d->b_v, &d->b_o};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(*all[i]), *all[i] = NULL;
+}
+
+/* X W + b for X [rows, in], W [in, cols], into float (as libattn would
+ * feed the attention) — the reference rounds projections to float32 too,
+ * so that the comparison isolates the API from rounding differences. */
+static float *ref_project(const float *x, int64_t rows, int64_t in, const float *w,
+                          int64_t cols, const float *b)
+{
+    float *y = malloc((size_t)(rows * cols) * sizeof *y);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            double acc = b ? b[j] : 0;
+            for (int64_t t = 0; t < in; t++)
+                acc += (double)x[i * in + t] * w[t * cols + j];
+            y[i * cols + j] = (float)acc;
+        }
+    return y;
+}
+
+/* [B, n, h, d] (heads side by side in columns) -> [B, h, n, d] */
+static float *split_heads(const float *y, int64_t B, int64_t n, int64_t h, int64_t d)
+{
+    float *s = malloc((size_t)(B * n * h * d) * sizeof *s);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t hh = 0; hh < h; hh++)
+                for (int64_t t = 0; t < d; t++)
+                    s[((b * h + hh) * n + i) * d + t] = y[((b * n + i) * h + hh) * d + t];
+    return s;
+}
+
+/* out [B, n, d_out] and per-head weights [B, h, n, m] by the chapter's
+ * equations, in double (projections rounded to float32 as noted). */
+static void ref_mha(const mha_case *c, const mha_data *d, const uint8_t *allowed,
+                    double *out, double *weights)
+{
+    const float *kv_in = c->cross ? d->ctx : d->x;
+    float *Q = ref_project(d->x, c->B * c->n, c->d_model, d->w_q, c->h * c->d_k, d->b_q);
+    float *K = ref_project(kv_in, c->B * c->m, c->d_ctx, d->w_k, c->h_kv * c->d_k, d->b_k);
+    float *V = ref_project(kv_in, c->B * c->m, c->d_ctx, d->w_v, c->h_kv * c->d_v, d->b_v);
+    float *q = split_heads(Q, c->B, c->n, c->h, c->d_k);
+    float *k = split_heads(K, c->B, c->m, c->h_kv, c->d_k);
+    float *v = split_heads(V, c->B, c->m, c->h_kv, c->d_v);
+    ref_problem r = {c->B, c->h, c->h_kv, c->n, c->m, c->d_k, c->d_v,
+                     1 / sqrt((double)c->d_k), c->causal, allowed, NULL};
+    double *heads = malloc((size_t)(c->B * c->h * c->n * c->d_v) * sizeof *heads);
+    ref_sdpa(&r, q, k, v, heads, weights);
+    int64_t hd = c->h * c->d_v;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t i = 0; i < c->n; i++) {
+            double concat[64];
+            for (int64_t hh = 0; hh < c->h; hh++)
+                for (int64_t t = 0; t < c->d_v; t++)
+                    concat[hh * c->d_v + t] = heads[((b * c->h + hh) * c->n + i) * c->d_v + t];
+            for (int64_t j = 0; j < c->d_out; j++) {
+                double acc;
+                if (!d->w_o) {
+                    acc = concat[j];
+                } else {
+                    acc = d->b_o ? d->b_o[j] : 0;
+                    for (int64_t t = 0; t < hd; t++)
+                        acc += concat[t] * d->w_o[t * c->d_out + j];
+                }
+                out[(b * c->n + i) * c->d_out + j] = acc;
+            }
+        }
+    free(Q), free(K), free(V), free(q), free(k), free(v), free(heads);
+}
+
+static void mha_body(sbuf *b, const mha_case *c, const mha_data *d, enc e, int rank)
+{
+    int64_t xs[3] = {c->B, c->n, c->d_model}, cs[3] = {c->B, c->m, c->d_ctx};
+    int skip = 3 - rank;
+    sb_printf(b, "{\"num_heads\":%lld", (long long)c->h);
+    if (c->h_kv != c->h)
+        sb_printf(b, ",\"num_kv_heads\":%lld", (long long)c->h_kv);
+    if (c->causal)
+        sb_printf(b, ",\"causal\":true");
+    put_field(b, "x", d->x, rank, xs + skip, e);
+    if (c->cross)
+        put_field(b, "context", d->ctx, rank, cs + skip, e);
+    int64_t wq[2] = {c->d_model, c->h * c->d_k}, wk[2] = {c->d_ctx, c->h_kv * c->d_k},
+            wv[2] = {c->d_ctx, c->h_kv * c->d_v}, wo[2] = {c->h * c->d_v, c->d_out};
+    put_field(b, "w_q", d->w_q, 2, wq, e);
+    put_field(b, "w_k", d->w_k, 2, wk, e);
+    put_field(b, "w_v", d->w_v, 2, wv, e);
+    if (d->w_o)
+        put_field(b, "w_o", d->w_o, 2, wo, e);
+    if (d->b_q) {
+        put_field(b, "b_q", d->b_q, 1, wq + 1, e);
+        put_field(b, "b_k", d->b_k, 1, wk + 1, e);
+        put_field(b, "b_v", d->b_v, 1, wv + 1, e);
+    }
+    if (d->b_o)
+        put_field(b, "b_o", d->b_o, 1, wo + 1, e);
+}
+
+static void check_mha(mha_case c, enc e, int rank, const char *weights_mode)
+{
+    if (!c.cross)
+        c.m = c.n, c.d_ctx = c.d_model;
+    if (!c.has_wo)
+        c.d_out = c.h * c.d_v;
+    mha_data d = mha_make(&c);
+    sbuf b = {0};
+    mha_body(&b, &c, &d, e, rank);
+    sb_printf(&b, ",\"return_weights\":%s,\"output_encoding\":\"%s\"}", weights_mode,
+              ENC_NAME[e]);
+    json_t *j = call_ok(API_OP_MULTIHEAD, &b);
+
+    int64_t nw = c.B * c.h * c.n * c.m;
+    double *ro = malloc((size_t)(c.B * c.n * c.d_out) * sizeof *ro);
+    double *rw = malloc((size_t)nw * sizeof *rw);
+    ref_mha(&c, &d, NULL, ro, rw);
+    int skip = 3 - rank;
+    int64_t os[3] = {c.B, c.n, c.d_out};
+    float *o = get_tensor(json_object_get(j, "output"), e, rank, os + skip);
+    assert_close_all(o, ro, c.B * c.n * c.d_out, 1e-4);
+    if (strcmp(weights_mode, "true") == 0) {
+        int64_t ws[4] = {c.B, c.h, c.n, c.m};
+        float *w = get_tensor(json_object_get(j, "weights"), e, rank + 1, ws + skip);
+        assert_close_all(w, rw, nw, 1e-4);
+        free(w);
+    } else if (strcmp(weights_mode, "\"mean\"") == 0) {
+        int64_t ws[3] = {c.B, c.n, c.m};
+        float *w = get_tensor(json_object_get(j, "weights"), e, rank, ws + skip);
+        for (int64_t bb = 0; bb < c.B; bb++)
+            for (int64_t i = 0; i < c.n * c.m; i++) {
+                double mean = 0;
+                for (int64_t hh = 0; hh < c.h; hh++)
+                    mean += rw[(bb * c.h + hh) * c.n * c.m + i] / (double)c.h;
+                ck_close(w[bb * c.n * c.m + i], mean, 1e-4);
+            }
+        free(w);
+    } else {
+        ck_assert_ptr_null(json_object_get(j, "weights"));
+    }
+    json_t *sh = json_object_get(json_object_get(j, "meta"), "shape");
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "heads")), c.h);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "kv_heads")), c.h_kv);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "d_k")), c.d_k);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "d_out")), c.d_out);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "m")), c.m);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "d_ctx")), c.d_ctx);
+    free(o), free(ro), free(rw), free(b.s);
+    mha_free(&d);
+    json_decref(j);
+}
+
+START_TEST(multihead_self_attention_heads_concatenated)
+{
+    mha_case c = {.B = 1, .n = 4, .d_model = 6, .h = 2, .h_kv = 2, .d_k = 3, .d_v = 2};
+    check_mha(c, ENC_NESTED, 2, "false");
+}
+END_TEST
+
+START_TEST(multihead_output_projection_and_biases)
+{
+    mha_case c = {.B = 1, .n = 3, .d_model = 4, .h = 2, .h_kv = 2, .d_k = 2, .d_v = 3,
+                  .d_out = 5, .has_wo = true, .biases = true};
+    check_mha(c, ENC_FLAT, 2, "true");
+}
+END_TEST
+
+START_TEST(multihead_cross_attention_from_context)
+{
+    mha_case c = {.B = 2, .n = 3, .m = 5, .d_model = 4, .d_ctx = 6, .h = 2, .h_kv = 2,
+                  .d_k = 2, .d_v = 2, .d_out = 3, .cross = true, .has_wo = true,
+                  .biases = true};
+    check_mha(c, ENC_BASE64, 3, "true");
+}
+END_TEST
+
+START_TEST(multihead_grouped_kv_heads_and_causal)
+{
+    mha_case c = {.B = 2, .n = 4, .d_model = 8, .h = 4, .h_kv = 2, .d_k = 2, .d_v = 3,
+                  .d_out = 4, .has_wo = true, .causal = true};
+    check_mha(c, ENC_NESTED, 3, "true");
+}
+END_TEST
+
+START_TEST(multihead_weights_mean_is_head_average)
+{
+    mha_case c = {.B = 2, .n = 3, .d_model = 4, .h = 4, .h_kv = 1, .d_k = 1, .d_v = 1};
+    check_mha(c, ENC_NESTED, 3, "\"mean\"");
+    mha_case c2 = {.B = 1, .n = 3, .d_model = 4, .h = 2, .h_kv = 2, .d_k = 2, .d_v = 2,
+                   .causal = true};
+    check_mha(c2, ENC_BASE64, 2, "\"mean\"");
+}
+END_TEST
+
+START_TEST(multihead_mask_broadcasts_to_batch_heads)
+{
+    mha_case c = {.B = 2, .n = 3, .m = 3, .d_model = 4, .d_ctx = 4, .h = 2, .h_kv = 2,
+                  .d_k = 2, .d_v = 2, .d_out = 4};
+    mha_data d = mha_make(&c);
+    sbuf b = {0};
+    mha_body(&b, &c, &d, ENC_NESTED, 3);
+    /* [B, 1, 1, m]: key padding per batch element */
+    sb_printf(&b, ",\"mask\":[[[[true,true,false]]],[[[true,false,false]]]],"
+                  "\"return_weights\":true,\"return_stats\":true}");
+    json_t *j = call_ok(API_OP_MULTIHEAD, &b);
+    uint8_t allowed[2 * 2 * 3 * 3];
+    for (int bb = 0; bb < 2; bb++)
+        for (int e = 0; e < 18; e++)
+            allowed[bb * 18 + e] = bb == 0 ? (e % 3) < 2 : (e % 3) < 1;
+    double ro[2 * 3 * 4], rw[36];
+    ref_mha(&c, &d, allowed, ro, rw);
+    int64_t os[3] = {2, 3, 4}, ws[4] = {2, 2, 3, 3};
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 3, os);
+    float *w = get_tensor(json_object_get(j, "weights"), ENC_NESTED, 4, ws);
+    assert_close_all(o, ro, 24, 1e-4);
+    assert_close_all(w, rw, 36, 1e-4);
+    json_t *st = json_object_get(j, "stats");
+    ck_assert(json_is_number(json_object_get(json_object_get(st, "entropy"), "mean")));
+    ck_assert(json_is_number(json_object_get(json_object_get(st, "scores"), "var")));
+    free(o), free(w), free(b.s);
+    mha_free(&d);
+    json_decref(j);
+}
+END_TEST
+
+/* Every given differentiable input gets a gradient, shaped like it, equal to
+ * libattn's on the same inputs; b_o's is also the column sums of dout. */
+START_TEST(multihead_grad_has_a_key_per_given_input)
+{
+    mha_case c = {.B = 2, .n = 3, .m = 4, .d_model = 4, .d_ctx = 3, .h = 2, .h_kv = 1,
+                  .d_k = 2, .d_v = 2, .d_out = 3, .cross = true, .has_wo = true,
+                  .biases = true};
+    mha_data d = mha_make(&c);
+    float *dout = rnd_tensor(c.B * c.n * c.d_out);
+    int64_t os[3] = {c.B, c.n, c.d_out};
+    sbuf b = {0};
+    mha_body(&b, &c, &d, ENC_FLAT, 3);
+    put_field(&b, "grad_output", dout, 3, os, ENC_BASE64);
+    sb_printf(&b, ",\"output_encoding\":\"flat\"}");
+    json_t *j = call_ok(API_OP_MULTIHEAD, &b);
+    json_t *g = json_object_get(j, "grad");
+    ck_assert_int_eq(json_object_size(g), 10);
+
+    attn_mha_params p = {.batch = c.B, .n = c.n, .m = c.m, .d_model = c.d_model,
+                         .d_ctx = c.d_ctx, .heads = c.h, .kv_heads = c.h_kv,
+                         .d_k = c.d_k, .d_v = c.d_v, .d_out = c.d_out,
+                         .scale = attn_default_scale(c.d_k), .threads = 1};
+    attn_mha_inputs in = {d.x, d.ctx, d.w_q, d.w_k, d.w_v, d.w_o, d.b_q, d.b_k, d.b_v, d.b_o};
+    struct { const char *name; int rank; int64_t shape[3]; float *want; } gr[10] = {
+        {"x", 3, {c.B, c.n, c.d_model}, NULL},
+        {"context", 3, {c.B, c.m, c.d_ctx}, NULL},
+        {"w_q", 2, {c.d_model, c.h * c.d_k}, NULL},
+        {"w_k", 2, {c.d_ctx, c.h_kv * c.d_k}, NULL},
+        {"w_v", 2, {c.d_ctx, c.h_kv * c.d_v}, NULL},
+        {"w_o", 2, {c.h * c.d_v, c.d_out}, NULL},
+        {"b_q", 1, {c.h * c.d_k}, NULL},
+        {"b_k", 1, {c.h_kv * c.d_k}, NULL},
+        {"b_v", 1, {c.h_kv * c.d_v}, NULL},
+        {"b_o", 1, {c.d_out}, NULL},
+    };
+    for (int i = 0; i < 10; i++)
+        gr[i].want = calloc((size_t)count_of(gr[i].rank, gr[i].shape), sizeof(float));
+    attn_mha_grads lg = {gr[0].want, gr[1].want, gr[2].want, gr[3].want, gr[4].want,
+                         gr[5].want, gr[6].want, gr[7].want, gr[8].want, gr[9].want};
+    ck_assert_int_eq(attn_mha_backward(&p, &in, dout, &lg, NULL), ATTN_OK);
+    for (int i = 0; i < 10; i++) {
+        float *got = get_tensor(json_object_get(g, gr[i].name), ENC_FLAT, gr[i].rank,
+                                gr[i].shape);
+        for (int64_t e = 0; e < count_of(gr[i].rank, gr[i].shape); e++)
+            ck_close(got[e], gr[i].want[e], 1e-5);
+        if (i == 9) /* d b_o = sum over batch and positions of dout */
+            for (int64_t jj = 0; jj < c.d_out; jj++) {
+                double s = 0;
+                for (int64_t r = 0; r < c.B * c.n; r++)
+                    s += dout[r * c.d_out + jj];
+                ck_close(got[jj], s, 1e-5);
+            }
+        free(got);
+        free(gr[i].want);
+    }
+    free(dout), free(b.s);
+    mha_free(&d);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(multihead_grad_self_attention_without_optional_inputs)
+{
+    const char *body =
+        "{\"x\":[[1,0],[0,1],[1,1]],\"w_q\":[[1,0],[0,1]],\"w_k\":[[1,0],[0,1]],"
+        "\"w_v\":[[1,2],[3,4]],\"num_heads\":1,\"grad_output\":[[1,0],[0,1],[1,1]]}";
+    json_t *j = call(API_OP_MULTIHEAD, body, strlen(body), &LIM, 200);
+    json_t *g = json_object_get(j, "grad");
+    ck_assert_int_eq(json_object_size(g), 4);
+    const char *keys[] = {"x", "w_q", "w_k", "w_v"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(json_object_get(g, keys[i]) != NULL, "no grad for %s", keys[i]);
+    ck_assert_int_eq(json_array_size(json_object_get(g, "x")), 3);
+    json_decref(j);
+}
+END_TEST
+
+/* ---------------------------------------------------------- errors */
+
+#define QKV "\"q\":[[1,2],[3,4]],\"k\":[[1,2],[3,4]],\"v\":[[1,2],[3,4]]"
+#define MHA "\"x\":[[1,2],[3,4]],\"w_q\":[[1,2],[3,4]],\"w_k\":[[1,2],[3,4]],\"w_v\":[[1,2],[3,4]]"
+
+START_TEST(error_invalid_json_is_400)
+{
+    expect_error(API_OP_ATTENTION, "{", 400, "invalid_json", NULL);
+    expect_error(API_OP_ATTENTION, "{\"q\":[1,]}", 400, "invalid_json", NULL);
+    expect_error(API_OP_ATTENTION, "", 400, "invalid_json", NULL);
+    expect_error(API_OP_ATTENTION, "{\"q\":NaN}", 400, "invalid_json", NULL);
+    expect_error(API_OP_MULTIHEAD, "{'x': 1}", 400, "invalid_json", NULL);
+}
+END_TEST
+
+START_TEST(error_body_not_an_object)
+{
+    expect_error(API_OP_ATTENTION, "[1,2]", 400, "wrong_type", NULL);
+    expect_error(API_OP_MULTIHEAD, " 42 ", 400, "wrong_type", NULL);
+    expect_error(API_OP_ATTENTION, "null", 400, "wrong_type", NULL);
+}
+END_TEST
+
+START_TEST(error_duplicate_key)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"causal\":true,\"causal\":false}", 400,
+                 "duplicate_key", "causal");
+    /* keys compared after decoding escapes */
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"q\":[[1]]}", 400, "duplicate_key", "q");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"\\u0071\":[[1]]}", 400, "duplicate_key", "q");
+}
+END_TEST
+
+START_TEST(error_unknown_field_casual_suggests_causal)
+{
+    const char *body = "{" QKV ",\"casual\":true}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                     "unknown_field");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "field")),
+                     "casual");
+    ck_assert_ptr_nonnull(strstr(error_message(j), "\"causal\""));
+    json_decref(j);
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"num_heads\":2}", 400, "unknown_field",
+                 "num_heads");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"q\":[[1]]}", 400,
+                 "unknown_field", "q");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"zzz\":1}", 400, "unknown_field", "zzz");
+}
+END_TEST
+
+START_TEST(error_missing_required_field)
+{
+    expect_error(API_OP_ATTENTION, "{\"k\":[[1]],\"v\":[[1]]}", 400, "missing_field", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1]],\"v\":[[1]]}", 400, "missing_field", "k");
+    expect_error(API_OP_ATTENTION, "{\"q\":null,\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "missing_field", "q");
+    expect_error(API_OP_ATTENTION, "{}", 400, "missing_field", "q");
+    expect_error(API_OP_MULTIHEAD, "{" MHA "}", 400, "missing_field", "num_heads");
+    expect_error(API_OP_MULTIHEAD, "{\"x\":[[1]],\"num_heads\":1}", 400, "missing_field",
+                 "w_q");
+}
+END_TEST
+
+START_TEST(error_wrong_types)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"causal\":1}", 400, "wrong_type", "causal");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"causal\":\"true\"}", 400, "wrong_type", "causal");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"return_weights\":0}", 400, "wrong_type",
+                 "return_weights");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"return_stats\":[]}", 400, "wrong_type",
+                 "return_stats");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":\"0.5\"}", 400, "wrong_type", "scale");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":true}", 400, "wrong_type", "scale");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":5}", 400, "wrong_type",
+                 "output_encoding");
+    expect_error(API_OP_ATTENTION, "{\"q\":\"abc\",\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "wrong_type", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[true]],\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "wrong_type", "q");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"mask\":\"all\"}", 400, "wrong_type", "mask");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":\"2\"}", 400, "wrong_type",
+                 "num_heads");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1.5}", 400, "wrong_type",
+                 "num_heads");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"return_weights\":1}", 400,
+                 "wrong_type", "return_weights");
+}
+END_TEST
+
+START_TEST(error_number_not_finite_as_float32)
+{
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1e39]],\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "invalid_number", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1]],\"k\":[[1]],\"v\":[[-1e39]]}", 400,
+                 "invalid_number", "v");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":1e39}", 400, "invalid_number", "scale");
+    /* +inf as float32 bytes 00 00 80 7f, through base64 */
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":{\"shape\":[1,1],\"dtype\":\"float32\",\"base64\":\"AACAfw==\"},"
+                 "\"k\":[[1]],\"v\":[[1]]}", 400, "invalid_number", "q");
+}
+END_TEST
+
+START_TEST(error_ragged_array)
+{
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1,2],[3]],\"k\":[[1,2]],\"v\":[[1,2]]}", 422,
+                 "ragged_array", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1,2]],\"k\":[[1,2],[[3],4]],\"v\":[[1,2]]}", 422,
+                 "ragged_array", "k");
+}
+END_TEST
+
+START_TEST(error_rank_outside_2_to_4)
+{
+    expect_error(API_OP_ATTENTION, "{\"q\":[1,2],\"k\":[[1,2]],\"v\":[[1,2]]}", 422,
+                 "invalid_shape", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[[[[1]]]]],\"k\":[[1]],\"v\":[[1]]}", 422,
+                 "invalid_shape", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1]],\"k\":[[1]],\"v\":[1]}", 422,
+                 "invalid_shape", "v");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"x\":[[[[1,2]]]]}", 400,
+                 "duplicate_key", "x");
+    expect_error(API_OP_MULTIHEAD,
+                 "{\"x\":[[[[1,2]]]],\"w_q\":[[1],[2]],\"w_k\":[[1],[2]],\"w_v\":[[1],[2]],"
+                 "\"num_heads\":1}", 422, "invalid_shape", "x");
+    expect_error(API_OP_MULTIHEAD,
+                 "{\"x\":[[1,2]],\"w_q\":[1,2],\"w_k\":[[1],[2]],\"w_v\":[[1],[2]],"
+                 "\"num_heads\":1}", 422, "invalid_shape", "w_q");
+}
+END_TEST
+
+START_TEST(error_empty_dimension)
+{
+    expect_error(API_OP_ATTENTION, "{\"q\":[[]],\"k\":[[1]],\"v\":[[1]]}", 422,
+                 "invalid_shape", "q");
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":[[1]],\"k\":{\"shape\":[0,1],\"data\":[]},\"v\":[[1]]}", 422,
+                 "invalid_shape", "k");
+}
+END_TEST
+
+START_TEST(error_ranks_differ)
+{
+    expect_error(API_OP_ATTENTION, "{\"q\":[[[1,2]]],\"k\":[[1,2]],\"v\":[[1,2]]}", 422,
+                 "shape_mismatch", "k");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1,2]],\"k\":[[1,2]],\"v\":[[[1,2]]]}", 422,
+                 "shape_mismatch", "v");
+}
+END_TEST
+
+START_TEST(error_mismatched_d_k_names_both)
+{
+    const char *body = "{\"q\":[[1,2,3,4]],\"k\":[[1,2]],\"v\":[[1,2]]}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 422);
+    json_t *e = json_object_get(j, "error");
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), "shape_mismatch");
+    ck_assert_str_eq(json_string_value(json_object_get(e, "field")), "k");
+    ck_assert_str_eq(error_message(j), "k has d_k=2 but q has d_k=4");
+    json_decref(j);
+    /* k and v disagree on n_k; batch differs */
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1,2]],\"k\":[[1,2],[3,4]],\"v\":[[1,2]]}", 422,
+                 "shape_mismatch", "v");
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":[[[[1]]],[[[1]]]],\"k\":[[[[1]]]],\"v\":[[[[1]]]]}", 422,
+                 "shape_mismatch", "k");
+}
+END_TEST
+
+START_TEST(error_heads_do_not_divide)
+{
+    /* H_q = 3, H_kv = 2 */
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":[[[1]],[[1]],[[1]]],\"k\":[[[1]],[[1]]],\"v\":[[[1]],[[1]]]}", 422,
+                 "shape_mismatch", "k");
+    /* w_q has 2 columns, num_heads 3 */
+    const char *body = "{" MHA ",\"num_heads\":3}";
+    json_t *j = call(API_OP_MULTIHEAD, body, strlen(body), &LIM, 422);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "field")),
+                     "w_q");
+    ck_assert_str_eq(error_message(j), "w_q has 2 columns, not a multiple of num_heads=3");
+    json_decref(j);
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":2,\"num_kv_heads\":3}", 422,
+                 "invalid_value", "num_kv_heads");
+}
+END_TEST
+
+START_TEST(error_num_heads_below_one)
+{
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":0}", 422, "invalid_value",
+                 "num_heads");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":-2}", 422, "invalid_value",
+                 "num_heads");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"num_kv_heads\":0}", 422,
+                 "invalid_value", "num_kv_heads");
+}
+END_TEST
+
+START_TEST(error_multihead_shapes_do_not_fit)
+{
+    /* w_q rows != d_model */
+    expect_error(API_OP_MULTIHEAD,
+                 "{\"x\":[[1,2]],\"w_q\":[[1,2]],\"w_k\":[[1],[2]],\"w_v\":[[1],[2]],"
+                 "\"num_heads\":1}", 422, "shape_mismatch", "w_q");
+    /* w_k columns != num_kv_heads * d_k */
+    expect_error(API_OP_MULTIHEAD,
+                 "{\"x\":[[1,2]],\"w_q\":[[1],[2]],\"w_k\":[[1,1],[2,2]],\"w_v\":[[1],[2]],"
+                 "\"num_heads\":1}", 422, "shape_mismatch", "w_k");
+    /* w_o rows != num_heads * d_v */
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"w_o\":[[1,2]]}", 422,
+                 "shape_mismatch", "w_o");
+    /* bias length */
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"b_q\":[1,2,3]}", 422,
+                 "shape_mismatch", "b_q");
+    /* b_o without w_o */
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"b_o\":[1,2]}", 422,
+                 "invalid_value", "b_o");
+    /* context rank and batch */
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"context\":[[[1,2]]]}", 422,
+                 "shape_mismatch", "context");
+    /* multihead mask */
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"mask\":[true,false,true]}",
+                 422, "shape_mismatch", "mask");
+}
+END_TEST
+
+START_TEST(error_mask_does_not_broadcast)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"mask\":[true,false,true]}", 422,
+                 "shape_mismatch", "mask");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"mask\":[[true],[false],[true]]}", 422,
+                 "shape_mismatch", "mask");
+    /* more dimensions than the scores [2, 2] */
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"mask\":[[[true,true],[true,true]]]}", 422,
+                 "shape_mismatch", "mask");
+}
+END_TEST
+
+START_TEST(error_grad_output_wrong_shape)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"grad_output\":[[1,2]]}", 422,
+                 "shape_mismatch", "grad_output");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"grad_output\":[[[1,2],[3,4]]]}", 422,
+                 "shape_mismatch", "grad_output");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"grad_output\":[[1],[2]]}",
+                 422, "shape_mismatch", "grad_output");
+}
+END_TEST
+
+START_TEST(error_work_limit_before_computing)
+{
+    /* 2 * 1 * 1 * 2 * 2 * (2 + 2) = 32 FLOPs forward, 112 with the gradient */
+    api_limits tight = {.max_work = 31, .threads = 1};
+    expect_error_lim(API_OP_ATTENTION, "{" QKV "}", &tight, 422, "work_limit", NULL);
+    api_limits exact = {.max_work = 32, .threads = 1};
+    json_t *j = call(API_OP_ATTENTION, "{" QKV "}", strlen("{" QKV "}"), &exact, 200);
+    json_decref(j);
+    expect_error_lim(API_OP_ATTENTION, "{" QKV ",\"grad_output\":[[1,2],[3,4]]}", &exact,
+                     422, "work_limit", NULL);
+    api_limits one = {.max_work = 1, .threads = 1};
+    expect_error_lim(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1}", &one, 422, "work_limit",
+                     NULL);
+}
+END_TEST
+
+START_TEST(error_bad_output_encoding)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":\"csv\"}", 422,
+                 "invalid_value", "output_encoding");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":\"Nested\"}", 422,
+                 "invalid_value", "output_encoding");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"return_weights\":\"max\"}",
+                 422, "invalid_value", "return_weights");
+}
+END_TEST
+
+START_TEST(error_scale_not_positive)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":0}", 422, "invalid_value", "scale");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":-0.5}", 422, "invalid_value", "scale");
+    /* positive, but 0 as a float32 */
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":1e-50}", 422, "invalid_value", "scale");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"scale\":0}", 422,
+                 "invalid_value", "scale");
+}
+END_TEST
+
+START_TEST(error_numerical_overflow_not_nan)
+{
+    /* scores 1e20 * 1e20 overflow float32 */
+    const char *body = "{\"q\":[[1e20],[1]],\"k\":[[1e20],[-1e20]],\"v\":[[1],[2]],"
+                       "\"scale\":1,\"return_weights\":true}";
+    api_response res;
+    api_handle(API_OP_ATTENTION, body, strlen(body), &LIM, &res);
+    json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    if (res.status == 200) { /* the library kept it finite: then no NaN may appear */
+        ck_assert_ptr_null(strstr(res.body, "null"));
+        ck_assert_ptr_null(strstr(res.body, "NaN"));
+    } else {
+        ck_assert_int_eq(res.status, 422);
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"),
+                                                           "code")), "numerical_overflow");
+    }
+    json_decref(j);
+    api_response_free(&res);
+    /* gradients of huge values overflow even when the output does not */
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":[[3e38]],\"k\":[[3e38],[0]],\"v\":[[3e38],[-3e38]],\"scale\":1e-38,"
+                 "\"grad_output\":[[3e38]]}", 422, "numerical_overflow", NULL);
+}
+END_TEST
+
+START_TEST(error_too_many_fields)
+{
+    sbuf b = {0};
+    sb_printf(&b, "{" QKV);
+    for (int i = 0; i < 40; i++)
+        sb_printf(&b, ",\"f%d\":1", i);
+    sb_printf(&b, "}");
+    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 400);
+    json_decref(j);
+    free(b.s);
+}
+END_TEST
+
+START_TEST(error_object_built_in_one_place)
+{
+    api_error e;
+    ck_assert(!api_fail(&e, 422, "shape_mismatch", "k", "k has d_k=%d but q has d_k=%d", 32, 64));
+    size_t len = 0;
+    char *s = api_error_json(&e, &len);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_uint_eq(strlen(s), len);
+    json_t *j = json_loads(s, 0, NULL);
+    json_t *o = json_object_get(j, "error");
+    ck_assert_int_eq(json_object_size(j), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "status")), 422);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "code")), "shape_mismatch");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "message")),
+                     "k has d_k=32 but q has d_k=64");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "field")), "k");
+    json_decref(j);
+    free(s);
+
+    /* no field: the member is omitted; a message cut inside a UTF-8
+     * sequence is still valid JSON */
+    char long_msg[400];
+    memset(long_msg, 'a', sizeof long_msg);
+    for (size_t i = 290; i + 1 < sizeof long_msg; i += 2)
+        long_msg[i] = (char)0xC3, long_msg[i + 1] = (char)0xA9; /* é */
+    long_msg[sizeof long_msg - 1] = 0;
+    api_fail(&e, 500, "internal", "", "%s", long_msg);
+    s = api_error_json(&e, &len);
+    ck_assert_ptr_nonnull(s);
+    j = json_loads(s, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_ptr_null(json_object_get(json_object_get(j, "error"), "field"));
+    json_decref(j);
+    free(s);
+}
+END_TEST
+
+/* Every n_ file of JSONTestSuite (must be rejected) gives a 400. */
+START_TEST(jsontestsuite_n_files_give_400)
+{
+    const char *root = getenv("ATTND_TESTDATA");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/json_parsing", root ? root : "tests/data");
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "cannot open %s", dir);
+    int files = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        if (strncmp(ent->d_name, "n_", 2) != 0)
+            continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        FILE *f = fopen(path, "rb");
+        ck_assert_ptr_nonnull(f);
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *buf = malloc((size_t)n + 1);
+        ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+        fclose(f);
+        for (int op = 0; op < 2; op++) {
+            api_response res;
+            api_handle((api_op)op, buf, (size_t)n, &LIM, &res);
+            ck_assert_msg(res.status == 400, "%s: status %d", ent->d_name, res.status);
+            json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+            ck_assert_msg(j != NULL, "%s: error body is not JSON", ent->d_name);
+            json_decref(j);
+            api_response_free(&res);
+        }
+        free(buf);
+        files++;
+    }
+    closedir(d);
+    ck_assert_int_gt(files, 150);
+}
+END_TEST
+
+START_TEST(unknown_operation_is_404)
+{
+    api_response res;
+    api_handle((api_op)7, "{}", 2, &LIM, &res);
+    ck_assert_int_eq(res.status, 404);
+    api_response_free(&res);
+}
+END_TEST
+
+START_TEST(openapi_document_is_embedded)
+{
+    ck_assert_uint_gt(api_openapi_yaml_len, 1000);
+    ck_assert_ptr_nonnull(strstr(api_openapi_yaml, "openapi: 3.1"));
+    ck_assert_ptr_nonnull(strstr(api_openapi_yaml, "/v1/attention"));
+    ck_assert_ptr_nonnull(strstr(api_openapi_yaml, "/v1/multihead"));
+}
+END_TEST
+
+/* ------------------------------------------------------------ suite */
+
+static Suite *api_suite(void)
+{
+    Suite *s = suite_create("api");
+    TCase *ok = tcase_create("attention");
+    tcase_set_timeout(ok, 60);
+    tcase_add_test(ok, attention_rank2_nested_matches_reference);
+    tcase_add_test(ok, attention_rank3_is_heads_times_positions);
+    tcase_add_test(ok, attention_rank4_grouped_query_heads);
+    tcase_add_test(ok, attention_multi_query_single_kv_head);
+    tcase_add_test(ok, attention_causal_bottom_right_when_nq_lt_nk);
+    tcase_add_test(ok, attention_causal_square_rank4);
+    tcase_add_test(ok, attention_every_encoding_in_and_out);
+    tcase_add_test(ok, attention_weights_rows_sum_to_one_and_causal_zeros);
+    tcase_add_test(ok, attention_bool_mask_broadcasts_numpy_style);
+    tcase_add_test(ok, attention_bias_mask_is_added_to_scaled_scores);
+    tcase_add_test(ok, attention_explicit_scale_is_used);
+    tcase_add_test(ok, attention_null_optional_fields_mean_default);
+    tcase_add_test(ok, attention_fully_masked_row_gives_zeros);
+    tcase_add_test(ok, attention_stats_match_reference);
+    tcase_add_test(ok, attention_stats_null_when_everything_masked);
+    tcase_add_test(ok, attention_grad_matches_finite_differences_and_libattn);
+    tcase_add_test(ok, attention_meta_names_dims_flops_and_timing);
+    tcase_add_test(ok, attention_response_numbers_round_trip_float32);
+    suite_add_tcase(s, ok);
+
+    TCase *mh = tcase_create("multihead");
+    tcase_set_timeout(mh, 60);
+    tcase_add_test(mh, multihead_self_attention_heads_concatenated);
+    tcase_add_test(mh, multihead_output_projection_and_biases);
+    tcase_add_test(mh, multihead_cross_attention_from_context);
+    tcase_add_test(mh, multihead_grouped_kv_heads_and_causal);
+    tcase_add_test(mh, multihead_weights_mean_is_head_average);
+    tcase_add_test(mh, multihead_mask_broadcasts_to_batch_heads);
+    tcase_add_test(mh, multihead_grad_has_a_key_per_given_input);
+    tcase_add_test(mh, multihead_grad_self_attention_without_optional_inputs);
+    suite_add_tcase(s, mh);
+
+    TCase *er = tcase_create("errors");
+    tcase_set_timeout(er, 120);
+    tcase_add_test(er, error_invalid_json_is_400);
+    tcase_add_test(er, error_body_not_an_object);
+    tcase_add_test(er, error_duplicate_key);
+    tcase_add_test(er, error_unknown_field_casual_suggests_causal);
+    tcase_add_test(er, error_missing_required_field);
+    tcase_add_test(er, error_wrong_types);
+    tcase_add_test(er, error_number_not_finite_as_float32);
+    tcase_add_test(er, error_ragged_array);
+    tcase_add_test(er, error_rank_outside_2_to_4);
+    tcase_add_test(er, error_empty_dimension);
+    tcase_add_test(er, error_ranks_differ);
+    tcase_add_test(er, error_mismatched_d_k_names_both);
+    tcase_add_test(er, error_heads_do_not_divide);
+    tcase_add_test(er, error_num_heads_below_one);
+    tcase_add_test(er, error_multihead_shapes_do_not_fit);
+    tcase_add_test(er, error_mask_does_not_broadcast);
+    tcase_add_test(er, error_grad_output_wrong_shape);
+    tcase_add_test(er, error_work_limit_before_computing);
+    tcase_add_test(er, error_bad_output_encoding);
+    tcase_add_test(er, error_scale_not_positive);
+    tcase_add_test(er, error_numerical_overflow_not_nan);
+    tcase_add_test(er, error_too_many_fields);
+    tcase_add_test(er, error_object_built_in_one_place);
+    tcase_add_test(er, jsontestsuite_n_files_give_400);
+    tcase_add_test(er, unknown_operation_is_404);
+    tcase_add_test(er, openapi_document_is_embedded);
+    suite_add_tcase(s, er);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(api_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
