@@ -1619,6 +1619,42 @@ START_TEST(grad_causal_nq_gt_nk_gqa_two_threads_matches_analytic_reference)
 }
 END_TEST
 
+/* The API asks for weights and stats in the same forward call whose lse
+ * feeds the backward pass; that path computes its scores differently
+ * (raw scores first, for the statistics) and must give the same lse. */
+START_TEST(grad_after_forward_with_weights_and_stats)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 1, 40, 600, 8, 4);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 2780, 2.0);
+    const int64_t shape[1] = {600};
+    case_mask(&c, ATTN_MASK_BIAS, 1, shape, 2781);
+    lib_fwd f;
+    lib_forward(&c, &c.lib, &f, true, true);
+    float *dq = nan_floats(c.n_qel), *dk = nan_floats(c.n_kel);
+    float *dv = nan_floats(c.n_vel);
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse, c.dout,
+                                 dq, dk, dv, &err),
+              err);
+    double *rq = xcalloc(c.n_qel, sizeof *rq), *rk = xcalloc(c.n_kel, 8);
+    double *rv = xcalloc(c.n_vel, sizeof *rv);
+    ref_sdpa_backward(&c.ref, c.qd, c.kd, c.vd, c.doutd, rq, rk, rv);
+    ASSERT_ERR(rel_err(dq, rq, c.n_qel), TOL_GRAD_ANALYTIC, "dq after stats");
+    ASSERT_ERR(rel_err(dk, rk, c.n_kel), TOL_GRAD_ANALYTIC, "dk after stats");
+    ASSERT_ERR(rel_err(dv, rv, c.n_vel), TOL_GRAD_ANALYTIC, "dv after stats");
+    free(rq);
+    free(rk);
+    free(rv);
+    free(dq);
+    free(dk);
+    free(dv);
+    lib_fwd_free(&f);
+    case_free(&c);
+}
+END_TEST
+
 /* The gradients are written, not accumulated: calling twice on buffers
  * that already hold the result gives the same numbers. */
 START_TEST(grad_overwrites_rather_than_accumulates)
@@ -2328,6 +2364,7 @@ static Suite *lib_suite(void)
           grad_size_one_everything,
           grad_around_tile_boundaries_matches_analytic_reference,
           grad_causal_nq_gt_nk_gqa_two_threads_matches_analytic_reference,
+          grad_after_forward_with_weights_and_stats,
           grad_overwrites_rather_than_accumulates}},
         {"properties",
          {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
