@@ -698,9 +698,9 @@ START_TEST(reference_backward_matches_its_finite_differences)
     case_init(&c, &p, 99, 2.0);
     const int64_t shape[1] = {3};
     case_mask(&c, ATTN_MASK_BIAS, 1, shape, 4);
-    double *aq = xcalloc(c.n_qel, sizeof *aq), *fq = xcalloc(c.n_qel, 8);
-    double *ak = xcalloc(c.n_kel, sizeof *ak), *fk = xcalloc(c.n_kel, 8);
-    double *av = xcalloc(c.n_vel, sizeof *av), *fv = xcalloc(c.n_vel, 8);
+    double *aq = xcalloc(c.n_qel, sizeof *aq), *fq = xcalloc(c.n_qel, sizeof *fq);
+    double *ak = xcalloc(c.n_kel, sizeof *ak), *fk = xcalloc(c.n_kel, sizeof *fk);
+    double *av = xcalloc(c.n_vel, sizeof *av), *fv = xcalloc(c.n_vel, sizeof *fv);
     ref_sdpa_backward(&c.ref, c.qd, c.kd, c.vd, c.doutd, aq, ak, av);
     ref_sdpa_grad_fd(&c.ref, c.qd, c.kd, c.vd, c.doutd, 1e-5, fq, fk, fv);
     double worst = 0.0, big = 0.0;
@@ -713,7 +713,9 @@ START_TEST(reference_backward_matches_its_finite_differences)
         }
     ck_assert_msg(big > 0.1, "degenerate gradients");
     ASSERT_ERR(worst / big, 1e-8, "reference analytic vs finite differences");
-    free(aq), free(fq), free(ak), free(fk), free(av), free(fv);
+    double *bufs[6] = {aq, fq, ak, fk, av, fv};
+    for (int t = 0; t < 6; t++)
+        free(bufs[t]);
     case_free(&c);
 }
 END_TEST
@@ -1638,7 +1640,8 @@ START_TEST(grad_after_forward_with_weights_and_stats)
     ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse, c.dout,
                                  dq, dk, dv, &err),
               err);
-    double *rq = xcalloc(c.n_qel, sizeof *rq), *rk = xcalloc(c.n_kel, 8);
+    double *rq = xcalloc(c.n_qel, sizeof *rq);
+    double *rk = xcalloc(c.n_kel, sizeof *rk);
     double *rv = xcalloc(c.n_vel, sizeof *rv);
     ref_sdpa_backward(&c.ref, c.qd, c.kd, c.vd, c.doutd, rq, rk, rv);
     ASSERT_ERR(rel_err(dq, rq, c.n_qel), TOL_GRAD_ANALYTIC, "dq after stats");
