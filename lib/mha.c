@@ -19,9 +19,10 @@
 #include "internal.h"
 #include "mha.h"
 
-/* Rows of activations (or of d_cat) per task: large enough that one GEMM
- * amortises its packing, small enough that n = 512 still feeds 2-4 threads. */
-#define MHA_ROW_BLOCK 128
+/* Rows of activations (and columns of the concatenated side) per task:
+ * large enough that one GEMM amortises its packing, small enough that
+ * n = 512 still feeds several threads. */
+#define MHA_BLOCK 128
 
 /* Below this many FLOPs a product runs on the calling thread: starting
  * threads costs tens of microseconds, as much as the product itself. */
@@ -90,7 +91,7 @@ static void split_one(void *ctx, int64_t t, int worker)
     int64_t blk = t % st->row_blocks;
     int64_t head = (t / st->row_blocks) % l->heads;
     int64_t b = t / (st->row_blocks * l->heads);
-    int64_t r0 = blk * MHA_ROW_BLOCK, rows = min64(l->rows - r0, MHA_ROW_BLOCK);
+    int64_t r0 = blk * MHA_BLOCK, rows = min64(l->rows - r0, MHA_BLOCK);
     const float *a = st->cat + (b * l->rows + r0) * l->d_cat;
     float *c = st->heads + ((b * l->heads + head) * l->rows + r0) * l->d_head;
 
@@ -118,7 +119,7 @@ attn_status mha_split(const mha_layout *l, const float *cat, const float *w,
                       attn_error *err)
 {
     split_task st = {l, cat, w, bias, orient, heads,
-                     blocks_of(l->rows, MHA_ROW_BLOCK)};
+                     blocks_of(l->rows, MHA_BLOCK)};
     return run(l, l->batch * l->heads * st.row_blocks, split_one, &st, err);
 }
 
@@ -130,44 +131,55 @@ typedef struct {
     mha_orient orient;
     bool accumulate;
     float *cat;
-    int64_t row_blocks;
+    int64_t row_blocks, col_blocks;
 } join_task;
 
-/* One (batch, row block): cat[b, r0:r1] (+)= Σ_i heads[b, i, r0:r1] · block_i.
+/* One (batch, row block, column block) of cat:
+ *   cat[b, r0:r1, c0:c1] (+)= Σ_i heads[b, i, r0:r1] · block_i[:, c0:c1]
  * The heads are summed inside one task so that no two tasks write the same
- * rows. */
+ * numbers; columns are split too so that a short sequence (one row block)
+ * with a wide output still feeds every thread. */
 static void join_one(void *ctx, int64_t t, int worker)
 {
     (void)worker;
     const join_task *jt = ctx;
     const mha_layout *l = jt->l;
-    int64_t blk = t % jt->row_blocks, b = t / jt->row_blocks;
-    int64_t r0 = blk * MHA_ROW_BLOCK, rows = min64(l->rows - r0, MHA_ROW_BLOCK);
-    float *c = jt->cat + (b * l->rows + r0) * l->d_cat;
+    int64_t cb = t % jt->col_blocks, rb = (t / jt->col_blocks) % jt->row_blocks;
+    int64_t b = t / (jt->col_blocks * jt->row_blocks);
+    int64_t r0 = rb * MHA_BLOCK, rows = min64(l->rows - r0, MHA_BLOCK);
+    int64_t c0 = cb * MHA_BLOCK, cols = min64(l->d_cat - c0, MHA_BLOCK);
+    float *c = jt->cat + (b * l->rows + r0) * l->d_cat + c0;
 
     for (int64_t head = 0; head < l->heads; head++) {
         const float *a = jt->heads + ((b * l->heads + head) * l->rows + r0) * l->d_head;
         if (jt->w == NULL) {
-            for (int64_t r = 0; r < rows; r++) {
-                float *cr = c + r * l->d_cat + head * l->d_head;
-                for (int64_t j = 0; j < l->d_head; j++)
-                    cr[j] = jt->accumulate ? cr[j] + a[r * l->d_head + j]
-                                           : a[r * l->d_head + j];
-            }
+            /* concatenation: columns c0..c1 of cat are those of the heads
+             * whose blocks overlap them */
+            int64_t lo = head * l->d_head;
+            int64_t j0 = lo > c0 ? lo : c0, j1 = min64(lo + l->d_head, c0 + cols);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = j0; j < j1; j++) {
+                    float value = a[r * l->d_head + (j - lo)];
+                    float *dst = c + r * l->d_cat + (j - c0);
+                    *dst = jt->accumulate ? *dst + value : value;
+                }
             continue;
         }
         int ldb;
         const float *bw = head_block(l, jt->w, jt->orient, head, &ldb);
+        /* columns c0..c1 of block_i: later columns of W_O's row block, or
+         * later rows of W_IN's column block (read transposed) */
+        bw += jt->orient == MHA_W_OUT ? c0 : c0 * ldb;
         float beta = (head > 0 || jt->accumulate) ? 1.0f : 0.0f;
         cblas_sgemm(CblasRowMajor, CblasNoTrans,
                     jt->orient == MHA_W_OUT ? CblasNoTrans : CblasTrans,
-                    (int)rows, (int)l->d_cat, (int)l->d_head, 1.0f, a,
+                    (int)rows, (int)cols, (int)l->d_head, 1.0f, a,
                     (int)l->d_head, bw, ldb, beta, c, (int)l->d_cat);
     }
     if (jt->bias)
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = 0; j < l->d_cat; j++)
-                c[r * l->d_cat + j] += jt->bias[j];
+            for (int64_t j = 0; j < cols; j++)
+                c[r * l->d_cat + j] += jt->bias[c0 + j];
 }
 
 attn_status mha_join(const mha_layout *l, const float *heads, const float *w,
@@ -175,8 +187,8 @@ attn_status mha_join(const mha_layout *l, const float *heads, const float *w,
                      float *cat, attn_error *err)
 {
     join_task jt = {l, heads, w, bias, orient, accumulate, cat,
-                    blocks_of(l->rows, MHA_ROW_BLOCK)};
-    return run(l, l->batch * jt.row_blocks, join_one, &jt, err);
+                    blocks_of(l->rows, MHA_BLOCK), blocks_of(l->d_cat, MHA_BLOCK)};
+    return run(l, l->batch * jt.row_blocks * jt.col_blocks, join_one, &jt, err);
 }
 
 /* ------------------------------------------------------- weight gradients */
@@ -197,7 +209,7 @@ static void wgrad_one(void *ctx, int64_t t, int worker)
     const wgrad_task *wt = ctx;
     const mha_layout *l = wt->l;
     int64_t head = t / wt->cat_blocks, blk = t % wt->cat_blocks;
-    int64_t c0 = blk * MHA_ROW_BLOCK, width = min64(l->d_cat - c0, MHA_ROW_BLOCK);
+    int64_t c0 = blk * MHA_BLOCK, width = min64(l->d_cat - c0, MHA_BLOCK);
 
     for (int64_t b = 0; b < l->batch; b++) {
         const float *cat = wt->cat + b * l->rows * l->d_cat + c0;
@@ -223,7 +235,7 @@ attn_status mha_weight_grad(const mha_layout *l, const float *cat,
                             const float *heads, mha_orient orient, float *dw,
                             attn_error *err)
 {
-    wgrad_task wt = {l, cat, heads, orient, dw, blocks_of(l->d_cat, MHA_ROW_BLOCK)};
+    wgrad_task wt = {l, cat, heads, orient, dw, blocks_of(l->d_cat, MHA_BLOCK)};
     return run(l, l->heads * wt.cat_blocks, wgrad_one, &wt, err);
 }
 

@@ -444,8 +444,13 @@ static double check_grad_fd(problem *pr, const float *dout, int which, const flo
     ck_assert(fd && at);
     uint64_t saved = rng;
     rng = 777 + (uint64_t)which;
+    /* Sampled: the first and the last element (the far edge of every block
+     * of work), the rest at random. */
     for (int64_t e = 0; e < count; e++)
-        at[e] = samples > 0 ? (int64_t)(urand() * (double)t->len) : e;
+        at[e] = samples == 0 ? e
+                : e == 0     ? 0
+                : e == 1     ? t->len - 1
+                             : (int64_t)(urand() * (double)t->len);
     rng = saved;
 
     for (int64_t e = 0; e < count; e++) {
@@ -945,7 +950,30 @@ START_TEST(grad_large_problem_across_blocks_matches_finite_differences)
     problem pr;
     problem_make(&pr, s);
     check_forward(&pr, "large cross");
-    check_all_grads(&pr, 6, "large cross (sampled)");
+    check_all_grads(&pr, 10, "large cross (sampled)");
+    problem_free(&pr);
+}
+END_TEST
+
+START_TEST(concatenation_straddles_blocks_without_w_o)
+{
+    /* h*d_v = 150 columns, head 2's block crossing column 128, and more
+     * rows than one block: the concatenation (and its backward, the split of
+     * dout into heads) must meet at the edges of the work units. */
+    spec s = base_spec();
+    s.n = 130;
+    s.d_model = 20;
+    s.h = 3;
+    s.hk = 3;
+    s.d_k = 4;
+    s.d_v = 50;
+    s.w_o = false;
+    s.causal = true;
+    s.threads = 2;
+    problem pr;
+    problem_make(&pr, s);
+    check_forward(&pr, "concat 3x50, n=130");
+    check_all_grads(&pr, 8, "concat 3x50, n=130 (sampled)");
     problem_free(&pr);
 }
 END_TEST
@@ -1140,6 +1168,7 @@ static Suite *mha_suite(void)
     tcase_add_test(bwd, grad_multi_query_with_numeric_mask_matches_finite_differences);
     tcase_add_test(bwd, grad_without_w_o_or_biases_matches_finite_differences);
     tcase_add_test(bwd, grad_large_problem_across_blocks_matches_finite_differences);
+    tcase_add_test(bwd, concatenation_straddles_blocks_without_w_o);
     tcase_add_test(bwd, only_the_requested_gradients_are_written);
     suite_add_tcase(s, bwd);
 
