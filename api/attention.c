@@ -159,7 +159,12 @@ static bool validate(attention_call *c, const api_limits *lim, api_error *err)
         return false;
     /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
     c->flops = attn_sdpa_flops(&c->p) * (c->want_grad ? 3.5 : 1.0);
-    return api_check_work(c->flops, lim, err);
+    /* In double: with no FLOP limit the products could overflow int64. */
+    double rows = (double)bq * (double)hq * (double)nq;
+    double numbers = rows * (double)dv + (c->want_weights ? rows * (double)nk : 0) +
+                     (c->want_grad ? (double)(q->count + k->count + v->count) : 0);
+    return api_check_work(c->flops, lim, err) &&
+           api_check_response_size(numbers, err);
 }
 
 static bool compute(attention_call *c, api_error *err)

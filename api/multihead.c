@@ -254,7 +254,15 @@ static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
     }
     /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
     c->flops = attn_mha_flops(p) * (c->want_grad ? 3.5 : 1.0);
-    return api_check_work(c->flops, lim, err);
+    /* In double: with no FLOP limit the products could overflow int64. */
+    double rows = (double)p->batch * (double)p->n;
+    double numbers = rows * (double)p->d_out;
+    if (c->want_weights) /* computed per head even when only the mean is sent */
+        numbers += rows * (double)p->heads * (double)p->m;
+    for (int i = 0; c->want_grad && i < N_INPUTS; i++)
+        numbers += (double)c->f[i].tensor.count;
+    return api_check_work(c->flops, lim, err) &&
+           api_check_response_size(numbers, err);
 }
 
 static const float *data(const multihead_call *c, int f)

@@ -95,6 +95,17 @@ bool api_mask_setup(const api_tensor *t, int score_rank,
 /* 422 work_limit when `flops` exceeds lim->max_work (a limit <= 0 is none). */
 bool api_check_work(double flops, const api_limits *lim, api_error *err);
 
+/* The most numbers one response may carry. The FLOP limit bounds the work,
+ * not the answer: q [n, 1] against one key is cheap yet its weights or
+ * output can dwarf the request, and an answer that cannot be held in memory
+ * must be refused, not attempted. 2^26 floats are 256 MiB, up to ~1 GiB as
+ * text. */
+#define API_MAX_RESPONSE_NUMBERS ((int64_t)1 << 26)
+
+/* 422 work_limit when the response would carry more than
+ * API_MAX_RESPONSE_NUMBERS numbers. */
+bool api_check_response_size(double numbers, api_error *err);
+
 /* Turns a libattn error into an api_error: ATTN_ERR_NOMEM -> 500
  * out_of_memory, anything else -> 422 invalid_value with lib's message. */
 bool api_fail_attn(api_error *err, const attn_error *ae);

@@ -89,6 +89,16 @@ bool api_check_work(double flops, const api_limits *lim, api_error *err)
                     flops, lim->max_work);
 }
 
+bool api_check_response_size(double numbers, api_error *err)
+{
+    if (numbers <= (double)API_MAX_RESPONSE_NUMBERS)
+        return true;
+    return api_fail(err, 422, "work_limit", "",
+                    "the response would carry %.4g numbers, more than the limit "
+                    "of %lld; ask for less (without return_weights, or a smaller "
+                    "batch)", numbers, (long long)API_MAX_RESPONSE_NUMBERS);
+}
+
 bool api_fail_attn(api_error *err, const attn_error *ae)
 {
     if (ae->status == ATTN_ERR_NOMEM)

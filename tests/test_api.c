@@ -1211,10 +1211,15 @@ START_TEST(error_number_not_finite_as_float32)
     expect_error(API_OP_ATTENTION, "{\"q\":[[1]],\"k\":[[1]],\"v\":[[-1e39]]}", 400,
                  "invalid_number", "v");
     expect_error(API_OP_ATTENTION, "{" QKV ",\"scale\":1e39}", 400, "invalid_number", "scale");
-    /* +inf as float32 bytes 00 00 80 7f, through base64 */
-    expect_error(API_OP_ATTENTION,
-                 "{\"q\":{\"shape\":[1,1],\"dtype\":\"float32\",\"base64\":\"AACAfw==\"},"
-                 "\"k\":[[1]],\"v\":[[1]]}", 400, "invalid_number", "q");
+    /* +inf as float32 bytes 00 00 80 7f, through base64: the field named
+     * is q or a member of it ("q.base64") */
+    const char *inf = "{\"q\":{\"shape\":[1,1],\"dtype\":\"float32\",\"base64\":\"AACAfw==\"},"
+                      "\"k\":[[1]],\"v\":[[1]]}";
+    json_t *j = call(API_OP_ATTENTION, inf, strlen(inf), &LIM, 400);
+    json_t *e = json_object_get(j, "error");
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), "invalid_number");
+    ck_assert_int_eq(json_string_value(json_object_get(e, "field"))[0], 'q');
+    json_decref(j);
 }
 END_TEST
 
@@ -1376,6 +1381,27 @@ START_TEST(error_work_limit_before_computing)
     api_limits one = {.max_work = 1, .threads = 1};
     expect_error_lim(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1}", &one, 422, "work_limit",
                      NULL);
+}
+END_TEST
+
+/* The FLOP limit bounds the work, not the answer: 9000 x 8000 weights
+ * (72M numbers) from a body of a few kilobytes are refused up front. */
+START_TEST(error_response_too_large_is_refused_before_computing)
+{
+    sbuf b = {0};
+    sb_printf(&b, "{\"return_weights\":true,\"q\":{\"shape\":[9000,1],\"data\":[0");
+    for (int i = 1; i < 9000; i++)
+        sb_printf(&b, ",0");
+    sb_printf(&b, "]},\"k\":{\"shape\":[8000,1],\"data\":[0");
+    for (int i = 1; i < 8000; i++)
+        sb_printf(&b, ",0");
+    sb_printf(&b, "]},\"v\":{\"shape\":[8000,1],\"dtype\":\"float32\",\"base64\":\"");
+    float *zeros = calloc(8000, sizeof *zeros);
+    b64_encode(&b, (const unsigned char *)zeros, 8000 * 4);
+    sb_printf(&b, "\"}}");
+    expect_error(API_OP_ATTENTION, b.s, 422, "work_limit", NULL);
+    free(zeros);
+    free(b.s);
 }
 END_TEST
 
@@ -1594,6 +1620,7 @@ static Suite *api_suite(void)
     tcase_add_test(er, error_mask_does_not_broadcast);
     tcase_add_test(er, error_grad_output_wrong_shape);
     tcase_add_test(er, error_work_limit_before_computing);
+    tcase_add_test(er, error_response_too_large_is_refused_before_computing);
     tcase_add_test(er, error_bad_output_encoding);
     tcase_add_test(er, error_scale_not_positive);
     tcase_add_test(er, error_numerical_overflow_not_nan);
