@@ -163,8 +163,15 @@ static bool validate(attention_call *c, const api_limits *lim, api_error *err)
     double rows = (double)bq * (double)hq * (double)nq;
     double numbers = rows * (double)dv + (c->want_weights ? rows * (double)nk : 0) +
                      (c->want_grad ? (double)(q->count + k->count + v->count) : 0);
-    return api_check_work(c->flops, lim, err) &&
-           api_check_response_size(numbers, err);
+    if (!api_check_work(c->flops, lim, err) ||
+        !api_check_response_size(numbers, err))
+        return false;
+    double bias = c->p.mask.kind == ATTN_MASK_BIAS
+                      ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
+                      : 0;
+    double bound = fmax(c->p.scale, 1.0) * api_max_row_norm(q->f32, q->count / dq, dq) *
+                   api_max_row_norm(k->f32, k->count / dk, dk) + bias;
+    return api_check_score_bound(bound, "q and k", err);
 }
 
 static bool compute(attention_call *c, api_error *err)

@@ -216,6 +216,26 @@ static bool validate_weights(multihead_call *c, api_error *err)
            check_bias(given(c, F_B_O), "b_o", p->d_out, "w_o", err);
 }
 
+/* An upper bound of |scale * q.k + bias| over every score: each projected
+ * row is at most |input row| * |W|_F + |b| (Cauchy-Schwarz per column). */
+static double score_bound(const multihead_call *c)
+{
+    const attn_mha_params *p = &c->p;
+    const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
+    const api_tensor *kv_in = ctx ? ctx : x;
+    const api_tensor *b_q = given(c, F_B_Q), *b_k = given(c, F_B_K);
+    double q = api_max_row_norm(x->f32, x->count / p->d_model, p->d_model) *
+                   api_norm(c->f[F_W_Q].tensor.f32, c->f[F_W_Q].tensor.count) +
+               (b_q ? api_norm(b_q->f32, b_q->count) : 0);
+    double k = api_max_row_norm(kv_in->f32, kv_in->count / p->d_ctx, p->d_ctx) *
+                   api_norm(c->f[F_W_K].tensor.f32, c->f[F_W_K].tensor.count) +
+               (b_k ? api_norm(b_k->f32, b_k->count) : 0);
+    double bias = p->mask.kind == ATTN_MASK_BIAS
+                      ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
+                      : 0;
+    return fmax(p->scale, 1.0) * q * k + bias;
+}
+
 static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
 {
     if (!validate_sequences(c, err) || !validate_heads(c, err) ||
@@ -261,8 +281,10 @@ static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
         numbers += rows * (double)p->heads * (double)p->m;
     for (int i = 0; c->want_grad && i < N_INPUTS; i++)
         numbers += (double)c->f[i].tensor.count;
-    return api_check_work(c->flops, lim, err) &&
-           api_check_response_size(numbers, err);
+    if (!api_check_work(c->flops, lim, err) ||
+        !api_check_response_size(numbers, err))
+        return false;
+    return api_check_score_bound(score_bound(c), "x, context and the projections", err);
 }
 
 static const float *data(const multihead_call *c, int f)

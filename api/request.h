@@ -118,6 +118,24 @@ float *api_alloc_floats(int64_t count);
 bool api_check_finite(const float *x, int64_t count, const char *what,
                       api_error *err);
 
+/* Largest Euclidean norm of the `rows` rows of x [rows, cols], in double. */
+double api_max_row_norm(const float *x, int64_t rows, int64_t cols);
+
+/* Largest |x[i]|; Frobenius norm sqrt(sum x[i]^2); both in double. */
+double api_max_abs(const float *x, int64_t count);
+double api_norm(const float *x, int64_t count);
+
+/*
+ * 422 numerical_overflow when the scaled scores might not be finite in
+ * float32. A score whose dot product overflows becomes +inf, and the
+ * softmax of a row holding +inf has no finite answer, but need not come
+ * out as NaN (it can come out as a silent zero row), so the output check
+ * alone cannot catch it. `bound` is an upper bound of |scale * q.k + bias|
+ * over every entry (Cauchy-Schwarz: max |q_i| * max |k_j|), which also
+ * bounds every partial sum of the dot products in any order.
+ */
+bool api_check_score_bound(double bound, const char *what, api_error *err);
+
 /* Threads for libattn: lim->threads, at least 1. */
 int api_threads(const api_limits *lim);
 

@@ -127,6 +127,48 @@ bool api_check_finite(const float *x, int64_t count, const char *what,
     return true;
 }
 
+double api_max_row_norm(const float *x, int64_t rows, int64_t cols)
+{
+    double best = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double sum = 0;
+        for (int64_t t = 0; t < cols; t++)
+            sum += (double)x[i * cols + t] * x[i * cols + t];
+        if (sum > best)
+            best = sum;
+    }
+    return sqrt(best);
+}
+
+double api_max_abs(const float *x, int64_t count)
+{
+    double best = 0;
+    for (int64_t i = 0; i < count; i++)
+        if (fabs(x[i]) > best)
+            best = fabs(x[i]);
+    return best;
+}
+
+double api_norm(const float *x, int64_t count)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < count; i++)
+        sum += (double)x[i] * x[i];
+    return sqrt(sum);
+}
+
+bool api_check_score_bound(double bound, const char *what, api_error *err)
+{
+    /* A margin below FLT_MAX (3.4e38) for the rounding of the bound itself
+     * and of the exponent arithmetic after it. */
+    if (bound < 1e38)
+        return true;
+    return api_fail(err, 422, "numerical_overflow", "",
+                    "%s are too large in magnitude: their scaled scores could reach "
+                    "%.3g, beyond float32's range (3.4e38); scale them down", what,
+                    bound);
+}
+
 int api_threads(const api_limits *lim)
 {
     return lim && lim->threads > 1 ? lim->threads : 1;

@@ -1429,27 +1429,42 @@ END_TEST
 
 START_TEST(error_numerical_overflow_not_nan)
 {
-    /* scores 1e20 * 1e20 overflow float32 */
-    const char *body = "{\"q\":[[1e20],[1]],\"k\":[[1e20],[-1e20]],\"v\":[[1],[2]],"
-                       "\"scale\":1,\"return_weights\":true}";
-    api_response res;
-    api_handle(API_OP_ATTENTION, body, strlen(body), &LIM, &res);
-    json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
-    ck_assert_ptr_nonnull(j);
-    if (res.status == 200) { /* the library kept it finite: then no NaN may appear */
-        ck_assert_ptr_null(strstr(res.body, "null"));
-        ck_assert_ptr_null(strstr(res.body, "NaN"));
-    } else {
-        ck_assert_int_eq(res.status, 422);
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"),
-                                                           "code")), "numerical_overflow");
-    }
-    json_decref(j);
-    api_response_free(&res);
+    /* scores 1e20 * 1e20 overflow float32: refused, never a NaN or a
+     * silently zeroed row */
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":[[1e20],[1]],\"k\":[[1e20],[-1e20]],\"v\":[[1],[2]],\"scale\":1}",
+                 422, "numerical_overflow", NULL);
+    /* finite scores, but a bias that pushes them past float32 */
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":[[1e19]],\"k\":[[1e19]],\"v\":[[1]],\"scale\":1,"
+                 "\"mask\":[[3e38]]}", 422, "numerical_overflow", NULL);
+    /* projections that overflow */
+    expect_error(API_OP_MULTIHEAD,
+                 "{\"x\":[[1e20]],\"w_q\":[[1e20]],\"w_k\":[[1]],\"w_v\":[[1]],"
+                 "\"num_heads\":1}", 422, "numerical_overflow", NULL);
     /* gradients of huge values overflow even when the output does not */
     expect_error(API_OP_ATTENTION,
-                 "{\"q\":[[3e38]],\"k\":[[3e38],[0]],\"v\":[[3e38],[-3e38]],\"scale\":1e-38,"
+                 "{\"q\":[[1]],\"k\":[[1],[0]],\"v\":[[3e38],[-3e38]],"
                  "\"grad_output\":[[3e38]]}", 422, "numerical_overflow", NULL);
+}
+END_TEST
+
+/* SPEC: scores of +-1e4 give the exact one-hot answer. */
+START_TEST(attention_scores_of_1e4_give_exact_one_hot)
+{
+    const char *body = "{\"q\":[[100],[-100]],\"k\":[[100],[-100]],\"v\":[[1,2],[3,4]],"
+                       "\"scale\":1,\"return_weights\":true}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    int64_t s[2] = {2, 2};
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 2, s);
+    float *w = get_tensor(json_object_get(j, "weights"), ENC_NESTED, 2, s);
+    const float want_o[4] = {1, 2, 3, 4}, want_w[4] = {1, 0, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_float_eq(o[i], want_o[i]);
+        ck_assert_float_eq(w[i], want_w[i]);
+    }
+    free(o), free(w);
+    json_decref(j);
 }
 END_TEST
 
@@ -1586,6 +1601,7 @@ static Suite *api_suite(void)
     tcase_add_test(ok, attention_grad_matches_finite_differences_and_libattn);
     tcase_add_test(ok, attention_meta_names_dims_flops_and_timing);
     tcase_add_test(ok, attention_response_numbers_round_trip_float32);
+    tcase_add_test(ok, attention_scores_of_1e4_give_exact_one_hot);
     suite_add_tcase(s, ok);
 
     TCase *mh = tcase_create("multihead");
