@@ -782,6 +782,7 @@ END_TEST
 typedef struct {
     int64_t B, n, m, d_model, d_ctx, h, h_kv, d_k, d_v, d_out;
     bool cross, has_wo, biases, causal;
+    double scale; /* 0: the default 1/sqrt(d_k), not sent */
 } mha_case;
 
 typedef struct {
@@ -859,7 +860,8 @@ static void ref_mha(const mha_case *c, const mha_data *d, const uint8_t *allowed
     float *k = split_heads(K, c->B, c->m, c->h_kv, c->d_k);
     float *v = split_heads(V, c->B, c->m, c->h_kv, c->d_v);
     ref_problem r = {c->B, c->h, c->h_kv, c->n, c->m, c->d_k, c->d_v,
-                     1 / sqrt((double)c->d_k), c->causal, allowed, NULL};
+                     c->scale ? c->scale : 1 / sqrt((double)c->d_k), c->causal,
+                     allowed, NULL};
     double *heads = malloc((size_t)(c->B * c->h * c->n * c->d_v) * sizeof *heads);
     ref_sdpa(&r, q, k, v, heads, weights);
     int64_t hd = c->h * c->d_v;
@@ -893,6 +895,8 @@ static void mha_body(sbuf *b, const mha_case *c, const mha_data *d, enc e, int r
         sb_printf(b, ",\"num_kv_heads\":%lld", (long long)c->h_kv);
     if (c->causal)
         sb_printf(b, ",\"causal\":true");
+    if (c->scale)
+        sb_printf(b, ",\"scale\":%.17g", c->scale);
     put_field(b, "x", d->x, rank, xs + skip, e);
     if (c->cross)
         put_field(b, "context", d->ctx, rank, cs + skip, e);
@@ -993,6 +997,84 @@ START_TEST(multihead_grouped_kv_heads_and_causal)
     mha_case c = {.B = 2, .n = 4, .d_model = 8, .h = 4, .h_kv = 2, .d_k = 2, .d_v = 3,
                   .d_out = 4, .has_wo = true, .causal = true};
     check_mha(c, ENC_NESTED, 3, "true");
+}
+END_TEST
+
+START_TEST(multihead_explicit_scale_is_used)
+{
+    mha_case c = {.B = 1, .n = 3, .d_model = 4, .h = 2, .h_kv = 1, .d_k = 2, .d_v = 2,
+                  .scale = 1.75};
+    check_mha(c, ENC_NESTED, 2, "true");
+}
+END_TEST
+
+/* Entropy and the largest weight of every row of every head, from the
+ * reference weights; the raw scores from the reference projections. */
+START_TEST(multihead_stats_over_every_head)
+{
+    mha_case c = {.B = 1, .n = 3, .m = 3, .d_model = 2, .d_ctx = 2, .h = 2, .h_kv = 2,
+                  .d_k = 1, .d_v = 1, .d_out = 2, .causal = true};
+    mha_data d = mha_make(&c);
+    sbuf b = {0};
+    mha_body(&b, &c, &d, ENC_NESTED, 2);
+    sb_printf(&b, ",\"return_stats\":true}");
+    json_t *j = call_ok(API_OP_MULTIHEAD, &b);
+    double ro[6], rw[18];
+    ref_mha(&c, &d, NULL, ro, rw);
+    double ent_sum = 0, ent_min = INFINITY, ent_max = -INFINITY, maxw = 0;
+    for (int r = 0; r < 6; r++) {
+        double ent = 0, mx = 0;
+        for (int jj = 0; jj < 3; jj++) {
+            double w = rw[r * 3 + jj];
+            if (w > 0)
+                ent -= w * log(w);
+            mx = fmax(mx, w);
+        }
+        ent_sum += ent, maxw += mx;
+        ent_min = fmin(ent_min, ent), ent_max = fmax(ent_max, ent);
+    }
+    /* raw scores (d_k = 1): q_i * k_j over the causal entries of each head */
+    float *Q = ref_project(d.x, 3, 2, d.w_q, 2, NULL), *K = ref_project(d.x, 3, 2, d.w_k, 2, NULL);
+    double sum = 0, sum2 = 0;
+    int cnt = 0;
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 3; i++)
+            for (int jj = 0; jj <= i; jj++) {
+                double sc = (double)Q[i * 2 + h] * K[jj * 2 + h];
+                sum += sc, sum2 += sc * sc, cnt++;
+            }
+    json_t *st = json_object_get(j, "stats");
+    ck_close(json_number_value(json_object_get(json_object_get(st, "entropy"), "mean")),
+             ent_sum / 6, 1e-5);
+    ck_close(json_number_value(json_object_get(json_object_get(st, "entropy"), "min")),
+             ent_min, 1e-5);
+    ck_close(json_number_value(json_object_get(json_object_get(st, "entropy"), "max")),
+             ent_max, 1e-5);
+    ck_close(json_number_value(json_object_get(json_object_get(st, "max_weight"), "mean")),
+             maxw / 6, 1e-5);
+    ck_close(json_number_value(json_object_get(json_object_get(st, "scores"), "mean")),
+             sum / cnt, 1e-5);
+    ck_close(json_number_value(json_object_get(json_object_get(st, "scores"), "var")),
+             sum2 / cnt - (sum / cnt) * (sum / cnt), 1e-5);
+    free(Q), free(K), free(b.s);
+    mha_free(&d);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(multihead_integral_num_heads_and_null_defaults)
+{
+    const char *body =
+        "{\"x\":[[1,0],[0,1]],\"w_q\":[[1,0],[0,1]],\"w_k\":[[1,0],[0,1]],"
+        "\"w_v\":[[1,2],[3,4]],\"num_heads\":2.0,\"num_kv_heads\":null,\"context\":null,"
+        "\"w_o\":null,\"b_o\":null,\"scale\":null,\"return_weights\":null}";
+    json_t *j = call(API_OP_MULTIHEAD, body, strlen(body), &LIM, 200);
+    json_t *sh = json_object_get(json_object_get(j, "meta"), "shape");
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "heads")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "kv_heads")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(sh, "d_out")), 2);
+    ck_assert_ptr_null(json_object_get(j, "weights"));
+    json_decref(j);
 }
 END_TEST
 
@@ -1611,6 +1693,9 @@ static Suite *api_suite(void)
     tcase_add_test(mh, multihead_cross_attention_from_context);
     tcase_add_test(mh, multihead_grouped_kv_heads_and_causal);
     tcase_add_test(mh, multihead_weights_mean_is_head_average);
+    tcase_add_test(mh, multihead_explicit_scale_is_used);
+    tcase_add_test(mh, multihead_stats_over_every_head);
+    tcase_add_test(mh, multihead_integral_num_heads_and_null_defaults);
     tcase_add_test(mh, multihead_mask_broadcasts_to_batch_heads);
     tcase_add_test(mh, multihead_grad_has_a_key_per_given_input);
     tcase_add_test(mh, multihead_grad_self_attention_without_optional_inputs);
