@@ -16,7 +16,6 @@
 #include "request.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,12 +85,10 @@ static void dims(const api_tensor *t, int64_t *b, int64_t *h, int64_t *n,
 #define MISMATCH(field, fmt, a, b)                                             \
     api_fail(err, 422, "shape_mismatch", field, fmt, (long long)(a), (long long)(b))
 
-/* Fills c->p and the shapes the client will see, or says which field
- * does not fit. */
-static bool validate(attention_call *c, const api_limits *lim, api_error *err)
+/* q, k and v fit together: ranks, batch, heads, n_k, d_k. */
+static bool check_qkv(const api_tensor *q, const api_tensor *k,
+                      const api_tensor *v, api_error *err)
 {
-    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
-                     *v = &c->f[F_V].tensor;
     if (!api_check_rank(q, "q", 2, 4, FORMS, err) ||
         !api_check_rank(k, "k", 2, 4, FORMS, err) ||
         !api_check_rank(v, "v", 2, 4, FORMS, err))
@@ -123,6 +120,48 @@ static bool validate(attention_call *c, const api_limits *lim, api_error *err)
                         "q has %lld heads, not a multiple of k's %lld heads "
                         "(grouped-query attention needs heads_q %% heads_kv == 0)",
                         (long long)hq, (long long)hk);
+    return true;
+}
+
+/* The work, the size of the answer and the range of the scores, all judged
+ * before anything is allocated or computed. */
+static bool check_cost(attention_call *c, const api_limits *lim, api_error *err)
+{
+    const attn_sdpa_params *p = &c->p;
+    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
+                     *v = &c->f[F_V].tensor;
+    /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
+    c->flops = attn_sdpa_flops(p) * (c->want_grad ? 3.5 : 1.0);
+    /* In double: with no FLOP limit the products could overflow int64. */
+    double rows = (double)p->batch * (double)p->heads_q * (double)p->n_q;
+    double numbers = rows * (double)p->d_v +
+                     (c->want_weights ? rows * (double)p->n_k : 0) +
+                     (c->want_grad ? (double)(q->count + k->count + v->count) : 0);
+    if (!api_check_work(c->flops, lim, err) ||
+        !api_check_response_size(numbers, err))
+        return false;
+    double bias = p->mask.kind == ATTN_MASK_BIAS
+                      ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
+                      : 0;
+    double bound = fmax(p->scale, 1.0) *
+                       api_max_row_norm(q->f32, q->count / p->d_k, p->d_k) *
+                       api_max_row_norm(k->f32, k->count / p->d_k, p->d_k) +
+                   bias;
+    return api_check_score_bound(bound, "q and k", err);
+}
+
+/* Fills c->p and the shapes the client will see, or says which field
+ * does not fit. */
+static bool validate(attention_call *c, const api_limits *lim, api_error *err)
+{
+    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
+                     *v = &c->f[F_V].tensor;
+    if (!check_qkv(q, k, v, err))
+        return false;
+    int64_t bq, hq, nq, dq, hk, nk, dv, unused;
+    dims(q, &bq, &hq, &nq, &dq);
+    dims(k, &unused, &hk, &nk, &unused);
+    dv = v->shape[v->rank - 1];
 
     int r = c->rank = q->rank;
     memcpy(c->q_shape, q->shape, sizeof c->q_shape);
@@ -157,21 +196,7 @@ static bool validate(attention_call *c, const api_limits *lim, api_error *err)
         !api_check_shape(&c->f[F_GRAD_OUTPUT].tensor, "grad_output", r,
                          c->out_shape, "the output [..., n_q, d_v]", err))
         return false;
-    /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
-    c->flops = attn_sdpa_flops(&c->p) * (c->want_grad ? 3.5 : 1.0);
-    /* In double: with no FLOP limit the products could overflow int64. */
-    double rows = (double)bq * (double)hq * (double)nq;
-    double numbers = rows * (double)dv + (c->want_weights ? rows * (double)nk : 0) +
-                     (c->want_grad ? (double)(q->count + k->count + v->count) : 0);
-    if (!api_check_work(c->flops, lim, err) ||
-        !api_check_response_size(numbers, err))
-        return false;
-    double bias = c->p.mask.kind == ATTN_MASK_BIAS
-                      ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
-                      : 0;
-    double bound = fmax(c->p.scale, 1.0) * api_max_row_norm(q->f32, q->count / dq, dq) *
-                   api_max_row_norm(k->f32, k->count / dk, dk) + bias;
-    return api_check_score_bound(bound, "q and k", err);
+    return check_cost(c, lim, err);
 }
 
 static bool compute(attention_call *c, api_error *err)

@@ -236,6 +236,26 @@ static double score_bound(const multihead_call *c)
     return fmax(p->scale, 1.0) * q * k + bias;
 }
 
+/* The work, the size of the answer and the range of the scores, all judged
+ * before anything is allocated or computed. */
+static bool check_cost(multihead_call *c, const api_limits *lim, api_error *err)
+{
+    const attn_mha_params *p = &c->p;
+    /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
+    c->flops = attn_mha_flops(p) * (c->want_grad ? 3.5 : 1.0);
+    /* In double: with no FLOP limit the products could overflow int64. */
+    double rows = (double)p->batch * (double)p->n;
+    double numbers = rows * (double)p->d_out;
+    if (c->want_weights) /* computed per head even when only the mean is sent */
+        numbers += rows * (double)p->heads * (double)p->m;
+    for (int i = 0; c->want_grad && i < N_INPUTS; i++)
+        numbers += (double)c->f[i].tensor.count;
+    if (!api_check_work(c->flops, lim, err) ||
+        !api_check_response_size(numbers, err))
+        return false;
+    return api_check_score_bound(score_bound(c), "x, context and the projections", err);
+}
+
 static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
 {
     if (!validate_sequences(c, err) || !validate_heads(c, err) ||
@@ -272,19 +292,7 @@ static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
         c->input_rank[i] = c->f[i].tensor.rank;
         memcpy(c->shape[i], c->f[i].tensor.shape, sizeof c->shape[i]);
     }
-    /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
-    c->flops = attn_mha_flops(p) * (c->want_grad ? 3.5 : 1.0);
-    /* In double: with no FLOP limit the products could overflow int64. */
-    double rows = (double)p->batch * (double)p->n;
-    double numbers = rows * (double)p->d_out;
-    if (c->want_weights) /* computed per head even when only the mean is sent */
-        numbers += rows * (double)p->heads * (double)p->m;
-    for (int i = 0; c->want_grad && i < N_INPUTS; i++)
-        numbers += (double)c->f[i].tensor.count;
-    if (!api_check_work(c->flops, lim, err) ||
-        !api_check_response_size(numbers, err))
-        return false;
-    return api_check_score_bound(score_bound(c), "x, context and the projections", err);
+    return check_cost(c, lim, err);
 }
 
 static const float *data(const multihead_call *c, int f)
