@@ -33,25 +33,25 @@ static size_t edit_distance(const char *a, const char *b)
     size_t la = strlen(a), lb = strlen(b);
     if (la > 63 || lb > 63)
         return 64;
-    size_t d[64][64];
+    unsigned char d[64][64]; /* distances are at most 63 */
     for (size_t i = 0; i <= la; i++)
-        d[i][0] = i;
+        d[i][0] = (unsigned char)i;
     for (size_t j = 0; j <= lb; j++)
-        d[0][j] = j;
+        d[0][j] = (unsigned char)j;
     for (size_t i = 1; i <= la; i++) {
         for (size_t j = 1; j <= lb; j++) {
             int ca = tolower((unsigned char)a[i - 1]);
             int cb = tolower((unsigned char)b[j - 1]);
-            size_t best = d[i - 1][j - 1] + (ca != cb);
-            if (d[i - 1][j] + 1 < best)
-                best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best)
-                best = d[i][j - 1] + 1;
+            unsigned best = d[i - 1][j - 1] + (unsigned)(ca != cb);
+            if (d[i - 1][j] + 1u < best)
+                best = d[i - 1][j] + 1u;
+            if (d[i][j - 1] + 1u < best)
+                best = d[i][j - 1] + 1u;
             if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
                 tolower((unsigned char)a[i - 2]) == cb &&
-                d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
+                d[i - 2][j - 2] + 1u < best)
+                best = d[i - 2][j - 2] + 1u;
+            d[i][j] = (unsigned char)best;
         }
     }
     return d[la][lb];
