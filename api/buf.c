@@ -1,0 +1,99 @@
+/*
+ * api_buf: the growing byte buffer every response body is written into.
+ * Allocation failure is sticky (`failed`) so that an encoder can append a
+ * whole tensor and check once at the end, instead of after every number.
+ * The bytes are kept NUL-terminated, which makes the buffer printable.
+ */
+#include "codec_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+char *api_buf_reserve(api_buf *b, size_t n)
+{
+    if (b->failed)
+        return NULL;
+    /* + 1 for the terminating NUL */
+    if (n >= SIZE_MAX / 2 - b->len) {
+        b->failed = true;
+        return NULL;
+    }
+    size_t need = b->len + n + 1;
+    if (need > b->cap) {
+        /* Doubling keeps appends amortised O(1); large blocks are mmap'd by
+         * malloc, so realloc moves them with mremap rather than copying. */
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need)
+            cap *= 2;
+        char *data = realloc(b->data, cap);
+        if (!data) {
+            b->failed = true;
+            return NULL;
+        }
+        b->data = data;
+        b->cap = cap;
+    }
+    return b->data + b->len;
+}
+
+void api_buf_append(api_buf *b, const char *s, size_t n)
+{
+    char *w = api_buf_reserve(b, n);
+    if (!w)
+        return;
+    memcpy(w, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+void api_buf_puts(api_buf *b, const char *s)
+{
+    api_buf_append(b, s, strlen(s));
+}
+
+void api_buf_printf(api_buf *b, const char *fmt, ...)
+{
+    if (b->failed)
+        return;
+    char small[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->failed = true;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        api_buf_append(b, small, (size_t)n);
+        return;
+    }
+    /* Too long for the stack buffer: format again straight into b. */
+    char *w = api_buf_reserve(b, (size_t)n);
+    if (!w)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(w, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void api_buf_float(api_buf *b, float f)
+{
+    char *w = api_buf_reserve(b, API_FLOAT_TEXT_MAX);
+    if (!w)
+        return;
+    char *e = api_float_text(f, w);
+    b->len += (size_t)(e - w);
+    b->data[b->len] = '\0';
+}
+
+void api_buf_free(api_buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+    b->failed = false;
+}

@@ -1,0 +1,56 @@
+/*
+ * Plumbing shared by the files behind codec.h (json_text.c, tensor_codec.c,
+ * number.c, float_text.c, base64.c, buf.c) and their tests. Nothing outside
+ * the codec needs these: handlers use codec.h.
+ */
+#ifndef API_CODEC_INTERNAL_H
+#define API_CODEC_INTERNAL_H
+
+#include "codec.h"
+
+/* ----------------------------------------------------------------- buf.c */
+
+/* Makes room for n more bytes and returns where they go (b->len is not
+ * advanced: the caller adds what it wrote), or NULL once b has failed. */
+char *api_buf_reserve(api_buf *b, size_t n);
+
+/* --------------------------------------------------------- float_text.c */
+
+/* Longest text api_float_text writes ("-1.23456789e-38" and the like). */
+#define API_FLOAT_TEXT_MAX 32
+
+/* Writes the shortest decimal that reads back as f (see api_buf_float) at
+ * out, which has room for API_FLOAT_TEXT_MAX bytes; returns the end. */
+char *api_float_text(float f, char *out);
+
+/* --------------------------------------------------------------- base64.c */
+
+/* Length of the standard (RFC 4648, padded) base64 text of n bytes. */
+size_t api_base64_encoded_len(size_t n);
+
+/* Writes the base64 text of in[0..n) at out; returns the end. */
+char *api_base64_encode(const uint8_t *in, size_t n, char *out);
+
+/* The number of bytes that the base64 text s[0..len) holds, judged from its
+ * length and padding alone; false when that cannot be base64 (len not a
+ * multiple of 4, more than two '='). */
+bool api_base64_decoded_len(const char *s, size_t len, size_t *out);
+
+/* Decodes s[0..len) (already sized by api_base64_decoded_len) into out.
+ * False on a character outside the alphabet, misplaced padding or non-zero
+ * padding bits; *bad is then the offending offset in s. */
+bool api_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad);
+
+/* ------------------------------------------------------------ json_text.c */
+
+/*
+ * Decodes the JSON string whose opening quote is at p (validated text) into
+ * out[0..cap): escapes resolved, \u surrogate pairs joined into UTF-8.
+ * Returns the full decoded length (which may exceed cap: only cap bytes are
+ * written, no NUL is added) and sets *after to the byte after the closing
+ * quote. Never reads at or past end.
+ */
+size_t json_string_decode(const char *p, const char *end, char *out,
+                          size_t cap, const char **after);
+
+#endif /* API_CODEC_INTERNAL_H */

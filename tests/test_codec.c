@@ -1,0 +1,1189 @@
+/*
+ * The JSON text layer and the tensor codec (api/codec.h).
+ *
+ * References are independent of the code under test: the JSONTestSuite
+ * corpus and jansson for the validator, glibc's strtod and printf for
+ * numbers, RFC 4648's test vectors for base64, and hand-written texts for
+ * the tensor forms.
+ *
+ * ATTND_TESTDATA points at tests/data (default "tests/data").
+ */
+#include <check.h>
+#include <dirent.h>
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "codec_internal.h"
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* splitmix64: reproducible inputs without depending on rand() */
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static bool valid(const char *s)
+{
+    api_error e;
+    return json_text_validate(s, strlen(s), &e);
+}
+
+/* (float)strtod, the reference reading of a number; false if not finite. */
+static bool ref_parse(const char *s, float *out)
+{
+    double d = strtod(s, NULL);
+    float f = (float)d;
+    if (!isfinite(f))
+        return false;
+    *out = f;
+    return true;
+}
+
+static bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+static const char *testdata(void)
+{
+    const char *d = getenv("ATTND_TESTDATA");
+    return d && d[0] ? d : "tests/data";
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    /* exactly n bytes: no NUL after the body, so ASan sees any overread */
+    char *buf = malloc(n ? (size_t)n : 1);
+    ck_assert(buf != NULL);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* Calls fn(name, text, len) for every file of the JSONTestSuite corpus. */
+static int for_each_corpus_file(void (*fn)(const char *, const char *, size_t))
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/json_parsing", testdata());
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "cannot open %s (set ATTND_TESTDATA)", dir);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *name = de->d_name;
+        size_t nl = strlen(name);
+        if (nl < 6 || strcmp(name + nl - 5, ".json") != 0)
+            continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        size_t len;
+        char *text = read_file(path, &len);
+        fn(name, text, len);
+        free(text);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The text of s placed so that its last byte is the last readable byte
+ * before a PROT_NONE page: any read past the end faults. */
+typedef struct {
+    char *map;
+    size_t map_len;
+    char *text;
+} fenced;
+
+static fenced fence(const char *s, size_t len)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (len + page - 1) / page + 1;
+    fenced f;
+    f.map_len = (pages + 1) * page;
+    f.map = mmap(NULL, f.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(f.map != MAP_FAILED);
+    ck_assert_int_eq(mprotect(f.map + pages * page, page, PROT_NONE), 0);
+    f.text = f.map + pages * page - len;
+    memcpy(f.text, s, len);
+    return f;
+}
+
+static void unfence(fenced *f)
+{
+    munmap(f->map, f->map_len);
+}
+
+static bool decode(const char *s, bool mask, api_tensor *t, api_error *e)
+{
+    ck_assert_msg(json_text_validate(s, strlen(s), e), "test text not valid JSON: %s", s);
+    return api_tensor_decode(s, s + strlen(s), "q", mask, t, e);
+}
+
+/* Decodes s expecting failure with this status, code and field. */
+static void expect_error(const char *s, bool mask, int status, const char *code,
+                         const char *field)
+{
+    api_tensor t;
+    api_error e;
+    memset(&e, 0, sizeof e);
+    bool ok = decode(s, mask, &t, &e);
+    if (ok)
+        api_tensor_free(&t);
+    ck_assert_msg(!ok, "decoded but should fail: %s", s);
+    ck_assert_msg(e.status == status && strcmp(e.code, code) == 0 && strcmp(e.field, field) == 0,
+                  "%s: got %d %s field=%s (%s), want %d %s field=%s", s, e.status, e.code,
+                  e.field, e.message, status, code, field);
+    ck_assert(t.f32 == NULL && t.b8 == NULL);
+}
+
+static char *encode_text(const float *x, int rank, const int64_t *shape, api_encoding enc)
+{
+    api_buf b = {0};
+    api_tensor_encode(&b, x, rank, shape, enc);
+    ck_assert(!b.failed);
+    api_buf_append(&b, "", 0);
+    char *s = strdup(b.data ? b.data : "");
+    api_buf_free(&b);
+    return s;
+}
+
+/* ============================================================ validator */
+
+static int corpus_y, corpus_n, corpus_i;
+
+static void check_corpus_file(const char *name, const char *text, size_t len)
+{
+    api_error e;
+    bool ok = json_text_validate(text, len, &e);
+    if (name[0] == 'y') {
+        corpus_y++;
+        ck_assert_msg(ok, "%s rejected: %s", name, e.message);
+        json_error_t je;
+        /* jansson cannot hold a NUL in an object key (json_t keys are C
+         * strings); that one file is RFC 8259 valid all the same */
+        json_t *j = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        ck_assert_msg(j != NULL || strcmp(name, "y_object_escaped_null_in_key.json") == 0, "%s: we accept it but jansson does not: %s", name, je.text);
+        json_decref(j);
+    } else if (name[0] == 'n') {
+        corpus_n++;
+        ck_assert_msg(!ok, "%s accepted", name);
+        ck_assert_int_eq(e.status, 400);
+        ck_assert_str_eq(e.code, "invalid_json");
+    } else if (name[0] == 'i') {
+        corpus_i++;
+        /* our choices for the implementation-defined cases: numbers too
+         * large for a double are still JSON; invalid Unicode, a BOM and
+         * 500 levels of nesting are not accepted */
+        bool want = strncmp(name, "i_number_", 9) == 0;
+        ck_assert_msg(ok == want, "%s: %s", name, ok ? "accepted" : e.message);
+    }
+}
+
+START_TEST(validator_matches_jsontestsuite_corpus)
+{
+    int n = for_each_corpus_file(check_corpus_file);
+    ck_assert_int_ge(n, 300);
+    ck_assert_int_ge(corpus_y, 90);
+    ck_assert_int_ge(corpus_n, 180);
+    ck_assert_int_ge(corpus_i, 30);
+}
+END_TEST
+
+/* Every corpus file, and each of its prefixes, placed against an
+ * unreadable page: the validator never reads past the end. */
+static void check_fenced(const char *name, const char *text, size_t len)
+{
+    (void)name;
+    for (size_t cut = 0; cut <= len; cut += (len > 64 ? len / 16 + 1 : 1)) {
+        fenced f = fence(text, cut);
+        api_error e;
+        (void)json_text_validate(f.text, cut, &e);
+        unfence(&f);
+    }
+}
+
+START_TEST(validator_never_reads_past_the_end)
+{
+    for_each_corpus_file(check_fenced);
+    const char *cases[] = {"\"abc", "\"\\u12", "\"\\", "[1,", "{\"a\"", "tru", "-", "1e", "1.",
+                           "\"\xe2\x82", "[\"\\ud800\\u"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fenced f = fence(cases[i], strlen(cases[i]));
+        api_error e;
+        ck_assert_msg(!json_text_validate(f.text, strlen(cases[i]), &e), "%s", cases[i]);
+        unfence(&f);
+    }
+}
+END_TEST
+
+START_TEST(validator_rejects_what_rfc8259_forbids)
+{
+    const char *bad[] = {
+        "",              "  ",           "[1,]",          "{\"a\":1,}",     "[01]",
+        "[-01]",         "[1.]",         "[.5]",          "[1e]",           "[+1]",
+        "[NaN]",         "[Infinity]",   "[-Infinity]",   "['a']",          "[1] // c",
+        "/* c */ [1]",   "[\"a\tb\"]",   "[\"\\x41\"]",   "[\"\\u12G4\"]",  "[\"\\ud800\"]",
+        "[\"\\udc00\"]", "[\"\\ud800\\u0041\"]",           "\xef\xbb\xbf[]", "[1]\x0b",
+        "[\x0c 1]",      "[1 2]",        "{\"a\" 1}",     "{1:2}",          "[true false]",
+        "[\"\xc0\xaf\"]", /* overlong '/' */
+        "[\"\xed\xa0\x80\"]", /* UTF-8 encoded surrogate */
+        "[\"\xf4\x90\x80\x80\"]", /* above U+10FFFF */
+        "[\"\x80\"]",    "[\"\xe2\x82\"]", "[1]]",         "[[1]",           "nul",
+        "[1,,2]",        "{\"a\":1 \"b\":2}", "\"a\" \"b\"", "[\"\xc2\xa0\"]\xc2\xa0",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        api_error e;
+        memset(&e, 0, sizeof e);
+        ck_assert_msg(!json_text_validate(bad[i], strlen(bad[i]), &e), "accepted: %s", bad[i]);
+        ck_assert_int_eq(e.status, 400);
+        ck_assert_str_eq(e.code, "invalid_json");
+    }
+    const char *good[] = {
+        "0", "-0", "-0.0e-0", "1E+2", "\"\"", "\"\\u0000\"", "\"\\ud83d\\ude00\"",
+        "\"\xf0\x9f\x98\x80\"", "\"\xe2\x82\xac\"", "[]", "{}", " \t\r\n[ 1 , { \"a\" : [ ] } ] \n",
+        "\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"", "1e400", "123456789012345678901234567890",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        ck_assert_msg(valid(good[i]), "rejected: %s", good[i]);
+}
+END_TEST
+
+START_TEST(validator_error_names_offset_line_and_column)
+{
+    const char *s = "{\n  \"a\": [1, 2,]\n}";
+    api_error e;
+    ck_assert(!json_text_validate(s, strlen(s), &e));
+    /* the ']' after the trailing comma is byte 15, line 2, column 14 */
+    ck_assert_msg(strstr(e.message, "byte 15") && strstr(e.message, "line 2") &&
+                      strstr(e.message, "column 14"),
+                  "%s", e.message);
+    ck_assert_str_eq(e.field, "");
+}
+END_TEST
+
+START_TEST(validator_bounds_nesting_without_recursion)
+{
+    char deep[API_MAX_DEPTH * 2 + 2];
+    for (int i = 0; i < API_MAX_DEPTH; i++) {
+        deep[i] = '[';
+        deep[2 * API_MAX_DEPTH - 1 - i] = ']';
+    }
+    api_error e;
+    ck_assert(json_text_validate(deep, 2 * API_MAX_DEPTH, &e));
+    char deeper[API_MAX_DEPTH * 2 + 2];
+    for (int i = 0; i <= API_MAX_DEPTH; i++) {
+        deeper[i] = '[';
+        deeper[2 * API_MAX_DEPTH + 1 - i] = ']';
+    }
+    ck_assert(!json_text_validate(deeper, 2 * API_MAX_DEPTH + 2, &e));
+    ck_assert_msg(strstr(e.message, "nesting"), "%s", e.message);
+
+    size_t n = 10 * 1000 * 1000;
+    char *open = malloc(n);
+    ck_assert(open != NULL);
+    memset(open, '[', n);
+    double t0 = now_s();
+    ck_assert(!json_text_validate(open, n, &e));
+    ck_assert_msg(now_s() - t0 < 0.05, "10M '[' took %.3f s", now_s() - t0);
+    memset(open, '{', n);
+    ck_assert(!json_text_validate(open, n, &e));
+    free(open);
+}
+END_TEST
+
+/* ======================================================= skip / members */
+
+START_TEST(skip_finds_the_end_of_each_value)
+{
+    const char *vals[] = {"\"a\\\"]b\"", "-12.5e3", "true", "null", "[1,[2,\"]\"],{}]",
+                          "{\"a\":{\"b\":\"}\"}}", "[]"};
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) {
+        char text[64];
+        snprintf(text, sizeof text, "%s , 7", vals[i]);
+        const char *end = json_text_skip(text, text + strlen(text));
+        ck_assert_int_eq(end - text, (long)strlen(vals[i]));
+    }
+}
+END_TEST
+
+START_TEST(members_lists_decoded_keys_and_value_spans)
+{
+    const char *s = "{ \"q\" : [1, 2] , \"caus\\u0061l\":true,\"\\ud83d\\ude00\": {\"x\":1}, \"\":null }";
+    json_member m[8];
+    size_t n;
+    api_error e;
+    ck_assert(valid(s));
+    ck_assert(json_text_members(s, s + strlen(s), m, 8, &n, "", &e));
+    ck_assert_int_eq(n, 4);
+    ck_assert_str_eq(m[0].key, "q");
+    ck_assert_int_eq(m[0].value_end - m[0].value, 6);
+    ck_assert(strncmp(m[0].value, "[1, 2]", 6) == 0);
+    ck_assert_str_eq(m[1].key, "causal");
+    ck_assert(strncmp(m[1].value, "true", 4) == 0 && m[1].value_end - m[1].value == 4);
+    ck_assert_str_eq(m[2].key, "\xf0\x9f\x98\x80");
+    ck_assert(strncmp(m[2].value, "{\"x\":1}", 7) == 0 && m[2].value_end - m[2].value == 7);
+    ck_assert_str_eq(m[3].key, "");
+    ck_assert(!m[3].key_too_long);
+
+    const char *empty = " {} ";
+    ck_assert(json_text_members(empty, empty + 4, m, 8, &n, "", &e));
+    ck_assert_int_eq(n, 0);
+}
+END_TEST
+
+static void expect_members_error(const char *s, size_t max, const char *where, int status,
+                                 const char *code, const char *field)
+{
+    json_member m[16];
+    size_t n;
+    api_error e;
+    memset(&e, 0, sizeof e);
+    ck_assert_msg(valid(s), "%s", s);
+    ck_assert_msg(!json_text_members(s, s + strlen(s), m, max, &n, where, &e), "%s", s);
+    ck_assert_msg(e.status == status && !strcmp(e.code, code) && (!field || !strcmp(e.field, field)),
+                  "%s: %d %s %s (%s)", s, e.status, e.code, e.field, e.message);
+}
+
+START_TEST(members_detects_duplicates_after_decoding)
+{
+    expect_members_error("{\"q\":1,\"k\":2,\"q\":3}", 8, "", 400, "duplicate_key", "q");
+    expect_members_error("{\"q\":1,\"\\u0071\":2}", 8, "", 400, "duplicate_key", "q");
+    expect_members_error("{\"shape\":1,\"sh\\u0061pe\":2}", 8, "q", 400, "duplicate_key",
+                         "q.shape");
+    /* a surrogate pair and the same code point in raw UTF-8 */
+    expect_members_error("{\"\\ud83d\\ude00\":1,\"\xf0\x9f\x98\x80\":2}", 8, "", 400,
+                         "duplicate_key", "\xf0\x9f\x98\x80");
+    /* keys longer than json_member.key are compared whole */
+    char s[1024], k1[200], k2[200];
+    memset(k1, 'a', 150);
+    k1[150] = 0;
+    strcpy(k2, k1);
+    k2[149] = 'b';
+    snprintf(s, sizeof s, "{\"%s\":1,\"%s\":2}", k1, k2);
+    json_member m[8];
+    size_t n;
+    api_error e;
+    ck_assert(json_text_members(s, s + strlen(s), m, 8, &n, "", &e));
+    ck_assert(m[0].key_too_long && m[1].key_too_long);
+    snprintf(s, sizeof s, "{\"%s\":1,\"x\":0,\"%.149s\\u0061\":2}", k1, k1);
+    expect_members_error(s, 8, "", 400, "duplicate_key", NULL);
+    /* a key holding NUL is never taken for a known field */
+    const char *nul = "{\"q\\u0000x\":1,\"q\":2}";
+    ck_assert(json_text_members(nul, nul + strlen(nul), m, 8, &n, "", &e));
+    ck_assert(m[0].key_too_long);
+    ck_assert(!m[1].key_too_long);
+}
+END_TEST
+
+START_TEST(members_refuses_non_objects_and_too_many_fields)
+{
+    expect_members_error("[1]", 8, "", 400, "wrong_type", "");
+    expect_members_error("3", 8, "q", 400, "wrong_type", "q");
+    expect_members_error("{\"a\":1,\"b\":2,\"c\":3}", 2, "", 400, "too_many_fields", "");
+}
+END_TEST
+
+/* ========================================================== tensors in */
+
+START_TEST(decode_nested_ranks_two_to_four)
+{
+    api_tensor t;
+    api_error e;
+    ck_assert(decode("[[1, 2.5, -3], [4e1, 0.1, -0]]", false, &t, &e));
+    ck_assert_int_eq(t.dtype, API_F32);
+    ck_assert_int_eq(t.rank, 2);
+    ck_assert_int_eq(t.shape[0], 2);
+    ck_assert_int_eq(t.shape[1], 3);
+    ck_assert_int_eq(t.count, 6);
+    float want[] = {1, 2.5f, -3, 40, 0.1f, -0.0f};
+    for (int i = 0; i < 6; i++)
+        ck_assert(same_bits(t.f32[i], want[i]));
+    api_tensor_free(&t);
+
+    ck_assert(decode(" [ [ [1,2] , [3,4] , [5,6] ] ] ", false, &t, &e));
+    ck_assert_int_eq(t.rank, 3);
+    ck_assert(t.shape[0] == 1 && t.shape[1] == 3 && t.shape[2] == 2);
+    for (int i = 0; i < 6; i++)
+        ck_assert(t.f32[i] == (float)(i + 1));
+    api_tensor_free(&t);
+
+    /* rank 4, [2, 3, 4, 5], values 0..119 */
+    char s[4096];
+    int w = 0, v = 0;
+    w += sprintf(s + w, "[");
+    for (int a = 0; a < 2; a++) {
+        w += sprintf(s + w, "%s[", a ? "," : "");
+        for (int b = 0; b < 3; b++) {
+            w += sprintf(s + w, "%s[", b ? "," : "");
+            for (int c = 0; c < 4; c++) {
+                w += sprintf(s + w, "%s[", c ? "," : "");
+                for (int d = 0; d < 5; d++)
+                    w += sprintf(s + w, "%s%d", d ? ", " : "", v++);
+                w += sprintf(s + w, "]");
+            }
+            w += sprintf(s + w, "]");
+        }
+        w += sprintf(s + w, "]");
+    }
+    sprintf(s + w, "]");
+    ck_assert(decode(s, false, &t, &e));
+    ck_assert_int_eq(t.rank, 4);
+    ck_assert(t.shape[0] == 2 && t.shape[1] == 3 && t.shape[2] == 4 && t.shape[3] == 5);
+    ck_assert_int_eq(t.count, 120);
+    for (int i = 0; i < 120; i++)
+        ck_assert(t.f32[i] == (float)i);
+    api_tensor_free(&t);
+
+    /* rank up to API_MAX_RANK decodes (the handler refuses > 4 itself) */
+    ck_assert(decode("[[[[[[[[1]]]]]]]]", false, &t, &e));
+    ck_assert_int_eq(t.rank, 8);
+    api_tensor_free(&t);
+}
+END_TEST
+
+START_TEST(decode_bool_masks_in_every_form)
+{
+    api_tensor t;
+    api_error e;
+    ck_assert(decode("[[true, false], [false, true]]", true, &t, &e));
+    ck_assert_int_eq(t.dtype, API_BOOL);
+    ck_assert(t.f32 == NULL);
+    ck_assert(t.b8[0] == 1 && t.b8[1] == 0 && t.b8[2] == 0 && t.b8[3] == 1);
+    api_tensor_free(&t);
+
+    ck_assert(decode("{\"shape\": [1, 3], \"data\": [true, true, false]}", true, &t, &e));
+    ck_assert_int_eq(t.dtype, API_BOOL);
+    ck_assert(t.rank == 2 && t.shape[1] == 3 && t.b8[2] == 0 && t.b8[0] == 1);
+    api_tensor_free(&t);
+
+    /* base64 of bytes 01 00 01 00 is "AQABAA==" */
+    ck_assert(decode("{\"shape\": [2, 2], \"dtype\": \"bool\", \"base64\": \"AQABAA==\"}", true,
+                     &t, &e));
+    ck_assert_int_eq(t.dtype, API_BOOL);
+    ck_assert(t.b8[0] == 1 && t.b8[1] == 0 && t.b8[2] == 1 && t.b8[3] == 0);
+    api_tensor_free(&t);
+
+    /* a numeric mask stays float32 */
+    ck_assert(decode("[[0, -1e4]]", true, &t, &e));
+    ck_assert_int_eq(t.dtype, API_F32);
+    ck_assert(t.f32[1] == -1e4f);
+    api_tensor_free(&t);
+
+    expect_error("[[true, 1]]", true, 400, "wrong_type", "q");
+    expect_error("[[1, false]]", true, 400, "wrong_type", "q");
+    expect_error("[[true]]", false, 400, "wrong_type", "q");
+    expect_error("{\"shape\": [1], \"dtype\": \"bool\", \"base64\": \"AQ==\"}", false, 400,
+                 "wrong_type", "q.dtype");
+    expect_error("{\"shape\": [2], \"dtype\": \"bool\", \"base64\": \"AQI=\"}", true, 422,
+                 "invalid_value", "q.base64");
+}
+END_TEST
+
+START_TEST(decode_flat_form)
+{
+    api_tensor t;
+    api_error e;
+    ck_assert(decode("{\"data\": [1, 2, 3, 4, 5, 6], \"shape\": [2, 3]}", false, &t, &e));
+    ck_assert(t.rank == 2 && t.shape[0] == 2 && t.shape[1] == 3 && t.count == 6);
+    for (int i = 0; i < 6; i++)
+        ck_assert(t.f32[i] == (float)(i + 1));
+    api_tensor_free(&t);
+    /* 2.0 and 1e0 are integers too; an explicit float32 dtype is fine */
+    ck_assert(decode("{\"shape\": [2.0, 1e0], \"dtype\": \"float32\", \"data\": [7, 8]}", false,
+                     &t, &e));
+    ck_assert(t.shape[0] == 2 && t.shape[1] == 1 && t.f32[1] == 8);
+    api_tensor_free(&t);
+    /* zero-sized */
+    ck_assert(decode("{\"shape\": [0, 4], \"data\": []}", false, &t, &e));
+    ck_assert(t.rank == 2 && t.shape[0] == 0 && t.shape[1] == 4 && t.count == 0 && !t.f32);
+    api_tensor_free(&t);
+}
+END_TEST
+
+START_TEST(decode_base64_form)
+{
+    /* float32 1.0 = 00 00 80 3f, -2.0 = 00 00 00 c0 little-endian:
+     * base64 of 00 00 80 3f 00 00 00 c0 is "AACAPwAAAMA=" */
+    api_tensor t;
+    api_error e;
+    ck_assert(decode("{\"shape\": [1, 2], \"dtype\": \"float32\", \"base64\": \"AACAPwAAAMA=\"}",
+                     false, &t, &e));
+    ck_assert(t.rank == 2 && t.shape[0] == 1 && t.shape[1] == 2);
+    ck_assert(t.f32[0] == 1.0f && t.f32[1] == -2.0f);
+    api_tensor_free(&t);
+    /* dtype defaults to float32; "\/" is a '/' */
+    ck_assert(decode("{\"shape\": [1], \"base64\": \"AAB\\/Qw==\"}", false, &t, &e));
+    uint32_t bits = 0x437f0000u; /* 255.0f */
+    float f;
+    memcpy(&f, &bits, 4);
+    ck_assert(t.f32[0] == f);
+    api_tensor_free(&t);
+    ck_assert(decode("{\"shape\": [0], \"base64\": \"\"}", false, &t, &e));
+    ck_assert(t.count == 0 && t.f32 == NULL);
+    api_tensor_free(&t);
+}
+END_TEST
+
+START_TEST(decode_empty_arrays_give_zero_dimensions)
+{
+    api_tensor t;
+    api_error e;
+    ck_assert(decode("[]", false, &t, &e));
+    ck_assert(t.rank == 1 && t.shape[0] == 0 && t.count == 0 && !t.f32);
+    api_tensor_free(&t);
+    ck_assert(decode("[[], []]", false, &t, &e));
+    ck_assert(t.rank == 2 && t.shape[0] == 2 && t.shape[1] == 0 && t.count == 0);
+    api_tensor_free(&t);
+    ck_assert(decode("[[[]]]", false, &t, &e));
+    ck_assert(t.rank == 3 && t.shape[0] == 1 && t.shape[1] == 1 && t.shape[2] == 0);
+    api_tensor_free(&t);
+    expect_error("[[], [1]]", false, 422, "ragged_array", "q");
+    expect_error("[[[]], []]", false, 422, "ragged_array", "q");
+}
+END_TEST
+
+START_TEST(decode_refuses_ragged_arrays)
+{
+    api_tensor t;
+    api_error e;
+    ck_assert(!decode("[[1,2,3,4],[1,2,3,4],[1,2,3,4],[1,2]]", false, &t, &e));
+    ck_assert_int_eq(e.status, 422);
+    ck_assert_str_eq(e.code, "ragged_array");
+    ck_assert_str_eq(e.field, "q");
+    ck_assert_msg(strstr(e.message, "row 3 has 2 elements, expected 4"), "%s", e.message);
+    expect_error("[[1,2],[3,4,5]]", false, 422, "ragged_array", "q");
+    expect_error("[[1,2],3]", false, 422, "ragged_array", "q");
+    expect_error("[1,[2]]", false, 422, "ragged_array", "q");
+    expect_error("[[[1],[2]],[[3],[4,5]]]", false, 422, "ragged_array", "q");
+    expect_error("[[[1],[2]],[[3]]]", false, 422, "ragged_array", "q");
+    ck_assert(!decode("[[[1],[2]],[[3],[4,5]]]", false, &t, &e));
+    ck_assert_msg(strstr(e.message, "q[1][1] has 2 elements, expected 1"), "%s", e.message);
+}
+END_TEST
+
+START_TEST(decode_refuses_wrong_types)
+{
+    expect_error("5", false, 400, "wrong_type", "q");
+    expect_error("\"abc\"", false, 400, "wrong_type", "q");
+    expect_error("null", false, 400, "wrong_type", "q");
+    expect_error("true", true, 400, "wrong_type", "q");
+    expect_error("[[1, \"2\"]]", false, 400, "wrong_type", "q");
+    expect_error("[[1, null]]", false, 400, "wrong_type", "q");
+    expect_error("[[1, {}]]", false, 400, "wrong_type", "q");
+    expect_error("[[[[[[[[[1]]]]]]]]]", false, 422, "invalid_shape", "q");
+}
+END_TEST
+
+START_TEST(decode_refuses_numbers_not_finite_as_float32)
+{
+    api_tensor t;
+    api_error e;
+    ck_assert(!decode("[[1, 1e39]]", false, &t, &e));
+    ck_assert_int_eq(e.status, 400);
+    ck_assert_str_eq(e.code, "invalid_number");
+    ck_assert_str_eq(e.field, "q");
+    ck_assert_msg(strstr(e.message, "q[0][1]") && strstr(e.message, "1e39"), "%s", e.message);
+    expect_error("[-3.5e38]", false, 400, "invalid_number", "q");
+    expect_error("{\"shape\": [1], \"data\": [1e400]}", false, 400, "invalid_number", "q.data");
+    /* 3.4028235e38 is FLT_MAX and fine */
+    ck_assert(decode("[3.4028235e38, 1e-50]", false, &t, &e));
+    ck_assert(t.f32[0] == FLT_MAX && t.f32[1] == 0.0f);
+    api_tensor_free(&t);
+    /* base64 bit patterns of NaN and infinity: 00 00 c0 7f, 00 00 80 7f */
+    expect_error("{\"shape\": [1], \"base64\": \"AADAfw==\"}", false, 400, "invalid_number",
+                 "q.base64");
+    expect_error("{\"shape\": [1], \"base64\": \"AACAfw==\"}", false, 400, "invalid_number",
+                 "q.base64");
+}
+END_TEST
+
+START_TEST(decode_object_form_errors)
+{
+    expect_error("{\"shape\": [2], \"data\": [1, 2], \"dtyp\": \"float32\"}", false, 400,
+                 "unknown_field", "q.dtyp");
+    expect_error("{\"shape\": [2], \"data\": [1, 2], \"shape\": [2]}", false, 400,
+                 "duplicate_key", "q.shape");
+    expect_error("{\"data\": [1, 2]}", false, 400, "missing_field", "q.shape");
+    expect_error("{\"shape\": [2]}", false, 400, "missing_field", "q.data");
+    expect_error("{\"shape\": [1], \"data\": [1], \"base64\": \"AACAPw==\"}", false, 400,
+                 "unknown_field", "q.base64");
+    expect_error("{\"shape\": 2, \"data\": [1, 2]}", false, 400, "wrong_type", "q.shape");
+    expect_error("{\"shape\": [\"2\"], \"data\": [1, 2]}", false, 400, "wrong_type", "q.shape");
+    expect_error("{\"shape\": [2.5], \"data\": [1, 2]}", false, 422, "invalid_shape", "q.shape");
+    expect_error("{\"shape\": [-2], \"data\": [1, 2]}", false, 422, "invalid_shape", "q.shape");
+    expect_error("{\"shape\": [1,1,1,1,1,1,1,1,1], \"data\": [1]}", false, 422, "invalid_shape",
+                 "q.shape");
+    expect_error("{\"shape\": [4611686018427387904, 4611686018427387904], \"data\": [1]}", false,
+                 422, "invalid_shape", "q.shape");
+    expect_error("{\"shape\": [2], \"data\": 1}", false, 400, "wrong_type", "q.data");
+    expect_error("{\"shape\": [2], \"data\": [[1], [2]]}", false, 400, "wrong_type", "q.data");
+    expect_error("{\"shape\": [1], \"dtype\": \"float64\", \"base64\": \"AAAAAAAA8D8=\"}", false,
+                 400, "wrong_type", "q.dtype");
+    expect_error("{\"shape\": [1], \"dtype\": 32, \"base64\": \"AACAPw==\"}", false, 400,
+                 "wrong_type", "q.dtype");
+    expect_error("{\"shape\": [1], \"base64\": 5}", false, 400, "wrong_type", "q.base64");
+
+    api_tensor t;
+    api_error e;
+    ck_assert(!decode("{\"shape\": [2, 3], \"data\": [1, 2, 3, 4, 5]}", false, &t, &e));
+    ck_assert_int_eq(e.status, 422);
+    ck_assert_str_eq(e.code, "shape_mismatch");
+    ck_assert_msg(strstr(e.message, "5") && strstr(e.message, "6") && strstr(e.message, "[2, 3]"),
+                  "%s", e.message);
+}
+END_TEST
+
+START_TEST(decode_base64_errors)
+{
+    /* length, alphabet, whitespace, padding */
+    expect_error("{\"shape\": [1], \"base64\": \"AACAPw=\"}", false, 400, "invalid_base64",
+                 "q.base64");
+    expect_error("{\"shape\": [1], \"base64\": \"AAC*Pw==\"}", false, 400, "invalid_base64",
+                 "q.base64");
+    expect_error("{\"shape\": [1], \"base64\": \"AACA Pw==\"}", false, 400, "invalid_base64",
+                 "q.base64");
+    expect_error("{\"shape\": [1], \"base64\": \"AACAPw\\n==\"}", false, 400, "invalid_base64",
+                 "q.base64");
+    expect_error("{\"shape\": [1], \"base64\": \"AA=APw==\"}", false, 400, "invalid_base64",
+                 "q.base64");
+    expect_error("{\"shape\": [1], \"base64\": \"AACAPx==\"}", false, 400, "invalid_base64",
+                 "q.base64"); /* non-zero padding bits */
+    expect_error("{\"shape\": [1], \"base64\": \"AACA_w==\"}", false, 400, "invalid_base64",
+                 "q.base64"); /* URL-safe alphabet */
+    /* length against the shape: 2 floats given, 3 declared */
+    api_tensor t;
+    api_error e;
+    ck_assert(!decode("{\"shape\": [3], \"base64\": \"AACAPwAAAMA=\"}", false, &t, &e));
+    ck_assert_int_eq(e.status, 422);
+    ck_assert_str_eq(e.code, "shape_mismatch");
+    ck_assert_msg(strstr(e.message, "8 bytes") && strstr(e.message, "12"), "%s", e.message);
+}
+END_TEST
+
+START_TEST(decode_checks_declared_shape_before_allocating)
+{
+    const char *s[] = {
+        "{\"shape\": [1000000000, 1000000000], \"base64\": \"AACAPw==\"}",
+        "{\"shape\": [1000000000, 1000000000], \"data\": [1, 2]}",
+        "{\"shape\": [1000000000, 1000000000], \"dtype\": \"bool\", \"base64\": \"AQ==\"}",
+    };
+    for (int i = 0; i < 3; i++) {
+        api_tensor t;
+        api_error e;
+        double t0 = now_s();
+        ck_assert(!decode(s[i], true, &t, &e));
+        ck_assert_msg(now_s() - t0 < 0.01, "took %.3f s", now_s() - t0);
+        ck_assert_int_eq(e.status, 422);
+        ck_assert_str_eq(e.code, "shape_mismatch");
+    }
+}
+END_TEST
+
+/* ================================================================ numbers */
+
+static void check_number(const char *s)
+{
+    float want = 0, got = 0;
+    bool want_ok = ref_parse(s, &want);
+    const char *stop;
+    bool ok = api_parse_number(s, s + strlen(s), &stop, &got);
+    ck_assert_msg(ok == want_ok, "%s: finite %d, want %d", s, ok, want_ok);
+    ck_assert_msg(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
+    if (ok)
+        ck_assert_msg(same_bits(got, want), "%s: got %a want %a", s, (double)got, (double)want);
+}
+
+START_TEST(parse_number_edge_cases)
+{
+    struct {
+        const char *s;
+        bool ok;
+        float v;
+    } cases[] = {
+        {"1e-46", true, 0.0f},
+        {"-1e-46", true, -0.0f},
+        {"3.4028235e38", true, FLT_MAX},
+        {"-3.4028235e38", true, -FLT_MAX},
+        {"3.4028236e38", false, 0},
+        {"1e39", false, 0},
+        {"-1e39", false, 0},
+        {"-0", true, -0.0f},
+        {"0", true, 0.0f},
+        {"0.1", true, 0.1f},
+        {"1e-400", true, 0.0f},
+        {"1e400", false, 0},
+        {"1.401298464324817e-45", true, 0x1p-149f},
+        {"16777217", true, 16777216.0f},
+        {"0.0000000000000000000000000000000000000000000000000000001e55", true, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *s = cases[i].s;
+        float v = 12345;
+        const char *stop;
+        bool ok = api_parse_number(s, s + strlen(s), &stop, &v);
+        ck_assert_msg(ok == cases[i].ok, "%s", s);
+        if (ok)
+            ck_assert_msg(same_bits(v, cases[i].v), "%s: %a", s, (double)v);
+        check_number(s);
+    }
+    /* Double rounding is part of the contract: this decimal is just above
+     * the float32 midpoint 1 + 2^-24 but rounds to it as a double, and the
+     * tie then goes to even (1.0); rounding once would give 1 + 2^-23. */
+    const char *dr = "1.00000005960464477539062500000000001";
+    float v;
+    const char *stop;
+    ck_assert(api_parse_number(dr, dr + strlen(dr), &stop, &v));
+    ck_assert(v == 1.0f);
+    check_number(dr);
+    /* long mantissas, huge exponents */
+    const char *more[] = {"123456789012345678901234567890", "0.12345678913593292",
+                          "3.40282356779733661637539395458142568447e38",
+                          "3.4028235677973366e38", "1e-99999999999999999999",
+                          "1e99999999999999999999", "-1e-99999999999999999999",
+                          "7.006492321624085e-46", "7.0064923216240862e-46",
+                          "2.2250738585072011e-308", "5e-324", "16777217.000000000000000000001"};
+    for (size_t i = 0; i < sizeof more / sizeof *more; i++)
+        check_number(more[i]);
+    /* 1000 digits that sit exactly on a float32 midpoint until the last */
+    char big[1200];
+    int n = sprintf(big, "1.0000000596046447753906250");
+    while (n < 1100)
+        big[n++] = '0';
+    big[n++] = '1';
+    big[n] = 0;
+    check_number(big);
+    big[n - 1] = '0';
+    check_number(big);
+}
+END_TEST
+
+START_TEST(parse_number_matches_strtod_on_random_texts)
+{
+    uint64_t seed = 42;
+    char buf[128];
+    for (int i = 0; i < 400000; i++) {
+        uint64_t r = rng_next(&seed);
+        switch (r % 5) {
+        case 0: { /* a float32 printed with 1..12 digits */
+            uint32_t b = (uint32_t)(r >> 32);
+            float f;
+            memcpy(&f, &b, 4);
+            if (!isfinite(f))
+                continue;
+            snprintf(buf, sizeof buf, "%.*g", (int)(rng_next(&seed) % 12 + 1), (double)f);
+            break;
+        }
+        case 1: { /* a double as Python's float repr of a float32 would
+                   * appear, or any double, with 17 digits */
+            double d;
+            uint64_t b = rng_next(&seed);
+            memcpy(&d, &b, 8);
+            if (!isfinite(d))
+                continue;
+            if (!(r & 1))
+                d = (double)(float)d;
+            if (!isfinite(d))
+                continue;
+            snprintf(buf, sizeof buf, "%.17g", d);
+            break;
+        }
+        case 2: { /* random digit strings */
+            int w = 0;
+            if (r & 2)
+                buf[w++] = '-';
+            int nd = (int)(rng_next(&seed) % 25) + 1;
+            buf[w++] = (char)('1' + rng_next(&seed) % 9);
+            for (int k = 1; k < nd; k++)
+                buf[w++] = (char)('0' + rng_next(&seed) % 10);
+            if (r & 4) {
+                buf[w++] = '.';
+                int fd = (int)(rng_next(&seed) % 20) + 1;
+                for (int k = 0; k < fd; k++)
+                    buf[w++] = (char)('0' + rng_next(&seed) % 10);
+            }
+            if (r & 8)
+                w += sprintf(buf + w, "e%d", (int)(rng_next(&seed) % 100) - 60);
+            buf[w] = 0;
+            break;
+        }
+        case 3: { /* next to a float32 midpoint (where double rounding bites) */
+            uint32_t b = (uint32_t)(r >> 32) & 0x7f7fffffu;
+            float f, g;
+            memcpy(&f, &b, 4);
+            g = nextafterf(f, INFINITY);
+            double mid = ((double)f + (double)g) / 2;
+            double near = (r & 16) ? mid : nextafter(mid, (r & 32) ? 0 : INFINITY);
+            snprintf(buf, sizeof buf, "%.*g", (int)(rng_next(&seed) % 10) + 12, near);
+            break;
+        }
+        default: /* what numpy clients send: 0.123456789 */
+            snprintf(buf, sizeof buf, "%.9f", ((double)(r >> 11) * 0x1p-53 - 0.5) * 4);
+            break;
+        }
+        check_number(buf);
+    }
+}
+END_TEST
+
+/* ============================================================ formatting */
+
+static int significant_digits(const char *s)
+{
+    int n = 0, last = 0;
+    bool started = false;
+    for (; *s && *s != 'e'; s++) {
+        if (*s < '0' || *s > '9')
+            continue;
+        if (*s != '0')
+            started = true;
+        if (started) {
+            n++;
+            if (*s != '0')
+                last = n;
+        }
+    }
+    return last ? last : 1;
+}
+
+static char *float_text(float f, char *buf)
+{
+    char *e = api_float_text(f, buf);
+    *e = 0;
+    return buf;
+}
+
+START_TEST(float_text_examples)
+{
+    char b[API_FLOAT_TEXT_MAX + 1];
+    ck_assert_str_eq(float_text(0.1f, b), "0.1");
+    ck_assert_str_eq(float_text(1e-7f, b), "1e-07");
+    ck_assert_str_eq(float_text(3.0f, b), "3.0");
+    ck_assert_str_eq(float_text(-0.0f, b), "-0.0");
+    ck_assert_str_eq(float_text(0.0f, b), "0.0");
+    ck_assert_str_eq(float_text(-2.5f, b), "-2.5");
+    ck_assert_str_eq(float_text(FLT_MAX, b), "3.4028235e+38");
+    ck_assert_str_eq(float_text(0x1p-149f, b), "1e-45");
+    ck_assert_str_eq(float_text(16777216.0f, b), "16777216.0");
+    ck_assert_str_eq(float_text(1e16f, b), "1e+16");
+    ck_assert_str_eq(float_text(0.0001f, b), "0.0001");
+    ck_assert_str_eq(float_text(NAN, b), "null");
+    ck_assert_str_eq(float_text(-INFINITY, b), "null");
+    api_buf buf = {0};
+    api_buf_float(&buf, 0.3f);
+    api_buf_float(&buf, INFINITY);
+    ck_assert_str_eq(buf.data, "0.3null");
+    api_buf_free(&buf);
+}
+END_TEST
+
+START_TEST(float_text_round_trips_every_kind_of_float)
+{
+    uint64_t seed = 7;
+    char b[API_FLOAT_TEXT_MAX + 1];
+    for (int i = 0; i < 1200000; i++) {
+        uint32_t bits = (uint32_t)rng_next(&seed);
+        if (i < 2000) /* subnormals and the smallest normals */
+            bits = (bits & 0x80000000u) | (bits % 0x01000000u);
+        float f;
+        memcpy(&f, &bits, 4);
+        if (!isfinite(f))
+            continue;
+        float_text(f, b);
+        float back;
+        ck_assert_msg(ref_parse(b, &back) && same_bits(back, f), "%a -> %s", (double)f, b);
+        const char *stop;
+        float mine;
+        ck_assert(api_parse_number(b, b + strlen(b), &stop, &mine) && same_bits(mine, f));
+        if (i % 1000 == 0)
+            ck_assert_msg(valid(b), "%s is not JSON", b);
+    }
+}
+END_TEST
+
+START_TEST(float_text_is_shortest)
+{
+    uint64_t seed = 11;
+    char b[API_FLOAT_TEXT_MAX + 1], g[64];
+    for (int i = 0; i < 200000; i++) {
+        uint32_t bits = (uint32_t)rng_next(&seed);
+        float f;
+        if (i % 2)
+            f = (float)((double)(bits % 2000001) / 1000.0 - 1000.0); /* short decimals */
+        else
+            memcpy(&f, &bits, 4);
+        if (!isfinite(f) || f == 0)
+            continue;
+        int p;
+        for (p = 1; p <= 9; p++) {
+            snprintf(g, sizeof g, "%.*g", p, (double)f);
+            float back;
+            if (ref_parse(g, &back) && same_bits(back, f))
+                break;
+        }
+        float_text(f, b);
+        ck_assert_msg(significant_digits(b) <= p, "%s for %s (%d digits)", b, g, p);
+    }
+}
+END_TEST
+
+/* ============================================================ tensors out */
+
+START_TEST(encode_forms_exact_text)
+{
+    float x[6] = {1, 0.5f, -2, 0.1f, 1e-7f, 3};
+    int64_t shape[2] = {2, 3};
+    char *s = encode_text(x, 2, shape, API_ENC_NESTED);
+    ck_assert_str_eq(s, "[[1.0,0.5,-2.0],[0.1,1e-07,3.0]]");
+    free(s);
+    s = encode_text(x, 2, shape, API_ENC_FLAT);
+    ck_assert_str_eq(s, "{\"shape\":[2,3],\"data\":[1.0,0.5,-2.0,0.1,1e-07,3.0]}");
+    free(s);
+    float y[2] = {1.0f, -2.0f};
+    int64_t s2[2] = {1, 2};
+    s = encode_text(y, 2, s2, API_ENC_BASE64);
+    ck_assert_str_eq(s, "{\"shape\":[1,2],\"dtype\":\"float32\",\"base64\":\"AACAPwAAAMA=\"}");
+    free(s);
+    int64_t z[3] = {2, 0, 3};
+    s = encode_text(NULL, 3, z, API_ENC_NESTED);
+    ck_assert_str_eq(s, "[[],[]]");
+    free(s);
+    s = encode_text(NULL, 3, z, API_ENC_FLAT);
+    ck_assert_str_eq(s, "{\"shape\":[2,0,3],\"data\":[]}");
+    free(s);
+    s = encode_text(NULL, 3, z, API_ENC_BASE64);
+    ck_assert_str_eq(s, "{\"shape\":[2,0,3],\"dtype\":\"float32\",\"base64\":\"\"}");
+    free(s);
+    float nan[2] = {NAN, 1};
+    int64_t s1[1] = {2};
+    s = encode_text(nan, 1, s1, API_ENC_NESTED);
+    ck_assert_str_eq(s, "[null,1.0]");
+    free(s);
+}
+END_TEST
+
+START_TEST(encode_decode_round_trip_bit_exact)
+{
+    uint64_t seed = 3;
+    for (int iter = 0; iter < 60; iter++) {
+        int rank = 1 + iter % 4;
+        int64_t shape[4], count = 1;
+        for (int i = 0; i < rank; i++) {
+            shape[i] = 1 + (int64_t)(rng_next(&seed) % (rank > 2 ? 5 : 40));
+            count *= shape[i];
+        }
+        float *x = malloc((size_t)count * sizeof(float));
+        for (int64_t i = 0; i < count; i++) {
+            uint32_t b = (uint32_t)rng_next(&seed);
+            if (iter % 3 == 0) /* any finite bit pattern, subnormals included */
+                b &= 0xff7fffffu;
+            memcpy(&x[i], &b, 4);
+            if (iter % 3 != 0)
+                x[i] = (float)((double)(b >> 8) * 0x1p-24 * 2 - 1);
+        }
+        for (int enc = 0; enc < 3; enc++) {
+            char *s = encode_text(x, rank, shape, (api_encoding)enc);
+            api_error e;
+            ck_assert_msg(json_text_validate(s, strlen(s), &e), "%s", e.message);
+            api_tensor t;
+            ck_assert_msg(api_tensor_decode(s, s + strlen(s), "q", false, &t, &e), "%s",
+                          e.message);
+            ck_assert_int_eq(t.rank, rank);
+            for (int i = 0; i < rank; i++)
+                ck_assert_int_eq(t.shape[i], shape[i]);
+            ck_assert_int_eq(t.count, count);
+            ck_assert(memcmp(t.f32, x, (size_t)count * 4) == 0);
+            api_tensor_free(&t);
+            /* jansson reads what we write */
+            json_error_t je;
+            json_t *j = json_loads(s, JSON_DECODE_ANY, &je);
+            ck_assert_msg(j != NULL, "%s", je.text);
+            json_decref(j);
+            free(s);
+        }
+        free(x);
+    }
+}
+END_TEST
+
+/* ======================================================== buf, base64 */
+
+START_TEST(buf_grows_and_formats)
+{
+    api_buf b = {0};
+    for (int i = 0; i < 10000; i++)
+        api_buf_printf(&b, "%d,", i % 10);
+    ck_assert_int_eq(b.len, 20000);
+    ck_assert(b.data[b.len] == 0);
+    char big[1000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    api_buf_printf(&b, "[%s]", big);
+    ck_assert_int_eq(b.len, 20000 + 1001);
+    api_buf_puts(&b, "end");
+    ck_assert(strcmp(b.data + b.len - 4, "]end") == 0);
+    api_buf_free(&b);
+    ck_assert(b.data == NULL && b.len == 0);
+}
+END_TEST
+
+START_TEST(base64_rfc4648_vectors)
+{
+    const char *in[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
+    const char *out[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};
+    for (int i = 0; i < 7; i++) {
+        char enc[16];
+        size_t n = strlen(in[i]);
+        char *e = api_base64_encode((const uint8_t *)in[i], n, enc);
+        ck_assert_int_eq(e - enc, (long)api_base64_encoded_len(n));
+        ck_assert(strncmp(enc, out[i], strlen(out[i])) == 0 && e - enc == (long)strlen(out[i]));
+        size_t dn, bad;
+        ck_assert(api_base64_decoded_len(out[i], strlen(out[i]), &dn));
+        ck_assert_int_eq(dn, n);
+        uint8_t dec[16];
+        ck_assert(api_base64_decode(out[i], strlen(out[i]), dec, &bad));
+        ck_assert(memcmp(dec, in[i], n) == 0);
+    }
+    size_t dn, bad;
+    uint8_t dec[16];
+    ck_assert(!api_base64_decoded_len("Zg=", 3, &dn));
+    ck_assert(!api_base64_decoded_len("Z===", 4, &dn));
+    ck_assert(!api_base64_decode("Zh==", 4, dec, &bad)); /* padding bits set */
+    ck_assert(!api_base64_decode("Z=g=", 4, dec, &bad));
+    ck_assert(!api_base64_decode("Zm9v\nYg==", 9, dec, &bad));
+}
+END_TEST
+
+/* ============================================================ robustness */
+
+START_TEST(mutated_documents_never_crash)
+{
+    const char *seeds[] = {
+        "[[1, 2.5, -3e-2], [4, 5, 6]]",
+        "{\"shape\": [2, 2], \"data\": [1, 2, 3, 4]}",
+        "{\"shape\": [1, 2], \"dtype\": \"float32\", \"base64\": \"AACAPwAAAMA=\"}",
+        "{\"shape\": [2], \"dtype\": \"bool\", \"base64\": \"AQA=\"}",
+        "[[true, false], [false, true]]",
+        "{\"q\": [[1]], \"k\\u0041\": {\"a\": [\"\\ud83d\\ude00\"]}, \"s\": 1e5}",
+    };
+    const char alphabet[] = "[]{},:\"\\-+.eE0123456789tfnu \n\x80\xc3\xff/=A";
+    uint64_t seed = 99;
+    for (int iter = 0; iter < 6000; iter++) {
+        const char *src = seeds[iter % 6];
+        size_t len = strlen(src);
+        char buf[256];
+        memcpy(buf, src, len);
+        int edits = 1 + (int)(rng_next(&seed) % 4);
+        for (int k = 0; k < edits; k++) {
+            uint64_t r = rng_next(&seed);
+            size_t at = (size_t)(r >> 8) % (len + 1);
+            char c = alphabet[(r >> 40) % (sizeof alphabet - 1)];
+            switch (r % 3) {
+            case 0: /* replace */
+                if (at < len)
+                    buf[at] = c;
+                break;
+            case 1: /* insert */
+                if (len < sizeof buf - 1) {
+                    memmove(buf + at + 1, buf + at, len - at);
+                    buf[at] = c;
+                    len++;
+                }
+                break;
+            default: /* delete, or cut short */
+                if (r & 0x100)
+                    len = at;
+                else if (at < len) {
+                    memmove(buf + at, buf + at + 1, len - at - 1);
+                    len--;
+                }
+            }
+        }
+        fenced f = fence(buf, len);
+        api_error e;
+        api_tensor t;
+        bool ok = json_text_validate(f.text, len, &e);
+        if (ok && (iter % 6) == 5) {
+            json_member m[4];
+            size_t n;
+            (void)json_text_members(f.text, f.text + len, m, 4, &n, "", &e);
+        }
+        /* decode is meant for validated text, but must not crash on any */
+        if (api_tensor_decode(f.text, f.text + len, "q", true, &t, &e))
+            api_tensor_free(&t);
+        unfence(&f);
+    }
+}
+END_TEST
+
+Suite *codec_suite(void)
+{
+    Suite *s = suite_create("codec");
+    TCase *tc = tcase_create("codec");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, validator_matches_jsontestsuite_corpus);
+    tcase_add_test(tc, validator_never_reads_past_the_end);
+    tcase_add_test(tc, validator_rejects_what_rfc8259_forbids);
+    tcase_add_test(tc, validator_error_names_offset_line_and_column);
+    tcase_add_test(tc, validator_bounds_nesting_without_recursion);
+    tcase_add_test(tc, skip_finds_the_end_of_each_value);
+    tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
+    tcase_add_test(tc, members_detects_duplicates_after_decoding);
+    tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
+    tcase_add_test(tc, decode_nested_ranks_two_to_four);
+    tcase_add_test(tc, decode_bool_masks_in_every_form);
+    tcase_add_test(tc, decode_flat_form);
+    tcase_add_test(tc, decode_base64_form);
+    tcase_add_test(tc, decode_empty_arrays_give_zero_dimensions);
+    tcase_add_test(tc, decode_refuses_ragged_arrays);
+    tcase_add_test(tc, decode_refuses_wrong_types);
+    tcase_add_test(tc, decode_refuses_numbers_not_finite_as_float32);
+    tcase_add_test(tc, decode_object_form_errors);
+    tcase_add_test(tc, decode_base64_errors);
+    tcase_add_test(tc, decode_checks_declared_shape_before_allocating);
+    tcase_add_test(tc, parse_number_edge_cases);
+    tcase_add_test(tc, parse_number_matches_strtod_on_random_texts);
+    tcase_add_test(tc, float_text_examples);
+    tcase_add_test(tc, float_text_round_trips_every_kind_of_float);
+    tcase_add_test(tc, float_text_is_shortest);
+    tcase_add_test(tc, encode_forms_exact_text);
+    tcase_add_test(tc, encode_decode_round_trip_bit_exact);
+    tcase_add_test(tc, buf_grows_and_formats);
+    tcase_add_test(tc, base64_rfc4648_vectors);
+    tcase_add_test(tc, mutated_documents_never_crash);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(codec_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
