@@ -30,6 +30,7 @@ LIB_SRC  := $(sort $(wildcard lib/*.c))
 API_SRC  := $(sort $(wildcard api/*.c))
 SRV_SRC  := $(sort $(filter-out server/main.c,$(wildcard server/*.c)))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_SCRIPTS := $(sort $(wildcard tests/test_*.sh))
 TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -83,7 +84,7 @@ $(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.
 # Runs every suite of this build; tests/run-suite.sh prints each suite's
 # result line and fails when any suite fails.
 check: $(TESTS) $(BUILD)/attnd
-	@sh tests/run-suites.sh $(BUILD) $(TESTS)
+	@sh tests/run-suites.sh $(BUILD) $(TESTS) $(TEST_SCRIPTS)
 
 test: $(DEPS_STAMP)
 	@sh tools/deps.sh test

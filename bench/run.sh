@@ -27,6 +27,8 @@ RES=$OUT/results.txt
 mkdir -p "$OUT"
 : > "$RES"
 TMP=$(mktemp -d /tmp/attnd-bench.XXXXXX)
+# attnd runs on its defaults here, not on whatever ATTND_* the caller set.
+for v in $(env | sed -n 's/^\(ATTND_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
 PIDS=""
 
 # Stops whatever we started (by pid), gently first.
@@ -154,6 +156,16 @@ if [ -x "$ATTND" ] && [ -f "$OUT/big.json" ] && want server; then
         after=$(vmhwm_kb "$pid")
         put srv_seconds "$(calc %.1f "$t1 - $t0")"
         put srv_status "$status"
+        # A 200 must carry the whole answer: output and the three gradients.
+        if [ "$status" = 200 ] && ! /usr/bin/python3 -c '
+import base64, json, sys
+r = json.load(open(sys.argv[1]))
+ts = [r["output"]] + [r["grad"][x] for x in "qkv"]
+assert all(len(base64.b64decode(t["base64"])) == 32768 * 64 * 4 for t in ts)
+' "$TMP/big.out" 2> "$TMP/check.err"; then
+            note "attnd answer to the n=32768 request is incomplete: $(tail -1 "$TMP/check.err")"
+            status="200 (incomplete answer)"
+        fi
         if [ "$status" = 200 ]; then
             put srv_hwm_before_kb "$before"
             put srv_hwm_after_kb "$after"

@@ -9,7 +9,9 @@
  * writes its rows of dk and dv (the GQA sum happens inside the unit). dq
  * rows receive contributions from every key tile, so each worker adds into
  * its own copy of dq (worker 0 into dq itself) and the copies are summed at
- * the end: O(n_q d_k) extra memory per extra worker, and no locks.
+ * the end: no locks, and O(n_q d_k) extra memory per extra worker. To keep
+ * that bound when B x H is large, the (batch, key/value head) pairs are
+ * processed in chunks whose dq copies fit SDPA_BWD_DQ_BUDGET bytes.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -17,9 +19,16 @@
 
 #include "sdpa.h"
 
+/* Extra dq copies of all workers together stay under this many bytes
+ * (unless a single (batch, key/value head) pair needs more). */
+#ifndef SDPA_BWD_DQ_BUDGET
+#define SDPA_BWD_DQ_BUDGET (64 << 20)
+#endif
+
 typedef struct {
     float *p, *dp; /* [SDPA_BWD_BQ, SDPA_BWD_BK] */
-    float *dq;     /* [B, H_q, n_q, d_k]: the caller's dq for worker 0 */
+    float *acc;    /* [chunk rows, d_k]: this worker's dq copy (NULL for worker 0) */
+    float *dq;     /* where this worker adds the current chunk's dq rows */
 } bwd_worker;
 
 typedef struct {
@@ -27,8 +36,14 @@ typedef struct {
     const float *lse, *dout, *delta;
     float *dk, *dv;
     int64_t k_tiles;
+    int64_t pair0; /* first (batch, key/value head) pair of the current chunk */
     bwd_worker *workers;
 } bwd_job;
+
+static int64_t c_group(const attn_sdpa_params *p)
+{
+    return p->heads_q / p->heads_kv;
+}
 
 static void backward_unit(void *ctx, int64_t u, int worker)
 {
@@ -36,7 +51,8 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     const sdpa_call *c = &job->call;
     const attn_sdpa_params *p = c->p;
     const bwd_worker *w = &job->workers[worker];
-    int64_t kt = u % job->k_tiles, bhk = u / job->k_tiles;
+    int64_t kt = u % job->k_tiles, bhk = job->pair0 + u / job->k_tiles;
+    int64_t chunk_row0 = job->pair0 * c->group * p->n_q;
     int64_t b = bhk / p->heads_kv, hk = bhk % p->heads_kv;
     sdpa_tile t = {.b = b, .j0 = kt * SDPA_BWD_BK};
     t.cols = p->n_k - t.j0 < SDPA_BWD_BK ? p->n_k - t.j0 : SDPA_BWD_BK;
@@ -56,7 +72,8 @@ static void backward_unit(void *ctx, int64_t u, int worker)
             sdpa_bwd_state st = {
                 .p = w->p, .dp = w->dp,
                 .lse = job->lse + row, .delta = job->delta + row,
-                .dout = job->dout + row * p->d_v, .dq = w->dq + row * p->d_k,
+                .dout = job->dout + row * p->d_v,
+                .dq = w->dq + (row - chunk_row0) * p->d_k,
                 .dk = dk, .dv = dv,
             };
             sdpa_backward_tile(c, &t, &st);
@@ -92,40 +109,62 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     attn_blas_init();
 
     const int64_t rows = p->batch * p->heads_q * p->n_q;
-    const int64_t dq_size = rows * p->d_k;
+    const int64_t pairs = p->batch * p->heads_kv;
+    const int64_t pair_floats = c_group(p) * p->n_q * p->d_k; /* dq of one pair */
     bwd_job job = {
-        .call = {.p = p, .q = q, .k = k, .v = v, .group = p->heads_q / p->heads_kv,
+        .call = {.p = p, .q = q, .k = k, .v = v, .group = c_group(p),
                  .offset = p->n_k - p->n_q},
         .lse = lse, .dout = dout, .dk = dk, .dv = dv,
         .k_tiles = (p->n_k + SDPA_BWD_BK - 1) / SDPA_BWD_BK,
     };
-    int64_t units = p->batch * p->heads_kv * job.k_tiles;
-    int threads = sdpa_threads(p, units, 2.5 * attn_sdpa_flops(p));
+    int threads = sdpa_threads(p, pairs * job.k_tiles, 2.5 * attn_sdpa_flops(p));
+    int64_t chunk = pairs;
+    if (threads > 1) {
+        int64_t fit = SDPA_BWD_DQ_BUDGET / (int64_t)sizeof(float) / (threads - 1) / pair_floats;
+        chunk = fit < 1 ? 1 : fit < pairs ? fit : pairs;
+        int64_t most = chunk * job.k_tiles; /* units per chunk */
+        if (most < threads)
+            threads = (int)most;
+    }
     float *delta = sdpa_alloc(rows, sizeof(float));
     bwd_worker *workers = calloc((size_t)threads, sizeof *workers);
     bool ok = delta != NULL && workers != NULL;
     for (int i = 0; ok && i < threads; i++) {
         workers[i].p = sdpa_alloc((int64_t)SDPA_BWD_BQ * SDPA_BWD_BK, sizeof(float));
         workers[i].dp = sdpa_alloc((int64_t)SDPA_BWD_BQ * SDPA_BWD_BK, sizeof(float));
-        /* calloc: pages a worker never touches cost nothing. */
-        workers[i].dq = i == 0 ? dq : calloc((size_t)dq_size, sizeof(float));
-        ok = workers[i].p && workers[i].dp && workers[i].dq;
+        ok = workers[i].p && workers[i].dp;
+        if (ok && i > 0) {
+            /* calloc: pages a worker never touches cost nothing. */
+            workers[i].acc = calloc((size_t)(chunk * pair_floats), sizeof(float));
+            ok = workers[i].acc != NULL;
+        }
     }
     if (ok) {
         row_dots(dout, out, rows, p->d_v, delta);
-        memset(dq, 0, (size_t)dq_size * sizeof *dq);
+        memset(dq, 0, (size_t)(rows * p->d_k) * sizeof *dq);
         job.delta = delta;
         job.workers = workers;
-        s = attn_parallel_for(threads, units, backward_unit, &job);
-        for (int i = 1; i < threads; i++)
-            for (int64_t j = 0; j < dq_size; j++)
-                dq[j] += workers[i].dq[j];
+        for (job.pair0 = 0; s == ATTN_OK && job.pair0 < pairs; job.pair0 += chunk) {
+            int64_t n = pairs - job.pair0 < chunk ? pairs - job.pair0 : chunk;
+            float *dq_chunk = dq + job.pair0 * pair_floats;
+            workers[0].dq = dq_chunk;
+            for (int i = 1; i < threads; i++)
+                workers[i].dq = workers[i].acc;
+            s = attn_parallel_for(threads, n * job.k_tiles, backward_unit, &job);
+            bool more = job.pair0 + chunk < pairs;
+            for (int i = 1; i < threads; i++) {
+                float *acc = workers[i].acc;
+                for (int64_t j = 0; j < n * pair_floats; j++)
+                    dq_chunk[j] += acc[j];
+                if (more)
+                    memset(acc, 0, (size_t)(n * pair_floats) * sizeof *acc);
+            }
+        }
     }
     for (int i = 0; workers != NULL && i < threads; i++) {
         free(workers[i].p);
         free(workers[i].dp);
-        if (i > 0)
-            free(workers[i].dq);
+        free(workers[i].acc);
     }
     free(workers);
     free(delta);

@@ -179,23 +179,19 @@ void sdpa_backward_tile(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_s
 
     sdpa_scores(c, t, p->scale, P, ld);
     sdpa_mask_tile(c, t, SDPA_HIDE | SDPA_BIAS, P, ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, (int)d_v, 1.0f,
+                st->dout, (int)d_v, v, (int)d_v, 0.0f, dP, (int)ld);
+    /* One pass turns the scores into P and dP into dS. */
     for (int64_t r = 0; r < rows; r++) {
-        if (st->lse[r] == -INFINITY)
+        if (st->lse[r] == -INFINITY) {
             memset(P + r * ld, 0, (size_t)cols * sizeof *P);
-        else
-            attn_vexp_sum(P + r * ld, cols, st->lse[r]);
+            memset(dP + r * ld, 0, (size_t)cols * sizeof *dP);
+        } else {
+            attn_vsoftmax_grad(P + r * ld, dP + r * ld, cols, st->lse[r], st->delta[r]);
+        }
     }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, (int)d_v, rows, 1.0f, P,
                 (int)ld, st->dout, (int)d_v, 1.0f, st->dv, (int)d_v);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, (int)d_v, 1.0f,
-                st->dout, (int)d_v, v, (int)d_v, 0.0f, dP, (int)ld);
-    for (int64_t r = 0; r < rows; r++) {
-        float *ds = dP + r * ld;
-        const float *pr = P + r * ld;
-        const float delta = st->delta[r];
-        for (int64_t j = 0; j < cols; j++)
-            ds[j] = pr[j] * (ds[j] - delta);
-    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, (int)d_k, cols, p->scale,
                 dP, (int)ld, k, (int)d_k, 1.0f, st->dq, (int)d_k);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, (int)d_k, rows, p->scale,

@@ -15,6 +15,12 @@ float attn_vmax(const float *x, int64_t n);
  * at most 88. */
 float attn_vexp_sum(float *x, int64_t n, float shift);
 
+/* The backward pass's elementwise step on one row of a tile:
+ *   p[j] = exp(s[j] - lse)            (the attention weight, recomputed)
+ *   dp[j] = p[j] * (dp[j] - delta)    (the score gradient dS)
+ * in place, with the same exp as attn_vexp_sum. */
+void attn_vsoftmax_grad(float *s, float *dp, int64_t n, float lse, float delta);
+
 /* Below this, expf underflows past the normal floats: flushed to 0. */
 #define ATTN_VEXP_MIN (-87.33654f)
 
@@ -24,5 +30,7 @@ typedef enum { ATTN_VEXP_PORTABLE, ATTN_VEXP_AVX2, ATTN_VEXP_AVX512 } attn_vexp_
 int attn_vexp_available(attn_vexp_kind kind);
 float attn_vexp_sum_kind(attn_vexp_kind kind, float *x, int64_t n, float shift);
 float attn_vmax_kind(attn_vexp_kind kind, const float *x, int64_t n);
+void attn_vsoftmax_grad_kind(attn_vexp_kind kind, float *s, float *dp, int64_t n,
+                             float lse, float delta);
 
 #endif /* ATTN_VEXP_H */

@@ -154,6 +154,9 @@ char *metrics_render(size_t *len)
     put(&t, "# HELP attnd_queue_depth Requests waiting for a compute slot.\n"
             "# TYPE attnd_queue_depth gauge\n"
             "attnd_queue_depth %d\n", compute_queue_depth());
+    put(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
+            "# TYPE attnd_computing_requests gauge\n"
+            "attnd_computing_requests %d\n", compute_running());
     put(&t, "# HELP attnd_bytes_received_total Request body bytes received.\n"
             "# TYPE attnd_bytes_received_total counter\n"
             "attnd_bytes_received_total %lu\n", relaxed_load(bytes_received));

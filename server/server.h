@@ -121,7 +121,8 @@ bool compute_start(const attnd_config *cfg);
 /* Computes r (r->route->op on r->body) now, or queues it and suspends the
  * connection, or refuses when `threads` compute and `queue` wait. */
 compute_result compute_submit(srv_request *r);
-int compute_queue_depth(void);
+int compute_queue_depth(void); /* waiting for a slot */
+int compute_running(void);     /* computing now */
 void compute_stop(void);
 
 /* ---------------------------------------------------------- metrics.c */
