@@ -6,9 +6,10 @@
  *   per head      [B, heads, rows, d_head]    what attn_sdpa_* reads/writes
  *
  * Head i owns the i-th block of d_head columns (or rows) of each weight, so
- * every product is one GEMM per (batch, head) whose operand is that block,
- * read in place through its leading dimension: no transposed copy of the
- * activations is ever made.
+ * every product is a set of GEMMs per (batch, head, block of rows) whose
+ * operand is that block, read in place through its leading dimension: no
+ * transposed copy of the activations is ever made. The blocks are the units
+ * of attn_parallel_for.
  */
 #ifndef ATTN_MHA_H
 #define ATTN_MHA_H
@@ -28,6 +29,7 @@ typedef struct {
 } mha_layout;
 
 /* heads [B, h, rows, d_head] = cat [B, rows, d_cat] · block_i (+ bias [h*d_head]).
+ * block_i is read transposed for MHA_W_OUT (the backward of mha_join).
  * w == NULL is the identity (d_cat == h*d_head): column block i is copied. */
 attn_status mha_split(const mha_layout *l, const float *cat, const float *w,
                       mha_orient orient, const float *bias, float *heads,
