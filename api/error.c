@@ -77,9 +77,21 @@ char *api_error_json(const api_error *e, size_t *len)
         goto done;
     if (json_object_set(outer, "error", inner) != 0)
         goto done;
-    body = json_dumps(outer, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (body && len)
-        *len = strlen(body);
+    /* json_dumpb, not json_dumps: jansson's growing dump buffer ignores a
+     * failed append of an object key and carries on, which under memory
+     * pressure gives a body with a key missing. Sizing first and dumping
+     * into a block of exactly that size never appends to anything. */
+    size_t need = json_dumpb(outer, NULL, 0, JSON_COMPACT);
+    body = need ? malloc(need + 1) : NULL;
+    if (body && json_dumpb(outer, body, need, JSON_COMPACT) != need) {
+        free(body);
+        body = NULL;
+    }
+    if (body) {
+        body[need] = '\0';
+        if (len)
+            *len = need;
+    }
 done:
     json_decref(inner);
     json_decref(outer);

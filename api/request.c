@@ -107,17 +107,22 @@ static bool unknown_field(const json_member *m, const api_field *schema,
                     names);
 }
 
-/* A string value decoded by jansson (escapes resolved); NULL when the value
- * is not a string. The caller frees it with json_decref. */
-static json_t *load_string(const json_member *m)
+/* A scalar value decoded by jansson. NULL only when jansson ran out of
+ * memory or the number is beyond its range (*oom tells which): the text
+ * was validated already. The caller frees it with json_decref. */
+static json_t *load_scalar(const json_member *m, bool *oom)
 {
+    json_error_t je;
     json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
-                           JSON_DECODE_ANY, NULL);
-    if (j && !json_is_string(j)) {
-        json_decref(j);
-        return NULL;
-    }
+                           JSON_DECODE_ANY, &je);
+    *oom = !j && json_error_code(&je) == json_error_out_of_memory;
     return j;
+}
+
+static bool out_of_memory(const api_field *f, api_error *err)
+{
+    return api_fail(err, 500, "out_of_memory", f->name,
+                    "out of memory while reading %s", f->name);
 }
 
 static bool wrong_type(const api_field *f, const json_member *m,
@@ -157,8 +162,10 @@ static bool read_integer(const api_field *f, const json_member *m,
     if (*m->value != '-' && !isdigit((unsigned char)*m->value))
         return wrong_type(f, m, "an integer", err);
     int span = (int)(m->value_end - m->value < 40 ? m->value_end - m->value : 40);
-    json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
-                           JSON_DECODE_ANY, NULL);
+    bool oom;
+    json_t *j = load_scalar(m, &oom);
+    if (oom)
+        return out_of_memory(f, err);
     double x;
     if (!j) /* validated text: only an integer or real too large for jansson */
         x = m->value[0] == '-' ? -INFINITY : INFINITY;
@@ -179,9 +186,12 @@ static bool read_integer(const api_field *f, const json_member *m,
 static bool read_encoding(const api_field *f, const json_member *m,
                           api_value *v, api_error *err)
 {
-    json_t *j = load_string(m);
-    if (!j)
+    if (*m->value != '"')
         return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
+    bool oom;
+    json_t *j = load_scalar(m, &oom);
+    if (!j)
+        return out_of_memory(f, err);
     const char *s = json_string_value(j);
     bool ok = true;
     if (strcmp(s, "nested") == 0)
@@ -205,9 +215,12 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
         v->flag = *m->value == 't';
         return true;
     }
-    json_t *j = load_string(m);
-    if (!j)
+    if (*m->value != '"')
         return wrong_type(f, m, "true, false or \"mean\"", err);
+    bool oom;
+    json_t *j = load_scalar(m, &oom);
+    if (!j)
+        return out_of_memory(f, err);
     bool ok = strcmp(json_string_value(j), "mean") == 0;
     if (ok)
         v->flag = v->mean = true;

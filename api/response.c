@@ -14,15 +14,22 @@ void api_write_tensor(api_buf *b, const api_out_tensor *t, api_encoding enc,
     api_tensor_encode(b, t->data, t->rank, t->shape, enc);
 }
 
-/* Appends jansson's compact text of j and releases j. */
+/* Appends jansson's compact text of j and releases j. json_dumpb into a
+ * block sized first, not json_dumps: jansson's growing dump buffer ignores a
+ * failed append of an object key, so under memory pressure json_dumps can
+ * return text with a key missing. */
 static void append_json(api_buf *b, json_t *j, size_t flags)
 {
-    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | flags) : NULL;
-    if (s)
-        api_buf_puts(b, s);
+    flags |= JSON_COMPACT;
+    char small[1024];
+    size_t need = j ? json_dumpb(j, NULL, 0, flags) : 0;
+    char *text = need <= sizeof small ? small : malloc(need);
+    if (need && text && json_dumpb(j, text, need, flags) == need)
+        api_buf_append(b, text, need);
     else
         b->failed = true;
-    free(s);
+    if (text != small)
+        free(text);
     json_decref(j);
 }
 
