@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* "a string", "an array", ... from the first byte of a validated value. */
@@ -107,16 +108,13 @@ static bool unknown_field(const json_member *m, const api_field *schema,
                     names);
 }
 
-/* A scalar value decoded by jansson. NULL only when jansson ran out of
- * memory or the number is beyond its range (*oom tells which): the text
- * was validated already. The caller frees it with json_decref. */
-static json_t *load_scalar(const json_member *m, bool *oom)
+/* A string value decoded by jansson (escapes resolved), or NULL when
+ * jansson ran out of memory: the text was validated already. The caller
+ * frees it with json_decref. */
+static json_t *load_string(const json_member *m)
 {
-    json_error_t je;
-    json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
-                           JSON_DECODE_ANY, &je);
-    *oom = !j && json_error_code(&je) == json_error_out_of_memory;
-    return j;
+    return json_loadb(m->value, (size_t)(m->value_end - m->value),
+                      JSON_DECODE_ANY, NULL);
 }
 
 static bool out_of_memory(const api_field *f, api_error *err)
@@ -161,24 +159,23 @@ static bool read_integer(const api_field *f, const json_member *m,
 {
     if (*m->value != '-' && !isdigit((unsigned char)*m->value))
         return wrong_type(f, m, "an integer", err);
-    int span = (int)(m->value_end - m->value < 40 ? m->value_end - m->value : 40);
-    bool oom;
-    json_t *j = load_scalar(m, &oom);
-    if (oom)
-        return out_of_memory(f, err);
-    double x;
-    if (!j) /* validated text: only an integer or real too large for jansson */
-        x = m->value[0] == '-' ? -INFINITY : INFINITY;
-    else
-        x = json_number_value(j);
-    bool integral = !j || json_is_integer(j) || x == floor(x);
-    json_decref(j);
-    if (!integral)
+    /* strtod on a copy: the text is a validated JSON number, which strtod
+     * reads exactly (jansson would refuse integers beyond int64 and reals
+     * beyond double, and cannot tell either from running out of memory). */
+    size_t len = (size_t)(m->value_end - m->value);
+    char text[64];
+    if (len >= sizeof text)
+        return api_fail(err, 422, "invalid_value", f->name,
+                        "%s=%.40s... is out of range", f->name, m->value);
+    memcpy(text, m->value, len);
+    text[len] = '\0';
+    double x = strtod(text, NULL);
+    if (x != floor(x))
         return api_fail(err, 400, "wrong_type", f->name,
-                        "%s must be an integer, got %.*s", f->name, span, m->value);
+                        "%s must be an integer, got %s", f->name, text);
     if (!(x >= -1e15 && x <= 1e15))
         return api_fail(err, 422, "invalid_value", f->name,
-                        "%s=%.*s is out of range", f->name, span, m->value);
+                        "%s=%s is out of range", f->name, text);
     v->integer = (int64_t)x;
     return true;
 }
@@ -188,8 +185,7 @@ static bool read_encoding(const api_field *f, const json_member *m,
 {
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
-    bool oom;
-    json_t *j = load_scalar(m, &oom);
+    json_t *j = load_string(m);
     if (!j)
         return out_of_memory(f, err);
     const char *s = json_string_value(j);
@@ -217,8 +213,7 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
     }
     if (*m->value != '"')
         return wrong_type(f, m, "true, false or \"mean\"", err);
-    bool oom;
-    json_t *j = load_scalar(m, &oom);
+    json_t *j = load_string(m);
     if (!j)
         return out_of_memory(f, err);
     bool ok = strcmp(json_string_value(j), "mean") == 0;

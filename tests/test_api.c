@@ -1600,6 +1600,60 @@ START_TEST(error_object_built_in_one_place)
 }
 END_TEST
 
+/* jansson builds the error object, the stats and the meta: whichever of
+ * its allocations fails, the answer is a complete JSON body or a bare 500,
+ * never a body with a key missing. */
+static long jansson_countdown = -1;
+static void *failing_malloc(size_t n)
+{
+    if (jansson_countdown >= 0 && jansson_countdown-- == 0)
+        return NULL;
+    return malloc(n);
+}
+
+START_TEST(jansson_out_of_memory_gives_500_never_broken_json)
+{
+    const char *bodies[][2] = {
+        {"a", "{" QKV ",\"return_stats\":true,\"grad_output\":[[1,1],[1,1]]}"},
+        {"a", "{" QKV ",\"casual\":true}"},
+        {"m", "{" MHA ",\"num_heads\":2,\"return_weights\":\"mean\",\"output_encoding\":\"flat\"}"},
+    };
+    for (size_t b = 0; b < sizeof bodies / sizeof *bodies; b++) {
+        api_op op = bodies[b][0][0] == 'm' ? API_OP_MULTIHEAD : API_OP_ATTENTION;
+        api_response ref;
+        api_handle(op, bodies[b][1], strlen(bodies[b][1]), &LIM, &ref);
+        for (long n = 0; n < 200; n++) {
+            api_response res;
+            jansson_countdown = n;
+            json_set_alloc_funcs(failing_malloc, free);
+            api_handle(op, bodies[b][1], strlen(bodies[b][1]), &LIM, &res);
+            bool failed = jansson_countdown < 0;
+            jansson_countdown = -1;
+            json_set_alloc_funcs(malloc, free);
+            if (!res.body) {
+                ck_assert_int_eq(res.status, 500);
+                continue;
+            }
+            json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+            ck_assert_msg(j != NULL, "body %zu, allocation %ld: %s", b, n, res.body);
+            if (res.status != 500) { /* then it is the whole answer */
+                ck_assert_msg(res.status == ref.status, "body %zu allocation %ld: %s", b, n, res.body);
+                json_t *want = json_loadb(ref.body, ref.body_len, 0, NULL);
+                json_object_del(json_object_get(j, "meta"), "timing_ms");
+                json_object_del(json_object_get(want, "meta"), "timing_ms");
+                ck_assert_msg(json_equal(j, want), "body %zu, allocation %ld differs", b, n);
+                json_decref(want);
+            }
+            json_decref(j);
+            api_response_free(&res);
+            if (!failed)
+                break;
+        }
+        api_response_free(&ref);
+    }
+}
+END_TEST
+
 /* Every n_ file of JSONTestSuite (must be rejected) gives a 400. */
 START_TEST(jsontestsuite_n_files_give_400)
 {
@@ -1728,6 +1782,7 @@ static Suite *api_suite(void)
     tcase_add_test(er, error_too_many_fields);
     tcase_add_test(er, error_object_built_in_one_place);
     tcase_add_test(er, jsontestsuite_n_files_give_400);
+    tcase_add_test(er, jansson_out_of_memory_gives_500_never_broken_json);
     tcase_add_test(er, unknown_operation_is_404);
     tcase_add_test(er, openapi_document_is_embedded);
     suite_add_tcase(s, er);
