@@ -1,0 +1,872 @@
+#!/usr/bin/env python3
+"""End-to-end cross-check of a running attnd against PyTorch autograd.
+
+Starts the server named by ATTND_BIN (default build/attnd) on a free port of
+127.0.0.1, sends /v1/attention and /v1/multihead requests built from seeded
+random data, and compares every number that comes back with the same
+computation written in plain torch ops in float64 (the reference) and
+float32 (reported, for scale).  Gradients come from torch autograd, never
+from a hand-written backward pass, so the check is independent of lib/.
+
+Where SPEC.md differs from PyTorch it wins:
+- a query row that sees no key gives zeros (output, weights, gradients);
+  plain torch gives NaN there, so the reference uses a "safe" softmax that
+  zeroes those rows, and the masked cases also compare the remaining rows
+  with a plain -inf softmax;
+- /v1/multihead uses the chapter's convention Q = X W_Q + b_Q with weights
+  [d_in, d_out] multiplied on the right, head i = i-th block of columns.
+
+Each case prints one line; the run ends with "N passed, N failed" and a
+non-zero exit status when anything failed.  Standard library, numpy and
+torch only.
+"""
+import base64
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # a machine without python3-torch cannot run this check
+    print("torch_check: python3-torch is not installed; skipped")
+    print("0 passed, 0 failed")
+    sys.exit(0)
+
+torch.set_num_threads(1)
+
+FWD_TOL = 1e-5   # forward output, weights, statistics: relative to magnitude
+GRAD_TOL = 1e-4  # gradients: relative to magnitude
+
+# ---------------------------------------------------------------- server
+
+
+class Server:
+    """One attnd child process on a free loopback port (--port 0)."""
+
+    def __init__(self, binary):
+        self.log = tempfile.NamedTemporaryFile(prefix="attnd-torch-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", "0", "--threads", "2"],
+            stdout=subprocess.DEVNULL, stderr=self.log)
+        self.port = None
+        deadline = time.time() + 15
+        while time.time() < deadline and self.port is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError("attnd exited at start: " + self.log_text())
+            for line in self.log_text().splitlines():
+                if "listening on 127.0.0.1:" in line:
+                    self.port = int(line.split("listening on 127.0.0.1:")[1].split()[0])
+                    break
+            time.sleep(0.05)
+        if self.port is None:
+            self.stop()
+            raise RuntimeError("attnd did not report its port: " + self.log_text())
+
+    def log_text(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        """SIGTERM, and the exit status (0 is a clean drain)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def post(self, path, body):
+        """POST a JSON body (dict or raw text); returns (status, text, parsed json or None)."""
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d%s" % (self.port, path), data=data,
+            headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, text = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        return status, text, parsed
+
+
+# ---------------------------------------------------------------- tensor codec
+
+
+def enc(a, how="nested"):
+    """A request tensor in one of the three encodings of SPEC §3."""
+    a = np.asarray(a)
+    if a.dtype == np.bool_:
+        if how == "nested":
+            return a.tolist()
+        if how == "flat":
+            return {"shape": list(a.shape), "data": a.reshape(-1).tolist()}
+        return {"shape": list(a.shape), "dtype": "bool",
+                "base64": base64.b64encode(a.astype(np.uint8).tobytes()).decode()}
+    a = a.astype(np.float32)
+    if how == "nested":
+        return a.astype(np.float64).tolist()
+    if how == "flat":
+        return {"shape": list(a.shape), "data": a.astype(np.float64).reshape(-1).tolist()}
+    return {"shape": list(a.shape), "dtype": "float32",
+            "base64": base64.b64encode(a.astype("<f4").tobytes()).decode()}
+
+
+def dec(t):
+    """A response tensor as float32: text numbers read as Python floats then rounded."""
+    if isinstance(t, dict):
+        shape = tuple(t["shape"])
+        if "base64" in t:
+            if t.get("dtype") != "float32":
+                raise AssertionError("base64 tensor with dtype %r" % t.get("dtype"))
+            return np.frombuffer(base64.b64decode(t["base64"]), dtype="<f4").reshape(shape).astype(np.float32)
+        data = np.array([float(x) for x in t["data"]], dtype=np.float64)
+        return data.astype(np.float32).reshape(shape)
+    arr = np.array(t, dtype=np.float64)
+    if arr.dtype == object:
+        raise AssertionError("ragged nested tensor in the response")
+    return arr.astype(np.float32)
+
+
+def f32(x):
+    return float(np.float32(x))
+
+
+# ---------------------------------------------------------------- references
+
+
+def _t(a, dtype, grad=False):
+    """A leaf tensor from an array (float32 request data, or float64 projections)."""
+    a = np.asarray(a)
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float32)
+    return torch.from_numpy(a.copy()).to(dtype).requires_grad_(grad)
+
+
+def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None):
+    """softmax(scale q k^T + bias, masked) v in torch; fully masked rows zero.
+
+    Returns a dict: o, o_plain (plain -inf softmax, NaN rows), w, full (rows
+    that see no key), stats, and dq, dk, dv by autograd when go is given."""
+    tq, tk, tv = _t(q, dtype, go is not None), _t(k, dtype, go is not None), _t(v, dtype, go is not None)
+    d_k = q.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+    kk, vv = tk, tv
+    if tq.dim() >= 3 and tq.shape[-3] != tk.shape[-3]:
+        g = tq.shape[-3] // tk.shape[-3]
+        kk, vv = tk.repeat_interleave(g, dim=-3), tv.repeat_interleave(g, dim=-3)
+    s_raw = tq @ kk.transpose(-1, -2)
+    s = s_raw * scale
+    n_q, n_k = s.shape[-2], s.shape[-1]
+    allowed = torch.ones(s.shape, dtype=torch.bool)
+    if mask is not None:
+        m = torch.from_numpy(np.asarray(mask).copy())
+        if m.dtype == torch.bool:
+            allowed = allowed & m
+        else:
+            s = s + m.to(dtype)
+    if causal:
+        i = torch.arange(n_q)[:, None]
+        j = torch.arange(n_k)[None, :]
+        allowed = allowed & (j <= i + (n_k - n_q))
+    full = ~allowed.any(dim=-1, keepdim=True)
+    s_masked = s.masked_fill(~allowed, float("-inf"))
+    w_plain = torch.softmax(s_masked, dim=-1)
+    w = torch.softmax(s_masked.masked_fill(full, 0.0), dim=-1).masked_fill(full, 0.0)
+    o = w @ vv
+    r = {"o": o.detach().numpy(), "o_plain": (w_plain @ vv).detach().numpy(),
+         "w": w.detach().numpy(), "full": full.squeeze(-1).numpy()}
+    # statistics (SPEC §2): raw scores over unmasked entries, rows not fully masked
+    sr = s_raw.detach().to(torch.float64)
+    sel = allowed.expand(sr.shape)
+    vals = sr[sel]
+    wd = w.detach().to(torch.float64)
+    rows = ~full.squeeze(-1).expand(wd.shape[:-1])
+    ent = -(torch.where(wd > 0, wd * torch.log(torch.where(wd > 0, wd, torch.ones_like(wd))),
+                        torch.zeros_like(wd))).sum(-1)[rows]
+    mx = wd.max(dim=-1).values[rows]
+
+    def mv(x):
+        if x.numel() == 0:
+            return None, None
+        return float(x.mean()), float(((x - x.mean()) ** 2).mean())
+    sm, svar = mv(vals)
+    ssm, ssvar = mv(vals * scale)
+    r["stats"] = {
+        "scores": {"mean": sm, "var": svar},
+        "scaled_scores": {"mean": ssm, "var": ssvar},
+        "entropy": ({"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())}
+                    if ent.numel() else {"mean": None, "min": None, "max": None}),
+        "max_weight": {"mean": float(mx.mean()) if mx.numel() else None},
+    }
+    if go is not None:
+        o.backward(_t(go, dtype))
+        r["dq"], r["dk"], r["dv"] = tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
+    return r
+
+
+MHA_PARAMS = ("x", "context", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+
+
+def ref_mha(p, h, dtype, h_kv=None, causal=False, mask=None, scale=None, go=None):
+    """Chapter-convention multi-head attention (Q = X W_Q + b_Q) in torch.
+
+    p maps parameter names to arrays; returns o, w (per head), w_mean and the
+    autograd gradient of every parameter given when go is given."""
+    h_kv = h_kv or h
+    t = {name: _t(p[name], dtype, go is not None) for name in MHA_PARAMS if name in p}
+    x = t["x"]
+    unbatched = x.dim() == 2
+    ctx = t.get("context", x)
+    if unbatched:
+        x, ctx = x.unsqueeze(0), ctx.unsqueeze(0)
+    B, n, _ = x.shape
+    m = ctx.shape[1]
+    d_k = t["w_q"].shape[1] // h
+    d_v = t["w_v"].shape[1] // h_kv
+    Q = x @ t["w_q"] + (t["b_q"] if "b_q" in t else 0)
+    K = ctx @ t["w_k"] + (t["b_k"] if "b_k" in t else 0)
+    V = ctx @ t["w_v"] + (t["b_v"] if "b_v" in t else 0)
+    Q = Q.reshape(B, n, h, d_k).transpose(1, 2)
+    K = K.reshape(B, m, h_kv, d_k).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
+    V = V.reshape(B, m, h_kv, d_v).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+    s = (Q @ K.transpose(-1, -2)) * scale
+    allowed = torch.ones(s.shape, dtype=torch.bool)
+    if mask is not None:
+        mt = torch.from_numpy(np.asarray(mask).copy())
+        if mt.dtype == torch.bool:
+            allowed = allowed & mt
+        else:
+            s = s + mt.to(dtype)
+    if causal:
+        i = torch.arange(n)[:, None]
+        j = torch.arange(m)[None, :]
+        allowed = allowed & (j <= i + (m - n))
+    full = ~allowed.any(dim=-1, keepdim=True)
+    s = s.masked_fill(~allowed, float("-inf")).masked_fill(full, 0.0)
+    w = torch.softmax(s, dim=-1).masked_fill(full, 0.0)
+    heads = (w @ V).transpose(1, 2).reshape(B, n, h * d_v)
+    o = heads
+    if "w_o" in t:
+        o = heads @ t["w_o"] + (t["b_o"] if "b_o" in t else 0)
+    if unbatched:
+        o = o.squeeze(0)
+        wd = w.detach().squeeze(0)
+    else:
+        wd = w.detach()
+    r = {"o": o.detach().numpy(), "w": wd.numpy(), "w_mean": wd.mean(dim=-3).numpy()}
+    if go is not None:
+        o.backward(_t(go, dtype))
+        r["grad"] = {name: t[name].grad.numpy() for name in t}
+    return r
+
+
+# ---------------------------------------------------------------- cases
+
+
+class Case:
+    """One named check: a list of comparisons and explicit failures."""
+
+    def __init__(self, name):
+        self.name = name
+        self.cmps = []    # (what, err, tol, err32)
+        self.fails = []
+        self.note = ""
+
+    def fail(self, msg):
+        self.fails.append(msg)
+
+    def expect(self, cond, msg):
+        if not cond:
+            self.fail(msg)
+
+    def close(self, what, got, ref64, ref32=None, rel=FWD_TOL, rows_zero=None):
+        """got vs ref64 within rel * max(1, max|ref64|); err vs ref32 reported."""
+        got = np.asarray(got, dtype=np.float64)
+        ref = np.asarray(ref64, dtype=np.float64)
+        if got.shape != ref.shape:
+            self.fail("%s: shape %s, expected %s" % (what, list(got.shape), list(ref.shape)))
+            return
+        if not np.all(np.isfinite(got)):
+            self.fail("%s: %d non-finite values" % (what, int(np.sum(~np.isfinite(got)))))
+            return
+        tol = rel * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        diff = np.abs(got - ref)
+        err = float(diff.max()) if diff.size else 0.0
+        err32 = float("nan")
+        if ref32 is not None:
+            d32 = np.abs(got - np.asarray(ref32, dtype=np.float64))
+            err32 = float(np.nanmax(d32)) if d32.size else 0.0
+        self.cmps.append((what, err, tol, err32))
+        if err > tol:
+            idx = np.unravel_index(int(np.argmax(diff)), diff.shape)
+            self.fail("%s: max err %.3g > tol %.3g at %s (got %r, expected %r)"
+                      % (what, err, tol, list(idx), float(got[idx]), float(ref[idx])))
+
+    def zero_rows(self, what, got, full):
+        """Rows flagged in full (shape got.shape[:-1]) must be exactly 0."""
+        got = np.asarray(got)
+        if not full.any():
+            return
+        bad = got[np.broadcast_to(full, got.shape[:-1])]
+        self.expect(np.all(bad == 0), "%s: fully masked rows not zero (max |x| %g)"
+                    % (what, float(np.max(np.abs(bad))) if bad.size else 0.0))
+
+    def report(self):
+        ok = not self.fails
+        if self.cmps:
+            what, err, tol, err32 = max(self.cmps, key=lambda c: c[1] / c[2])
+            line = "%-46s max_err %.2e (%s) tol %.1e  vs_f32 %s  %s" % (
+                self.name, err, what, tol, "-" if math.isnan(err32) else "%.2e" % err32,
+                "ok" if ok else "FAIL")
+        else:
+            line = "%-46s %s%s" % (self.name, self.note + "  " if self.note else "", "ok" if ok else "FAIL")
+        print(line)
+        for f in self.fails:
+            print("    " + f)
+        sys.stdout.flush()
+        return ok
+
+
+RESULTS = []
+MAXERR = {"forward": 0.0, "grad": 0.0, "f32_forward": 0.0, "f32_grad": 0.0}
+
+
+def run_case(name, fn, *args, **kw):
+    c = Case(name)
+    try:
+        fn(c, *args, **kw)
+    except Exception as e:  # a crash in a case is its failure, not the run's
+        c.fail("exception: %s: %s" % (type(e).__name__, e))
+        tb = traceback.format_exc().strip().splitlines()
+        c.fail(" | ".join(tb[-3:]))
+    for what, err, tol, err32 in c.cmps:
+        # summary errors are relative to max(1, max|ref|), like the tolerances
+        key = "grad" if what.startswith("grad") else "forward"
+        mag = tol / (GRAD_TOL if key == "grad" else FWD_TOL)
+        MAXERR[key] = max(MAXERR[key], err / mag)
+        if not math.isnan(err32):
+            MAXERR["f32_" + key] = max(MAXERR["f32_" + key], err32 / mag)
+    RESULTS.append(c.report())
+
+
+RNG = np.random.default_rng(20261130)
+
+
+def rnd(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def stats_close(c, got, ref, prefix="stats"):
+    if not isinstance(got, dict):
+        c.fail("%s missing" % prefix)
+        return
+    for group, keys in (("scores", ("mean", "var")), ("scaled_scores", ("mean", "var")),
+                        ("entropy", ("mean", "min", "max")), ("max_weight", ("mean",))):
+        for key in keys:
+            g = got.get(group, {}).get(key, "absent")
+            e = ref[group][key]
+            what = "%s.%s.%s" % (prefix, group, key)
+            if e is None:
+                c.expect(g is None, "%s: expected null, got %r" % (what, g))
+            elif not isinstance(g, (int, float)) or isinstance(g, bool):
+                c.fail("%s: expected %r, got %r" % (what, e, g))
+            else:
+                c.close(what, g, e, rel=FWD_TOL)
+
+
+# ---- /v1/attention
+
+
+def attention_case(c, srv, q, k, v, causal=False, mask=None, scale=None, go=None,
+                   weights=False, stats=False, mask_enc="nested", encoding="nested",
+                   out_encoding=None):
+    """Send one /v1/attention request and compare everything against torch."""
+    body = {"q": enc(q, encoding), "k": enc(k, encoding), "v": enc(v, encoding)}
+    if causal:
+        body["causal"] = True
+    if mask is not None:
+        body["mask"] = enc(mask, mask_enc)
+    if scale is not None:
+        body["scale"] = scale
+    if go is not None:
+        body["grad_output"] = enc(go, encoding)
+    if weights:
+        body["return_weights"] = True
+    if stats:
+        body["return_stats"] = True
+    if out_encoding:
+        body["output_encoding"] = out_encoding
+    status, text, resp = srv.post("/v1/attention", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return None
+    r64 = ref_sdpa(q, k, v, torch.float64, causal, mask, scale, go)
+    r32 = ref_sdpa(q, k, v, torch.float32, causal, mask, scale, go)
+    out = dec(resp["output"])
+    c.close("output", out, r64["o"], r32["o"])
+    full = r64["full"]
+    if full.any():
+        c.zero_rows("output", out, full)
+        keep = ~np.broadcast_to(full, out.shape[:-1])
+        c.close("output(rows vs plain torch)", out[keep], r64["o_plain"][keep])
+        c.expect(np.all(np.isnan(r64["o_plain"][~keep])), "reference: plain torch rows not NaN")
+    if weights:
+        if "weights" not in resp:
+            c.fail("weights missing")
+        else:
+            w = dec(resp["weights"])
+            c.close("weights", w, r64["w"], r32["w"])
+            c.zero_rows("weights", w, full)
+    else:
+        c.expect("weights" not in resp, "weights present without return_weights")
+    if stats:
+        stats_close(c, resp.get("stats"), r64["stats"])
+    if go is not None:
+        g = resp.get("grad") or {}
+        for name, key in (("q", "dq"), ("k", "dk"), ("v", "dv")):
+            if name not in g:
+                c.fail("grad.%s missing" % name)
+                continue
+            c.close("grad." + name, dec(g[name]), r64[key], r32[key], rel=GRAD_TOL)
+        if "q" in g and full.any():
+            c.zero_rows("grad.q", dec(g["q"]), full)
+    else:
+        c.expect("grad" not in resp, "grad present without grad_output")
+    meta = resp.get("meta", {}).get("shape", {})
+    c.expect(meta.get("n_q") == q.shape[-2] and meta.get("n_k") == k.shape[-2]
+             and meta.get("d_k") == q.shape[-1] and meta.get("d_v") == v.shape[-1],
+             "meta.shape %r" % meta)
+    return resp
+
+
+def simple(c, srv, shape_q, shape_k, shape_v, **kw):
+    q, k, v = rnd(*shape_q), rnd(*shape_k), rnd(*shape_v)
+    go = rnd(*(shape_q[:-1] + (shape_v[-1],))) if kw.pop("grad", True) else None
+    mask = kw.pop("mask_fn", None)
+    if mask is not None:
+        mask = mask(shape_q, shape_k)
+    attention_case(c, srv, q, k, v, go=go, mask=mask, **kw)
+
+
+def bool_mask(shape, p=0.7):
+    return RNG.random(shape) < p
+
+
+def encodings_case(c, srv):
+    """The same problem in every input encoding and output encoding: identical
+    bits, and the text numbers read back as exactly the base64 float32s."""
+    q, k, v = rnd(2, 5, 7), rnd(2, 9, 7), rnd(2, 9, 3)
+    go = rnd(2, 5, 3)
+    bm = bool_mask((2, 1, 9))
+    fm = rnd(5, 9, scale=0.5)
+    outs = {}
+    for ienc in ("nested", "flat", "base64"):
+        for oenc in ("nested", "flat", "base64"):
+            for mname, m in (("bool", bm), ("float", fm)):
+                body = {"q": enc(q, ienc), "k": enc(k, ienc), "v": enc(v, ienc),
+                        "mask": enc(m, ienc), "causal": True, "grad_output": enc(go, ienc),
+                        "return_weights": True, "output_encoding": oenc}
+                status, text, resp = srv.post("/v1/attention", body)
+                if status != 200:
+                    c.fail("%s/%s/%s: status %d %s" % (ienc, oenc, mname, status, text[:200]))
+                    continue
+                tensors = {"output": resp["output"], "weights": resp["weights"],
+                           "grad.q": resp["grad"]["q"], "grad.k": resp["grad"]["k"],
+                           "grad.v": resp["grad"]["v"]}
+                for name, t in tensors.items():
+                    if oenc == "nested":
+                        c.expect(isinstance(t, list), "%s: nested output is %s" % (name, type(t)))
+                    elif oenc == "flat":
+                        c.expect(isinstance(t, dict) and "data" in t and "shape" in t,
+                                 "%s: flat output %r" % (name, str(t)[:80]))
+                    else:
+                        c.expect(isinstance(t, dict) and t.get("dtype") == "float32" and "base64" in t,
+                                 "%s: base64 output %r" % (name, str(t)[:80]))
+                outs[(ienc, oenc, mname)] = {n: dec(t) for n, t in tensors.items()}
+    for mname, m in (("bool", bm), ("float", fm)):
+        base = outs.get(("base64", "base64", mname))
+        if base is None:
+            continue
+        r64 = ref_sdpa(q, k, v, torch.float64, True, m, None, go)
+        r32 = ref_sdpa(q, k, v, torch.float32, True, m, None, go)
+        c.close("output[%s]" % mname, base["output"], r64["o"], r32["o"])
+        c.close("weights[%s]" % mname, base["weights"], r64["w"], r32["w"])
+        for n in "qkv":
+            c.close("grad.%s[%s]" % (n, mname), base["grad." + n], r64["d" + n], r32["d" + n], rel=GRAD_TOL)
+        for key, got in outs.items():
+            if key[2] != mname:
+                continue
+            for n, arr in got.items():
+                if arr.shape != base[n].shape or not np.array_equal(arr.view(np.uint32), base[n].view(np.uint32)):
+                    c.fail("%s differs between %s in / %s out and base64/base64 (max diff %g)"
+                           % (n, key[0], key[1], float(np.max(np.abs(arr.astype(np.float64) - base[n])))
+                              if arr.shape == base[n].shape else float("nan")))
+
+
+def roundtrip_case(c, srv):
+    """Text numbers (nested and flat) parse back to the base64 float32 bits,
+    over values of many magnitudes."""
+    q = rnd(3, 40, 16, scale=3.0)
+    k = rnd(3, 50, 16, scale=3.0)
+    v = (rnd(3, 50, 8) * np.exp(RNG.uniform(-30, 30, (3, 50, 8)))).astype(np.float32)
+    go = (rnd(3, 40, 8) * np.exp(RNG.uniform(-10, 10, (3, 40, 8)))).astype(np.float32)
+    got = {}
+    for oenc in ("nested", "flat", "base64"):
+        status, text, resp = srv.post("/v1/attention", {
+            "q": enc(q, "base64"), "k": enc(k, "base64"), "v": enc(v, "base64"),
+            "grad_output": enc(go, "base64"), "return_weights": True, "output_encoding": oenc})
+        if status != 200:
+            c.fail("%s: status %d %s" % (oenc, status, text[:200]))
+            return
+        got[oenc] = [dec(resp["output"]), dec(resp["weights"]), dec(resp["grad"]["q"]),
+                     dec(resp["grad"]["k"]), dec(resp["grad"]["v"])]
+    count = 0
+    for oenc in ("nested", "flat"):
+        for a, b in zip(got[oenc], got["base64"]):
+            count += a.size
+            same = a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+            if not same:
+                bad = np.argwhere(a.view(np.uint32) != b.view(np.uint32))
+                i = tuple(bad[0])
+                c.fail("%s text number at %s reads as %r, base64 has %r (%d differ)"
+                       % (oenc, list(i), float(a[i]), float(b[i]), len(bad)))
+    r64 = ref_sdpa(q, k, v, torch.float64, go=go)
+    c.close("output", got["base64"][0], r64["o"])
+    c.close("grad.v", got["base64"][4], r64["dv"], rel=GRAD_TOL)
+    c.expect(count > 0, "nothing compared")
+
+
+def onehot_case(c, srv):
+    """Scores of +-1e4 give the exact one-hot answer (and gradients of 0)."""
+    q = np.array([[100, 0], [0, 100], [-100, 0], [0, -100]], dtype=np.float32)
+    k = np.array([[100, 0], [0, 100], [-100, 0], [0, -100], [0, 0]], dtype=np.float32)
+    v = rnd(5, 3)
+    go = rnd(4, 3)
+    for scale in (1.0, None):
+        body = {"q": enc(q), "k": enc(k), "v": enc(v), "return_weights": True,
+                "grad_output": enc(go), "return_stats": True, "output_encoding": "base64"}
+        if scale is not None:
+            body["scale"] = scale
+        status, text, resp = srv.post("/v1/attention", body)
+        if status != 200:
+            c.fail("scale %r: status %d %s" % (scale, status, text[:200]))
+            continue
+        w = dec(resp["weights"])
+        o = dec(resp["output"])
+        c.expect(np.array_equal(w, np.eye(4, 5, dtype=np.float32)), "weights not exactly one-hot: %r" % w)
+        c.expect(np.array_equal(o, v[:4]), "output not exactly v rows: max diff %g"
+                 % float(np.max(np.abs(o - v[:4]))))
+        for n in "qkv":
+            c.expect(np.all(np.isfinite(dec(resp["grad"][n]))), "grad.%s not finite" % n)
+        c.close("grad.q(scale=%r)" % scale, dec(resp["grad"]["q"]), np.zeros((4, 2)), rel=GRAD_TOL)
+        r64 = ref_sdpa(q, k, v, torch.float64, scale=scale, go=go)
+        c.expect(np.array_equal(r64["dq"], np.zeros((4, 2))), "reference grad.q not zero")
+        c.close("output(scale=%r)" % scale, o, r64["o"])
+        c.close("grad.k(scale=%r)" % scale, dec(resp["grad"]["k"]), r64["dk"], rel=GRAD_TOL)
+        c.close("grad.v(scale=%r)" % scale, dec(resp["grad"]["v"]), r64["dv"], rel=GRAD_TOL)
+        stats_close(c, resp.get("stats"), r64["stats"])
+
+
+def all_masked_stats_case(c, srv):
+    """Every entry masked: zeros everywhere, statistics null."""
+    q, k, v, go = rnd(3, 4), rnd(5, 4), rnd(5, 2), rnd(3, 2)
+    mask = np.zeros((5,), dtype=bool)
+    attention_case(c, srv, q, k, v, mask=mask, go=go, weights=True, stats=True)
+    r = ref_sdpa(q, k, v, torch.float64, mask=mask, go=go)
+    c.expect(r["stats"]["scores"]["mean"] is None, "reference stats not null")
+
+
+# ---- /v1/multihead
+
+
+def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=None,
+             d_k=4, d_v=3, d_out=5, w_o=True, biases=(), causal=False, mask=None,
+             scale=None, weights=False, grad=True, encoding="nested", stats=False):
+    lead = () if B is None else (B,)
+    cross = m is not None or d_ctx is not None
+    m = m if m is not None else n
+    d_ctx = d_ctx if d_ctx is not None else d_model
+    hk = h_kv or h
+    p = {"x": rnd(*lead, n, d_model)}
+    if cross:
+        p["context"] = rnd(*lead, m, d_ctx)
+    p["w_q"] = rnd(d_model, h * d_k, scale=d_model ** -0.5)
+    p["w_k"] = rnd(d_ctx, hk * d_k, scale=d_ctx ** -0.5)
+    p["w_v"] = rnd(d_ctx, hk * d_v, scale=d_ctx ** -0.5)
+    width = h * d_v
+    if w_o:
+        p["w_o"] = rnd(h * d_v, d_out, scale=(h * d_v) ** -0.5)
+        width = d_out
+    sizes = {"b_q": h * d_k, "b_k": hk * d_k, "b_v": hk * d_v, "b_o": d_out}
+    for b in biases:
+        p[b] = rnd(sizes[b])
+    go = rnd(*lead, n, width) if grad else None
+    body = {name: enc(p[name], encoding) for name in p}
+    body["num_heads"] = h
+    if h_kv is not None:
+        body["num_kv_heads"] = h_kv
+    if causal:
+        body["causal"] = True
+    if mask is not None:
+        body["mask"] = enc(mask, encoding)
+    if scale is not None:
+        body["scale"] = scale
+    if weights:
+        body["return_weights"] = weights
+    if stats:
+        body["return_stats"] = True
+    if go is not None:
+        body["grad_output"] = enc(go, encoding)
+    status, text, resp = srv.post("/v1/multihead", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    r64 = ref_mha(p, h, torch.float64, h_kv, causal, mask, scale, go)
+    r32 = ref_mha(p, h, torch.float32, h_kv, causal, mask, scale, go)
+    c.close("output", dec(resp["output"]), r64["o"], r32["o"])
+    if weights:
+        key = "w_mean" if weights == "mean" else "w"
+        if "weights" not in resp:
+            c.fail("weights missing")
+        else:
+            c.close("weights", dec(resp["weights"]), r64[key], r32[key])
+    if stats:
+        # multihead stats over every head: the same as /v1/attention on the projections
+        ref_stats = mha_stats_ref(p, h, hk, causal, mask, scale)
+        stats_close(c, resp.get("stats"), ref_stats)
+    if go is not None:
+        g = resp.get("grad") or {}
+        expected = set(p)
+        c.expect(set(g) == expected, "grad keys %s, expected %s" % (sorted(g), sorted(expected)))
+        for name in sorted(expected & set(g)):
+            c.close("grad." + name, dec(g[name]), r64["grad"][name], r32["grad"][name], rel=GRAD_TOL)
+
+
+def mha_stats_ref(p, h, hk, causal, mask, scale):
+    """Stats of multi-head attention: project in float64, then ref_sdpa's stats."""
+    x = p["x"].astype(np.float64)
+    ctx = p.get("context", p["x"]).astype(np.float64)
+    if x.ndim == 2:
+        x, ctx = x[None], ctx[None]
+    B, n, _ = x.shape
+    m = ctx.shape[1]
+    d_k = p["w_q"].shape[1] // h
+    d_v = p["w_v"].shape[1] // hk
+    Q = x @ p["w_q"] + p.get("b_q", 0)
+    K = ctx @ p["w_k"] + p.get("b_k", 0)
+    V = ctx @ p["w_v"] + p.get("b_v", 0)
+    Q = Q.reshape(B, n, h, d_k).transpose(0, 2, 1, 3)
+    K = K.reshape(B, m, hk, d_k).transpose(0, 2, 1, 3)
+    V = V.reshape(B, m, hk, d_v).transpose(0, 2, 1, 3)
+    return ref_sdpa(Q, K, V, torch.float64, causal, mask, scale)["stats"]
+
+
+# ---- errors
+
+
+def error_case(c, srv, path, body, status, code, field=None):
+    st, text, resp = srv.post(path, body)
+    c.expect(st == status, "status %d, expected %d: %s" % (st, status, text[:200]))
+    err = (resp or {}).get("error") if isinstance(resp, dict) else None
+    if not isinstance(err, dict):
+        c.fail("no error object: %s" % text[:200])
+        return
+    c.note = "%s %s field=%s" % (st, err.get("code"), err.get("field"))
+    codes = code if isinstance(code, tuple) else (code,)
+    c.expect(err.get("code") in codes, "code %r, expected %s" % (err.get("code"), "/".join(codes)))
+    c.expect(err.get("status") == st, "error.status %r but HTTP %d" % (err.get("status"), st))
+    c.expect(isinstance(err.get("message"), str) and err["message"], "empty message")
+    if field is not None:
+        c.expect(err.get("field") == field, "field %r, expected %r" % (err.get("field"), field))
+
+
+# ---------------------------------------------------------------- main
+
+
+def main():
+    binary = os.environ.get("ATTND_BIN") or "build/attnd"
+    if "ATTND_BIN" not in os.environ and not os.path.exists(binary):
+        binary = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "attnd")
+    if not os.path.exists(binary):
+        print("torch_check: %s not found (build it with make)" % binary)
+        print("0 passed, 1 failed")
+        return 1
+    started = time.time()
+    srv = Server(binary)
+    print("torch_check: attnd %s on 127.0.0.1:%d, torch %s" % (binary, srv.port, torch.__version__))
+    sys.stdout.flush()
+    try:
+        cases(srv)
+    finally:
+        rc = srv.stop()
+    c = Case("server exits 0 on SIGTERM")
+    c.expect(rc == 0, "exit status %r; log tail: %s" % (rc, srv.log_text()[-500:]))
+    RESULTS.append(c.report())
+    passed = sum(1 for r in RESULTS if r)
+    failed = len(RESULTS) - passed
+    print("max errors relative to max(1, |ref|): forward %.2e, grad %.2e (vs float64 torch); "
+          "vs float32 torch: forward %.2e, grad %.2e; %.1f s"
+          % (MAXERR["forward"], MAXERR["grad"], MAXERR["f32_forward"], MAXERR["f32_grad"],
+             time.time() - started))
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+def cases(srv):
+    A = "attention "
+    # ranks, shapes, scale
+    run_case(A + "rank2 n_q!=n_k d_k!=d_v", simple, srv, (7, 16), (11, 16), (11, 5), weights=True)
+    run_case(A + "rank3 H=3", simple, srv, (3, 9, 8), (3, 13, 8), (3, 13, 6), weights=True)
+    run_case(A + "rank4 B=2 H=3", simple, srv, (2, 3, 10, 8), (2, 3, 6, 8), (2, 3, 6, 4), weights=True)
+    run_case(A + "explicit scale 0.3", simple, srv, (2, 6, 5), (2, 8, 5), (2, 8, 7),
+             scale=f32(0.3), weights=True)
+    run_case(A + "explicit scale 2.5 causal", simple, srv, (6, 5), (6, 5), (6, 3),
+             scale=2.5, causal=True, weights=True)
+    # causal, bottom-right
+    run_case(A + "causal n_q<n_k", simple, srv, (2, 5, 8), (2, 9, 8), (2, 9, 4), causal=True, weights=True)
+    run_case(A + "causal n_q=n_k", simple, srv, (2, 7, 8), (2, 7, 8), (2, 7, 4), causal=True, weights=True)
+    run_case(A + "causal n_q>n_k (zero rows)", simple, srv, (2, 9, 8), (2, 4, 8), (2, 4, 4),
+             causal=True, weights=True, stats=True)
+    run_case(A + "causal n_q=1 sees all", simple, srv, (1, 8), (12, 8), (12, 4), causal=True, weights=True)
+    # masks, broadcasting, with causal
+    run_case(A + "bool mask [n_k] + causal", simple, srv, (2, 6, 8), (2, 9, 8), (2, 9, 4),
+             causal=True, weights=True, mask_fn=lambda sq, sk: bool_mask((sk[-2],)))
+    run_case(A + "bool mask [n_q,n_k]", simple, srv, (2, 6, 8), (2, 9, 8), (2, 9, 4),
+             weights=True, mask_fn=lambda sq, sk: bool_mask((sq[-2], sk[-2])))
+    run_case(A + "bool mask [H,1,n_k] + causal", simple, srv, (2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 4),
+             causal=True, weights=True, mask_fn=lambda sq, sk: bool_mask((3, 1, sk[-2])))
+    run_case(A + "bool mask [B,1,1,n_k]", simple, srv, (2, 3, 6, 8), (2, 3, 7, 8), (2, 3, 7, 4),
+             weights=True, mask_fn=lambda sq, sk: bool_mask((2, 1, 1, sk[-2])))
+    run_case(A + "float mask [n_k] + causal", simple, srv, (2, 6, 8), (2, 9, 8), (2, 9, 4),
+             causal=True, weights=True, mask_fn=lambda sq, sk: rnd(sk[-2]))
+    run_case(A + "float mask [n_q,n_k]", simple, srv, (5, 8), (9, 8), (9, 4),
+             weights=True, mask_fn=lambda sq, sk: rnd(sq[-2], sk[-2], scale=2.0))
+    run_case(A + "float mask [H,1,n_k] + causal", simple, srv, (2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 4),
+             causal=True, weights=True, mask_fn=lambda sq, sk: rnd(3, 1, sk[-2]))
+    run_case(A + "float mask [B,1,1,n_k] + causal", simple, srv, (2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4),
+             causal=True, weights=True, mask_fn=lambda sq, sk: rnd(2, 1, 1, sk[-2]))
+    run_case(A + "bool mask base64 [B,H,n_q,n_k]", simple, srv, (2, 2, 6, 8), (2, 2, 7, 8), (2, 2, 7, 4),
+             weights=True, mask_enc="base64", mask_fn=lambda sq, sk: bool_mask((2, 2, 6, 7)))
+
+    def row_masked(sq, sk):
+        mk = bool_mask((sq[-2], sk[-2]))
+        mk[2, :] = False
+        mk[0, :] = False
+        return mk
+    run_case(A + "fully masked rows via mask", simple, srv, (2, 5, 8), (2, 6, 8), (2, 6, 4),
+             weights=True, stats=True, mask_fn=row_masked)
+    run_case(A + "mask removes causal's keys (zero row)", simple, srv, (4, 8), (4, 8), (4, 4),
+             causal=True, weights=True, stats=True,
+             mask_fn=lambda sq, sk: np.array([False, True, True, True]))
+    run_case(A + "everything masked (null stats)", all_masked_stats_case, srv)
+    # GQA / MQA
+    run_case(A + "GQA rank3 H_q=4 H_kv=2", simple, srv, (4, 6, 8), (2, 9, 8), (2, 9, 5), weights=True)
+    run_case(A + "MQA rank3 H_q=4 H_kv=1 causal", simple, srv, (4, 6, 8), (1, 9, 8), (1, 9, 5),
+             causal=True, weights=True)
+    run_case(A + "GQA rank4 B=2 H_q=4 H_kv=2 + mask", simple, srv, (2, 4, 6, 8), (2, 2, 7, 8), (2, 2, 7, 5),
+             causal=True, weights=True, stats=True, mask_fn=lambda sq, sk: bool_mask((2, 1, 1, 7), 0.8))
+    run_case(A + "MQA rank4 B=2 H_q=4 H_kv=1", simple, srv, (2, 4, 5, 8), (2, 1, 7, 8), (2, 1, 7, 3),
+             weights=True)
+    # statistics
+    run_case(A + "stats plain", simple, srv, (2, 12, 16), (2, 20, 16), (2, 20, 4), stats=True, grad=False)
+    run_case(A + "stats causal + bool + float mask", simple, srv, (2, 8, 16), (2, 10, 16), (2, 10, 4),
+             stats=True, causal=True, grad=False,
+             mask_fn=lambda sq, sk: bool_mask((8, 10), 0.8))
+    run_case(A + "stats float mask (masks nothing)", simple, srv, (2, 8, 16), (2, 10, 16), (2, 10, 4),
+             stats=True, grad=False, scale=f32(0.7),
+             mask_fn=lambda sq, sk: rnd(8, 10, scale=3.0))
+    # tile edges
+    run_case(A + "n_q=1 n_k=1", simple, srv, (1, 4), (1, 4), (1, 2), weights=True, stats=True)
+    run_case(A + "n=65 d=64 causal", simple, srv, (65, 64), (65, 64), (65, 64), causal=True, weights=True)
+    run_case(A + "n_q=129 n_k=300 d_k=64 d_v=33", simple, srv, (2, 129, 64), (2, 300, 64), (2, 300, 33),
+             causal=True, weights=True)
+    run_case(A + "n=300 d=64 causal GQA", simple, srv, (4, 300, 64), (2, 300, 64), (2, 300, 64), causal=True)
+    run_case(A + "n_q=300 n_k=65 causal (zero rows)", simple, srv, (300, 16), (65, 16), (65, 8),
+             causal=True, weights=True)
+    run_case(A + "n_q=1 n_k=1100 d=1", simple, srv, (1, 1), (1100, 1), (1100, 3), weights=True, stats=True)
+    run_case(A + "d_k=3 d_v=1 n=257 mask", simple, srv, (257, 3), (257, 3), (257, 1), weights=True,
+             mask_fn=lambda sq, sk: bool_mask((257,), 0.5))
+    # encodings and text round trip
+    run_case(A + "encodings 3 in x 3 out identical", encodings_case, srv)
+    run_case(A + "text numbers round-trip to float32", roundtrip_case, srv)
+    run_case(A + "scores +-1e4 exact one-hot", onehot_case, srv)
+
+    M = "multihead "
+    run_case(M + "self, w_o, unbatched", mha_case, srv)
+    run_case(M + "self, no w_o, batched", mha_case, srv, B=2, w_o=False)
+    run_case(M + "self, all biases, batched", mha_case, srv, B=2, biases=("b_q", "b_k", "b_v", "b_o"))
+    for b in ("b_q", "b_k", "b_v", "b_o"):
+        run_case(M + "self, only " + b, mha_case, srv, biases=(b,))
+    run_case(M + "self, b_v no w_o", mha_case, srv, w_o=False, biases=("b_v", "b_q"))
+    run_case(M + "cross m!=n d_ctx!=d_model", mha_case, srv, B=2, n=5, m=9, d_model=8, d_ctx=6,
+             biases=("b_k", "b_v"))
+    run_case(M + "cross unbatched, no w_o", mha_case, srv, n=7, m=4, d_model=6, d_ctx=10, w_o=False)
+    run_case(M + "GQA h=4 h_kv=2", mha_case, srv, B=2, h=4, h_kv=2, d_k=3, d_v=2, weights=True)
+    run_case(M + "MQA h=4 h_kv=1 cross", mha_case, srv, n=5, m=8, d_ctx=7, h=4, h_kv=1, weights="mean")
+    run_case(M + "causal self, weights true", mha_case, srv, B=2, causal=True, weights=True)
+    run_case(M + "causal cross n>m (zero rows), mean", mha_case, srv, B=2, n=8, m=5, d_ctx=6,
+             causal=True, weights="mean", biases=("b_q", "b_k", "b_v", "b_o"))
+    run_case(M + "bool mask [n,m] + causal, unbatched", mha_case, srv, n=6, causal=True,
+             mask=bool_mask((6, 6), 0.7), weights=True)
+    run_case(M + "float mask [B,1,1,m]", mha_case, srv, B=2, n=5, m=7, d_ctx=8,
+             mask=rnd(2, 1, 1, 7), weights="mean")
+    run_case(M + "bool mask [h,1,m] GQA", mha_case, srv, B=2, h=4, h_kv=2, n=5,
+             mask=bool_mask((4, 1, 5), 0.7), weights=True)
+    run_case(M + "explicit scale, flat encoding", mha_case, srv, B=2, scale=f32(0.45), encoding="flat",
+             weights=True)
+    run_case(M + "base64 encoding, stats", mha_case, srv, B=2, encoding="base64", stats=True,
+             biases=("b_q", "b_k"), causal=True)
+    run_case(M + "larger n=70 d_model=32 h=4", mha_case, srv, B=2, n=70, d_model=32, h=4, d_k=8, d_v=8,
+             d_out=16, causal=True, biases=("b_q", "b_k", "b_v", "b_o"))
+
+    E = "error "
+    qkv = {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]]}
+    run_case(E + "typo casual -> 400 unknown_field", error_case, srv, "/v1/attention",
+             dict(qkv, casual=True), 400, "unknown_field", "casual")
+    run_case(E + "k d_k mismatch -> 422 shape_mismatch", error_case, srv, "/v1/attention",
+             dict(qkv, k=[[1, 2, 3], [4, 5, 6]]), 422, "shape_mismatch", "k")
+    run_case(E + "1e39 -> 400 invalid_number", error_case, srv, "/v1/attention",
+             dict(qkv, q=[[1e39, 2], [3, 4]]), 400, "invalid_number")
+    run_case(E + "base64 NaN -> 400 invalid_number", error_case, srv, "/v1/attention",
+             dict(qkv, v=enc(np.array([[1, float("nan")], [3, 4]], np.float32), "base64")), 400,
+             "invalid_number")
+    run_case(E + "num_heads 3 of 4 columns -> 422", error_case, srv, "/v1/multihead",
+             {"x": [[1, 2, 3, 4]], "w_q": np.eye(4).tolist(), "w_k": np.eye(4).tolist(),
+              "w_v": np.eye(4).tolist(), "num_heads": 3}, 422, "shape_mismatch")
+    run_case(E + "H_q % H_kv != 0 -> 422", error_case, srv, "/v1/attention",
+             {"q": rnd(3, 2, 2).tolist(), "k": rnd(2, 2, 2).tolist(), "v": rnd(2, 2, 2).tolist()},
+             422, "shape_mismatch")
+    run_case(E + "mask not broadcastable -> 422", error_case, srv, "/v1/attention",
+             dict(qkv, mask=[True, False, True]), 422, "shape_mismatch", "mask")
+    run_case(E + "ragged q -> 422 ragged_array", error_case, srv, "/v1/attention",
+             dict(qkv, q=[[1, 2], [3]]), 422, "ragged_array")
+    run_case(E + "duplicate key -> 400", error_case, srv, "/v1/attention",
+             '{"q": [[1]], "k": [[1]], "v": [[1]], "v": [[2]]}', 400, "duplicate_key")
+    run_case(E + "missing v -> 400 missing_field", error_case, srv, "/v1/attention",
+             {"q": qkv["q"], "k": qkv["k"]}, 400, "missing_field", "v")
+    run_case(E + "causal 1 -> 400 wrong_type", error_case, srv, "/v1/attention",
+             dict(qkv, causal=1), 400, "wrong_type", "causal")
+    run_case(E + "grad_output shape -> 422", error_case, srv, "/v1/attention",
+             dict(qkv, grad_output=[[1, 2, 3]]), 422, "shape_mismatch", "grad_output")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
