@@ -92,9 +92,7 @@ bool compute_start(const attnd_config *cfg)
 compute_result compute_submit(srv_request *r)
 {
     pthread_mutex_lock(&lock);
-    static int noinline = -1;
-    if (noinline < 0) noinline = getenv("XNOINLINE") != NULL;
-    if (!noinline && running < slots && waiting == 0 && r->body_len <= INLINE_MAX_BODY) {
+    if (running < slots && waiting == 0 && r->body_len <= INLINE_MAX_BODY) {
         int others = running++;
         pthread_mutex_unlock(&lock);
         run(r, others);

@@ -3,8 +3,8 @@
  * bodies (with the --max-body limit and the Content-Type rule of SPEC §3),
  * and the queueing of responses with the headers every response carries.
  *
- * Threads: a small pool of I/O threads, each with its own epoll set, accepts
- * connections and parses HTTP; tiny requests are answered on them, large
+ * Threads: a small pool of I/O threads, each polling its own connections,
+ * accepts connections and parses HTTP; tiny requests are answered on them, large
  * computations are handed to compute.c with the connection suspended.
  * Responses that never change (/healthz, /openapi.yaml, the 404, ...) are
  * built once and shared by every request that needs no header of its own.
@@ -477,7 +477,12 @@ bool http_start(const attnd_config *cfg, char *err, size_t err_len)
     }
 
     struct sockaddr_storage addr = {0};
-    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+    /* poll(2), not epoll: libmicrohttpd 0.9.75 in epoll (edge-triggered)
+     * mode can miss the end of a connection whose last body bytes and FIN
+     * arrive together, leaving the request "in flight" until the idle
+     * timeout, which also stalls a drain. At the few hundred connections a
+     * replica behind a load balancer sees, poll costs the same per request. */
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                          MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     struct sockaddr_in *v4 = (struct sockaddr_in *)&addr;
     struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&addr;
@@ -493,11 +498,11 @@ bool http_start(const attnd_config *cfg, char *err, size_t err_len)
         return false;
     }
 
-    /* I/O threads only parse HTTP and answer small requests; one per core is
-     * enough to keep the compute threads fed. */
-    unsigned int io_threads = (unsigned)cfg->threads < 2 ? 1 : 2;
-    if (getenv("XIO")) io_threads = (unsigned)atoi(getenv("XIO"));
-    if (getenv("XTURBO")) flags |= MHD_USE_TURBO;
+    /* I/O threads parse HTTP and answer small requests. Two, so that one
+     * computing a small request inline never leaves the server deaf; more
+     * only on machines with more cores to keep them busy. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned int io_threads = cores > 8 ? 8 : cores > 2 ? (unsigned)cores : 2;
     daemon_ = MHD_start_daemon(
         flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, NULL,

@@ -30,10 +30,11 @@ int main(int argc, char **argv)
         break;
     }
 
-    /* Before any thread exists, so that every thread inherits the mask and
-     * only sigwait below ever sees the stop signals. */
-    signals_block();
     log_init((log_format)cfg.log_format);
+    if (!signals_install()) {
+        log_event("error", "cannot set up signal handling");
+        return 1;
+    }
     if (!http_start(&cfg, err, sizeof err)) {
         log_event("error", "%s", err);
         return 1;

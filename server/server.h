@@ -156,8 +156,8 @@ void cors_preflight(srv_request *r, const char *allow);
 
 /* ---------------------------------------------------------- signals.c */
 
-void signals_block(void);         /* before any thread starts */
-int signals_wait(void);           /* the first SIGTERM/SIGINT */
-bool signals_poll(int timeout_ms);/* another one arrived within the timeout */
+bool signals_install(void);        /* SIGTERM/SIGINT handlers; SIGPIPE ignored */
+int signals_wait(void);            /* the first SIGTERM/SIGINT */
+bool signals_poll(int timeout_ms); /* another one arrived within the timeout */
 
 #endif /* ATTND_SERVER_H */

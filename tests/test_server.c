@@ -1,0 +1,1441 @@
+/*
+ * Integration tests of attnd: the real binary ($ATTND_BIN, default
+ * build/attnd) started as a child on a free loopback port and driven with
+ * libcurl (and raw sockets for misbehaving clients), plus nginx in front of
+ * two replicas with docker/nginx.conf. Numeric answers are checked against
+ * libattn called here directly, never against another answer of the server.
+ */
+#include <check.h>
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attn.h"
+
+/* ------------------------------------------------------------ processes */
+
+typedef struct {
+    pid_t pid;
+    int port;
+    char log[256]; /* the child's stderr */
+} server;
+
+static const char *attnd_bin(void)
+{
+    const char *p = getenv("ATTND_BIN");
+    return p && *p ? p : "build/attnd";
+}
+
+static const char *testdata(void)
+{
+    const char *p = getenv("ATTND_TESTDATA");
+    return p && *p ? p : "tests/data";
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A port nobody listens on: bound once by us (port 0 lets the kernel choose),
+ * then released for the child. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static int connect_port(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* Runs argv with stdout and stderr into `log`; returns the pid. */
+static pid_t spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static bool wait_listening(int port, pid_t pid, double seconds)
+{
+    double end = now_s() + seconds;
+    while (now_s() < end) {
+        int fd = connect_port(port);
+        if (fd >= 0) {
+            close(fd);
+            return true;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return false;
+        usleep(20000);
+    }
+    return false;
+}
+
+/* Starts attnd with the extra flags (NULL-terminated) on a fresh port. */
+static server start_server_v(const char *const *extra)
+{
+    server s = {0};
+    for (int attempt = 0; attempt < 3 && !s.pid; attempt++) {
+        s.port = free_port();
+        char port[16];
+        snprintf(port, sizeof port, "%d", s.port);
+        snprintf(s.log, sizeof s.log, "/tmp/attnd-test-%d-%d.log", (int)getpid(), s.port);
+        const char *argv[40] = {attnd_bin(), "--bind", "127.0.0.1", "--port", port};
+        int n = 5;
+        for (int i = 0; extra && extra[i] && n < 38; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        s.pid = spawn((char *const *)argv, s.log);
+        if (!wait_listening(s.port, s.pid, 10)) {
+            kill(s.pid, SIGKILL);
+            waitpid(s.pid, NULL, 0);
+            s.pid = 0;
+        }
+    }
+    ck_assert_msg(s.pid > 0, "attnd (%s) did not start; see its log", attnd_bin());
+    return s;
+}
+#define start_server(...) start_server_v((const char *const[]){__VA_ARGS__, NULL})
+
+/* SIGTERM and wait; returns the exit status (or -signal). */
+static int stop_server(server *s)
+{
+    if (s->pid <= 0)
+        return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    double end = now_s() + 20;
+    while (waitpid(s->pid, &st, WNOHANG) == 0) {
+        if (now_s() > end) {
+            fprintf(stderr, "attnd did not drain within 20 s; its log follows\n");
+            char cmd[400];
+            snprintf(cmd, sizeof cmd, "tail -20 '%s' >&2", s->log);
+            if (system(cmd) != 0)
+                fprintf(stderr, "(no log)\n");
+            kill(s->pid, SIGKILL);
+            waitpid(s->pid, &st, 0);
+            break;
+        }
+        usleep(10000);
+    }
+    s->pid = 0;
+    unlink(s->log);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+/* Running and not a zombie. The tests run in forked children of the process
+ * that started the server, so waitpid cannot answer this. */
+static bool alive(const server *s)
+{
+    char path[64], stat[256] = {0};
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)s->pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char *state = strrchr(stat, ')');
+    return state && state[1] == ' ' && state[2] != 'Z';
+}
+
+/* ------------------------------------------------------------- requests */
+
+typedef struct {
+    long status;
+    char *headers;
+    size_t headers_len;
+    char *body;
+    size_t body_len;
+} reply;
+
+static size_t append(char **buf, size_t *len, const char *p, size_t n)
+{
+    char *q = realloc(*buf, *len + n + 1);
+    if (!q)
+        return 0;
+    memcpy(q + *len, p, n);
+    *len += n;
+    q[*len] = '\0';
+    *buf = q;
+    return n;
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *ud)
+{
+    reply *r = ud;
+    return append(&r->body, &r->body_len, p, size * n);
+}
+
+static size_t on_header(char *p, size_t size, size_t n, void *ud)
+{
+    reply *r = ud;
+    return append(&r->headers, &r->headers_len, p, size * n);
+}
+
+static void reply_free(reply *r)
+{
+    free(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+/* The value of header `name` in the (last) response, copied into buf. */
+static const char *header(const reply *r, const char *name, char *buf, size_t cap)
+{
+    if (!r->headers)
+        return NULL;
+    const char *found = NULL;
+    size_t nlen = strlen(name);
+    for (const char *p = r->headers; (p = strchr(p, '\n')); ) {
+        p++;
+        if (!strncasecmp(p, name, nlen) && p[nlen] == ':')
+            found = p + nlen + 1;
+    }
+    if (!found)
+        return NULL;
+    while (*found == ' ')
+        found++;
+    size_t n = strcspn(found, "\r\n");
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(buf, found, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+typedef struct {
+    const char *data;
+    size_t len, pos;
+} upload;
+
+static size_t on_read(char *p, size_t size, size_t n, void *ud)
+{
+    upload *u = ud;
+    size_t k = size * n;
+    if (k > u->len - u->pos)
+        k = u->len - u->pos;
+    memcpy(p, u->data + u->pos, k);
+    u->pos += k;
+    return k;
+}
+
+/*
+ * One request on `curl` (a handle reused across calls keeps the connection
+ * alive). body == NULL: no body. len < 0: strlen(body). chunked: send the
+ * body with Transfer-Encoding: chunked. headers: NULL-terminated.
+ */
+static reply request_on(CURL *curl, int port, const char *method, const char *path,
+                        const char *const *headers, const char *body, long len, bool chunked)
+{
+    reply r = {0};
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    curl_easy_reset(curl);
+    curl_easy_setopt(curl, CURLOPT_URL, url);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT, 30L);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    struct curl_slist *list = NULL;
+    for (int i = 0; headers && headers[i]; i++)
+        list = curl_slist_append(list, headers[i]);
+    upload u = {0};
+    if (body) {
+        u.data = body;
+        u.len = len < 0 ? strlen(body) : (size_t)len;
+        if (chunked) {
+            list = curl_slist_append(list, "Transfer-Encoding: chunked");
+            curl_easy_setopt(curl, CURLOPT_POST, 1L);
+            curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_read);
+            curl_easy_setopt(curl, CURLOPT_READDATA, &u);
+        } else {
+            curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
+            curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)u.len);
+        }
+    }
+    /* Without this, curl waits a second for "100 Continue" on big bodies. */
+    list = curl_slist_append(list, "Expect:");
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
+    if (!strcmp(method, "HEAD"))
+        curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+    else if (strcmp(method, body ? "POST" : "GET"))
+        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
+    if (curl_easy_perform(curl) == CURLE_OK)
+        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(list);
+    return r;
+}
+
+static reply request(int port, const char *method, const char *path,
+                     const char *const *headers, const char *body, long len)
+{
+    CURL *curl = curl_easy_init();
+    reply r = request_on(curl, port, method, path, headers, body, len, false);
+    curl_easy_cleanup(curl);
+    return r;
+}
+
+static reply get(int port, const char *path)
+{
+    return request(port, "GET", path, NULL, NULL, 0);
+}
+
+static reply post_json(int port, const char *path, const char *body)
+{
+    static const char *const json[] = {"Content-Type: application/json", NULL};
+    return request(port, "POST", path, json, body, -1);
+}
+
+/* The error code in an error body, "" when there is none. */
+static const char *error_code(const reply *r, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    json_t *root = r->body ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
+    const char *code = json_string_value(json_object_get(json_object_get(root, "error"), "code"));
+    if (code)
+        snprintf(buf, cap, "%s", code);
+    json_decref(root);
+    return buf;
+}
+
+#define ck_assert_error(rep, want_status, want_code)                                 \
+    do {                                                                             \
+        char code_[64];                                                              \
+        ck_assert_int_eq((rep).status, (want_status));                               \
+        ck_assert_str_eq(error_code(&(rep), code_, sizeof code_), (want_code));      \
+    } while (0)
+
+/* The value of one series in a /metrics text; 0 when absent. */
+static double metric(int port, const char *series)
+{
+    reply r = get(port, "/metrics");
+    double v = 0;
+    size_t n = strlen(series);
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            v = strtod(p + n + 1, NULL);
+    reply_free(&r);
+    return v;
+}
+
+/* --------------------------------------------------------------- tensors */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static void put_base64(char **buf, size_t *len, const unsigned char *p, size_t n)
+{
+    static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char quad[4];
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        if (i + 1 < n)
+            v |= (uint32_t)p[i + 1] << 8;
+        if (i + 2 < n)
+            v |= p[i + 2];
+        quad[0] = tbl[(v >> 18) & 63];
+        quad[1] = tbl[(v >> 12) & 63];
+        quad[2] = i + 1 < n ? tbl[(v >> 6) & 63] : '=';
+        quad[3] = i + 2 < n ? tbl[v & 63] : '=';
+        append(buf, len, quad, 4);
+    }
+}
+
+/* {"shape": [a, b, c], "dtype": "float32", "base64": "..."} */
+static void put_tensor_b64(char **buf, size_t *len, const float *x, int rank,
+                           const int64_t *shape)
+{
+    char head[160];
+    int n = snprintf(head, sizeof head, "{\"shape\": [");
+    size_t count = 1;
+    for (int i = 0; i < rank; i++) {
+        n += snprintf(head + n, sizeof head - (size_t)n, "%s%lld", i ? ", " : "",
+                      (long long)shape[i]);
+        count *= (size_t)shape[i];
+    }
+    n += snprintf(head + n, sizeof head - (size_t)n, "], \"dtype\": \"float32\", \"base64\": \"");
+    append(buf, len, head, (size_t)n);
+    put_base64(buf, len, (const unsigned char *)x, count * sizeof(float));
+    append(buf, len, "\"}", 2);
+}
+
+/* A body for /v1/attention with random q, k, v [H, n, d] (base64), and
+ * grad_output when `grad`: big enough to keep a core busy for a while. */
+static char *slow_attention_body(int heads, int n, int d, bool grad)
+{
+    size_t count = (size_t)heads * (size_t)n * (size_t)d;
+    float *x = malloc(count * sizeof *x);
+    for (size_t i = 0; i < count; i++)
+        x[i] = uniform();
+    int64_t shape[3] = {heads, n, d};
+    char *body = NULL;
+    size_t len = 0;
+    const char *names[] = {"q", "k", "v", "grad_output"};
+    append(&body, &len, "{", 1);
+    for (int t = 0; t < (grad ? 4 : 3); t++) {
+        char key[32];
+        int k = snprintf(key, sizeof key, "%s\"%s\": ", t ? ", " : "", names[t]);
+        append(&body, &len, key, (size_t)k);
+        put_tensor_b64(&body, &len, x, 3, shape);
+    }
+    append(&body, &len, ", \"output_encoding\": \"base64\"}", 30);
+    free(x);
+    return body;
+}
+
+static const char tiny_attention[] =
+    "{\"q\": [[1, 0], [0, 1]], \"k\": [[1, 0], [0, 1]], \"v\": [[1, 2], [3, 4]]}";
+
+/* ------------------------------------------------ the shared test server */
+
+static server shared;
+#define SHARED_ORIGIN "https://app.example"
+
+static void shared_start(void)
+{
+    curl_global_init(CURL_GLOBAL_ALL);
+    shared = start_server("--max-body", "262144", "--cors-origin", SHARED_ORIGIN,
+                          "--cors-origin", "https://other.example");
+}
+
+static void shared_stop(void)
+{
+    stop_server(&shared);
+}
+
+/* --------------------------------------------------------- routes tests */
+
+START_TEST(healthz_answers_ok)
+{
+    reply r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
+    json_decref(j);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(readyz_answers_ready)
+{
+    reply r = get(shared.port, "/readyz");
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strstr(r.body, "\"ready\""));
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(head_request_on_get_route_has_headers_only)
+{
+    reply r = request(shared.port, "HEAD", "/healthz", NULL, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.body_len, 0);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(info_reports_version_blas_threads_and_limits)
+{
+    reply r = get(shared.port, "/v1/info");
+    ck_assert_int_eq(r.status, 200);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(j, "version")));
+    json_t *blas = json_object_get(j, "blas");
+    ck_assert_str_eq(json_string_value(json_object_get(blas, "config")), attn_blas_config());
+    ck_assert_str_eq(json_string_value(json_object_get(blas, "corename")), attn_blas_corename());
+    ck_assert(json_integer_value(json_object_get(blas, "threads")) >= 1);
+    ck_assert(json_integer_value(json_object_get(j, "threads")) >= 1);
+    json_t *limits = json_object_get(j, "limits");
+    ck_assert_int_eq(json_integer_value(json_object_get(limits, "max_body")), 262144);
+    ck_assert_int_eq(json_integer_value(json_object_get(limits, "queue")), 64);
+    ck_assert_int_eq(json_integer_value(json_object_get(limits, "timeout")), 30);
+    ck_assert(json_number_value(json_object_get(limits, "max_work")) == 1e12);
+    json_decref(j);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(openapi_yaml_is_served_as_yaml)
+{
+    reply r = get(shared.port, "/openapi.yaml");
+    char ct[128];
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Content-Type", ct, sizeof ct), "application/yaml");
+    ck_assert_ptr_nonnull(strstr(r.body, "openapi:"));
+    ck_assert_ptr_nonnull(strstr(r.body, "/v1/attention"));
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(metrics_count_requests_by_route_and_status)
+{
+    const char *ok = "attnd_requests_total{route=\"/healthz\",status=\"200\"}";
+    const char *missing = "attnd_requests_total{route=\"other\",status=\"404\"}";
+    const char *hist = "attnd_request_duration_seconds_count{route=\"/healthz\"}";
+    double ok0 = metric(shared.port, ok), missing0 = metric(shared.port, missing);
+    double hist0 = metric(shared.port, hist);
+    double sent0 = metric(shared.port, "attnd_bytes_sent_total");
+    for (int i = 0; i < 3; i++) {
+        reply r = get(shared.port, "/healthz");
+        reply_free(&r);
+    }
+    reply r = get(shared.port, "/no/such/path");
+    reply_free(&r);
+    ck_assert(metric(shared.port, ok) - ok0 == 3);
+    ck_assert(metric(shared.port, missing) - missing0 == 1);
+    ck_assert(metric(shared.port, hist) - hist0 == 3);
+    ck_assert(metric(shared.port, "attnd_bytes_sent_total") > sent0);
+
+    r = get(shared.port, "/metrics");
+    char ct[128];
+    ck_assert_str_eq(header(&r, "Content-Type", ct, sizeof ct),
+                     "text/plain; version=0.0.4; charset=utf-8");
+    ck_assert_ptr_nonnull(strstr(r.body, "# TYPE attnd_request_duration_seconds histogram"));
+    ck_assert_ptr_nonnull(strstr(r.body, "le=\"+Inf\""));
+    ck_assert_ptr_nonnull(strstr(r.body, "attnd_in_flight_requests "));
+    ck_assert_ptr_nonnull(strstr(r.body, "attnd_queue_depth "));
+    ck_assert_ptr_nonnull(strstr(r.body, "attnd_bytes_received_total "));
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(metrics_count_body_bytes_received)
+{
+    double in0 = metric(shared.port, "attnd_bytes_received_total");
+    reply r = post_json(shared.port, "/v1/attention", tiny_attention);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    ck_assert(metric(shared.port, "attnd_bytes_received_total") - in0 ==
+              (double)strlen(tiny_attention));
+}
+END_TEST
+
+START_TEST(unknown_path_is_404_not_found)
+{
+    reply r = get(shared.port, "/v2/attention");
+    ck_assert_error(r, 404, "not_found");
+    reply_free(&r);
+    r = post_json(shared.port, "/v1/attention/", tiny_attention);
+    ck_assert_error(r, 404, "not_found");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(wrong_method_is_405_with_allow)
+{
+    char allow[128];
+    reply r = get(shared.port, "/v1/attention");
+    ck_assert_error(r, 405, "method_not_allowed");
+    ck_assert_ptr_nonnull(header(&r, "Allow", allow, sizeof allow));
+    ck_assert_ptr_nonnull(strstr(allow, "POST"));
+    reply_free(&r);
+    r = request(shared.port, "DELETE", "/healthz", NULL, NULL, 0);
+    ck_assert_error(r, 405, "method_not_allowed");
+    ck_assert_ptr_nonnull(strstr(header(&r, "Allow", allow, sizeof allow), "GET"));
+    reply_free(&r);
+    r = post_json(shared.port, "/metrics", "{}");
+    ck_assert_error(r, 405, "method_not_allowed");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(invalid_json_is_400)
+{
+    reply r = post_json(shared.port, "/v1/attention", "{\"q\": [[1, 2]],");
+    ck_assert_error(r, 400, "invalid_json");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(typo_field_is_400_unknown_field)
+{
+    reply r = post_json(shared.port, "/v1/attention",
+                        "{\"q\": [[1]], \"k\": [[1]], \"v\": [[1]], \"casual\": true}");
+    ck_assert_error(r, 400, "unknown_field");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(shape_mismatch_is_422)
+{
+    reply r = post_json(shared.port, "/v1/attention",
+                        "{\"q\": [[1, 2]], \"k\": [[1, 2, 3]], \"v\": [[1]]}");
+    ck_assert_error(r, 422, "shape_mismatch");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(body_over_max_body_is_413_by_content_length)
+{
+    size_t n = 300000;
+    char *big = malloc(n);
+    memset(big, ' ', n);
+    big[0] = '{';
+    big[n - 1] = '}';
+    reply r = request(shared.port, "POST", "/v1/attention", NULL, big, (long)n);
+    ck_assert_error(r, 413, "body_too_large");
+    reply_free(&r);
+    free(big);
+}
+END_TEST
+
+START_TEST(body_over_max_body_is_413_when_chunked)
+{
+    size_t n = 300000;
+    char *big = malloc(n);
+    memset(big, ' ', n);
+    big[0] = '{';
+    big[n - 1] = '}';
+    CURL *curl = curl_easy_init();
+    reply r = request_on(curl, shared.port, "POST", "/v1/attention", NULL, big, (long)n, true);
+    ck_assert_error(r, 413, "body_too_large");
+    reply_free(&r);
+    curl_easy_cleanup(curl);
+    free(big);
+}
+END_TEST
+
+START_TEST(chunked_body_within_limit_is_computed)
+{
+    CURL *curl = curl_easy_init();
+    reply r = request_on(curl, shared.port, "POST", "/v1/attention", NULL, tiny_attention, -1,
+                         true);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    curl_easy_cleanup(curl);
+}
+END_TEST
+
+START_TEST(multipart_body_is_415)
+{
+    static const char *const mp[] = {"Content-Type: multipart/form-data; boundary=xyz", NULL};
+    const char *body = "--xyz\r\nContent-Disposition: form-data; name=\"q\"\r\n\r\n[[1]]\r\n--xyz--\r\n";
+    reply r = request(shared.port, "POST", "/v1/attention", mp, body, -1);
+    ck_assert_error(r, 415, "unsupported_media_type");
+    reply_free(&r);
+    static const char *const text[] = {"Content-Type: text/plain", NULL};
+    r = request(shared.port, "POST", "/v1/multihead", text, "{}", -1);
+    ck_assert_error(r, 415, "unsupported_media_type");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(curl_default_form_content_type_is_read_as_json)
+{
+    /* libcurl, like `curl -d`, labels the body application/x-www-form-urlencoded. */
+    reply r = request(shared.port, "POST", "/v1/attention", NULL, tiny_attention, -1);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    static const char *const none[] = {"Content-Type:", NULL};
+    r = request(shared.port, "POST", "/v1/attention", none, tiny_attention, -1);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    static const char *const charset[] = {"Content-Type: Application/JSON; charset=UTF-8", NULL};
+    r = request(shared.port, "POST", "/v1/attention", charset, tiny_attention, -1);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(server_timing_header_on_compute_responses)
+{
+    reply r = post_json(shared.port, "/v1/attention", tiny_attention);
+    char st[256];
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(header(&r, "Server-Timing", st, sizeof st));
+    ck_assert_ptr_nonnull(strstr(st, "decode;dur="));
+    ck_assert_ptr_nonnull(strstr(st, "compute;dur="));
+    ck_assert_ptr_nonnull(strstr(st, "encode;dur="));
+    ck_assert_ptr_nonnull(strstr(st, "total;dur="));
+    reply_free(&r);
+    r = post_json(shared.port, "/v1/attention", "{\"q\": 1}");
+    ck_assert_int_eq(r.status, 400);
+    ck_assert_ptr_nonnull(header(&r, "Server-Timing", st, sizeof st));
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(cors_preflight_answers_204_with_methods_and_headers)
+{
+    static const char *const pre[] = {"Origin: " SHARED_ORIGIN,
+                                      "Access-Control-Request-Method: POST",
+                                      "Access-Control-Request-Headers: content-type", NULL};
+    reply r = request(shared.port, "OPTIONS", "/v1/attention", pre, NULL, 0);
+    char v[256];
+    ck_assert_int_eq(r.status, 204);
+    ck_assert_str_eq(header(&r, "Access-Control-Allow-Origin", v, sizeof v), SHARED_ORIGIN);
+    ck_assert_ptr_nonnull(strstr(header(&r, "Access-Control-Allow-Methods", v, sizeof v), "POST"));
+    ck_assert_ptr_nonnull(strcasestr(header(&r, "Access-Control-Allow-Headers", v, sizeof v),
+                                     "content-type"));
+    ck_assert_ptr_nonnull(header(&r, "Access-Control-Max-Age", v, sizeof v));
+    ck_assert_str_eq(header(&r, "Vary", v, sizeof v), "Origin");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(cors_allowed_origin_is_echoed_with_vary)
+{
+    static const char *const h[] = {"Origin: https://other.example",
+                                    "Content-Type: application/json", NULL};
+    reply r = request(shared.port, "POST", "/v1/attention", h, tiny_attention, -1);
+    char v[256];
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+                     "https://other.example");
+    ck_assert_str_eq(header(&r, "Vary", v, sizeof v), "Origin");
+    ck_assert_ptr_nonnull(strstr(header(&r, "Access-Control-Expose-Headers", v, sizeof v),
+                                 "Server-Timing"));
+    reply_free(&r);
+    r = request(shared.port, "GET", "/healthz", h, NULL, 0);
+    ck_assert_str_eq(header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+                     "https://other.example");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(cors_other_origin_gets_no_allow_origin)
+{
+    static const char *const h[] = {"Origin: https://evil.example", NULL};
+    reply r = request(shared.port, "GET", "/healthz", h, NULL, 0);
+    char v[256];
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_null(header(&r, "Access-Control-Allow-Origin", v, sizeof v));
+    reply_free(&r);
+}
+END_TEST
+
+/* Random q [H, n_q, d_k], k, v [H, n_k, .] with a causal mask, computed by
+ * attnd and by attn_sdpa_forward here. */
+START_TEST(attention_output_matches_libattn)
+{
+    enum { H = 2, NQ = 3, NK = 5, DK = 4, DV = 3 };
+    float q[H * NQ * DK], k[H * NK * DK], v[H * NK * DV], want[H * NQ * DV];
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++)
+        q[i] = uniform();
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+        k[i] = uniform();
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        v[i] = uniform();
+    attn_sdpa_params p = {.batch = 1, .heads_q = H, .heads_kv = H, .n_q = NQ, .n_k = NK,
+                          .d_k = DK, .d_v = DV, .scale = attn_default_scale(DK),
+                          .causal = true, .threads = 1};
+    attn_error err;
+    ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, want, NULL, NULL, NULL, &err), ATTN_OK);
+
+    char *body = NULL;
+    size_t len = 0;
+    append(&body, &len, "{\"causal\": true, \"output_encoding\": \"flat\", \"q\": ", 49);
+    put_tensor_b64(&body, &len, q, 3, (int64_t[]){H, NQ, DK});
+    append(&body, &len, ", \"k\": ", 7);
+    put_tensor_b64(&body, &len, k, 3, (int64_t[]){H, NK, DK});
+    append(&body, &len, ", \"v\": ", 7);
+    put_tensor_b64(&body, &len, v, 3, (int64_t[]){H, NK, DV});
+    append(&body, &len, "}", 1);
+    reply r = post_json(shared.port, "/v1/attention", body);
+    ck_assert_msg(r.status == 200, "status %ld: %s", r.status, r.body);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    json_t *out = json_object_get(j, "output");
+    json_t *shape = json_object_get(out, "shape"), *data = json_object_get(out, "data");
+    ck_assert_int_eq(json_array_size(shape), 3);
+    ck_assert_int_eq(json_integer_value(json_array_get(shape, 0)), H);
+    ck_assert_int_eq(json_integer_value(json_array_get(shape, 1)), NQ);
+    ck_assert_int_eq(json_integer_value(json_array_get(shape, 2)), DV);
+    ck_assert_int_eq(json_array_size(data), H * NQ * DV);
+    for (size_t i = 0; i < H * NQ * DV; i++) {
+        double got = json_number_value(json_array_get(data, i));
+        ck_assert_msg(fabs(got - want[i]) <= 1e-5 * (1 + fabs(want[i])),
+                      "output[%zu] = %.9g, libattn says %.9g", i, got, (double)want[i]);
+    }
+    json_decref(j);
+    reply_free(&r);
+    free(body);
+}
+END_TEST
+
+START_TEST(multihead_route_computes)
+{
+    reply r = post_json(shared.port, "/v1/multihead",
+                        "{\"x\": [[1, 0], [0, 1]], \"w_q\": [[1, 0], [0, 1]], "
+                        "\"w_k\": [[1, 0], [0, 1]], \"w_v\": [[1, 0], [0, 1]], \"num_heads\": 2}");
+    ck_assert_msg(r.status == 200, "status %ld: %s", r.status, r.body);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    ck_assert_ptr_nonnull(json_object_get(j, "output"));
+    json_decref(j);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(keep_alive_connection_serves_many_requests)
+{
+    CURL *curl = curl_easy_init();
+    for (int i = 0; i < 20; i++) {
+        reply r = request_on(curl, shared.port, i % 2 ? "POST" : "GET",
+                             i % 2 ? "/v1/attention" : "/healthz", NULL,
+                             i % 2 ? tiny_attention : NULL, -1, false);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+    }
+    long connects = -1;
+    curl_easy_getinfo(curl, CURLINFO_NUM_CONNECTS, &connects);
+    ck_assert_int_eq(connects, 0); /* the last request reused the connection */
+    curl_easy_cleanup(curl);
+}
+END_TEST
+
+/* ------------------------------------------------------ robustness tests */
+
+START_TEST(json_test_suite_rejects_every_invalid_document)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/json_parsing", testdata());
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "cannot open %s", dir);
+    CURL *curl = curl_easy_init();
+    static const char *const json[] = {"Content-Type: application/json", NULL};
+    int n_files = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char kind = e->d_name[0];
+        if ((kind != 'n' && kind != 'y' && kind != 'i') || e->d_name[1] != '_')
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "rb");
+        ck_assert_ptr_nonnull(f);
+        char *buf = malloc(1 << 20);
+        size_t len = fread(buf, 1, 1 << 20, f);
+        fclose(f);
+        reply r = request_on(curl, shared.port, "POST", "/v1/attention", json, buf, (long)len,
+                             false);
+        if (kind == 'n')
+            ck_assert_msg(r.status == 400, "%s: status %ld, want 400", e->d_name, r.status);
+        else /* valid (or implementation-defined) JSON, but no attention request */
+            ck_assert_msg(r.status >= 400 && r.status < 500, "%s: status %ld", e->d_name,
+                          r.status);
+        reply_free(&r);
+        free(buf);
+        n_files++;
+    }
+    closedir(d);
+    curl_easy_cleanup(curl);
+    ck_assert_int_gt(n_files, 300);
+    ck_assert(alive(&shared));
+    reply r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(random_garbage_bodies_never_kill_the_server)
+{
+    CURL *curl = curl_easy_init();
+    char buf[4096];
+    for (int i = 0; i < 200; i++) {
+        size_t len = (size_t)((uniform() * 0.5f + 0.5f) * (float)sizeof buf);
+        for (size_t j = 0; j < len; j++)
+            buf[j] = (char)(int)(uniform() * 128.0f);
+        if (i % 3 == 0 && len > 2) { /* JSON-looking garbage reaches deeper */
+            buf[0] = '{';
+            memcpy(buf + 1, "\"q\": [[", len > 8 ? 7 : 1);
+        }
+        reply r = request_on(curl, shared.port, "POST",
+                             i % 2 ? "/v1/attention" : "/v1/multihead", NULL, buf, (long)len,
+                             false);
+        ck_assert_msg(r.status >= 400 && r.status < 500, "garbage %d: status %ld", i, r.status);
+        reply_free(&r);
+    }
+    curl_easy_cleanup(curl);
+    ck_assert(alive(&shared));
+}
+END_TEST
+
+static void send_all(int fd, const char *s)
+{
+    size_t n = strlen(s);
+    while (n) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+START_TEST(truncated_and_slow_clients_never_kill_the_server)
+{
+    const char *partial[] = {
+        "GET /hea",
+        "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"q\": [[1",
+        "POST /v1/attention HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"q\":",
+        "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http at all\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " /* header never ends */,
+    };
+    for (size_t i = 0; i < sizeof partial / sizeof *partial; i++) {
+        int fd = connect_port(shared.port);
+        ck_assert_int_ge(fd, 0);
+        send_all(fd, partial[i]);
+        close(fd);
+    }
+    /* A slow client, a byte at a time, still gets its answer. */
+    int fd = connect_port(shared.port);
+    const char *req = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    for (const char *p = req; *p; p++) {
+        char c[2] = {*p, 0};
+        send_all(fd, c);
+        usleep(2000);
+    }
+    char resp[512] = {0};
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof resp - 1 && (n = recv(fd, resp + got, sizeof resp - 1 - got, 0)) > 0)
+        got += (size_t)n;
+    close(fd);
+    ck_assert_ptr_nonnull(strstr(resp, "HTTP/1.1 200"));
+    ck_assert(alive(&shared));
+    reply r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+/* Clients that hang up halfway through a body must not stay counted as in
+ * flight (which would also hold up a drain until the idle timeout). */
+START_TEST(clients_closing_mid_body_are_not_left_in_flight)
+{
+    const char *half = "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                       "\r\n{\"q\": [[1";
+    for (int i = 0; i < 20; i++) {
+        int fd = connect_port(shared.port);
+        ck_assert_int_ge(fd, 0);
+        send_all(fd, half);
+        close(fd);
+    }
+    double end = now_s() + 3;
+    double n = 0;
+    while (now_s() < end && (n = metric(shared.port, "attnd_in_flight_requests")) > 1)
+        usleep(20000);
+    ck_assert_msg(n == 1, "%g requests still in flight (1 is the /metrics request)", n);
+}
+END_TEST
+
+START_TEST(idle_connection_is_closed_after_timeout)
+{
+    server s = start_server("--timeout", "1");
+    int fd = connect_port(s.port);
+    ck_assert_int_ge(fd, 0);
+    send_all(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n"); /* and then nothing */
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    double t0 = now_s();
+    char c;
+    ssize_t n = recv(fd, &c, 1, 0);
+    double waited = now_s() - t0;
+    close(fd);
+    ck_assert_msg(n == 0 || (n < 0 && errno == ECONNRESET),
+                  "the idle connection was not closed (recv %zd)", n);
+    ck_assert(waited < 4.5);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* ------------------------------------------------------ queue and drain */
+
+typedef struct {
+    int port;
+    const char *body;
+    reply r;
+} async_post;
+
+static void *post_thread(void *arg)
+{
+    async_post *a = arg;
+    a->r = post_json(a->port, "/v1/attention", a->body);
+    return NULL;
+}
+
+/* Waits until a request holds a compute slot (its body is in and it is
+ * being computed). */
+static bool wait_computing(int port)
+{
+    double end = now_s() + 20;
+    while (now_s() < end) {
+        if (metric(port, "attnd_computing_requests") >= 1)
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
+START_TEST(burst_beyond_queue_gets_503_with_retry_after)
+{
+    server s = start_server("--threads", "1", "--queue", "0");
+    char *slow = slow_attention_body(2, 2048, 64, true);
+    async_post a = {s.port, slow, {0}};
+    pthread_t t;
+    pthread_create(&t, NULL, post_thread, &a);
+    ck_assert(wait_computing(s.port));
+    /* Both fit the one slot only one at a time, and nothing may wait. */
+    int overloaded = 0;
+    for (int i = 0; i < 5; i++) {
+        reply r = post_json(s.port, "/v1/attention", tiny_attention);
+        char ra[32];
+        if (r.status == 503) {
+            ck_assert_error(r, 503, "overloaded");
+            ck_assert_ptr_nonnull(header(&r, "Retry-After", ra, sizeof ra));
+            ck_assert_int_ge(atoi(ra), 1);
+            overloaded++;
+        }
+        reply_free(&r);
+    }
+    /* The operational routes never queue behind the computation. */
+    reply h = get(s.port, "/healthz");
+    ck_assert_int_eq(h.status, 200);
+    reply_free(&h);
+    pthread_join(t, NULL);
+    ck_assert_msg(a.r.status == 200, "slow request: %ld", a.r.status);
+    ck_assert_int_gt(overloaded, 0);
+    ck_assert(metric(s.port,
+                     "attnd_requests_total{route=\"/v1/attention\",status=\"503\"}") == overloaded);
+    reply_free(&a.r);
+    free(slow);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+START_TEST(queued_requests_wait_and_succeed)
+{
+    server s = start_server("--threads", "1", "--queue", "4");
+    char *body = slow_attention_body(1, 512, 32, false);
+    async_post a[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (async_post){s.port, body, {0}};
+        pthread_create(&t[i], NULL, post_thread, &a[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        ck_assert_int_eq(a[i].r.status, 200);
+        reply_free(&a[i].r);
+    }
+    free(body);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+START_TEST(sigterm_lets_in_flight_request_finish_and_exits_0)
+{
+    server s = start_server("--threads", "1");
+    CURL *keep = curl_easy_init();
+    reply r = request_on(keep, s.port, "GET", "/readyz", NULL, NULL, 0, false);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+
+    char *slow = slow_attention_body(2, 2048, 64, true);
+    async_post a = {s.port, slow, {0}};
+    pthread_t t;
+    pthread_create(&t, NULL, post_thread, &a);
+    ck_assert(wait_computing(s.port));
+    kill(s.pid, SIGTERM);
+    usleep(100000);
+
+    /* Draining: an open connection still gets answers, and /readyz says no. */
+    r = request_on(keep, s.port, "GET", "/readyz", NULL, NULL, 0, false);
+    if (r.status != 0) { /* 0 only if the drain already finished */
+        ck_assert_error(r, 503, "shutting_down");
+        char ra[32];
+        ck_assert_ptr_nonnull(header(&r, "Retry-After", ra, sizeof ra));
+    }
+    reply_free(&r);
+    curl_easy_cleanup(keep);
+
+    pthread_join(t, NULL);
+    ck_assert_msg(a.r.status == 200, "in-flight request: %ld", a.r.status);
+    reply_free(&a.r);
+    free(slow);
+    int st = 0;
+    double end = now_s() + 20;
+    while (waitpid(s.pid, &st, WNOHANG) == 0 && now_s() < end)
+        usleep(10000);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "attnd exit status %d", st);
+    /* New connections are refused once it is gone. */
+    ck_assert_int_lt(connect_port(s.port), 0);
+    unlink(s.log);
+}
+END_TEST
+
+/* ----------------------------------------------------- flags and config */
+
+static int run_attnd(const char *const *args, const char *env, char *out, size_t cap)
+{
+    char log[128];
+    snprintf(log, sizeof log, "/tmp/attnd-test-run-%d.log", (int)getpid());
+    const char *argv[16] = {attnd_bin()};
+    int n = 1;
+    for (int i = 0; args[i]; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        if (env)
+            putenv((char *)env);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    FILE *f = fopen(log, "r");
+    size_t got = f ? fread(out, 1, cap - 1, f) : 0;
+    out[got] = '\0';
+    if (f)
+        fclose(f);
+    unlink(log);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(bad_flag_values_exit_2_with_a_message)
+{
+    char out[4096];
+    const char *cases[][3] = {{"--port", "70000", NULL}, {"--threads", "0", NULL},
+                              {"--max-body", "lots", NULL}, {"--log-format", "xml", NULL},
+                              {"--bind", "not-an-address", NULL}, {"--no-such-flag", NULL, NULL},
+                              {"--max-work", "inf", NULL}, {"--queue", NULL, NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_msg(run_attnd(cases[i], NULL, out, sizeof out) == 2, "%s %s", cases[i][0],
+                      cases[i][1] ? cases[i][1] : "");
+        ck_assert_msg(strstr(out, "attnd:") != NULL, "no message for %s", cases[i][0]);
+    }
+    ck_assert_int_eq(run_attnd((const char *[]){NULL}, "ATTND_QUEUE=-1", out, sizeof out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "ATTND_QUEUE"));
+}
+END_TEST
+
+START_TEST(help_and_version_exit_0)
+{
+    char out[8192];
+    ck_assert_int_eq(run_attnd((const char *[]){"--help", NULL}, NULL, out, sizeof out), 0);
+    const char *flags[] = {"--bind", "--port", "--threads", "--max-body", "--max-work",
+                           "--queue", "--timeout", "--cors-origin", "--log-format",
+                           "ATTND_MAX_BODY"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        ck_assert_msg(strstr(out, flags[i]) != NULL, "--help lacks %s", flags[i]);
+    ck_assert_int_eq(run_attnd((const char *[]){"--version", NULL}, NULL, out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "attnd "));
+}
+END_TEST
+
+START_TEST(environment_variables_configure_the_server)
+{
+    int port = free_port();
+    char env_port[32], log[128];
+    snprintf(env_port, sizeof env_port, "ATTND_PORT=%d", port);
+    snprintf(log, sizeof log, "/tmp/attnd-test-env-%d.log", (int)getpid());
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        putenv(env_port);
+        putenv("ATTND_MAX_BODY=4KiB");
+        putenv("ATTND_LOG_FORMAT=json");
+        execlp(attnd_bin(), attnd_bin(), (char *)NULL);
+        _exit(127);
+    }
+    ck_assert(wait_listening(port, pid, 10));
+    reply r = get(port, "/v1/info");
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "limits"), "max_body")),
+                     4096);
+    json_decref(j);
+    reply_free(&r);
+    server s = {.pid = pid, .port = port};
+    snprintf(s.log, sizeof s.log, "%s", log);
+    /* The JSON access log has one object per request. */
+    kill(pid, SIGTERM);
+    int st;
+    waitpid(pid, &st, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    FILE *f = fopen(log, "r");
+    char line[2048];
+    bool seen = false;
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, "\"path\":\"/v1/info\"")) {
+            json_t *entry = json_loads(line, 0, NULL);
+            ck_assert_ptr_nonnull(entry);
+            ck_assert_str_eq(json_string_value(json_object_get(entry, "method")), "GET");
+            ck_assert_int_eq(json_integer_value(json_object_get(entry, "status")), 200);
+            ck_assert(json_integer_value(json_object_get(entry, "bytes")) > 0);
+            ck_assert_ptr_nonnull(json_object_get(entry, "duration_ms"));
+            json_decref(entry);
+            seen = true;
+        }
+    if (f)
+        fclose(f);
+    unlink(log);
+    ck_assert_msg(seen, "no access log line for GET /v1/info");
+}
+END_TEST
+
+START_TEST(access_log_has_one_text_line_per_request)
+{
+    server s = start_server("--log-format", "text");
+    reply r = get(s.port, "/healthz");
+    reply_free(&r);
+    r = get(s.port, "/nope");
+    reply_free(&r);
+    char log[256];
+    snprintf(log, sizeof log, "%s", s.log);
+    s.log[0] = '\0'; /* keep it for reading */
+    ck_assert_int_eq(stop_server(&s), 0);
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    int healthz = 0, missing = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strstr(line, "\"GET /healthz\" 200 "))
+            healthz++;
+        if (strstr(line, "\"GET /nope\" 404 "))
+            missing++;
+    }
+    if (f)
+        fclose(f);
+    unlink(log);
+    ck_assert_int_ge(healthz, 1); /* plus any readiness probe of ours */
+    ck_assert_int_eq(missing, 1);
+}
+END_TEST
+
+/* -------------------------------------------------------- load balancer */
+
+/* docker/nginx.conf with its upstream replaced by `servers` and its listen
+ * port by `port`, written into dir/nginx.conf. */
+static bool write_nginx_conf(const char *dir, int port, const int *backends, int n)
+{
+    const char *src = "docker/nginx.conf";
+    char path[512];
+    const char *root = getenv("ATTND_SRCDIR");
+    if (root && *root) {
+        snprintf(path, sizeof path, "%s/docker/nginx.conf", root);
+        src = path;
+    }
+    FILE *in = fopen(src, "r");
+    if (!in)
+        return false;
+    char out_path[512];
+    snprintf(out_path, sizeof out_path, "%s/nginx.conf", dir);
+    FILE *out = fopen(out_path, "w");
+    char line[1024];
+    bool upstream = false, listen = false;
+    while (fgets(line, sizeof line, in)) {
+        const char *t = line + strspn(line, " \t");
+        if (!strncmp(t, "server attnd:", 13)) {
+            for (int i = 0; i < n; i++)
+                fprintf(out, "        server 127.0.0.1:%d max_fails=1 fail_timeout=10s;\n",
+                        backends[i]);
+            upstream = true;
+        } else if (!strncmp(t, "listen ", 7)) {
+            fprintf(out, "        listen 127.0.0.1:%d;\n", port);
+            listen = true;
+        } else if (!strncmp(t, "access_log ", 11)) {
+            fprintf(out, "    access_log %s/access.log;\n", dir);
+        } else {
+            fputs(line, out);
+        }
+    }
+    fclose(in);
+    fclose(out);
+    return upstream && listen;
+}
+
+START_TEST(nginx_spreads_requests_over_replicas_and_survives_one_stopping)
+{
+    const char *nginx = access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "nginx";
+    char dir[] = "/tmp/attnd-lb-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    chmod(dir, 0755); /* nginx workers may run as another user */
+    server a = start_server("--threads", "1"), b = start_server("--threads", "1");
+    int ports[2] = {a.port, b.port};
+    int port = free_port();
+    ck_assert_msg(write_nginx_conf(dir, port, ports, 2),
+                  "docker/nginx.conf needs an \"upstream\" line \"server attnd:...\" and a listen line");
+    char conf[600], globals[700], log[600], errlog[600];
+    snprintf(conf, sizeof conf, "%s/nginx.conf", dir);
+    snprintf(log, sizeof log, "%s/nginx.out", dir);
+    snprintf(errlog, sizeof errlog, "%s/error.log", dir);
+    snprintf(globals, sizeof globals, "daemon off; pid %s/nginx.pid;%s", dir,
+             geteuid() == 0 ? " user root;" : "");
+    char *argv[] = {(char *)nginx, "-p", dir, "-e", errlog, "-c", conf, "-g", globals, NULL};
+    pid_t ng = spawn(argv, log);
+    bool up = wait_listening(port, ng, 10);
+    if (!up) {
+        char out[2048] = {0};
+        FILE *f = fopen(log, "r");
+        if (f) {
+            size_t got = fread(out, 1, sizeof out - 1, f);
+            out[got] = '\0';
+            fclose(f);
+        }
+        stop_server(&a);
+        stop_server(&b);
+        ck_abort_msg("nginx (%s) did not start: %s", nginx, out);
+    }
+
+    CURL *curl = curl_easy_init();
+    for (int i = 0; i < 20; i++) {
+        reply r = request_on(curl, port, i % 2 ? "POST" : "GET", i % 2 ? "/v1/attention" : "/v1/info",
+                             NULL, i % 2 ? tiny_attention : NULL, -1, false);
+        ck_assert_msg(r.status == 200, "through nginx: %ld", r.status);
+        reply_free(&r);
+    }
+    const char *info = "attnd_requests_total{route=\"/v1/info\",status=\"200\"}";
+    const char *att = "attnd_requests_total{route=\"/v1/attention\",status=\"200\"}";
+    double na = metric(a.port, info) + metric(a.port, att);
+    double nb = metric(b.port, info) + metric(b.port, att);
+    ck_assert_msg(na > 0 && nb > 0, "requests not spread: %g and %g", na, nb);
+    ck_assert(na + nb == 20);
+
+    ck_assert_int_eq(stop_server(&a), 0);
+    for (int i = 0; i < 10; i++) {
+        reply r = request_on(curl, port, "POST", "/v1/attention", NULL, tiny_attention, -1,
+                             false);
+        ck_assert_msg(r.status == 200, "with one replica stopped: %ld", r.status);
+        reply_free(&r);
+    }
+    curl_easy_cleanup(curl);
+
+    kill(ng, SIGQUIT);
+    waitpid(ng, NULL, 0);
+    ck_assert_int_eq(stop_server(&b), 0);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------- suite */
+
+static Suite *server_suite(void)
+{
+    Suite *s = suite_create("server");
+
+    TCase *routes = tcase_create("routes");
+    tcase_add_unchecked_fixture(routes, shared_start, shared_stop);
+    tcase_set_timeout(routes, 30);
+    tcase_add_test(routes, healthz_answers_ok);
+    tcase_add_test(routes, readyz_answers_ready);
+    tcase_add_test(routes, head_request_on_get_route_has_headers_only);
+    tcase_add_test(routes, info_reports_version_blas_threads_and_limits);
+    tcase_add_test(routes, openapi_yaml_is_served_as_yaml);
+    tcase_add_test(routes, metrics_count_requests_by_route_and_status);
+    tcase_add_test(routes, metrics_count_body_bytes_received);
+    tcase_add_test(routes, unknown_path_is_404_not_found);
+    tcase_add_test(routes, wrong_method_is_405_with_allow);
+    tcase_add_test(routes, invalid_json_is_400);
+    tcase_add_test(routes, typo_field_is_400_unknown_field);
+    tcase_add_test(routes, shape_mismatch_is_422);
+    tcase_add_test(routes, body_over_max_body_is_413_by_content_length);
+    tcase_add_test(routes, body_over_max_body_is_413_when_chunked);
+    tcase_add_test(routes, chunked_body_within_limit_is_computed);
+    tcase_add_test(routes, multipart_body_is_415);
+    tcase_add_test(routes, curl_default_form_content_type_is_read_as_json);
+    tcase_add_test(routes, server_timing_header_on_compute_responses);
+    tcase_add_test(routes, cors_preflight_answers_204_with_methods_and_headers);
+    tcase_add_test(routes, cors_allowed_origin_is_echoed_with_vary);
+    tcase_add_test(routes, cors_other_origin_gets_no_allow_origin);
+    tcase_add_test(routes, attention_output_matches_libattn);
+    tcase_add_test(routes, multihead_route_computes);
+    tcase_add_test(routes, keep_alive_connection_serves_many_requests);
+    suite_add_tcase(s, routes);
+
+    TCase *robust = tcase_create("robustness");
+    tcase_add_unchecked_fixture(robust, shared_start, shared_stop);
+    tcase_set_timeout(robust, 30);
+    tcase_add_test(robust, json_test_suite_rejects_every_invalid_document);
+    tcase_add_test(robust, random_garbage_bodies_never_kill_the_server);
+    tcase_add_test(robust, truncated_and_slow_clients_never_kill_the_server);
+    tcase_add_test(robust, clients_closing_mid_body_are_not_left_in_flight);
+    tcase_add_test(robust, idle_connection_is_closed_after_timeout);
+    suite_add_tcase(s, robust);
+
+    TCase *life = tcase_create("lifecycle");
+    tcase_set_timeout(life, 40);
+    tcase_add_test(life, burst_beyond_queue_gets_503_with_retry_after);
+    tcase_add_test(life, queued_requests_wait_and_succeed);
+    tcase_add_test(life, sigterm_lets_in_flight_request_finish_and_exits_0);
+    tcase_add_test(life, bad_flag_values_exit_2_with_a_message);
+    tcase_add_test(life, help_and_version_exit_0);
+    tcase_add_test(life, environment_variables_configure_the_server);
+    tcase_add_test(life, access_log_has_one_text_line_per_request);
+    suite_add_tcase(s, life);
+
+    TCase *lb = tcase_create("load_balancer");
+    tcase_set_timeout(lb, 40);
+    tcase_add_test(lb, nginx_spreads_requests_over_replicas_and_survives_one_stopping);
+    suite_add_tcase(s, lb);
+    return s;
+}
+
+int main(void)
+{
+    curl_global_init(CURL_GLOBAL_ALL);
+    SRunner *sr = srunner_create(server_suite());
+    srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every case */
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    curl_global_cleanup();
+    return failed ? 1 : 0;
+}
