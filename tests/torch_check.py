@@ -585,6 +585,38 @@ def onehot_case(c, srv):
         stats_close(c, resp.get("stats"), r64["stats"])
 
 
+def large_bias_case(c, srv, bias, exact):
+    """An additive mask with a large constant on whole rows (a padded query row,
+    HuggingFace style) and on one key column.  Softmax is invariant to a row's
+    constant, so the answer is that of the scores alone.
+    exact: q, k are small integers and scale 1/2, so every biased score
+    (a multiple of 1/2 plus the bias) is exact in float32 and float64 and the
+    float64 reference is fair.  Otherwise (|bias| 1e9 absorbs the scores, so
+    the rows are uniform) the reference is float32 torch."""
+    if exact:
+        q = RNG.integers(-1, 2, (2, 6, 4)).astype(np.float32)
+        k = RNG.integers(-1, 2, (2, 9, 4)).astype(np.float32)
+    else:
+        q, k = rnd(2, 6, 4), rnd(2, 9, 4)
+    v, go = rnd(2, 9, 4), rnd(2, 6, 4)
+    m = np.zeros((6, 9), np.float32)
+    m[:, 3] = -abs(bias)
+    m[2, :] = bias
+    m[5, :] = bias
+    body = {"q": enc(q), "k": enc(k), "v": enc(v), "mask": enc(m), "return_weights": True,
+            "scale": 0.5, "grad_output": enc(go), "output_encoding": "base64"}
+    status, text, resp = srv.post("/v1/attention", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    r32 = ref_sdpa(q, k, v, torch.float32, mask=m, scale=0.5, go=go)
+    r = ref_sdpa(q, k, v, torch.float64, mask=m, scale=0.5, go=go) if exact else r32
+    c.close("output", dec(resp["output"]), r["o"], r32["o"])
+    c.close("weights", dec(resp["weights"]), r["w"], r32["w"])
+    for n in "qkv":
+        c.close("grad." + n, dec(resp["grad"][n]), r["d" + n], r32["d" + n], rel=GRAD_TOL)
+
+
 def all_masked_stats_case(c, srv):
     """Every entry masked: zeros everywhere, statistics null."""
     q, k, v, go = rnd(3, 4), rnd(5, 4), rnd(5, 2), rnd(3, 2)
@@ -599,7 +631,8 @@ def all_masked_stats_case(c, srv):
 
 def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=None,
              d_k=4, d_v=3, d_out=5, w_o=True, biases=(), causal=False, mask=None,
-             scale=None, weights=False, grad=True, encoding="nested", stats=False):
+             scale=None, weights=False, grad=True, encoding="nested", stats=False,
+             same_context=False, ref_f32=False):
     lead = () if B is None else (B,)
     cross = m is not None or d_ctx is not None
     m = m if m is not None else n
@@ -607,7 +640,7 @@ def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=No
     hk = h_kv or h
     p = {"x": rnd(*lead, n, d_model)}
     if cross:
-        p["context"] = rnd(*lead, m, d_ctx)
+        p["context"] = p["x"].copy() if same_context else rnd(*lead, m, d_ctx)
     p["w_q"] = rnd(d_model, h * d_k, scale=d_model ** -0.5)
     p["w_k"] = rnd(d_ctx, hk * d_k, scale=d_ctx ** -0.5)
     p["w_v"] = rnd(d_ctx, hk * d_v, scale=d_ctx ** -0.5)
@@ -639,8 +672,8 @@ def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=No
     if status != 200:
         c.fail("status %d: %s" % (status, text[:300]))
         return
-    r64 = ref_mha(p, h, torch.float64, h_kv, causal, mask, scale, go)
     r32 = ref_mha(p, h, torch.float32, h_kv, causal, mask, scale, go)
+    r64 = r32 if ref_f32 else ref_mha(p, h, torch.float64, h_kv, causal, mask, scale, go)
     c.close("output", dec(resp["output"]), r64["o"], r32["o"])
     if weights:
         key = "w_mean" if weights == "mean" else "w"
@@ -777,6 +810,10 @@ def cases(srv):
              causal=True, weights=True, stats=True,
              mask_fn=lambda sq, sk: np.array([False, True, True, True]))
     run_case(A + "everything masked (null stats)", all_masked_stats_case, srv)
+    for bias in (-1e4, 1e4, -2.0 ** 20):
+        run_case(A + "row bias %g, exact scores" % bias, large_bias_case, srv, bias, True)
+    for bias in (-1e9, 1e9):
+        run_case(A + "row bias %g (vs f32 torch)" % bias, large_bias_case, srv, bias, False)
     # GQA / MQA
     run_case(A + "GQA rank3 H_q=4 H_kv=2", simple, srv, (4, 6, 8), (2, 9, 8), (2, 9, 5), weights=True)
     run_case(A + "MQA rank3 H_q=4 H_kv=1 causal", simple, srv, (4, 6, 8), (1, 9, 8), (1, 9, 5),
@@ -802,6 +839,10 @@ def cases(srv):
     run_case(A + "n_q=300 n_k=65 causal (zero rows)", simple, srv, (300, 16), (65, 16), (65, 8),
              causal=True, weights=True)
     run_case(A + "n_q=1 n_k=1100 d=1", simple, srv, (1, 1), (1100, 1), (1100, 3), weights=True, stats=True)
+    run_case(A + "n_q=40 n_k=2100 d_k=128 d_v=256 causal", simple, srv, (2, 40, 128), (2, 2100, 128),
+             (2, 2100, 256), causal=True, encoding="base64", mask_fn=lambda sq, sk: bool_mask((2100,), 0.9))
+    run_case(A + "n=1100 d=32 causal", simple, srv, (1100, 32), (1100, 32), (1100, 32), causal=True,
+             encoding="base64")
     run_case(A + "d_k=3 d_v=1 n=257 mask", simple, srv, (257, 3), (257, 3), (257, 1), weights=True,
              mask_fn=lambda sq, sk: bool_mask((257,), 0.5))
     # encodings and text round trip
@@ -830,6 +871,19 @@ def cases(srv):
              mask=rnd(2, 1, 1, 7), weights="mean")
     run_case(M + "bool mask [h,1,m] GQA", mha_case, srv, B=2, h=4, h_kv=2, n=5,
              mask=bool_mask((4, 1, 5), 0.7), weights=True)
+    run_case(M + "mask [1,h,n,n] unbatched", mha_case, srv, n=5, h=2,
+             mask=bool_mask((1, 2, 5, 5), 0.7), weights=True)
+    run_case(M + "float mask [h,n,m] batched cross", mha_case, srv, B=2, n=4, m=6, h=2,
+             mask=rnd(2, 4, 6), weights=True)
+    run_case(M + "context = copy of x (grads apart)", mha_case, srv, B=2, n=5, m=5, d_ctx=8,
+             causal=True, same_context=True)
+    run_case(M + "stats GQA h=4 h_kv=2 + mask", mha_case, srv, B=2, h=4, h_kv=2, stats=True,
+             mask=bool_mask((2, 1, 6, 6), 0.7), grad=False)
+    pad = np.zeros((2, 1, 6, 6), np.float32)
+    pad[0, 0, 4:, :] = -1e9   # padded query rows, HuggingFace style
+    pad[:, :, :, 5] = -1e9    # a padded key
+    run_case(M + "float mask -1e9 padded rows (vs f32 torch)", mha_case, srv, B=2, mask=pad,
+             weights=True, ref_f32=True)
     run_case(M + "explicit scale, flat encoding", mha_case, srv, B=2, scale=f32(0.45), encoding="flat",
              weights=True)
     run_case(M + "base64 encoding, stats", mha_case, srv, B=2, encoding="base64", stats=True,
