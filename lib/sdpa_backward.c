@@ -13,7 +13,6 @@
  * that bound when B x H is large, the (batch, key/value head) pairs are
  * processed in chunks whose dq copies fit SDPA_BWD_DQ_BUDGET bytes.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -54,6 +54,8 @@ static attn_status check_mask(const attn_sdpa_params *p, attn_error *err)
             __builtin_add_overflow(last, span, &last))
             return attn_fail(err, ATTN_ERR_INVALID, "mask strides address beyond int64");
     }
+    if (last > INT64_MAX / 8)
+        return attn_fail(err, ATTN_ERR_INVALID, "mask strides address beyond int64");
     return ATTN_OK;
 }
 

@@ -161,11 +161,12 @@ void sdpa_forward_tile(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *s
  * FlashAttention-2's backward step, with P recomputed from the forward
  * pass's log-sum-exp instead of stored:
  *   P  = exp(scale * q_t k_t^T + bias - lse)      [rows, cols]
- *   dV += P^T dO          dP = dO v_t^T
+ *   dP = dO v_t^T                                 [rows, cols]
  *   dS = P * (dP - delta), delta_i = rowsum(dO_i * O_i)
- *   dQ += scale * dS k_t  dK += scale * dS^T q_t
+ *   dV += P^T dO    dQ += scale * dS k_t    dK += scale * dS^T q_t
+ * P and dS are made in one pass over the two tiles (attn_vsoftmax_grad).
  * A hidden score has P = 0 and so contributes nothing, and a fully masked
- * row (lse = -inf) is skipped outright: its gradients stay exactly 0.
+ * row (lse = -inf) is zeroed outright: its gradients stay exactly 0.
  */
 void sdpa_backward_tile(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_state *st)
 {
