@@ -60,12 +60,13 @@ void sdpa_mask_row_bias(const attn_mask *mask, int64_t base, float *x, int64_t c
 }
 
 /* A disallowed key gets -inf, which the softmax turns into a weight of
- * exactly 0 (and the statistics skip). */
+ * exactly 0 (and the statistics skip). Adding 0 or -inf from a table, rather
+ * than branching, keeps random masks from costing a misprediction a key. */
 void sdpa_mask_row_hide(const attn_mask *mask, int64_t base, float *x, int64_t cols)
 {
+    static const float add[2] = {-INFINITY, 0.0f};
     const int64_t s = mask->stride[3];
     const uint8_t *allowed = mask->allowed + base;
     for (int64_t j = 0; j < cols; j++)
-        if (allowed[j * s] == 0)
-            x[j] = -INFINITY;
+        x[j] += add[allowed[j * s] != 0];
 }

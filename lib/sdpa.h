@@ -32,6 +32,11 @@
  * costs more than it saves. */
 #define SDPA_MIN_PARALLEL_FLOPS 2e6
 
+/* At most this many threads per call, whatever `threads` asks: each worker
+ * holds its own tiles, and OpenBLAS (built for 64 threads) keeps a fixed
+ * table of per-caller buffers that concurrent callers share. */
+#define SDPA_MAX_THREADS 64
+
 /* The tensors of one call and the numbers derived from the parameters. */
 typedef struct {
     const attn_sdpa_params *p;

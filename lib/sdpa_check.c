@@ -107,7 +107,8 @@ int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops)
 {
     if (flops < SDPA_MIN_PARALLEL_FLOPS || units <= 1)
         return 1;
-    return units < p->threads ? (int)units : p->threads;
+    int64_t threads = p->threads < SDPA_MAX_THREADS ? p->threads : SDPA_MAX_THREADS;
+    return (int)(units < threads ? units : threads);
 }
 
 void *sdpa_alloc(int64_t n, size_t size)
