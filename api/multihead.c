@@ -93,8 +93,8 @@ static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
     if (!api_check_rank(w, field, 2, 2, form, err))
         return false;
     if (w->shape[0] != rows)
-        return MISMATCH(field, "%s has %lld rows but %s", field,
-                        LL(w->shape[0]), rows_of);
+        return MISMATCH(field, "%s has %lld row%s but %s", field,
+                        LL(w->shape[0]), w->shape[0] == 1 ? "" : "s", rows_of);
     return true;
 }
 
