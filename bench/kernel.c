@@ -12,7 +12,7 @@
  * that giving OpenBLAS two threads there never touches the attn process,
  * where libattn keeps OpenBLAS single-threaded and runs its own threads.
  *
- * Every figure is the best of several repetitions after one warm-up run: the
+ * Every figure is the best of several repetitions after a warm-up run: the
  * machine is shared and noisy, and the best run is the one least disturbed.
  * Shapes (attn): q, k, v, out, dout, dq, dk, dv [1, H, N, D]; lse [1, H, N].
  */
@@ -163,17 +163,17 @@ static int run_mode(attn_case *c, int mode)
     return mode == FWD_BWD ? run_forward_backward(c) : run_forward(c, mode == CAUSAL);
 }
 
-/* The best of as many repetitions as fit the budget, at least two after the
- * first; the first run counts too when it alone is over the budget (at
- * n = 4096 a forward+backward pass takes seconds, and its first-touch costs
- * are small beside that). */
+/* The best of as many repetitions as fit the budget after a warm-up run; the
+ * warm-up counts too when it alone is over the budget (at n = 4096 a
+ * forward+backward pass takes seconds, and its first-touch costs are small
+ * beside that), so that a slow case still gives the best of two. */
 static double best_time(attn_case *c, int mode, double budget_s)
 {
     double t0 = now_s();
     if (run_mode(c, mode) != 0)
         return -1;
     double once = now_s() - t0;
-    int reps = reps_for(once, budget_s, 2, 200);
+    int reps = reps_for(once, budget_s, 1, 200);
     double best = once > budget_s ? once : INFINITY;
     for (int r = 0; r < reps; r++) {
         t0 = now_s();
