@@ -450,6 +450,10 @@ def attention_case(c, srv, q, k, v, causal=False, mask=None, scale=None, go=None
             c.zero_rows("grad.q", dec(g["q"]), full)
     else:
         c.expect("grad" not in resp, "grad present without grad_output")
+    Bq = int(np.prod(q.shape[:-2])) if q.ndim > 2 else 1
+    flops = 2 * Bq * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1]) * (3.5 if go is not None else 1)
+    c.expect(resp.get("meta", {}).get("flops") == flops,
+             "meta.flops %r, expected %r" % (resp.get("meta", {}).get("flops"), flops))
     meta = resp.get("meta", {}).get("shape", {})
     c.expect(meta.get("n_q") == q.shape[-2] and meta.get("n_k") == k.shape[-2]
              and meta.get("d_k") == q.shape[-1] and meta.get("d_v") == v.shape[-1],
@@ -604,7 +608,7 @@ def large_bias_case(c, srv, bias, exact):
     m[2, :] = bias
     m[5, :] = bias
     body = {"q": enc(q), "k": enc(k), "v": enc(v), "mask": enc(m), "return_weights": True,
-            "scale": 0.5, "grad_output": enc(go), "output_encoding": "base64"}
+            "scale": 0.5, "grad_output": enc(go), "output_encoding": "base64", "return_stats": exact}
     status, text, resp = srv.post("/v1/attention", body)
     if status != 200:
         c.fail("status %d: %s" % (status, text[:300]))
@@ -615,6 +619,64 @@ def large_bias_case(c, srv, bias, exact):
     c.close("weights", dec(resp["weights"]), r["w"], r32["w"])
     for n in "qkv":
         c.close("grad." + n, dec(resp["grad"][n]), r["d" + n], r32["d" + n], rel=GRAD_TOL)
+    if exact:
+        stats_close(c, resp.get("stats"), r["stats"])
+
+
+def number_text_case(c, srv):
+    """Request numbers are read as Python's json reads them, then rounded to
+    float32 (torch.tensor(json.loads(body))), extremes and double rounding
+    included; the one-hot weights copy v to the output bit for bit."""
+    from decimal import Decimal, getcontext
+    getcontext().prec = 60
+    half = Decimal(1) + Decimal(2) ** -24          # halfway between 1 and its float32 successor
+    above = format(half + Decimal(2) ** -54, "f")  # reads as the halfway double, so ties to 1.0
+    texts = ["1e-45", "1.401298464324817e-45", "-7.1e-46", "1e-50", "3.4028235e38", "3.40282356e38",
+             "-1.1754944e-38", "0.1", "16777217", "3.4028235677973362e38", above, "-" + above,
+             "123456789", "2.5e-40"]
+    n = len(texts)
+    eye = (np.eye(n) * 100).tolist()
+    body = '{"q": %s, "k": %s, "v": [%s], "scale": 1, "output_encoding": "%%s"}' % (
+        json.dumps(eye), json.dumps(eye), ",".join("[%s]" % t for t in texts))
+    got = {}
+    for oenc in ("base64", "nested"):
+        status, text, resp = srv.post("/v1/attention", body % oenc)
+        if status != 200:
+            c.fail("%s: status %d %s" % (oenc, status, text[:200]))
+            return
+        got[oenc] = dec(resp["output"]).reshape(-1)
+    for i, t in enumerate(texts):
+        want = np.float32(float(t))
+        for oenc, out in got.items():
+            c.expect(out[i].view(np.uint32) == want.view(np.uint32),
+                     "%s read as %r (%s out), torch.tensor(json.loads) gives %r"
+                     % (t, float(out[i]), oenc, float(want)))
+    for t in ("3.4028236e38", "3.4028235677973366e38", "-1e39", "1e400"):
+        status, text, resp = srv.post("/v1/attention", '{"q": [[1]], "k": [[1]], "v": [[%s]]}' % t)
+        code = ((resp or {}).get("error") or {}).get("code") if isinstance(resp, dict) else None
+        c.expect(status == 400 and code == "invalid_number",
+                 "%s (not finite as float32): status %d code %r" % (t, status, code))
+
+
+def concurrent_case(c, srv):
+    """Requests of different shapes at once give each its own right answer."""
+    import concurrent.futures
+    jobs = []
+    for i in range(12):
+        n_q, n_k = 5 + 37 * i % 90, 3 + 53 * i % 150
+        q, k, v, go = rnd(2, n_q, 16), rnd(2, n_k, 16), rnd(2, n_k, 8), rnd(2, n_q, 8)
+        body = {"q": enc(q, "base64"), "k": enc(k, "base64"), "v": enc(v, "base64"),
+                "grad_output": enc(go, "base64"), "causal": bool(i % 2), "output_encoding": "base64"}
+        jobs.append((q, k, v, go, bool(i % 2), body))
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        answers = list(ex.map(lambda j: srv.post("/v1/attention", j[5]), jobs))
+    for i, ((q, k, v, go, causal, _), (status, text, resp)) in enumerate(zip(jobs, answers)):
+        if status != 200:
+            c.fail("request %d: status %d %s" % (i, status, text[:200]))
+            continue
+        r = ref_sdpa(q, k, v, torch.float64, causal, go=go)
+        c.close("output#%d" % i, dec(resp["output"]), r["o"])
+        c.close("grad.k#%d" % i, dec(resp["grad"]["k"]), r["dk"], rel=GRAD_TOL)
 
 
 def all_masked_stats_case(c, srv):
@@ -743,16 +805,31 @@ def main():
         print("0 passed, 1 failed")
         return 1
     started = time.time()
-    srv = Server(binary)
+    try:
+        srv = Server(binary)
+    except Exception as e:
+        print("torch_check: cannot start %s: %s" % (binary, e))
+        print("0 passed, 1 failed")
+        return 1
     print("torch_check: attnd %s on 127.0.0.1:%d, torch %s" % (binary, srv.port, torch.__version__))
     sys.stdout.flush()
     try:
         cases(srv)
     finally:
         rc = srv.stop()
-    c = Case("server exits 0 on SIGTERM")
-    c.expect(rc == 0, "exit status %r; log tail: %s" % (rc, srv.log_text()[-500:]))
-    RESULTS.append(c.report())
+    log = srv.log_text()
+    c = Case("server exits 0 on SIGTERM, log clean")
+    c.expect(rc == 0, "exit status %r; log tail: %s" % (rc, log[-800:]))
+    for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+        if bad in log:
+            at = log.index(bad)
+            c.fail("sanitizer report in the server log: " + log[max(0, at - 200):at + 600])
+    ok = c.report()
+    RESULTS.append(ok)
+    if ok:
+        os.unlink(srv.log.name)
+    else:
+        print("    server log kept in " + srv.log.name)
     passed = sum(1 for r in RESULTS if r)
     failed = len(RESULTS) - passed
     print("max errors relative to max(1, |ref|): forward %.2e, grad %.2e (vs float64 torch); "
@@ -849,6 +926,8 @@ def cases(srv):
     run_case(A + "encodings 3 in x 3 out identical", encodings_case, srv)
     run_case(A + "text numbers round-trip to float32", roundtrip_case, srv)
     run_case(A + "scores +-1e4 exact one-hot", onehot_case, srv)
+    run_case(A + "request numbers read as json then float32", number_text_case, srv)
+    run_case(A + "12 concurrent requests", concurrent_case, srv)
 
     M = "multihead "
     run_case(M + "self, w_o, unbatched", mha_case, srv)
@@ -886,8 +965,8 @@ def cases(srv):
              weights=True, ref_f32=True)
     run_case(M + "explicit scale, flat encoding", mha_case, srv, B=2, scale=f32(0.45), encoding="flat",
              weights=True)
-    run_case(M + "base64 encoding, stats", mha_case, srv, B=2, encoding="base64", stats=True,
-             biases=("b_q", "b_k"), causal=True)
+    run_case(M + "base64 encoding, bool mask, stats", mha_case, srv, B=2, encoding="base64", stats=True,
+             biases=("b_q", "b_k"), causal=True, mask=bool_mask((2, 1, 6, 6), 0.8), weights=True)
     run_case(M + "larger n=70 d_model=32 h=4", mha_case, srv, B=2, n=70, d_model=32, h=4, d_k=8, d_v=8,
              d_out=16, causal=True, biases=("b_q", "b_k", "b_v", "b_o"))
 
