@@ -348,12 +348,12 @@ done
 g=$(get mem_growth_kb)
 row "library peak RSS growth (MiB), forward+backward, B=1 H=1 n=32768 d=64" \
     "$([ -n "$g" ] && calc %.1f "$g / 1024")" \
-    "VmHWM $(scaled "$(get mem_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get mem_hwm_after_kb)" 1024 %.0f) MiB (its inputs and outputs: $(scaled "$(get mem_inputs_kb)" 1024 %.0f) MiB); $(get mem_seconds) s" \
+    "VmHWM $(scaled "$(get mem_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get mem_hwm_after_kb)" 1024 %.0f) MiB (its inputs and outputs: $(scaled "$(get mem_inputs_kb)" 1024 %.0f) MiB); $(s=$(get mem_seconds); echo "${s:-?}") s" \
     "<=" 256
 g=$(get srv_growth_kb); s=$(get srv_status)
 row "attnd peak RSS growth (MiB) serving that request, base64 in and out" \
     "$([ -n "$g" ] && calc %.1f "$g / 1024")" \
-    "$([ -n "$s" ] && [ "$s" != 200 ] && echo "attnd answered $s; ")VmHWM $(scaled "$(get srv_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get srv_hwm_after_kb)" 1024 %.0f) MiB; body $(scaled "$(get srv_body_in)" 1e6 %.1f) MB in, $(scaled "$(get srv_body_out)" 1e6 %.1f) MB out; $(get srv_seconds) s" \
+    "$([ -n "$s" ] && [ "$s" != 200 ] && echo "attnd answered $s; ")VmHWM $(scaled "$(get srv_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get srv_hwm_after_kb)" 1024 %.0f) MiB; body $(scaled "$(get srv_body_in)" 1e6 %.1f) MB in, $(scaled "$(get srv_body_out)" 1e6 %.1f) MB out; $(s=$(get srv_seconds); echo "${s:-?}") s" \
     "<=" 400
 
 row "tensor codec: jansson time / ours (decode+encode), 1M float32" \
@@ -380,7 +380,8 @@ if [ -f "$PEERS/nginx.conf" ] && command -v nginx > /dev/null; then
     row "$label" "$(ratio "$(valid_rps attnd_small)" "$(valid_rps nginx_small)" %.2f)" \
         "attnd $(http_detail attnd_small); nginx $(http_detail nginx_small)" ">=" 0.5
 else
-    row "$label" "" "peer not available ($PEERS/nginx.conf, nginx)"
+    printf '| %s | n/a | attnd %s; nginx: peer not available (%s) | >= 0.5 | peer not available |\n' \
+        "$label" "$(http_detail attnd_small)" "$PEERS/nginx.conf"
 fi
 label="medium request (n=128, d=64, nested, causal): attnd / FastAPI req/s"
 if [ -f "$PEERS/fastapi_attention.py" ] && [ -n "$(get fastapi1_medium_rps)$(get fastapi2_medium_rps)" ]; then
@@ -394,7 +395,8 @@ if [ -f "$PEERS/fastapi_attention.py" ] && [ -n "$(get fastapi1_medium_rps)$(get
         "$(ratio "$(valid_rps attnd_small)" "$(valid_rps fastapi${w}_small)" %.1f)" \
         "FastAPI ($w worker(s)) $(http_detail fastapi${w}_small)"
 else
-    row "$label" "" "peer not available ($PEERS/fastapi_attention.py with python3-fastapi, -uvicorn, -numpy)"
+    printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 5 | peer not available |\n' \
+        "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
 echo
 echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up. Raw outputs: $OUT/."
