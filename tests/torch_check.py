@@ -999,6 +999,21 @@ def cases(srv):
              dict(qkv, causal=1), 400, "wrong_type", "causal")
     run_case(E + "grad_output shape -> 422", error_case, srv, "/v1/attention",
              dict(qkv, grad_output=[[1, 2, 3]]), 422, "shape_mismatch", "grad_output")
+    mh = {"x": [[1, 2, 3, 4]], "w_q": np.eye(4).tolist(), "w_k": np.eye(4).tolist(),
+          "w_v": np.eye(4).tolist(), "num_heads": 4}
+    run_case(E + "num_kv_heads 3 of 4 -> 422 invalid_value", error_case, srv, "/v1/multihead",
+             dict(mh, num_kv_heads=3), 422, ("invalid_value", "shape_mismatch"))
+    run_case(E + "b_o without w_o -> 422 invalid_value", error_case, srv, "/v1/multihead",
+             dict(mh, b_o=[1, 2, 3, 4]), 422, "invalid_value", "b_o")
+    run_case(E + "multihead typo num_head -> 400", error_case, srv, "/v1/multihead",
+             {"x": mh["x"], "w_q": mh["w_q"], "w_k": mh["w_k"], "w_v": mh["w_v"], "num_head": 4},
+             400, ("unknown_field", "missing_field"))
+    run_case(E + "scale 0 -> 422 invalid_value", error_case, srv, "/v1/attention",
+             dict(qkv, scale=0), 422, "invalid_value", "scale")
+    run_case(E + "rank 5 q -> 422 invalid_shape", error_case, srv, "/v1/attention",
+             dict(qkv, q=[[[[[1, 2]]]]], k=[[[[[1, 2]]]]], v=[[[[[1, 2]]]]]), 422, "invalid_shape")
+    run_case(E + "context batch != x batch -> 422", error_case, srv, "/v1/multihead",
+             dict(mh, x=[[[1, 2, 3, 4]]] * 2, context=[[[1, 2, 3, 4]]] * 3), 422, "shape_mismatch", "context")
 
 
 if __name__ == "__main__":
