@@ -688,6 +688,40 @@ def all_masked_stats_case(c, srv):
     c.expect(r["stats"]["scores"]["mean"] is None, "reference stats not null")
 
 
+def random_attention_case(c, srv, seed):
+    """A random configuration: rank, heads (GQA), sizes, causal, a mask of a
+    random broadcast shape (bool or additive), scale, encodings."""
+    g = np.random.default_rng(seed)
+    rank = int(g.integers(2, 5))
+    B = int(g.integers(1, 3)) if rank == 4 else None
+    h_kv = int(g.integers(1, 3)) if rank >= 3 else 1
+    h_q = h_kv * int(g.integers(1, 4)) if rank >= 3 else 1
+    n_q, n_k = (int(x) for x in g.choice([1, 2, 3, 7, 16, 31, 64, 65, 100, 129], 2))
+    d_k, d_v = (int(x) for x in g.choice([1, 2, 5, 8, 16, 33, 64], 2))
+    lead_q = (() if B is None else (B,)) + ((h_q,) if rank >= 3 else ())
+    lead_k = (() if B is None else (B,)) + ((h_kv,) if rank >= 3 else ())
+    q = (g.standard_normal(lead_q + (n_q, d_k)) * g.choice([0.5, 1, 2])).astype(np.float32)
+    k = g.standard_normal(lead_k + (n_k, d_k)).astype(np.float32)
+    v = g.standard_normal(lead_k + (n_k, d_v)).astype(np.float32)
+    go = g.standard_normal(lead_q + (n_q, d_v)).astype(np.float32)
+    full_shape = lead_q + (n_q, n_k)
+    mask = None
+    kind = g.integers(0, 3)
+    if kind:
+        mrank = int(g.integers(1, len(full_shape) + 1))
+        mshape = tuple(d if g.random() < 0.6 else 1 for d in full_shape[-mrank:])
+        mask = (g.random(mshape) < 0.75) if kind == 1 else g.standard_normal(mshape).astype(np.float32)
+    scale = f32(g.choice([0.05, 0.3, 1.0])) if g.random() < 0.3 else None
+    encoding = str(g.choice(["nested", "flat", "base64"]))
+    c.name += " r%d B%s h%d/%d n%dx%d d%d/%d%s%s%s" % (
+        rank, B, h_q, h_kv, n_q, n_k, d_k, d_v, " causal" if g.random() < 0.5 and not c.name.startswith("x") else "",
+        "" if mask is None else " mask%s%s" % ("b" if kind == 1 else "f", list(mask.shape)),
+        "" if scale is None else " s%g" % scale)
+    causal = " causal" in c.name
+    attention_case(c, srv, q, k, v, causal=causal, mask=mask, scale=scale, go=go, weights=True,
+                   stats=bool(g.random() < 0.5), encoding=encoding, mask_enc=encoding)
+
+
 # ---- /v1/multihead
 
 
@@ -928,6 +962,9 @@ def cases(srv):
     run_case(A + "scores +-1e4 exact one-hot", onehot_case, srv)
     run_case(A + "request numbers read as json then float32", number_text_case, srv)
     run_case(A + "12 concurrent requests", concurrent_case, srv)
+
+    for seed in range(int(os.environ.get("TORCH_CHECK_RANDOM", "16"))):
+        run_case(A + "random#%d" % seed, random_attention_case, srv, 1000 + seed)
 
     M = "multihead "
     run_case(M + "self, w_o, unbatched", mha_case, srv)
