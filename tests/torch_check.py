@@ -357,8 +357,8 @@ def run_case(name, fn, *args, **kw):
         c.fail("exception: %s: %s" % (type(e).__name__, e))
         tb = traceback.format_exc().strip().splitlines()
         c.fail(" | ".join(tb[-3:]))
-    for what, err, tol, err32 in c.cmps:
-        # summary errors are relative to max(1, max|ref|), like the tolerances
+    for what, err, tol, err32 in (c.cmps if not c.fails else ()):
+        # summary errors (over the cases that passed) are relative to max(1, max|ref|), like the tolerances
         key = "grad" if what.startswith("grad") else "forward"
         mag = tol / (GRAD_TOL if key == "grad" else FWD_TOL)
         MAXERR[key] = max(MAXERR[key], err / mag)
@@ -789,6 +789,39 @@ def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=No
             c.close("grad." + name, dec(g[name]), r64["grad"][name], r32["grad"][name], rel=GRAD_TOL)
 
 
+def random_mha_case(c, srv, seed):
+    """A random multi-head configuration through mha_case."""
+    g = np.random.default_rng(seed)
+    h_kv = int(g.integers(1, 3))
+    h = h_kv * int(g.integers(1, 4))
+    B = None if g.random() < 0.4 else int(g.integers(1, 3))
+    n = int(g.choice([1, 2, 5, 17, 40]))
+    cross = g.random() < 0.5
+    m = int(g.choice([1, 3, 9, 33])) if cross else None
+    d_model = int(g.integers(1, 12))
+    d_ctx = int(g.integers(1, 12)) if cross else None
+    kw = dict(B=B, n=n, m=m, d_model=d_model, d_ctx=d_ctx, h=h, h_kv=h_kv if g.random() < 0.7 else None,
+              d_k=int(g.integers(1, 6)), d_v=int(g.integers(1, 6)), d_out=int(g.integers(1, 7)),
+              w_o=bool(g.random() < 0.6), causal=bool(g.random() < 0.5),
+              scale=f32(g.choice([0.2, 0.7])) if g.random() < 0.3 else None,
+              weights=[False, True, "mean"][int(g.integers(0, 3))],
+              encoding=str(g.choice(["nested", "flat", "base64"])), stats=bool(g.random() < 0.3))
+    if kw["h_kv"] is None:
+        h_kv = h
+        kw["h"] = h
+    kw["biases"] = tuple(b for b in ("b_q", "b_k", "b_v", "b_o")
+                         if g.random() < 0.5 and (b != "b_o" or kw["w_o"]))
+    full = (B or 1, h, n, m if cross else n)
+    if g.random() < 0.5:
+        mrank = int(g.integers(1, 5))
+        mshape = tuple(d if g.random() < 0.6 else 1 for d in full[-mrank:])
+        kw["mask"] = (g.random(mshape) < 0.75) if g.random() < 0.5 else g.standard_normal(mshape).astype(np.float32)
+    c.name += " B%s h%d/%s n%d m%s dm%d dc%s%s%s%s" % (
+        B, h, kw["h_kv"], n, m, d_model, d_ctx, " causal" if kw["causal"] else "",
+        "" if "mask" not in kw else " mask%s" % list(kw["mask"].shape), " w_o" if kw["w_o"] else "")
+    mha_case(c, srv, **kw)
+
+
 def mha_stats_ref(p, h, hk, causal, mask, scale):
     """Stats of multi-head attention: project in float64, then ref_sdpa's stats."""
     x = p["x"].astype(np.float64)
@@ -866,7 +899,7 @@ def main():
         print("    server log kept in " + srv.log.name)
     passed = sum(1 for r in RESULTS if r)
     failed = len(RESULTS) - passed
-    print("max errors relative to max(1, |ref|): forward %.2e, grad %.2e (vs float64 torch); "
+    print("max errors of passing cases, relative to max(1, |ref|): forward %.2e, grad %.2e (vs float64 torch); "
           "vs float32 torch: forward %.2e, grad %.2e; %.1f s"
           % (MAXERR["forward"], MAXERR["grad"], MAXERR["f32_forward"], MAXERR["f32_grad"],
              time.time() - started))
@@ -1006,6 +1039,9 @@ def cases(srv):
              biases=("b_q", "b_k"), causal=True, mask=bool_mask((2, 1, 6, 6), 0.8), weights=True)
     run_case(M + "larger n=70 d_model=32 h=4", mha_case, srv, B=2, n=70, d_model=32, h=4, d_k=8, d_v=8,
              d_out=16, causal=True, biases=("b_q", "b_k", "b_v", "b_o"))
+
+    for seed in range(int(os.environ.get("TORCH_CHECK_RANDOM", "16"))):
+        run_case(M + "random#%d" % seed, random_mha_case, srv, 5000 + seed)
 
     E = "error "
     qkv = {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]]}
