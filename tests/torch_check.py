@@ -679,6 +679,18 @@ def concurrent_case(c, srv):
         c.close("grad.k#%d" % i, dec(resp["grad"]["k"]), r["dk"], rel=GRAD_TOL)
 
 
+def score_offset_case(c, srv, offset):
+    """No mask: every score of a row is offset + a small integer, exactly
+    representable in float32 (q = [sqrt(offset), a], k = [sqrt(offset), b],
+    scale 1), so the float64 reference is fair and softmax, being invariant to
+    the offset, is far from one-hot."""
+    root = math.sqrt(offset)
+    q = np.concatenate([np.full((2, 5, 1), root), RNG.integers(-1, 2, (2, 5, 3))], -1).astype(np.float32)
+    k = np.concatenate([np.full((2, 7, 1), root), RNG.integers(-1, 2, (2, 7, 3))], -1).astype(np.float32)
+    v, go = rnd(2, 7, 3), rnd(2, 5, 3)
+    attention_case(c, srv, q, k, v, scale=1.0, go=go, weights=True, stats=True)
+
+
 def all_masked_stats_case(c, srv):
     """Every entry masked: zeros everywhere, statistics null."""
     q, k, v, go = rnd(3, 4), rnd(5, 4), rnd(5, 2), rnd(3, 2)
@@ -954,6 +966,8 @@ def cases(srv):
              causal=True, weights=True, stats=True,
              mask_fn=lambda sq, sk: np.array([False, True, True, True]))
     run_case(A + "everything masked (null stats)", all_masked_stats_case, srv)
+    for offset in (1e2, 1e4, 2.0 ** 20):
+        run_case(A + "no mask, scores %g + small ints" % offset, score_offset_case, srv, offset)
     for bias in (-1e4, 1e4, -2.0 ** 20):
         run_case(A + "row bias %g, exact scores" % bias, large_bias_case, srv, bias, True)
     for bias in (-1e9, 1e9):
