@@ -242,7 +242,12 @@ static bool check_cost(multihead_call *c, const api_limits *lim, api_error *err)
 {
     const attn_mha_params *p = &c->p;
     /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
-    c->flops = attn_mha_flops(p) * (c->want_grad ? 3.5 : 1.0);
+    double forward = attn_mha_flops(p);
+    /* attn_mha_flops counts an output projection; without w_o there is none. */
+    if (!given(c, F_W_O))
+        forward -= 2.0 * (double)p->batch * (double)p->n * (double)p->heads *
+                   (double)p->d_v * (double)p->d_out;
+    c->flops = forward * (c->want_grad ? 3.5 : 1.0);
     /* In double: with no FLOP limit the products could overflow int64. */
     double rows = (double)p->batch * (double)p->n;
     double numbers = rows * (double)p->d_out;
