@@ -8,6 +8,8 @@
 
 #include "codec.h"
 
+#include <string.h>
+
 /* ----------------------------------------------------------------- buf.c */
 
 /* Makes room for n more bytes and returns where they go (b->len is not
@@ -52,5 +54,37 @@ bool api_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad);
  */
 size_t json_string_decode(const char *p, const char *end, char *out,
                           size_t cap, const char **after);
+
+/* ------------------------------------------- eight digits at a time (SWAR) */
+
+/* The 8 bytes at p as one word, first byte lowest. */
+static inline uint64_t api_load8(const char *p)
+{
+    uint64_t x;
+    memcpy(&x, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    return x;
+}
+
+/* Are all 8 bytes ASCII digits? Each byte is 0x30..0x3f, and adding 6
+ * does not carry it past 0x3f (no carries between bytes: at most 0x45). */
+static inline bool api_all_digits8(uint64_t x)
+{
+    return (x & 0xf0f0f0f0f0f0f0f0u) == 0x3030303030303030u &&
+           ((x + 0x0606060606060606u) & 0xf0f0f0f0f0f0f0f0u) == 0x3030303030303030u;
+}
+
+/* The value of 8 ASCII digits (first byte most significant): pairs, then
+ * quads, then the whole, each step a multiply-add within lanes. */
+static inline uint32_t api_digits8_value(uint64_t x)
+{
+    x -= 0x3030303030303030u;
+    x = (x * 10 + (x >> 8)) & 0x00ff00ff00ff00ffu;
+    x = (x * 100 + (x >> 16)) & 0x0000ffff0000ffffu;
+    x = (x * 10000 + (x >> 32)) & 0xffffffffu;
+    return (uint32_t)x;
+}
 
 #endif /* API_CODEC_INTERNAL_H */

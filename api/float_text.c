@@ -65,7 +65,7 @@ typedef struct {
 
 /* mant * 10^t >> shift with t large: a little 256-bit integer in 32-bit
  * limbs (mant < 2^27, 10^t < 2^180 for float32, so < 2^207). */
-static scaled scale_wide(uint64_t mant, int t, int shift)
+__attribute__((noinline, cold)) static scaled scale_wide(uint64_t mant, int t, int shift)
 {
     uint32_t limb[8] = {(uint32_t)mant, (uint32_t)(mant >> 32)};
     while (t > 0) {
@@ -92,7 +92,7 @@ static scaled scale_wide(uint64_t mant, int t, int shift)
     return r;
 }
 
-static scaled scale(uint64_t mant, int e2, int t)
+static inline scaled scale(uint64_t mant, int e2, int t)
 {
     scaled r = {0, false};
     if (t >= 0) {
@@ -105,7 +105,7 @@ static scaled scale(uint64_t mant, int e2, int t)
         if (t <= 19 && shift < 128) {
             u128 x = (u128)mant * pow10_u64[t];
             r.floor = (uint64_t)(x >> shift);
-            r.inexact = (x & (((u128)1 << shift) - 1)) != 0;
+            r.inexact = (u128)r.floor << shift != x;
             return r;
         }
         return scale_wide(mant, t, shift);
@@ -119,8 +119,27 @@ static scaled scale(uint64_t mant, int e2, int t)
     return r;
 }
 
-/* floor(n * log10(2)) for |n| < 1000 (78913 / 2^18 is log10(2) to 7 digits;
- * an estimate one off is corrected by the caller anyway). */
+/* x / 10^a with a constant divisor per case, so that the compiler turns
+ * each into a multiplication instead of a (slow) hardware division. */
+static inline uint64_t div_pow10(uint64_t x, int a)
+{
+    switch (a) {
+    case 0: return x;
+    case 1: return x / 10;
+    case 2: return x / 100;
+    case 3: return x / 1000;
+    case 4: return x / 10000;
+    case 5: return x / 100000;
+    case 6: return x / 1000000;
+    case 7: return x / 10000000;
+    case 8: return x / 100000000;
+    case 9: return x / 1000000000;
+    default: return x / 10000000000ULL;
+    }
+}
+
+/* floor(n * log10(2)), exactly for |n| <= 200 (78913 / 2^18 is log10(2)
+ * to 7 digits), which covers every float32 exponent. */
 static int floor_log10_pow2(int n)
 {
     return n >= 0 ? (n * 78913) >> 18 : -((-n * 78913 + (1 << 18) - 1) >> 18);
@@ -158,74 +177,84 @@ static bool reads_back(uint64_t digits, int exp10, float f)
 
 /* ------------------------------------------------------------ formatting */
 
-static char *put_digits(char *w, uint64_t x, int n)
+static const char two_digits[200] = {
+    '0','0','0','1','0','2','0','3','0','4','0','5','0','6','0','7','0','8','0','9',
+    '1','0','1','1','1','2','1','3','1','4','1','5','1','6','1','7','1','8','1','9',
+    '2','0','2','1','2','2','2','3','2','4','2','5','2','6','2','7','2','8','2','9',
+    '3','0','3','1','3','2','3','3','3','4','3','5','3','6','3','7','3','8','3','9',
+    '4','0','4','1','4','2','4','3','4','4','4','5','4','6','4','7','4','8','4','9',
+    '5','0','5','1','5','2','5','3','5','4','5','5','5','6','5','7','5','8','5','9',
+    '6','0','6','1','6','2','6','3','6','4','6','5','6','6','6','7','6','8','6','9',
+    '7','0','7','1','7','2','7','3','7','4','7','5','7','6','7','7','7','8','7','9',
+    '8','0','8','1','8','2','8','3','8','4','8','5','8','6','8','7','8','8','8','9',
+    '9','0','9','1','9','2','9','3','9','4','9','5','9','6','9','7','9','8','9','9',
+};
+
+/* The n decimal digits of x (x < 10^n <= 10^9) at w[0..n). */
+static void put_digits(char *w, uint32_t x, int n)
 {
-    for (int i = n - 1; i >= 0; i--) {
-        w[i] = (char)('0' + x % 10);
-        x /= 10;
+    char *p = w + n;
+    while (n >= 2) {
+        uint32_t r = x % 100;
+        x /= 100;
+        p -= 2;
+        memcpy(p, two_digits + 2 * r, 2);
+        n -= 2;
     }
-    return w + n;
+    if (n)
+        *--p = (char)('0' + x);
 }
 
-static int count_digits(uint64_t x)
+/* Number of decimal digits of x: bits * log10(2) (1233 / 4096) gives it
+ * or one less, and one comparison decides. */
+static int count_digits(uint32_t x)
 {
-    int n = 1;
-    while (n < 20 && x >= pow10_u64[n])
-        n++;
-    return n;
+    int t = ((32 - __builtin_clz(x | 1)) * 1233) >> 12;
+    return t + (x >= pow10_u64[t]);
 }
 
-/* Writes digits * 10^exp10 the way Python's repr() writes a float: plain
- * for decimal exponents -4..15 (always with a point: "3.0", so that a
- * Python client reads a float, not an int), otherwise "1.5e-07". */
-static char *put_decimal(char *w, uint64_t digits, int exp10)
+/* Writes digits * 10^exp10 (digits has n < 10 digits, no trailing zero)
+ * the way Python's repr() writes a float: plain for decimal exponents
+ * -4..15, always with a point ("3.0", so that a Python client reads a
+ * float, not an int), otherwise "1.5e-07". */
+static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
 {
-    int n = count_digits(digits);
     int sci = exp10 + n - 1; /* exponent in d.ddd x 10^sci */
-    char d[20];
-    put_digits(d, digits, n);
     if (sci >= -4 && sci < 16) {
-        if (sci < 0) {
-            *w++ = '0';
-            *w++ = '.';
-            for (int i = 0; i < -sci - 1; i++)
-                *w++ = '0';
-            memcpy(w, d, (size_t)n);
+        if (sci < 0) { /* 0.000ddd */
+            memcpy(w, "0.000000", 8); /* then keep 2 + (-sci - 1) bytes */
+            w += 1 - sci;
+            put_digits(w, digits, n);
             return w + n;
         }
         int whole = sci + 1;
-        if (n <= whole) {
-            memcpy(w, d, (size_t)n);
+        if (n <= whole) { /* ddd000.0 */
+            put_digits(w, digits, n);
             w += n;
             for (int i = n; i < whole; i++)
                 *w++ = '0';
-            *w++ = '.';
-            *w++ = '0';
-            return w;
+            memcpy(w, ".0", 2);
+            return w + 2;
         }
-        memcpy(w, d, (size_t)whole);
-        w += whole;
-        *w++ = '.';
-        memcpy(w, d + whole, (size_t)(n - whole));
-        return w + (n - whole);
+        /* dd.ddd: the digits one place right, then the point moves in */
+        put_digits(w + 1, digits, n);
+        for (int i = 0; i < whole; i++)
+            w[i] = w[i + 1];
+        w[whole] = '.';
+        return w + n + 1;
     }
-    *w++ = d[0];
+    put_digits(w + 1, digits, n); /* d.ddde+XX */
+    w[0] = w[1];
     if (n > 1) {
-        *w++ = '.';
-        memcpy(w, d + 1, (size_t)(n - 1));
-        w += n - 1;
-    }
+        w[1] = '.';
+        w += n + 1;
+    } else
+        w += 1;
     *w++ = 'e';
     *w++ = sci < 0 ? '-' : '+';
     int a = sci < 0 ? -sci : sci;
-    if (a >= 10) {
-        *w++ = (char)('0' + a / 10);
-        *w++ = (char)('0' + a % 10);
-    } else {
-        *w++ = '0';
-        *w++ = (char)('0' + a);
-    }
-    return w;
+    memcpy(w, two_digits + 2 * a, 2); /* |sci| <= 45 */
+    return w + 2;
 }
 
 /* ------------------------------------------------------------- the search */
@@ -256,16 +285,15 @@ char *api_float_text(float f, char *out)
     int e2 = e - 2;
     uint64_t mv = 4 * m, mhi = mv + 2, mlo = mv - (frac == 0 && biased > 1 ? 1 : 2);
 
+    /* v is in [2^n, 2^(n+1)) with n = top + e, so floor(log10 v) is
+     * floor(n log10 2) or one more: V has 10 digits, or 11 and loses one. */
     int top = 63 - __builtin_clzll(m);
-    int j = floor_log10_pow2(top + e) - 9; /* v * 10^-j has ~10 digits */
+    int j = floor_log10_pow2(top + e) - 9;
     scaled V = scale(mv, e2, -j);
-    while (V.floor >= 10000000000ULL) {
+    if (V.floor >= 10000000000ULL) {
         j++;
-        V = scale(mv, e2, -j);
-    }
-    while (V.floor < 1000000000ULL) {
-        j--;
-        V = scale(mv, e2, -j);
+        V.inexact |= V.floor % 10 != 0;
+        V.floor /= 10;
     }
     scaled L = scale(mlo, e2, -j), H = scale(mhi, e2, -j);
 
@@ -279,13 +307,13 @@ char *api_float_text(float f, char *out)
     int a = 0;
     while (pow10_u64[a + 1] <= width)
         a++;
-    while (a < 10 && safe_hi / pow10_u64[a + 1] * pow10_u64[a + 1] >= safe_lo)
+    while (a < 10 && div_pow10(safe_hi, a + 1) * pow10_u64[a + 1] >= safe_lo)
         a++;
     int p = 10 - a;
     uint64_t q = pow10_u64[a];
     /* the candidate nearest v (half to even), moved inside if needed: the
      * multiples next to it are then safe, since one exists at all */
-    uint64_t c = V.floor / q, r = V.floor % q;
+    uint64_t c = div_pow10(V.floor, a), r = V.floor - c * q;
     if (2 * r > q || (2 * r == q && (V.inexact || (c & 1))))
         c++;
     if (c * q < safe_lo)
@@ -298,7 +326,7 @@ char *api_float_text(float f, char *out)
         digits /= 10;
         exp10++;
     }
-    int nd = count_digits(digits);
+    int nd = count_digits((uint32_t)digits);
 
     /* Doubtful candidates sit within a unit of an end: L (on the lower end
      * when it is exact, else just below it), L+1, H and, when the upper end
@@ -315,12 +343,12 @@ char *api_float_text(float f, char *out)
             x /= 10;
             tz++;
         }
-        int nx = count_digits(x);
+        int nx = count_digits((uint32_t)x);
         if (nx < nd && reads_back(x, j + tz, mag)) {
             digits = x;
             exp10 = j + tz;
             nd = nx;
         }
     }
-    return put_decimal(w, digits, exp10);
+    return put_decimal(w, (uint32_t)digits, nd, exp10);
 }

@@ -20,7 +20,9 @@ typedef const unsigned char *cursor;
 
 static inline cursor skip_ws(cursor p, cursor end)
 {
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+    /* most calls find a value byte straight away: one compare for those */
+    while (p < end && (unsigned char)*p <= ' ' &&
+           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
         p++;
     return p;
 }
@@ -189,11 +191,14 @@ static cursor check_number(cursor p, cursor end, failure *f)
     }
     if (*p == '0') {
         p++;
-        /* a leading zero is followed by no digit; check_value's caller then
-         * sees the digit where a ',' or the end belongs */
-    } else
+        /* a leading zero is followed by no digit: the caller then sees the
+         * digit where a ',' or the end belongs */
+    } else {
+        while (end - p >= 8 && api_all_digits8(api_load8((const char *)p)))
+            p += 8;
         while (p < end && is_digit(*p))
             p++;
+    }
     if (p < end && *p == '.') {
         p++;
         if (p == end || !is_digit(*p)) {
@@ -201,6 +206,8 @@ static cursor check_number(cursor p, cursor end, failure *f)
             f->at = start;
             return NULL;
         }
+        while (end - p >= 8 && api_all_digits8(api_load8((const char *)p)))
+            p += 8;
         while (p < end && is_digit(*p))
             p++;
     }

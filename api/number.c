@@ -170,7 +170,25 @@ bool api_parse_number(const char *p, const char *end, const char **stop,
         }
     }
     if (s < end && *s == '.') {
-        for (s++; s < end && is_digit(*s); s++) {
+        s++;
+        /* Fractions are where client numbers keep their digits
+         * ("0.123456789"): eight at a time while they fit in w. */
+        while (nd <= 11 && end - s >= 8) {
+            uint64_t x = api_load8(s);
+            if (!api_all_digits8(x))
+                break;
+            if (w)
+                nd += 8;
+            else { /* significant digits start after the leading zeros:
+                    * zero bytes at the low (first) end */
+                uint64_t v = x - 0x3030303030303030u;
+                nd = v ? 8 - __builtin_ctzll(v) / 8 : 0;
+            }
+            w = w * 100000000u + api_digits8_value(x);
+            k -= 8;
+            s += 8;
+        }
+        for (; s < end && is_digit(*s); s++) {
             unsigned d = (unsigned)(*s - '0');
             if (nd < 19) {
                 w = w * 10 + d;

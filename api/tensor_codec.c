@@ -19,7 +19,9 @@ typedef const char *cursor;
 
 static inline cursor skip_ws(cursor p, cursor end)
 {
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+    /* most calls find a value byte straight away: one compare for those */
+    while (p < end && (unsigned char)*p <= ' ' &&
+           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
         p++;
     return p;
 }
@@ -760,6 +762,10 @@ void api_tensor_encode(api_buf *b, const float *data, int rank, const int64_t *s
     int64_t count = 1;
     for (int i = 0; i < rank; i++)
         count *= shape[i];
+    /* One reservation for the typical text ("-0.12345678," and brackets)
+     * instead of doubling through the sizes on the way. */
+    if (count > 0 && (uint64_t)count < SIZE_MAX / 16)
+        api_buf_reserve(b, (size_t)count * (enc == API_ENC_BASE64 ? 6 : 14) + 64);
     if (enc == API_ENC_NESTED) {
         if (rank <= 0)
             api_buf_float(b, data[0]);
