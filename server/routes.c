@@ -92,6 +92,11 @@ static void handle_compute(srv_request *r)
     }
 }
 
+static unsigned long long to_us(double ms)
+{
+    return ms > 0 ? (unsigned long long)(ms * 1e3 + 0.5) : 0;
+}
+
 void routes_compute_done(srv_request *r)
 {
     api_response *res = &r->res;
@@ -99,11 +104,16 @@ void routes_compute_done(srv_request *r)
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
         return;
     }
-    char timing[160];
+    /* Microseconds as integers: float formatting would cost more than the
+     * rest of a tiny request's transport. */
+    unsigned long long us[4] = {to_us(res->decode_ms), to_us(res->compute_ms),
+                                to_us(res->encode_ms), to_us((srv_now() - r->t_start) * 1e3)};
+    char timing[200];
     snprintf(timing, sizeof timing,
-             "decode;dur=%.3f, compute;dur=%.3f, encode;dur=%.3f, total;dur=%.3f",
-             res->decode_ms, res->compute_ms, res->encode_ms,
-             (srv_now() - r->t_start) * 1e3);
+             "decode;dur=%llu.%03llu, compute;dur=%llu.%03llu, encode;dur=%llu.%03llu, "
+             "total;dur=%llu.%03llu",
+             us[0] / 1000, us[0] % 1000, us[1] / 1000, us[1] % 1000, us[2] / 1000,
+             us[2] % 1000, us[3] / 1000, us[3] % 1000);
     const char *extra[] = {"Server-Timing", timing, NULL};
     char *body = res->body;
     res->body = NULL; /* MHD frees it once sent */
