@@ -1065,6 +1065,21 @@ START_TEST(burst_beyond_queue_gets_503_with_retry_after)
 }
 END_TEST
 
+START_TEST(work_beyond_max_work_is_422_work_limit)
+{
+    server s = start_server("--max-work", "1000");
+    char *body = slow_attention_body(1, 64, 16, false); /* 2*64*64*32 = 262144 FLOPs */
+    reply r = post_json(s.port, "/v1/attention", body);
+    ck_assert_error(r, 422, "work_limit");
+    reply_free(&r);
+    r = post_json(s.port, "/v1/attention", tiny_attention); /* 32 FLOPs */
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    free(body);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 START_TEST(queued_requests_wait_and_succeed)
 {
     server s = start_server("--threads", "1", "--queue", "4");
@@ -1108,6 +1123,11 @@ START_TEST(sigterm_lets_in_flight_request_finish_and_exits_0)
         char ra[32];
         ck_assert_ptr_nonnull(header(&r, "Retry-After", ra, sizeof ra));
     }
+    reply_free(&r);
+    /* ... and new computations are turned away to another replica. */
+    r = request_on(keep, s.port, "POST", "/v1/attention", NULL, tiny_attention, -1, false);
+    if (r.status != 0)
+        ck_assert_error(r, 503, "shutting_down");
     reply_free(&r);
     curl_easy_cleanup(keep);
 
@@ -1423,6 +1443,7 @@ static Suite *server_suite(void)
     TCase *life = tcase_create("lifecycle");
     tcase_set_timeout(life, 40);
     tcase_add_test(life, burst_beyond_queue_gets_503_with_retry_after);
+    tcase_add_test(life, work_beyond_max_work_is_422_work_limit);
     tcase_add_test(life, queued_requests_wait_and_succeed);
     tcase_add_test(life, sigterm_lets_in_flight_request_finish_and_exits_0);
     tcase_add_test(life, bad_flag_values_exit_2_with_a_message);
