@@ -22,7 +22,11 @@
 #include <stdlib.h>
 
 /* Bodies up to this size are computed inline (see above): at most a few
- * thousand numbers, microseconds to a millisecond of attention. */
+ * thousand numbers, typically microseconds of attention. A small body can
+ * still ask for more (many heads over a long x in /v1/multihead); then one
+ * I/O thread is busy for that long while the others keep serving, and
+ * --max-work bounds it. Measured on 2 cores, inline saves ~40% of the CPU
+ * time of a tiny request (10 us instead of 16-20 us). */
 #define INLINE_MAX_BODY 4096
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
