@@ -16,6 +16,20 @@
  * advanced: the caller adds what it wrote), or NULL once b has failed. */
 char *api_buf_reserve(api_buf *b, size_t n);
 
+/* ------------------------------------------------------------- number.c */
+
+/*
+ * Reads the numbers of a tensor row, "1.5, -2, 3e-4", starting at a number
+ * at p, into out[0..room): api_parse_number in a loop, without a call per
+ * number. Stops after `room` numbers or before anything but ", <number>".
+ * Returns how many were read; *stop is where the caller goes on (after the
+ * last number and its whitespace, on the ',' or ']' that follows). When a
+ * number is not finite as a float32, *bad is its first byte and *stop the
+ * byte after it; otherwise *bad is NULL.
+ */
+size_t api_parse_number_row(const char *p, const char *end, float *out, size_t room,
+                            const char **stop, const char **bad);
+
 /* --------------------------------------------------------- float_text.c */
 
 /* Longest text api_float_text writes ("-1.23456789e-38" and the like). */

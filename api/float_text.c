@@ -5,15 +5,15 @@
  * by the midpoints to its neighbours. Every decimal inside reads back as v;
  * the task is to find one with the fewest significant digits.
  *
- * 1. Scale: with j chosen so that v * 10^-j has 10 digits, compute exactly
- *    (integer arithmetic) floor(x * 10^-j) and whether the floor dropped
- *    anything, for x = v and for both interval ends. Call these V, L, H.
- *    One unit of that scale is at most 1e-9 of v, so a 9-digit decimal
- *    (a multiple of 10 units) always fits: the interval spans >= 88 units.
- * 2. For p = 9, 8, ... digits, the candidates are the multiples of
- *    q = 10^(10-p) units. A candidate at least one unit inside both ends is
- *    certainly read back as v; the smallest p that has one wins, and among
- *    its candidates the one nearest v is written.
+ * 1. Scale: with j chosen so that v * 10^-j has 10 or 11 digits, compute
+ *    exactly (integer arithmetic) floor(x * 10^-j) and whether the floor
+ *    dropped anything, for x = v and for both interval ends. Call these V,
+ *    L, H. One unit of that scale is at most 1e-9 of v, so a 9-digit
+ *    decimal always fits: the interval spans >= 88 units.
+ * 2. Candidates are multiples of 10^a units (10 - a significant digits at
+ *    most). A candidate at least one unit inside both ends is certainly
+ *    read back as v; the largest a that has one wins, and among its
+ *    candidates the one nearest v is written.
  * 3. Readers round twice (decimal -> double -> float32, see number.c), which
  *    can move the interval ends by about 2^-53 of v: far less than a unit.
  *    So only candidates within a unit of an end are in doubt; those (rare)
@@ -97,7 +97,7 @@ static inline scaled scale(uint64_t mant, int e2, int t)
     scaled r = {0, false};
     if (t >= 0) {
         if (e2 >= 0) {
-            /* v >= 1 has at most 10 integer digits here, so t <= 9 */
+            /* v >= 2^25 here, so floor(log10 v) >= 7 and t <= 2 */
             r.floor = (uint64_t)(((u128)mant * pow10_u64[t]) << e2);
             return r;
         }
@@ -119,6 +119,15 @@ static inline scaled scale(uint64_t mant, int e2, int t)
     return r;
 }
 
+/* floor(x / 2^shift) and whether that dropped anything (0 < shift < 128). */
+static inline scaled floor_shift(u128 x, int shift)
+{
+    scaled r;
+    r.floor = (uint64_t)(x >> shift);
+    r.inexact = (u128)r.floor << shift != x;
+    return r;
+}
+
 /* x / 10^a with a constant divisor per case, so that the compiler turns
  * each into a multiplication instead of a (slow) hardware division. */
 static inline uint64_t div_pow10(uint64_t x, int a)
@@ -134,7 +143,8 @@ static inline uint64_t div_pow10(uint64_t x, int a)
     case 7: return x / 10000000;
     case 8: return x / 100000000;
     case 9: return x / 1000000000;
-    default: return x / 10000000000ULL;
+    case 10: return x / 10000000000ULL;
+    default: return x / 100000000000ULL;
     }
 }
 
@@ -270,8 +280,8 @@ char *api_float_text(float f, char *out)
         memcpy(w, "null", 4);
         return w + 4;
     }
-    if (bits >> 31)
-        *w++ = '-';
+    *w = '-'; /* kept only for negative numbers: no branch to mispredict */
+    w += bits >> 31;
     if (biased == 0 && frac == 0) {
         memcpy(w, "0.0", 3);
         return w + 3;
@@ -286,43 +296,48 @@ char *api_float_text(float f, char *out)
     uint64_t mv = 4 * m, mhi = mv + 2, mlo = mv - (frac == 0 && biased > 1 ? 1 : 2);
 
     /* v is in [2^n, 2^(n+1)) with n = top + e, so floor(log10 v) is
-     * floor(n log10 2) or one more: V has 10 digits, or 11 and loses one. */
+     * floor(n log10 2) or one more: with j from the former, V has 10 or 11
+     * digits. Either is fine: a unit stays between 1e-11 and 1e-9 of v. */
     int top = 63 - __builtin_clzll(m);
-    int j = floor_log10_pow2(top + e) - 9;
-    scaled V = scale(mv, e2, -j);
-    if (V.floor >= 10000000000ULL) {
-        j++;
-        V.inexact |= V.floor % 10 != 0;
-        V.floor /= 10;
+    int j = floor_log10_pow2(top + e) - 9, t = -j;
+    scaled V, L, H;
+    if (e2 < 0 && t >= 0 && t <= 19 && -e2 < 128) {
+        /* the usual case, |v| from about 1e-19 to 1e7: one product, the
+         * ends are v's product -+ a multiple of 10^t */
+        u128 p10 = pow10_u64[t], x = (u128)mv * p10;
+        V = floor_shift(x, -e2);
+        L = floor_shift(x - (mv - mlo) * p10, -e2);
+        H = floor_shift(x + 2 * p10, -e2);
+    } else {
+        V = scale(mv, e2, t);
+        L = scale(mlo, e2, t);
+        H = scale(mhi, e2, t);
     }
-    scaled L = scale(mlo, e2, -j), H = scale(mhi, e2, -j);
 
     /* Safe candidates C: C >= L+2 (over a unit above the lower end) and
      * C <= H-1 (at least a unit below the upper end). Any run of 10^a
      * consecutive integers holds a multiple of 10^a, so the widest such
      * step that fits the safe range surely has a candidate; a coarser step
-     * has one only by luck, which is tested. p = 10 - a digits. */
+     * has one only by luck, which is tested. */
     uint64_t safe_lo = L.floor + 2, safe_hi = H.floor - 1;
-    uint64_t width = safe_hi - safe_lo + 1;
-    int a = 0;
-    while (pow10_u64[a + 1] <= width)
+    uint64_t width = safe_hi - safe_lo + 1; /* < 2^32: about 2^-23 of V */
+    int a = count_digits((uint32_t)width) - 1;
+    while (a < 11 && div_pow10(safe_hi, a + 1) * pow10_u64[a + 1] >= safe_lo)
         a++;
-    while (a < 10 && div_pow10(safe_hi, a + 1) * pow10_u64[a + 1] >= safe_lo)
-        a++;
-    int p = 10 - a;
     uint64_t q = pow10_u64[a];
     /* the candidate nearest v (half to even), moved inside if needed: the
      * multiples next to it are then safe, since one exists at all */
     uint64_t c = div_pow10(V.floor, a), r = V.floor - c * q;
-    if (2 * r > q || (2 * r == q && (V.inexact || (c & 1))))
-        c++;
+    c += 2 * r > q || (2 * r == q && (V.inexact || (c & 1)));
     if (c * q < safe_lo)
         c++;
     else if (c * q > safe_hi)
         c--;
+    /* at most 9 digits: the safe range spans >= 85 units below 10^10 and
+     * >= 850 above, so a >= 1, or a >= 2 when C has 11 digits */
     uint64_t digits = c;
-    int exp10 = j + (10 - p);
-    while (digits % 10 == 0) { /* c = 10^p when H passed 10^10 */
+    int exp10 = j + a;
+    while (digits % 10 == 0) { /* C was a power of ten */
         digits /= 10;
         exp10++;
     }
@@ -330,19 +345,24 @@ char *api_float_text(float f, char *out)
 
     /* Doubtful candidates sit within a unit of an end: L (on the lower end
      * when it is exact, else just below it), L+1, H and, when the upper end
-     * is not exact, H+1. One of them may be shorter than the safe choice;
-     * reading it back decides (reads_back applies the tie rule itself). */
-    uint64_t doubt[4] = {L.floor, L.floor + 1, H.floor, H.floor + 1};
-    int n_doubt = H.inexact ? 4 : 3;
+     * is not exact, H+1. Only one ending in 0 can be shorter than the safe
+     * choice; reading it back decides (reads_back applies the tie rule). */
+    uint64_t doubt[2];
+    int n_doubt = 0;
+    uint64_t lr = L.floor % 10, hr = H.floor % 10;
+    if (lr == 0 || lr == 9)
+        doubt[n_doubt++] = L.floor + (lr == 9);
+    if (hr == 0 || (hr == 9 && H.inexact))
+        doubt[n_doubt++] = H.floor + (hr == 9);
     for (int i = 0; i < n_doubt; i++) {
         uint64_t x = doubt[i];
-        if (x % 10)
-            continue; /* >= 9 digits (L > 10^9 / 2): never shorter */
         int tz = 0;
         while (x % 10 == 0) {
             x /= 10;
             tz++;
         }
+        if (x >= 1000000000)
+            continue; /* 10 digits or more: never shorter */
         int nx = count_digits((uint32_t)x);
         if (nx < nd && reads_back(x, j + tz, mag)) {
             digits = x;

@@ -179,7 +179,8 @@ static cursor check_string(cursor p, cursor end, failure *f)
 }
 
 /* Checks the number at p (at '-' or a digit); NULL with *f on failure. */
-static cursor check_number(cursor p, cursor end, failure *f)
+__attribute__((always_inline)) static inline cursor check_number(cursor p, cursor end,
+                                                                 failure *f)
 {
     cursor start = p;
     if (*p == '-')
@@ -293,7 +294,23 @@ value:
     case '-': case '0': case '1': case '2': case '3': case '4':
     case '5': case '6': case '7': case '8': case '9':
         p = check_number(p, end, &f);
-        break;
+        if (!p)
+            goto fail;
+        if (depth == 0 || is_object >> (depth - 1) & 1)
+            goto after_value;
+        /* Inside an array, numbers tend to follow numbers (a tensor row):
+         * check ", <number>" in a tight loop before the general path. */
+        for (;;) {
+            p = skip_ws(p, end);
+            if (p == end || *p != ',')
+                goto after_value;
+            p = skip_ws(p + 1, end);
+            if (p == end || !(*p == '-' || is_digit(*p)))
+                goto value;
+            p = check_number(p, end, &f);
+            if (!p)
+                goto fail;
+        }
     case 't':
         p = check_literal(p, end, "true", &f);
         break;

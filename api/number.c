@@ -76,7 +76,8 @@ static bool double_to_f32(double d, float *out)
  * as "something non-zero follows", which a trailing 1 says.
  */
 #define SLOW_DIGITS 800
-static bool parse_slow(const char *p, const char *end, bool neg, float *out)
+__attribute__((noinline)) static bool parse_slow(const char *p, const char *end, bool neg,
+                                                 float *out)
 {
     char buf[SLOW_DIGITS + 40];
     size_t n = 0;
@@ -144,8 +145,8 @@ static bool parse_slow(const char *p, const char *end, bool neg, float *out)
     return double_to_f32(strtod(buf, NULL), out);
 }
 
-bool api_parse_number(const char *p, const char *end, const char **stop,
-                      float *out)
+__attribute__((always_inline)) static inline bool parse_one(const char *p, const char *end,
+                                                         const char **stop, float *out)
 {
     const char *s = p;
     bool neg = false;
@@ -249,4 +250,43 @@ bool api_parse_number(const char *p, const char *end, const char **stop,
         }
     }
     return parse_slow(p, s, neg, out);
+}
+
+bool api_parse_number(const char *p, const char *end, const char **stop,
+                      float *out)
+{
+    return parse_one(p, end, stop, out);
+}
+
+static inline const char *skip_ws(const char *p, const char *end)
+{
+    while (p < end && (unsigned char)*p <= ' ' &&
+           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+size_t api_parse_number_row(const char *p, const char *end, float *out, size_t room,
+                            const char **stop, const char **bad)
+{
+    size_t n = 0;
+    *bad = NULL;
+    while (n < room) {
+        const char *after;
+        if (!parse_one(p, end, &after, &out[n])) {
+            *bad = p;
+            *stop = after;
+            return n;
+        }
+        n++;
+        p = skip_ws(after, end);
+        *stop = p;
+        if (p == end || *p != ',')
+            return n;
+        const char *next = skip_ws(p + 1, end);
+        if (next == end || !(*next == '-' || is_digit(*next)))
+            return n; /* *stop stays at the ',' */
+        p = next;
+    }
+    return n;
 }

@@ -174,31 +174,22 @@ element:
         } else if (s->dtype != API_F32)
             goto mixed;
         /* The innermost row: numbers separated by commas, nearly all of
-         * the text. */
-        for (;;) {
-            if (s->n == s->cap && !store_grow(s, err, field))
-                return false;
-            cursor stop;
-            if (!api_parse_number(p, end, &stop, &s->f32[s->n])) {
-                element_name(where, sizeof where, field, idx, depth);
-                int len = (int)(stop - p) > 40 ? 40 : (int)(stop - p);
-                return api_fail(err, 400, "invalid_number", field,
-                                "%s is %.*s, which is not finite as a float32 (|x| < 3.4e38)",
-                                where, len, p);
-            }
-            if (stop == p)
-                goto not_json;
-            s->n++;
-            idx[depth - 1]++;
-            p = skip_ws(stop, end);
-            if (p + 1 < end && *p == ',') {
-                p = skip_ws(p + 1, end);
-                if (p < end && starts_number(*p))
-                    continue;
-                goto element;
-            }
-            goto after_element;
+         * the text, read in one call while the buffer has room. */
+        if (s->n == s->cap && !store_grow(s, err, field))
+            return false;
+        cursor stop, bad;
+        size_t got = api_parse_number_row(p, end, s->f32 + s->n, s->cap - s->n, &stop, &bad);
+        s->n += got;
+        idx[depth - 1] += (int64_t)got;
+        if (bad) {
+            element_name(where, sizeof where, field, idx, depth);
+            int len = (int)(stop - bad) > 40 ? 40 : (int)(stop - bad);
+            return api_fail(err, 400, "invalid_number", field,
+                            "%s is %.*s, which is not finite as a float32 (|x| < 3.4e38)",
+                            where, len, bad);
         }
+        p = stop;
+        goto after_element;
     }
     if (*p == 't' || *p == 'f') {
         if (!accept_bool) {
