@@ -90,6 +90,17 @@ static inline bool api_all_digits8(uint64_t x)
            ((x + 0x0606060606060606u) & 0xf0f0f0f0f0f0f0f0u) == 0x3030303030303030u;
 }
 
+/* How many of the 8 bytes, from the first, are ASCII digits (0..8). A byte
+ * is a digit when its high nibble is 3 and stays 3 after adding 6; a carry
+ * out of a byte (>= 0xfa) only disturbs the bytes after it, which lie past
+ * the first non-digit already. */
+static inline int api_leading_digits8(uint64_t x)
+{
+    uint64_t bad = ((x & 0xf0f0f0f0f0f0f0f0u) ^ 0x3030303030303030u) |
+                   (((x + 0x0606060606060606u) & 0xf0f0f0f0f0f0f0f0u) ^ 0x3030303030303030u);
+    return bad ? __builtin_ctzll(bad) / 8 : 8;
+}
+
 /* The value of 8 ASCII digits (first byte most significant): pairs, then
  * quads, then the whole, each step a multiply-add within lanes. */
 static inline uint32_t api_digits8_value(uint64_t x)

@@ -207,10 +207,19 @@ __attribute__((always_inline)) static inline cursor check_number(cursor p, curso
             f->at = start;
             return NULL;
         }
-        while (end - p >= 8 && api_all_digits8(api_load8((const char *)p)))
-            p += 8;
-        while (p < end && is_digit(*p))
-            p++;
+        /* fractions carry most digits: a run of up to 8 per step, so that
+         * the end of the run costs no mispredicted loop exit */
+        for (;;) {
+            if (end - p < 8) {
+                while (p < end && is_digit(*p))
+                    p++;
+                break;
+            }
+            int run = api_leading_digits8(api_load8((const char *)p));
+            p += run;
+            if (run < 8)
+                break;
+        }
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
