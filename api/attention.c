@@ -280,15 +280,11 @@ static void encode(attention_call *c, api_buf *b, api_timing *t)
     if (c->want_stats)
         api_write_stats(b, &c->stats);
     const attn_sdpa_params *p = &c->p;
-    json_t *shape = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-                              "batch", (json_int_t)p->batch,
-                              "heads_q", (json_int_t)p->heads_q,
-                              "heads_kv", (json_int_t)p->heads_kv,
-                              "n_q", (json_int_t)p->n_q, "n_k", (json_int_t)p->n_k,
-                              "d_k", (json_int_t)p->d_k, "d_v", (json_int_t)p->d_v);
-    if (!shape)
-        b->failed = true;
-    api_write_meta(b, shape, c->flops, t);
+    const api_dim shape[] = {
+        {"batch", p->batch}, {"heads_q", p->heads_q}, {"heads_kv", p->heads_kv},
+        {"n_q", p->n_q}, {"n_k", p->n_k}, {"d_k", p->d_k}, {"d_v", p->d_v},
+    };
+    api_write_meta(b, shape, sizeof shape / sizeof *shape, c->flops, t);
     api_buf_puts(b, "}");
 }
 

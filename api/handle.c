@@ -39,6 +39,11 @@ static bool check_body(const char *body, size_t len, api_error *err)
     return true;
 }
 
+/* The first block of the answer's buffer: a small answer (n = d = 4 is
+ * about 450 bytes) fits it without growing; larger tensors reserve their
+ * room in one step when they are written. */
+#define FIRST_BLOCK 1024
+
 static void respond_error(api_response *res, api_error *err)
 {
     if (err->status < 400 || err->status > 599 || !err->code[0])
@@ -58,7 +63,11 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
     memset(res, 0, sizeof *res);
     api_error err = {0};
     api_timing t = {.mark = api_now_ms()};
-    api_buf out = {0};
+    api_buf out = {.data = malloc(FIRST_BLOCK)};
+    if (out.data) {
+        out.cap = FIRST_BLOCK;
+        out.data[0] = '\0';
+    }
     bool ok = body != NULL || len == 0;
     if (!ok)
         api_fail(&err, 500, "internal", "", "no request body given");

@@ -426,16 +426,12 @@ static void encode(multihead_call *c, api_buf *b, api_timing *t)
     }
     if (c->want_stats)
         api_write_stats(b, &c->stats);
-    json_t *shape = json_pack(
-        "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-        "batch", (json_int_t)p->batch, "n", (json_int_t)p->n,
-        "m", (json_int_t)p->m, "d_model", (json_int_t)p->d_model,
-        "d_ctx", (json_int_t)p->d_ctx, "heads", (json_int_t)p->heads,
-        "kv_heads", (json_int_t)p->kv_heads, "d_k", (json_int_t)p->d_k,
-        "d_v", (json_int_t)p->d_v, "d_out", (json_int_t)p->d_out);
-    if (!shape)
-        b->failed = true;
-    api_write_meta(b, shape, c->flops, t);
+    const api_dim shape[] = {
+        {"batch", p->batch}, {"n", p->n}, {"m", p->m}, {"d_model", p->d_model},
+        {"d_ctx", p->d_ctx}, {"heads", p->heads}, {"kv_heads", p->kv_heads},
+        {"d_k", p->d_k}, {"d_v", p->d_v}, {"d_out", p->d_out},
+    };
+    api_write_meta(b, shape, sizeof shape / sizeof *shape, c->flops, t);
     api_buf_puts(b, "}");
 }
 

@@ -324,7 +324,8 @@ bool api_read_fields(const char *body, size_t len, const api_field *schema,
 void api_values_free(api_value *values, size_t n_fields)
 {
     for (size_t f = 0; f < n_fields; f++) {
-        api_tensor_free(&values[f].tensor);
+        if (values[f].tensor.f32 || values[f].tensor.b8)
+            api_tensor_free(&values[f].tensor);
         values[f].present = false;
     }
 }

@@ -166,13 +166,20 @@ typedef struct {
 void api_write_tensor(api_buf *b, const api_out_tensor *t, api_encoding enc,
                       bool first);
 
-/* Appends `"stats": {...}`, nulls where a count is 0. */
+/* Appends `,"stats": {...}`, nulls where a count is 0. */
 void api_write_stats(api_buf *b, const attn_stats *s);
 
-/* Appends `"meta": {...}` from the named dimensions in `shape` (a jansson
- * object, stolen), the flops, and the timings, after closing the encode step
- * (the meta's own few bytes are not timed). */
-void api_write_meta(api_buf *b, json_t *shape, double flops, api_timing *t);
+/* One named dimension of meta.shape. */
+typedef struct {
+    const char *name;
+    int64_t value;
+} api_dim;
+
+/* Appends `,"meta": {...}` from the `n_dims` named dimensions in `shape`,
+ * the flops, and the timings, after closing the encode step (the meta's own
+ * few bytes are not timed). */
+void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
+                    double flops, api_timing *t);
 
 /* ---------------------------------------------------------- operations */
 

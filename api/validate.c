@@ -25,13 +25,14 @@ bool api_check_rank(const api_tensor *t, const char *field, int lo, int hi,
                     const char *forms, api_error *err)
 {
     char s[96];
-    char ranks[32];
-    snprintf(ranks, sizeof ranks, lo == hi ? "%d" : "%d to %d", lo, hi);
-    if (t->rank < lo || t->rank > hi)
+    if (t->rank < lo || t->rank > hi) {
+        char ranks[32];
+        snprintf(ranks, sizeof ranks, lo == hi ? "%d" : "%d to %d", lo, hi);
         return api_fail(err, 422, "invalid_shape", field,
                         "%s has rank %d (shape %s); it must have rank %s: %s",
                         field, t->rank, api_shape_text(s, sizeof s, t->rank, t->shape),
                         ranks, forms);
+    }
     for (int i = 0; i < t->rank; i++)
         if (t->shape[i] < 1)
             return api_fail(err, 422, "invalid_shape", field,

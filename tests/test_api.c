@@ -716,6 +716,68 @@ START_TEST(attention_grad_matches_finite_differences_and_libattn)
 }
 END_TEST
 
+/* The meta and stats objects are compact JSON text whose numbers are as
+ * jansson writes them: dimensions and flops integers, statistics reals with
+ * 17 significant digits, timings reals with 6; each object re-dumped by
+ * jansson from the parsed body is found verbatim in the body. */
+static void expect_redumped(const char *body, const char *key, json_t *value,
+                            size_t flags)
+{
+    char *text = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY | flags);
+    ck_assert_ptr_nonnull(text);
+    size_t n = strlen(key) + strlen(text) + 4;
+    char *want = malloc(n);
+    snprintf(want, n, "\"%s\":%s", key, text);
+    ck_assert_msg(strstr(body, want) != NULL, "%s not in %s", want, body);
+    free(want);
+    free(text);
+}
+
+START_TEST(meta_and_stats_text_is_what_jansson_writes)
+{
+    const char *bodies[][2] = {
+        {"a", "{\"q\":[[1,0.5],[0.25,2],[3,1]],\"k\":[[1,2],[3,4]],\"v\":[[1,2],[3,4]],"
+              "\"causal\":true,\"return_stats\":true}"},
+        {"a", "{\"q\":[[1,0]],\"k\":[[1,0]],\"v\":[[1,2]],\"mask\":[[false]],"
+              "\"return_stats\":true}"},
+        {"m", "{\"x\":[[1,2],[3,4]],\"w_q\":[[1,2],[3,4]],\"w_k\":[[1,2],[3,4]],"
+              "\"w_v\":[[1,2],[3,4]],\"num_heads\":2,\"return_stats\":true}"},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        api_op op = bodies[i][0][0] == 'm' ? API_OP_MULTIHEAD : API_OP_ATTENTION;
+        api_response res;
+        api_handle(op, bodies[i][1], strlen(bodies[i][1]), &LIM, &res);
+        ck_assert_int_eq(res.status, 200);
+        ck_assert_ptr_null(strchr(res.body, ' '));
+        json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *meta = json_object_get(j, "meta"), *st = json_object_get(j, "stats");
+        const char *groups[] = {"scores", "scaled_scores", "entropy", "max_weight"};
+        for (size_t g = 0; g < 4; g++) {
+            const char *key;
+            json_t *x;
+            json_object_foreach(json_object_get(st, groups[g]), key, x)
+                ck_assert(json_is_real(x) || json_is_null(x));
+        }
+        expect_redumped(res.body, "stats", st, 0);
+        json_t *shape = json_object_get(meta, "shape");
+        ck_assert_uint_ge(json_object_size(shape), 7);
+        expect_redumped(res.body, "shape", shape, 0);
+        ck_assert(json_is_integer(json_object_get(meta, "flops")));
+        expect_redumped(res.body, "flops", json_object_get(meta, "flops"), 0);
+        json_t *timing = json_object_get(meta, "timing_ms");
+        ck_assert_uint_eq(json_object_size(timing), 4);
+        const char *key;
+        json_t *x;
+        json_object_foreach(timing, key, x)
+            ck_assert(json_is_real(x));
+        expect_redumped(res.body, "timing_ms", timing, JSON_REAL_PRECISION(6));
+        json_decref(j);
+        api_response_free(&res);
+    }
+}
+END_TEST
+
 START_TEST(attention_meta_names_dims_flops_and_timing)
 {
     int64_t qs[4] = {2, 4, 3, 8}, ks[4] = {2, 2, 5, 8}, vs[4] = {2, 2, 5, 6};
@@ -1736,6 +1798,7 @@ static Suite *api_suite(void)
     tcase_add_test(ok, attention_stats_null_when_everything_masked);
     tcase_add_test(ok, attention_grad_matches_finite_differences_and_libattn);
     tcase_add_test(ok, attention_meta_names_dims_flops_and_timing);
+    tcase_add_test(ok, meta_and_stats_text_is_what_jansson_writes);
     tcase_add_test(ok, attention_response_numbers_round_trip_float32);
     tcase_add_test(ok, attention_scores_of_1e4_give_exact_one_hot);
     suite_add_tcase(s, ok);
