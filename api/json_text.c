@@ -63,6 +63,19 @@ static const bool string_special[256] = {
     [0x00 ... 0x1f] = true, ['"'] = true, ['\\'] = true, [0x80 ... 0xff] = true,
 };
 
+/* Could one of these 8 bytes be special in a string? Exact when the answer
+ * is no: a control character (< 0x20), '"', '\\' or a byte >= 0x80. */
+static inline bool string_special8(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    uint64_t quote = x ^ 0x2222222222222222u, slash = x ^ 0x5c5c5c5c5c5c5c5cu;
+    /* per byte: b - 0x20, quote - 1 and slash - 1 set the high bit for a
+     * control character, '"' and '\\' (and only for bytes >= 0x80
+     * besides, which x flags anyway); a borrow only starts at such a byte,
+     * so the lowest special byte is always seen */
+    return ((x - 0x2020202020202020u) | (quote - ones) | (slash - ones) | x) & highs;
+}
+
 /* Length of the well-formed UTF-8 sequence starting at p (lead byte >=
  * 0x80), or 0: Unicode 15 table 3-7, which excludes overlong forms,
  * surrogates (ED A0..BF) and code points above U+10FFFF. */
@@ -110,6 +123,9 @@ static cursor check_string(cursor p, cursor end, failure *f)
 {
     p++;
     for (;;) {
+        /* long strings (base64 tensors) go 8 bytes at a time */
+        while (end - p >= 8 && !string_special8(api_load8((const char *)p)))
+            p += 8;
         while (p < end && !string_special[*p])
             p++;
         if (p == end) {
@@ -407,17 +423,35 @@ fail: {
 
 /* ------------------------------------------------------------ skipping */
 
-/* The byte after the string whose opening quote is at p. */
+/* The byte after the string whose opening quote is at p: the next '"'
+ * that is not escaped, i.e. not preceded by an odd run of backslashes. */
 static cursor skip_string(cursor p, cursor end)
 {
-    p++;
+    cursor body = p + 1;
+    p = body;
     while (p < end) {
-        unsigned char c = *p;
-        if (c == '"')
-            return p + 1;
-        p += c == '\\' ? 2 : 1;
+        cursor q = memchr(p, '"', (size_t)(end - p));
+        if (!q)
+            return end;
+        size_t slashes = 0;
+        while (q - slashes > body && q[-1 - (long)slashes] == '\\')
+            slashes++;
+        if (slashes % 2 == 0)
+            return q + 1;
+        p = q + 1;
     }
     return end;
+}
+
+/* Could one of these 8 bytes be '"', '[', ']', '{' or '}'? Those four
+ * brackets are exactly the bytes equal to 0x59 under mask 0xd9 (along with
+ * 'Y', '_', 'y' and DEL, harmless extra hits). */
+static inline bool may_be_structural(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    uint64_t brackets = (x & 0xd9d9d9d9d9d9d9d9u) ^ 0x5959595959595959u;
+    uint64_t quotes = x ^ 0x2222222222222222u;
+    return (((brackets - ones) & ~brackets) | ((quotes - ones) & ~quotes)) & highs;
 }
 
 const char *json_text_skip(const char *start, const char *end_)
@@ -435,8 +469,14 @@ const char *json_text_skip(const char *start, const char *end_)
             p++;
         return (const char *)p;
     }
+    /* A container: count brackets, jumping over strings. Tensor rows are
+     * long runs of digits and commas, passed over 8 bytes at a time. */
     long depth = 0;
     while (p < end) {
+        if (end - p >= 8 && !may_be_structural(api_load8((const char *)p))) {
+            p += 8;
+            continue;
+        }
         unsigned char c = *p;
         if (c == '"') {
             p = skip_string(p, end);

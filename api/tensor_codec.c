@@ -449,14 +449,19 @@ static bool string_span(cursor p, cursor end, cursor *s, cursor *s_end, bool *es
     if (p == end || *p != '"')
         return false;
     *s = ++p;
-    *escaped = false;
-    while (p < end && *p != '"') {
-        if (*p == '\\') {
-            *escaped = true;
+    /* the common case, no escapes: the first '"' ends it */
+    cursor q = memchr(p, '"', (size_t)(end - p));
+    if (!q)
+        q = end;
+    *escaped = memchr(p, '\\', (size_t)(q - p)) != NULL;
+    if (*escaped)
+        while (p < end && *p != '"') {
+            if (*p == '\\')
+                p++;
             p++;
         }
-        p++;
-    }
+    else
+        p = q;
     *s_end = p < end ? p : end;
     return true;
 }

@@ -316,15 +316,43 @@ START_TEST(validator_bounds_nesting_without_recursion)
 }
 END_TEST
 
+START_TEST(validator_checks_every_byte_of_long_strings)
+{
+    /* strings are scanned 8 bytes at a time: a bad byte at any position of
+     * a long string, and at any alignment, must still be seen */
+    const char *bad[] = {"\x01", "\x1f", "\x80", "\xff", "\xc3", "\\x", "\\u12G"};
+    for (size_t b = 0; b < sizeof bad / sizeof *bad; b++)
+        for (int at = 0; at < 40; at++) {
+            char s[128];
+            int n = snprintf(s, sizeof s, "[\"%.*s%s%.*s\"]", at, "abcdefghijklmnopqrstuvwxyz0123456789ABCD",
+                             bad[b], 40 - at, "abcdefghijklmnopqrstuvwxyz0123456789ABCD");
+            api_error e;
+            ck_assert_msg(!json_text_validate(s, (size_t)n, &e), "accepted %s", s);
+        }
+    for (int at = 0; at < 40; at++) {
+        char s[128];
+        int n = snprintf(s, sizeof s, "[\"%.*s\\\"\\\\\xc3\xa9\\n%.*s\"]", at,
+                         "abcdefghijklmnopqrstuvwxyz0123456789ABCD", 40 - at,
+                         "abcdefghijklmnopqrstuvwxyz0123456789ABCD");
+        api_error e;
+        ck_assert_msg(json_text_validate(s, (size_t)n, &e), "rejected %s: %s", s, e.message);
+        ck_assert_int_eq(json_text_skip(s + 1, s + n) - s, n - 1);
+    }
+}
+END_TEST
+
 /* ======================================================= skip / members */
 
 START_TEST(skip_finds_the_end_of_each_value)
 {
     const char *vals[] = {"\"a\\\"]b\"", "-12.5e3", "true", "null", "[1,[2,\"]\"],{}]",
-                          "{\"a\":{\"b\":\"}\"}}", "[]"};
+                          "{\"a\":{\"b\":\"}\"}}", "[]", "\"a\\\\\"", "\"\\\\\\\"\"",
+                          "[1111111111111111111, \"]]]]]]]]]]\\\\\", 2222222222222222, [[[]]]]",
+                          "{\"longer key than eight\": [\"Yy_\", 0.12345678901234]}"};
     for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) {
-        char text[64];
+        char text[128];
         snprintf(text, sizeof text, "%s , 7", vals[i]);
+        ck_assert_msg(valid(vals[i]), "%s", vals[i]);
         const char *end = json_text_skip(text, text + strlen(text));
         ck_assert_int_eq(end - text, (long)strlen(vals[i]));
     }
@@ -463,6 +491,49 @@ START_TEST(decode_nested_ranks_two_to_four)
     ck_assert(decode("[[[[[[[[1]]]]]]]]", false, &t, &e));
     ck_assert_int_eq(t.rank, 8);
     api_tensor_free(&t);
+}
+END_TEST
+
+START_TEST(decode_long_rows_match_strtod)
+{
+    /* rows longer than the element buffer's first sizes, short numbers so
+     * that the first guess from the text length is too small */
+    for (int rows = 1; rows <= 3; rows++) {
+        int cols = 5000;
+        char *s = malloc((size_t)rows * cols * 16 + 16);
+        size_t w = 0;
+        s[w++] = '[';
+        uint64_t seed = (uint64_t)rows;
+        for (int r = 0; r < rows; r++) {
+            w += (size_t)sprintf(s + w, "%s[", r ? ", " : "");
+            for (int c = 0; c < cols; c++) {
+                uint64_t x = rng_next(&seed);
+                if (x % 3)
+                    w += (size_t)sprintf(s + w, "%s%d", c ? "," : "", (int)(x % 10));
+                else
+                    w += (size_t)sprintf(s + w, "%s%.6g", c ? ", " : "", (double)(int64_t)x * 1e-19);
+            }
+            s[w++] = ']';
+        }
+        s[w++] = ']';
+        s[w] = 0;
+        api_tensor t;
+        api_error e;
+        ck_assert(decode(s, false, &t, &e));
+        ck_assert(t.rank == 2 && t.shape[0] == rows && t.shape[1] == cols);
+        /* the reference: strtod over the same text */
+        const char *p = s;
+        for (int64_t i = 0; i < t.count; i++) {
+            while (*p == '[' || *p == ',' || *p == ' ' || *p == ']')
+                p++;
+            char *q;
+            float want = (float)strtod(p, &q);
+            ck_assert_msg(same_bits(t.f32[i], want), "element %lld", (long long)i);
+            p = q;
+        }
+        api_tensor_free(&t);
+        free(s);
+    }
 }
 END_TEST
 
@@ -1150,11 +1221,13 @@ Suite *codec_suite(void)
     tcase_add_test(tc, validator_rejects_what_rfc8259_forbids);
     tcase_add_test(tc, validator_error_names_offset_line_and_column);
     tcase_add_test(tc, validator_bounds_nesting_without_recursion);
+    tcase_add_test(tc, validator_checks_every_byte_of_long_strings);
     tcase_add_test(tc, skip_finds_the_end_of_each_value);
     tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
     tcase_add_test(tc, members_detects_duplicates_after_decoding);
     tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
     tcase_add_test(tc, decode_nested_ranks_two_to_four);
+    tcase_add_test(tc, decode_long_rows_match_strtod);
     tcase_add_test(tc, decode_bool_masks_in_every_form);
     tcase_add_test(tc, decode_flat_form);
     tcase_add_test(tc, decode_base64_form);
