@@ -229,11 +229,12 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
 
 /* Base64 can carry what JSON numbers cannot: NaN and infinities. Attention
  * over them has no meaning (and a -inf bias is spelled as a boolean mask
- * here), so they are refused like 1e39. */
-static bool check_finite_input(const api_field *f, const api_tensor *t,
-                               api_error *err)
+ * here), so they are refused like 1e39. Nested arrays hold JSON numbers
+ * only, which the codec has already refused when not finite as a float32. */
+static bool check_finite_input(const api_field *f, const json_member *m,
+                               const api_tensor *t, api_error *err)
 {
-    if (t->dtype != API_F32)
+    if (t->dtype != API_F32 || *m->value == '[')
         return true;
     for (int64_t i = 0; i < t->count; i++)
         if (!isfinite(t->f32[i]))
@@ -251,7 +252,7 @@ static bool read_tensor(const api_field *f, const json_member *m,
     if (!api_tensor_decode(m->value, m->value_end, f->name, is_mask,
                            &v->tensor, err))
         return false;
-    if (!check_finite_input(f, &v->tensor, err)) {
+    if (!check_finite_input(f, m, &v->tensor, err)) {
         api_tensor_free(&v->tensor);
         return false;
     }
