@@ -200,19 +200,35 @@ static const char two_digits[200] = {
     '9','0','9','1','9','2','9','3','9','4','9','5','9','6','9','7','9','8','9','9',
 };
 
-/* The n decimal digits of x (x < 10^n <= 10^9) at w[0..n). */
+/* The 8 decimal digits of x < 10^8 as ASCII, the first in the lowest byte:
+ * split into halves, quarters and digits within the lanes of one word
+ * (x / 100 as x * 5243 >> 19 for x < 10^4, x / 10 as x * 103 >> 10 for
+ * x < 100), no loop and no division. */
+static inline uint64_t ascii8(uint32_t x)
+{
+    uint64_t v = (uint64_t)(x / 10000) | (uint64_t)(x % 10000) << 32;
+    uint64_t hundreds = ((v * 5243) >> 19) & 0x0000007f0000007fu;
+    uint64_t pairs = hundreds | (v - hundreds * 100) << 16;
+    uint64_t tens = ((pairs * 103) >> 10) & 0x000f000f000f000fu;
+    uint64_t digits = tens | (pairs - tens * 10) << 8;
+    return digits + 0x3030303030303030u;
+}
+
+/* The n decimal digits of x (x < 10^n <= 10^9) at w[0..n). Writes up to 9
+ * bytes whatever n is: callers have API_FLOAT_TEXT_MAX bytes of room and
+ * overwrite what lies past the digits. */
 static void put_digits(char *w, uint32_t x, int n)
 {
-    char *p = w + n;
-    while (n >= 2) {
-        uint32_t r = x % 100;
-        x /= 100;
-        p -= 2;
-        memcpy(p, two_digits + 2 * r, 2);
-        n -= 2;
+    if (n == 9) {
+        *w++ = (char)('0' + x / 100000000);
+        x %= 100000000;
+        n = 8;
     }
-    if (n)
-        *--p = (char)('0' + x);
+    uint64_t d = ascii8(x) >> (8 * (8 - n)); /* leading zeros out */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    d = __builtin_bswap64(d);
+#endif
+    memcpy(w, &d, 8);
 }
 
 /* Number of decimal digits of x: bits * log10(2) (1233 / 4096) gives it
