@@ -108,7 +108,8 @@ void sdpa_stats_finish(const sdpa_stats_acc *a, float scale, attn_stats *out);
  * and sums l of the online softmax, and the unnormalised output rows. */
 typedef struct {
     float *scores;         /* [SDPA_FWD_BQ, SDPA_FWD_BK] workspace; P after a step */
-    float *m, *l;          /* [rows] */
+    float *m;              /* [rows] */
+    double *l;             /* [rows]; double, so that long rows sum without drift */
     float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, ld d_v */
     sdpa_stats_acc *stats; /* NULL unless statistics were asked for */
     double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m), with stats */

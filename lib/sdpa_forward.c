@@ -16,8 +16,8 @@
 #include "sdpa.h"
 
 typedef struct {
-    float *scores, *m, *l, *row_copy;
-    double *ent;
+    float *scores, *m, *row_copy;
+    double *l, *ent;
     float *tile_max; /* [SDPA_FWD_BQ, key tiles]: m after each tile, weights only */
     sdpa_stats_acc stats;
 } fwd_worker;
@@ -56,8 +56,8 @@ static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_wor
             int64_t cols = k_end - j0 < SDPA_FWD_BK ? k_end - j0 : SDPA_FWD_BK;
             float m_t = w->tile_max[r * job->k_tiles + kt];
             float f = 0.0f;
-            if (w->l[r] > 0.0f && m_t != -INFINITY)
-                f = expf(m_t - w->m[r]) / w->l[r];
+            if (w->l[r] > 0.0 && m_t != -INFINITY)
+                f = (float)(exp((double)m_t - w->m[r]) / w->l[r]);
             for (int64_t j = 0; j < cols; j++)
                 row[j0 + j] *= f;
         }
@@ -83,7 +83,7 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     memset(out, 0, (size_t)(t.rows * p->d_v) * sizeof *out);
     for (int64_t r = 0; r < t.rows; r++) {
         w->m[r] = -INFINITY;
-        w->l[r] = 0.0f;
+        w->l[r] = 0.0;
         if (job->want_stats)
             w->ent[r] = 0.0;
     }
@@ -101,19 +101,19 @@ static void forward_unit(void *ctx, int64_t u, int worker)
             keep_weights(job, &t, w->scores, w->m, w->tile_max, kt);
     }
     for (int64_t r = 0; r < t.rows; r++) {
-        float l = w->l[r];
+        double l = w->l[r];
         float *o = out + r * p->d_v;
-        if (l > 0.0f) {
-            float inv = 1.0f / l;
+        if (l > 0.0) {
+            float inv = (float)(1.0 / l);
             for (int64_t j = 0; j < p->d_v; j++)
                 o[j] *= inv;
         }
         if (job->lse != NULL)
-            job->lse[bh * p->n_q + t.i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
-        if (job->want_stats && l > 0.0f)
+            job->lse[bh * p->n_q + t.i0 + r] = l > 0.0 ? (float)(w->m[r] + log(l)) : -INFINITY;
+        if (job->want_stats && l > 0.0)
             /* Entropy = lse - sum_j a_j x_j = log l - sum_j a_j (x_j - m);
              * the largest weight is exp(m - lse) = 1 / l. */
-            sdpa_stats_row(&w->stats, log((double)l) - w->ent[r] / l, 1.0 / l);
+            sdpa_stats_row(&w->stats, log(l) - w->ent[r] / l, 1.0 / l);
     }
     if (job->weights != NULL)
         finish_weights(job, &t, w, k_end);
@@ -141,7 +141,7 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job)
         sdpa_stats_init(&w[i].stats);
         w[i].scores = sdpa_alloc((int64_t)SDPA_FWD_BQ * SDPA_FWD_BK, sizeof(float));
         w[i].m = sdpa_alloc(SDPA_FWD_BQ, sizeof(float));
-        w[i].l = sdpa_alloc(SDPA_FWD_BQ, sizeof(float));
+        w[i].l = sdpa_alloc(SDPA_FWD_BQ, sizeof(double));
         bool ok = w[i].scores && w[i].m && w[i].l;
         if (job->want_stats) {
             w[i].row_copy = sdpa_alloc(SDPA_FWD_BK, sizeof(float));

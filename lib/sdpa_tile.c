@@ -137,7 +137,7 @@ void sdpa_forward_tile(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *s
                 st->ent[r] = shrink == 0.0f ? 0.0
                                             : shrink * (st->ent[r] + ((double)m_old - m_new) *
                                                                          st->l[r]);
-            st->l[r] *= shrink;
+            st->l[r] *= (double)shrink;
             scale_row(st->out + r * d_v, d_v, shrink);
             st->m[r] = m_new;
         }
