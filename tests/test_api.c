@@ -1662,9 +1662,10 @@ START_TEST(error_object_built_in_one_place)
 }
 END_TEST
 
-/* jansson builds the error object, the stats and the meta: whichever of
- * its allocations fails, the answer is a complete JSON body or a bare 500,
- * never a body with a key missing. */
+/* jansson builds the error object and reads string fields (the stats and
+ * the meta are written without it): whichever of its allocations fails,
+ * the answer is a complete JSON body or a bare 500, never a body with a key
+ * missing. */
 static long jansson_countdown = -1;
 static void *failing_malloc(size_t n)
 {
