@@ -38,6 +38,17 @@ char *api_buf_reserve(api_buf *b, size_t n)
     return b->data + b->len;
 }
 
+void api_buf_hint(api_buf *b, size_t n)
+{
+    if (b->failed || n >= SIZE_MAX / 2 - b->len || b->len + n + 1 <= b->cap)
+        return;
+    char *data = realloc(b->data, b->len + n + 1);
+    if (!data)
+        return; /* only a hint: appends will still grow as they need */
+    b->data = data;
+    b->cap = b->len + n + 1;
+}
+
 void api_buf_append(api_buf *b, const char *s, size_t n)
 {
     char *w = api_buf_reserve(b, n);

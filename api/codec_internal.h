@@ -32,12 +32,18 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
 
 /* --------------------------------------------------------- float_text.c */
 
-/* Longest text api_float_text writes ("-1.23456789e-38" and the like). */
-#define API_FLOAT_TEXT_MAX 32
+/* Room api_float_text needs: its longest text is 19 bytes
+ * ("-1000000000000000.0"), and it may scribble up to 24 bytes from `out`
+ * (digits are stored 8 at a time, then overwritten). */
+#define API_FLOAT_TEXT_MAX 24
 
 /* Writes the shortest decimal that reads back as f (see api_buf_float) at
  * out, which has room for API_FLOAT_TEXT_MAX bytes; returns the end. */
 char *api_float_text(float f, char *out);
+
+/* Makes room for about n more bytes if memory allows, to save the regrowing
+ * on the way; unlike api_buf_reserve, failing here is not a failure of b. */
+void api_buf_hint(api_buf *b, size_t n);
 
 /* --------------------------------------------------------------- base64.c */
 

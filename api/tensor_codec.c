@@ -761,7 +761,7 @@ void api_tensor_encode(api_buf *b, const float *data, int rank, const int64_t *s
     /* One reservation for the typical text ("-0.12345678," and brackets)
      * instead of doubling through the sizes on the way. */
     if (count > 0 && (uint64_t)count < SIZE_MAX / 16)
-        api_buf_reserve(b, (size_t)count * (enc == API_ENC_BASE64 ? 6 : 14) + 64);
+        api_buf_hint(b, (size_t)count * (enc == API_ENC_BASE64 ? 6 : 14) + 64);
     if (enc == API_ENC_NESTED) {
         if (rank <= 0)
             api_buf_float(b, data[0]);

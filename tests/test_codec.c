@@ -960,6 +960,9 @@ START_TEST(float_text_examples)
     ck_assert_str_eq(float_text(FLT_MAX, b), "3.4028235e+38");
     ck_assert_str_eq(float_text(0x1p-149f, b), "1e-45");
     ck_assert_str_eq(float_text(16777216.0f, b), "16777216.0");
+    ck_assert_str_eq(float_text(-1e15f, b), "-1000000000000000.0");
+    ck_assert_str_eq(float_text(-0.00012345678f, b), "-0.00012345678");
+    ck_assert_str_eq(float_text(-1.1754942e-38f, b), "-1.1754942e-38");
     ck_assert_str_eq(float_text(1e16f, b), "1e+16");
     ck_assert_str_eq(float_text(0.0001f, b), "0.0001");
     ck_assert_str_eq(float_text(NAN, b), "null");
@@ -984,7 +987,14 @@ START_TEST(float_text_round_trips_every_kind_of_float)
         memcpy(&f, &bits, 4);
         if (!isfinite(f))
             continue;
+        char fenced_buf[API_FLOAT_TEXT_MAX + 16];
+        memset(fenced_buf, 0x55, sizeof fenced_buf);
+        char *e = api_float_text(f, fenced_buf);
+        for (size_t k = API_FLOAT_TEXT_MAX; k < sizeof fenced_buf; k++)
+            ck_assert_msg(fenced_buf[k] == 0x55, "%a wrote past API_FLOAT_TEXT_MAX", (double)f);
+        ck_assert(e - fenced_buf <= 19);
         float_text(f, b);
+        ck_assert(strncmp(b, fenced_buf, (size_t)(e - fenced_buf)) == 0);
         float back;
         ck_assert_msg(ref_parse(b, &back) && same_bits(back, f), "%a -> %s", (double)f, b);
         const char *stop;
