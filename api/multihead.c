@@ -86,15 +86,17 @@ static const api_tensor *given(const multihead_call *c, int f)
     return c->f[f].present ? &c->f[f].tensor : NULL;
 }
 
-/* A weight [rows, cols] whose rows must be `rows` (named `rows_of`). */
+/* A weight [rows, cols] whose rows must be `rows`; `rows_of` says where
+ * that number comes from ("x has d_model="), the number follows it. */
 static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
                          const char *rows_of, const char *form, api_error *err)
 {
     if (!api_check_rank(w, field, 2, 2, form, err))
         return false;
     if (w->shape[0] != rows)
-        return MISMATCH(field, "%s has %lld row%s but %s", field,
-                        LL(w->shape[0]), w->shape[0] == 1 ? "" : "s", rows_of);
+        return MISMATCH(field, "%s has %lld row%s but %s%lld", field,
+                        LL(w->shape[0]), w->shape[0] == 1 ? "" : "s", rows_of,
+                        LL(rows));
     return true;
 }
 
@@ -104,10 +106,11 @@ static bool check_bias(const api_tensor *b, const char *field, int64_t len,
 {
     if (!b)
         return true;
-    char form[64];
-    snprintf(form, sizeof form, "[%lld]", LL(len));
-    if (!api_check_rank(b, field, 1, 1, form, err))
-        return false;
+    if (b->rank != 1 || b->shape[0] < 1) {
+        char form[64];
+        snprintf(form, sizeof form, "[%lld]", LL(len));
+        return api_check_rank(b, field, 1, 1, form, err);
+    }
     if (b->shape[0] != len)
         return MISMATCH(field, "%s has %lld entries but %s has %lld columns",
                         field, LL(b->shape[0]), of, LL(len));
@@ -166,11 +169,9 @@ static bool validate_heads(multihead_call *c, api_error *err)
 static bool validate_weights(multihead_call *c, api_error *err)
 {
     attn_mha_params *p = &c->p;
-    char rows_q[80], rows_kv[80];
-    snprintf(rows_q, sizeof rows_q, "x has d_model=%lld", LL(p->d_model));
-    snprintf(rows_kv, sizeof rows_kv, "%s has %s=%lld",
-             given(c, F_CONTEXT) ? "context" : "x",
-             given(c, F_CONTEXT) ? "d_ctx" : "d_model", LL(p->d_ctx));
+    /* what fixes the rows of each weight, for messages */
+    const char *rows_q = "x has d_model=";
+    const char *rows_kv = given(c, F_CONTEXT) ? "context has d_ctx=" : "x has d_model=";
 
     const api_tensor *w_q = given(c, F_W_Q), *w_k = given(c, F_W_K),
                      *w_v = given(c, F_W_V), *w_o = given(c, F_W_O);
@@ -198,10 +199,8 @@ static bool validate_weights(multihead_call *c, api_error *err)
 
     p->d_out = p->heads * p->d_v;
     if (w_o) {
-        char rows_o[80];
-        snprintf(rows_o, sizeof rows_o, "the heads give num_heads*d_v = %lld",
-                 LL(p->heads * p->d_v));
-        if (!check_weight(w_o, "w_o", p->heads * p->d_v, rows_o,
+        if (!check_weight(w_o, "w_o", p->heads * p->d_v,
+                          "the heads give num_heads*d_v = ",
                           "[num_heads*d_v, d_out]", err))
             return false;
         p->d_out = w_o->shape[1];
@@ -379,9 +378,11 @@ static bool compute(multihead_call *c, api_error *err)
     if (attn_mha_backward(p, &in, data(c, F_GRAD_OUTPUT), &g, &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
     for (int i = 0; i < N_INPUTS; i++) {
+        if (!c->grad[i])
+            continue;
         char what[64];
         snprintf(what, sizeof what, "the gradient of %s", api_multihead_fields[i].name);
-        if (c->grad[i] && !api_check_finite(c->grad[i], c->f[i].tensor.count, what, err))
+        if (!api_check_finite(c->grad[i], c->f[i].tensor.count, what, err))
             return false;
     }
     return true;
