@@ -80,16 +80,61 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     }
 }
 
-/* delta [rows] = rowsum(dout * out), the softmax's correction term. */
-static void row_dots(const float *dout, const float *out, int64_t rows, int64_t d,
-                     float *delta)
+/* The O(rows d) steps around the tiles, spread over the workers in blocks
+ * of rows so that the other threads do not wait on them. */
+#define SDPA_BWD_ROW_BLOCK 2048
+#define SDPA_BWD_SUM_BLOCK (128 * 1024) /* floats */
+
+typedef struct {
+    const float *dout, *out;
+    float *delta, *dq;
+    int64_t rows, d_v, d_k;
+} prologue_job;
+
+/* delta [rows] = rowsum(dout * out), the softmax's correction term; and dq
+ * zeroed, since worker 0 accumulates straight into it. */
+static void prologue_block(void *ctx, int64_t block, int worker)
 {
-    for (int64_t i = 0; i < rows; i++) {
+    (void)worker;
+    const prologue_job *j = ctx;
+    int64_t r0 = block * SDPA_BWD_ROW_BLOCK;
+    int64_t r1 = r0 + SDPA_BWD_ROW_BLOCK < j->rows ? r0 + SDPA_BWD_ROW_BLOCK : j->rows;
+    for (int64_t i = r0; i < r1; i++) {
         double s = 0.0;
-        for (int64_t j = 0; j < d; j++)
-            s += (double)dout[i * d + j] * out[i * d + j];
-        delta[i] = (float)s;
+        for (int64_t c = 0; c < j->d_v; c++)
+            s += (double)j->dout[i * j->d_v + c] * j->out[i * j->d_v + c];
+        j->delta[i] = (float)s;
     }
+    memset(j->dq + r0 * j->d_k, 0, (size_t)((r1 - r0) * j->d_k) * sizeof *j->dq);
+}
+
+typedef struct {
+    float *dq;              /* the chunk's rows of dq */
+    const bwd_worker *workers;
+    int threads;
+    int64_t count;          /* floats in the chunk */
+    bool clear;             /* zero the copies for the next chunk */
+} reduce_job;
+
+/* dq += every other worker's copy, one block of floats at a time. */
+static void reduce_block(void *ctx, int64_t block, int worker)
+{
+    (void)worker;
+    const reduce_job *j = ctx;
+    int64_t f0 = block * SDPA_BWD_SUM_BLOCK;
+    int64_t f1 = f0 + SDPA_BWD_SUM_BLOCK < j->count ? f0 + SDPA_BWD_SUM_BLOCK : j->count;
+    for (int w = 1; w < j->threads; w++) {
+        float *acc = j->workers[w].acc;
+        for (int64_t f = f0; f < f1; f++)
+            j->dq[f] += acc[f];
+        if (j->clear)
+            memset(acc + f0, 0, (size_t)(f1 - f0) * sizeof *acc);
+    }
+}
+
+static int64_t blocks(int64_t count, int64_t per_block)
+{
+    return (count + per_block - 1) / per_block;
 }
 
 attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
@@ -139,8 +184,9 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         }
     }
     if (ok) {
-        row_dots(dout, out, rows, p->d_v, delta);
-        memset(dq, 0, (size_t)(rows * p->d_k) * sizeof *dq);
+        prologue_job pro = {.dout = dout, .out = out, .delta = delta, .dq = dq,
+                            .rows = rows, .d_v = p->d_v, .d_k = p->d_k};
+        s = attn_parallel_for(threads, blocks(rows, SDPA_BWD_ROW_BLOCK), prologue_block, &pro);
         job.delta = delta;
         job.workers = workers;
         for (job.pair0 = 0; s == ATTN_OK && job.pair0 < pairs; job.pair0 += chunk) {
@@ -150,14 +196,11 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
             for (int i = 1; i < threads; i++)
                 workers[i].dq = workers[i].acc;
             s = attn_parallel_for(threads, n * job.k_tiles, backward_unit, &job);
-            bool more = job.pair0 + chunk < pairs;
-            for (int i = 1; i < threads; i++) {
-                float *acc = workers[i].acc;
-                for (int64_t j = 0; j < n * pair_floats; j++)
-                    dq_chunk[j] += acc[j];
-                if (more)
-                    memset(acc, 0, (size_t)(n * pair_floats) * sizeof *acc);
-            }
+            reduce_job red = {.dq = dq_chunk, .workers = workers, .threads = threads,
+                              .count = n * pair_floats, .clear = job.pair0 + chunk < pairs};
+            if (s == ATTN_OK && threads > 1)
+                s = attn_parallel_for(threads, blocks(red.count, SDPA_BWD_SUM_BLOCK),
+                                      reduce_block, &red);
         }
     }
     for (int i = 0; workers != NULL && i < threads; i++) {
