@@ -2,15 +2,17 @@
  * Reading the members of a request body against an operation's field table:
  * the one place where unknown, missing and mistyped fields are refused.
  *
- * Tensors go through the codec (api_tensor_decode); every other value is a
- * scalar read with jansson, except numbers, which use the codec's reader so
+ * Tensors go through the codec (api_tensor_decode); the other values are
+ * scalars read from their text in place: numbers with the codec's reader, so
  * that "scale": 0.1 rounds to float32 exactly as the tensors' numbers do and
- * 1e39 is refused the same way.
+ * 1e39 is refused the same way, and strings with jansson only when they hold
+ * escapes.
  */
 #include "request.h"
 
 #include <ctype.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,13 +110,28 @@ static bool unknown_field(const json_member *m, const api_field *schema,
                     names);
 }
 
-/* A string value decoded by jansson (escapes resolved), or NULL when
- * jansson ran out of memory: the text was validated already. The caller
- * frees it with json_decref. */
-static json_t *load_string(const json_member *m)
+/* A string value, decoded into text[0..cap) and NUL-terminated (a longer
+ * one is cut, which only shortens the message that quotes it): the bytes
+ * between the quotes when there is no escape, as almost always, or else
+ * jansson's decoding (the text was validated already, so jansson fails
+ * only when out of memory; it ends the string at an escaped NUL, and so
+ * does this). */
+static bool string_value(const json_member *m, char *text, size_t cap)
 {
-    return json_loadb(m->value, (size_t)(m->value_end - m->value),
-                      JSON_DECODE_ANY, NULL);
+    const char *s = m->value + 1, *end = m->value_end - 1;
+    if (!memchr(s, '\\', (size_t)(end - s))) {
+        size_t n = (size_t)(end - s) < cap - 1 ? (size_t)(end - s) : cap - 1;
+        memcpy(text, s, n);
+        text[n] = '\0';
+        return true;
+    }
+    json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
+                           JSON_DECODE_ANY, NULL);
+    if (!j)
+        return false;
+    snprintf(text, cap, "%s", json_string_value(j));
+    json_decref(j);
+    return true;
 }
 
 static bool out_of_memory(const api_field *f, api_error *err)
@@ -185,10 +202,9 @@ static bool read_encoding(const api_field *f, const json_member *m,
 {
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
-    json_t *j = load_string(m);
-    if (!j)
+    char s[64];
+    if (!string_value(m, s, sizeof s))
         return out_of_memory(f, err);
-    const char *s = json_string_value(j);
     bool ok = true;
     if (strcmp(s, "nested") == 0)
         v->encoding = API_ENC_NESTED;
@@ -200,7 +216,6 @@ static bool read_encoding(const api_field *f, const json_member *m,
         ok = api_fail(err, 422, "invalid_value", f->name,
                       "%s must be one of \"nested\", \"flat\", \"base64\", got \"%.40s\"",
                       f->name, s);
-    json_decref(j);
     return ok;
 }
 
@@ -213,17 +228,15 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
     }
     if (*m->value != '"')
         return wrong_type(f, m, "true, false or \"mean\"", err);
-    json_t *j = load_string(m);
-    if (!j)
+    char s[64];
+    if (!string_value(m, s, sizeof s))
         return out_of_memory(f, err);
-    bool ok = strcmp(json_string_value(j), "mean") == 0;
+    bool ok = strcmp(s, "mean") == 0;
     if (ok)
         v->flag = v->mean = true;
     else
         api_fail(err, 422, "invalid_value", f->name,
-                 "%s must be true, false or \"mean\", got \"%.40s\"", f->name,
-                 json_string_value(j));
-    json_decref(j);
+                 "%s must be true, false or \"mean\", got \"%.40s\"", f->name, s);
     return ok;
 }
 
