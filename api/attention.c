@@ -50,7 +50,8 @@ typedef struct {
     double flops;
     api_encoding enc;
     bool want_weights, want_stats, want_grad;
-    float *out, *lse, *weights, *dq, *dk, *dv;
+    float *out, *weights, *dq, *dk, *dv;
+    double *lse; /* [B, H_q, n_q]: the forward pass's, for the backward */
     attn_stats stats;
 } attention_call;
 
@@ -205,7 +206,7 @@ static bool compute(attention_call *c, api_error *err)
     int64_t rows = p->batch * p->heads_q * p->n_q;
     c->out = api_alloc_floats(rows * p->d_v);
     if (c->want_grad)
-        c->lse = api_alloc_floats(rows);
+        c->lse = malloc((size_t)rows * sizeof *c->lse);
     if (c->want_weights)
         c->weights = api_alloc_floats(rows * p->n_k);
     if (!c->out || (c->want_grad && !c->lse) || (c->want_weights && !c->weights))

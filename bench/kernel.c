@@ -127,7 +127,8 @@ static int cmd_sgemm(int threads, int size)
 typedef struct {
     attn_sdpa_params p;
     const float *q, *k, *v, *dout;
-    float *out, *lse, *dq, *dk, *dv;
+    float *out, *dq, *dk, *dv;
+    double *lse;
 } attn_case;
 
 static int run_forward(attn_case *c, bool causal)
@@ -200,7 +201,7 @@ static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d)
     float *v = alloc_random(count, &seed), *dout = alloc_random(count, &seed);
     c.q = q, c.k = k, c.v = v, c.dout = dout;
     c.out = alloc_random(count, &seed);
-    c.lse = alloc_random((size_t)(heads * n), &seed);
+    c.lse = calloc((size_t)(heads * n), sizeof *c.lse);
     c.dq = alloc_random(count, &seed);
     c.dk = alloc_random(count, &seed);
     c.dv = alloc_random(count, &seed);

@@ -120,13 +120,17 @@ float attn_default_scale(int64_t d_k);
  * Optional outputs (NULL to skip):
  *   lse     [B,H_q,n_q]      log-sum-exp of each row of scale*S + bias over the
  *                            visible keys; -INFINITY for a fully masked row.
- *                            attn_sdpa_backward needs it.
+ *                            attn_sdpa_backward needs it. It is a double
+ *                            because a float cannot hold m + log(sum) when
+ *                            the row maximum m is large (a -1e9 padding
+ *                            bias, scores near 1e4): the backward pass
+ *                            would rebuild the weights off by a constant.
  *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here)
  *   stats                    see attn_stats
  */
 attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               const float *k, const float *v, float *out,
-                              float *lse, float *weights, attn_stats *stats,
+                              double *lse, float *weights, attn_stats *stats,
                               attn_error *err);
 
 /*
@@ -138,7 +142,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
  */
 attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *k, const float *v,
-                               const float *out, const float *lse,
+                               const float *out, const double *lse,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err);
 

@@ -447,7 +447,7 @@ attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
     st->v = alloc_floats(p->batch, p->kv_heads, p->m, p->d_v);
     st->o = alloc_floats(p->batch, p->heads, p->n, p->d_v);
     if (want_lse)
-        st->lse = alloc_floats(p->batch, p->heads, p->n, 1);
+        st->lse = malloc((size_t)(p->batch * p->heads * p->n) * sizeof *st->lse);
     if (!st->q || !st->k || !st->v || !st->o || (want_lse && !st->lse)) {
         mha_state_free(st);
         return attn_fail(err, ATTN_ERR_NOMEM,
@@ -475,5 +475,6 @@ void mha_state_free(mha_state *st)
     free(st->v);
     free(st->o);
     free(st->lse);
-    st->q = st->k = st->v = st->o = st->lse = NULL;
+    st->q = st->k = st->v = st->o = NULL;
+    st->lse = NULL;
 }

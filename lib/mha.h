@@ -64,7 +64,7 @@ typedef struct {
     const float *ctx;      /* context, or x for self-attention */
     float *q, *k, *v;      /* [B,h,n,d_k], [B,h_kv,m,d_k], [B,h_kv,m,d_v] */
     float *o;              /* [B,h,n,d_v] */
-    float *lse;            /* [B,h,n], or NULL when not wanted */
+    double *lse;           /* [B,h,n], or NULL when not wanted */
 } mha_state;
 
 /* Checks p and in (want_weights: the caller asks for [B,h,n,m]) and fills

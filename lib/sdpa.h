@@ -122,7 +122,7 @@ void sdpa_forward_tile(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *s
 /* A backward worker's view of one (query tile, key tile) pair. */
 typedef struct {
     float *p, *dp;      /* [SDPA_BWD_BQ, SDPA_BWD_BK] workspaces */
-    const float *lse;   /* [rows] from the forward pass */
+    const double *lse;  /* [rows] from the forward pass */
     const float *delta; /* [rows] rowsum(dO * O) */
     const float *dout;  /* [rows, d_v] */
     float *dq;          /* [rows, d_k] accumulated */

@@ -32,7 +32,8 @@ typedef struct {
 
 typedef struct {
     sdpa_call call;
-    const float *lse, *dout, *delta;
+    const double *lse;
+    const float *dout, *delta;
     float *dk, *dv;
     int64_t k_tiles;
     int64_t pair0; /* first (batch, key/value head) pair of the current chunk */
@@ -139,7 +140,7 @@ static int64_t blocks(int64_t count, int64_t per_block)
 
 attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *k, const float *v,
-                               const float *out, const float *lse,
+                               const float *out, const double *lse,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err)
 {

@@ -1,7 +1,7 @@
 /*
  * attn_sdpa_forward (Eq. 10): out = softmax(scale * q k^T + mask) v.
  *   q [B, H_q, n_q, d_k], k [B, H_kv, n_k, d_k], v [B, H_kv, n_k, d_v]
- *   -> out [B, H_q, n_q, d_v]; optional lse [B, H_q, n_q],
+ *   -> out [B, H_q, n_q, d_v]; optional lse [B, H_q, n_q] (double),
  *      weights [B, H_q, n_q, n_k], stats.
  *
  * A work unit is one query tile of one (batch, head): it streams the key
@@ -24,7 +24,8 @@ typedef struct {
 
 typedef struct {
     sdpa_call call;
-    float *out, *lse, *weights;
+    float *out, *weights;
+    double *lse;
     bool want_stats;
     int64_t q_tiles, k_tiles;
     fwd_worker *workers;
@@ -109,7 +110,7 @@ static void forward_unit(void *ctx, int64_t u, int worker)
                 o[j] *= inv;
         }
         if (job->lse != NULL)
-            job->lse[bh * p->n_q + t.i0 + r] = l > 0.0 ? (float)(w->m[r] + log(l)) : -INFINITY;
+            job->lse[bh * p->n_q + t.i0 + r] = l > 0.0 ? (double)w->m[r] + log(l) : -INFINITY;
         if (job->want_stats && l > 0.0)
             /* Entropy = lse - sum_j a_j x_j = log l - sum_j a_j (x_j - m);
              * the largest weight is exp(m - lse) = 1 / l. */
@@ -162,7 +163,7 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job)
 
 attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               const float *k, const float *v, float *out,
-                              float *lse, float *weights, attn_stats *stats,
+                              double *lse, float *weights, attn_stats *stats,
                               attn_error *err)
 {
     attn_status s = sdpa_check_params(p, weights != NULL, err);

@@ -188,7 +188,11 @@ void sdpa_backward_tile(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_s
             memset(P + r * ld, 0, (size_t)cols * sizeof *P);
             memset(dP + r * ld, 0, (size_t)cols * sizeof *dP);
         } else {
-            attn_vsoftmax_grad(P + r * ld, dP + r * ld, cols, st->lse[r], st->delta[r]);
+            /* lse as an unevaluated sum hi + lo of two floats: the scores
+             * near hi cancel exactly in s - hi, and lo keeps the log of
+             * the row sum that a single float would round away. */
+            float hi = (float)st->lse[r], lo = (float)(st->lse[r] - (double)hi);
+            attn_vsoftmax_grad(P + r * ld, dP + r * ld, cols, hi, lo, st->delta[r]);
         }
     }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, (int)d_v, rows, 1.0f, P,

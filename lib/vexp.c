@@ -50,10 +50,10 @@ static float vexp_sum_portable(float *x, int64_t n, float shift)
 }
 
 static void vsoftmax_grad_portable(float *s, float *dp, int64_t n, float lse,
-                                   float delta)
+                                   float lse_lo, float delta)
 {
     for (int64_t j = 0; j < n; j++) {
-        float a = s[j] - lse;
+        float a = (s[j] - lse) - lse_lo;
         float p = a < ATTN_VEXP_MIN ? 0.0f : expf(a);
         s[j] = p;
         dp[j] = p * (dp[j] - delta);
@@ -132,18 +132,19 @@ __attribute__((target("avx2,fma"))) static float vexp_sum_avx2(float *x, int64_t
 
 __attribute__((target("avx2,fma"))) static void vsoftmax_grad_avx2(float *s, float *dp,
                                                                   int64_t n, float lse,
-                                                                  float delta)
+                                                                  float lse_lo, float delta)
 {
-    const __m256 l = _mm256_set1_ps(lse), d = _mm256_set1_ps(delta);
+    const __m256 l = _mm256_set1_ps(lse), lo = _mm256_set1_ps(lse_lo);
+    const __m256 d = _mm256_set1_ps(delta);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), l));
+        __m256 p = exp8(_mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), l), lo));
         _mm256_storeu_ps(s + j, p);
         _mm256_storeu_ps(dp + j, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + j), d)));
     }
     if (j < n) {
         __m256i m = tail_mask8(n - j);
-        __m256 p = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), l));
+        __m256 p = exp8(_mm256_sub_ps(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), l), lo));
         _mm256_maskstore_ps(s + j, m, p);
         __m256 g = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + j, m), d));
         _mm256_maskstore_ps(dp + j, m, g);
@@ -205,18 +206,19 @@ __attribute__((target("avx512f"))) static float vexp_sum_avx512(float *x, int64_
 }
 __attribute__((target("avx512f"))) static void vsoftmax_grad_avx512(float *s, float *dp,
                                                                    int64_t n, float lse,
-                                                                   float delta)
+                                                                   float lse_lo, float delta)
 {
-    const __m512 l = _mm512_set1_ps(lse), d = _mm512_set1_ps(delta);
+    const __m512 l = _mm512_set1_ps(lse), lo = _mm512_set1_ps(lse_lo);
+    const __m512 d = _mm512_set1_ps(delta);
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), l));
+        __m512 p = exp16(_mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), l), lo));
         _mm512_storeu_ps(s + j, p);
         _mm512_storeu_ps(dp + j, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j), d)));
     }
     if (j < n) {
         __mmask16 t = (__mmask16)((1u << (n - j)) - 1);
-        __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), l));
+        __m512 p = exp16(_mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), l), lo));
         _mm512_mask_storeu_ps(s + j, t, p);
         __m512 g = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(t, dp + j), d));
         _mm512_mask_storeu_ps(dp + j, t, g);
@@ -277,27 +279,27 @@ float attn_vmax_kind(attn_vexp_kind kind, const float *x, int64_t n)
 }
 
 void attn_vsoftmax_grad_kind(attn_vexp_kind kind, float *s, float *dp, int64_t n,
-                             float lse, float delta)
+                             float lse, float lse_lo, float delta)
 {
     if (!attn_vexp_available(kind))
         return;
     switch (kind) {
 #ifdef ATTN_X86
     case ATTN_VEXP_AVX512:
-        vsoftmax_grad_avx512(s, dp, n, lse, delta);
+        vsoftmax_grad_avx512(s, dp, n, lse, lse_lo, delta);
         return;
     case ATTN_VEXP_AVX2:
-        vsoftmax_grad_avx2(s, dp, n, lse, delta);
+        vsoftmax_grad_avx2(s, dp, n, lse, lse_lo, delta);
         return;
 #endif
     default:
-        vsoftmax_grad_portable(s, dp, n, lse, delta);
+        vsoftmax_grad_portable(s, dp, n, lse, lse_lo, delta);
     }
 }
 
 static float (*vmax_best)(const float *, int64_t) = vmax_portable;
 static float (*vexp_sum_best)(float *, int64_t, float) = vexp_sum_portable;
-static void (*vsoftmax_grad_best)(float *, float *, int64_t, float,
+static void (*vsoftmax_grad_best)(float *, float *, int64_t, float, float,
                                   float) = vsoftmax_grad_portable;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
@@ -328,8 +330,9 @@ float attn_vexp_sum(float *x, int64_t n, float shift)
     return vexp_sum_best(x, n, shift);
 }
 
-void attn_vsoftmax_grad(float *s, float *dp, int64_t n, float lse, float delta)
+void attn_vsoftmax_grad(float *s, float *dp, int64_t n, float lse, float lse_lo,
+                        float delta)
 {
     pthread_once(&choose_once, choose);
-    vsoftmax_grad_best(s, dp, n, lse, delta);
+    vsoftmax_grad_best(s, dp, n, lse, lse_lo, delta);
 }

@@ -16,10 +16,12 @@ float attn_vmax(const float *x, int64_t n);
 float attn_vexp_sum(float *x, int64_t n, float shift);
 
 /* The backward pass's elementwise step on one row of a tile:
- *   p[j] = exp(s[j] - lse)            (the attention weight, recomputed)
+ *   p[j] = exp((s[j] - lse) - lse_lo) (the attention weight, recomputed;
+ *                                      lse + lse_lo is the row's log-sum-exp)
  *   dp[j] = p[j] * (dp[j] - delta)    (the score gradient dS)
  * in place, with the same exp as attn_vexp_sum. */
-void attn_vsoftmax_grad(float *s, float *dp, int64_t n, float lse, float delta);
+void attn_vsoftmax_grad(float *s, float *dp, int64_t n, float lse, float lse_lo,
+                        float delta);
 
 /* Below this, expf underflows past the normal floats: flushed to 0. */
 #define ATTN_VEXP_MIN (-87.33654f)
@@ -31,6 +33,6 @@ int attn_vexp_available(attn_vexp_kind kind);
 float attn_vexp_sum_kind(attn_vexp_kind kind, float *x, int64_t n, float shift);
 float attn_vmax_kind(attn_vexp_kind kind, const float *x, int64_t n);
 void attn_vsoftmax_grad_kind(attn_vexp_kind kind, float *s, float *dp, int64_t n,
-                             float lse, float delta);
+                             float lse, float lse_lo, float delta);
 
 #endif /* ATTN_VEXP_H */

@@ -308,6 +308,12 @@ class Case:
             self.fail("%s: %d non-finite values" % (what, int(np.sum(~np.isfinite(got)))))
             return
         tol = rel * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        if ref32 is not None and ref.size:
+            # Where the problem itself is ill-conditioned in float32 (scores of
+            # 2^20 whose gradients cancel), PyTorch's own float32 answer is
+            # off by more than rel: allow twice its error, no more.
+            own32 = np.abs(np.asarray(ref32, dtype=np.float64) - ref)
+            tol = max(tol, 2.0 * float(np.nanmax(own32)))
         diff = np.abs(got - ref)
         err = float(diff.max()) if diff.size else 0.0
         err32 = float("nan")
