@@ -1702,6 +1702,71 @@ START_TEST(grad_overwrites_rather_than_accumulates)
 }
 END_TEST
 
+/*
+ * A constant added to every score of a row changes nothing (softmax is
+ * shift-invariant), however large: a -2^20 padding bias or scores near 1e4
+ * must not cost the backward pass its precision. Integer scores keep
+ * score + bias exact in float32, so the two runs see the same softmax.
+ */
+START_TEST(grad_unchanged_by_a_large_constant_row_bias)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 6, 9, 3, 4);
+    p.scale = 1.0f;
+    sdpa_case c;
+    case_init(&c, &p, 2900, 1.0);
+    for (size_t i = 0; i < c.n_qel; i++)
+        c.q[i] = (float)((int)(i * 7 % 3) - 1);
+    for (size_t i = 0; i < c.n_kel; i++)
+        c.k[i] = (float)((int)(i * 5 % 3) - 1);
+    case_sync(&c);
+    const float shifts[] = {1e4f, -1048576.0f, 16777216.0f};
+    float *dq[2], *dk[2], *dv[2];
+    for (int r = 0; r < 2; r++) {
+        dq[r] = nan_floats(c.n_qel);
+        dk[r] = nan_floats(c.n_kel);
+        dv[r] = nan_floats(c.n_vel);
+    }
+    attn_error err = {0};
+    lib_fwd plain;
+    lib_forward(&c, &c.lib, &plain, false, false);
+    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, plain.out, plain.lse,
+                                 c.dout, dq[0], dk[0], dv[0], &err),
+              err);
+    for (size_t s = 0; s < sizeof shifts / sizeof shifts[0]; s++) {
+        float bias[6];
+        for (int i = 0; i < 6; i++)
+            bias[i] = shifts[s] + (float)(2 * i); /* exact: a different shift per row */
+        attn_sdpa_params pb = c.lib;
+        pb.mask.kind = ATTN_MASK_BIAS;
+        pb.mask.bias = bias;
+        const int64_t shape[2] = {6, 1};
+        ASSERT_OK(attn_mask_broadcast(&pb.mask, 2, shape, 1, 1, 6, 9, &err), err);
+        lib_fwd biased;
+        lib_forward(&c, &pb, &biased, false, false);
+        ASSERT_OK(attn_sdpa_backward(&pb, c.q, c.k, c.v, biased.out, biased.lse,
+                                     c.dout, dq[1], dk[1], dv[1], &err),
+                  err);
+        char label[64];
+        snprintf(label, sizeof label, "out, row bias %g", (double)shifts[s]);
+        ASSERT_ERR(float_diff(plain.out, biased.out, c.n_out), 1e-6, label);
+        snprintf(label, sizeof label, "dq, row bias %g", (double)shifts[s]);
+        ASSERT_ERR(float_diff(dq[0], dq[1], c.n_qel), 1e-5, label);
+        snprintf(label, sizeof label, "dk, row bias %g", (double)shifts[s]);
+        ASSERT_ERR(float_diff(dk[0], dk[1], c.n_kel), 1e-5, label);
+        snprintf(label, sizeof label, "dv, row bias %g", (double)shifts[s]);
+        ASSERT_ERR(float_diff(dv[0], dv[1], c.n_vel), 1e-5, label);
+        lib_fwd_free(&biased);
+    }
+    for (int r = 0; r < 2; r++) {
+        free(dq[r]);
+        free(dk[r]);
+        free(dv[r]);
+    }
+    lib_fwd_free(&plain);
+    case_free(&c);
+}
+END_TEST
+
 /* ----------------------------------------------------------- properties */
 
 START_TEST(weights_rows_sum_to_one)
@@ -2376,7 +2441,8 @@ static Suite *lib_suite(void)
           grad_around_tile_boundaries_matches_analytic_reference,
           grad_causal_nq_gt_nk_gqa_two_threads_matches_analytic_reference,
           grad_after_forward_with_weights_and_stats,
-          grad_overwrites_rather_than_accumulates}},
+          grad_overwrites_rather_than_accumulates,
+          grad_unchanged_by_a_large_constant_row_bias}},
         {"properties",
          {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
           self_attention_permutation_equivariant}},
