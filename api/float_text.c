@@ -123,8 +123,14 @@ static inline scaled scale(uint64_t mant, int e2, int t)
 static inline scaled floor_shift(u128 x, int shift)
 {
     scaled r;
-    r.floor = (uint64_t)(x >> shift);
-    r.inexact = (u128)r.floor << shift != x;
+    uint64_t lo = (uint64_t)x, hi = (uint64_t)(x >> 64);
+    if (shift < 64) { /* |v| above ~1e-11: two 64-bit halves, no u128 shifts */
+        r.floor = lo >> shift | hi << 1 << (63 - shift);
+        r.inexact = lo << 1 << (63 - shift) != 0;
+    } else {
+        r.floor = hi >> (shift - 64);
+        r.inexact = lo != 0 || hi << 1 << (127 - shift) != 0;
+    }
     return r;
 }
 
@@ -264,9 +270,21 @@ static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
         }
         /* dd.ddd: the digits one place right, then the point moves in */
         put_digits(w + 1, digits, n);
-        for (int i = 0; i < whole; i++)
-            w[i] = w[i + 1];
-        w[whole] = '.';
+        if (whole < 8) {
+            /* in one word: the first `whole` digits from one place right,
+             * the point, the rest from where they are */
+            uint64_t right = api_load8(w + 1), here = api_load8(w);
+            uint64_t keep = (UINT64_C(1) << (8 * whole)) - 1;
+            uint64_t word = (right & keep) | (uint64_t)'.' << (8 * whole) | (here & ~keep << 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            word = __builtin_bswap64(word);
+#endif
+            memcpy(w, &word, 8);
+        } else {
+            for (int i = 0; i < whole; i++)
+                w[i] = w[i + 1];
+            w[whole] = '.';
+        }
         return w + n + 1;
     }
     put_digits(w + 1, digits, n); /* d.ddde+XX */
