@@ -125,11 +125,17 @@ static bool string_value(const json_member *m, char *text, size_t cap)
         text[n] = '\0';
         return true;
     }
+    /* JSON_ALLOW_NUL: "nested\u0000x" is valid JSON, and must come out as a
+     * value that matches nothing rather than as a failure to read it. */
     json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
-                           JSON_DECODE_ANY, NULL);
+                           JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     if (!j)
         return false;
-    snprintf(text, cap, "%s", json_string_value(j));
+    const char *value = json_string_value(j);
+    if (strlen(value) != json_string_length(j))
+        snprintf(text, cap, "%s\\u0000...", value); /* matches no allowed value */
+    else
+        snprintf(text, cap, "%s", value);
     json_decref(j);
     return true;
 }

@@ -1556,6 +1556,9 @@ START_TEST(error_bad_output_encoding)
                  "invalid_value", "output_encoding");
     expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":\"Nested\"}", 422,
                  "invalid_value", "output_encoding");
+    /* An escaped NUL is valid JSON: still just a value outside the set. */
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":\"nested\\u0000x\"}",
+                 422, "invalid_value", "output_encoding");
     expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"return_weights\":\"max\"}",
                  422, "invalid_value", "return_weights");
 }
