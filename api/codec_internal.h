@@ -107,15 +107,22 @@ static inline int api_leading_digits8(uint64_t x)
     return bad ? __builtin_ctzll(bad) / 8 : 8;
 }
 
-/* The value of 8 ASCII digits (first byte most significant): pairs, then
- * quads, then the whole, each step a multiply-add within lanes. */
-static inline uint32_t api_digits8_value(uint64_t x)
+/* The first `run` (1..8) ASCII digits of x as digit values (0..9) in the
+ * last `run` bytes, i.e. with leading zeros before them. The bytes after
+ * the run may borrow when '0' is subtracted; they are shifted out. */
+static inline uint64_t api_digit_values(uint64_t x, int run)
 {
-    x -= 0x3030303030303030u;
-    x = (x * 10 + (x >> 8)) & 0x00ff00ff00ff00ffu;
-    x = (x * 100 + (x >> 16)) & 0x0000ffff0000ffffu;
-    x = (x * 10000 + (x >> 32)) & 0xffffffffu;
-    return (uint32_t)x;
+    return (x - 0x3030303030303030u) << (8 * (8 - run));
+}
+
+/* The number that 8 digit values spell (the first byte most significant):
+ * pairs, quads and the whole by multiply-adds within the lanes of a word. */
+static inline uint32_t api_digits8_value(uint64_t d)
+{
+    d = (d * 10 + (d >> 8)) & 0x00ff00ff00ff00ffu;
+    d = (d * 100 + (d >> 16)) & 0x0000ffff0000ffffu;
+    d = (d * 10000 + (d >> 32)) & 0xffffffffu;
+    return (uint32_t)d;
 }
 
 #endif /* API_CODEC_INTERNAL_H */

@@ -173,21 +173,26 @@ __attribute__((always_inline)) static inline bool parse_one(const char *p, const
     if (s < end && *s == '.') {
         s++;
         /* Fractions are where client numbers keep their digits
-         * ("0.123456789"): eight at a time while they fit in w. */
+         * ("0.123456789"): a whole run of up to 8 per step while w has room
+         * (19 digits), so that no loop exit depends on the digit count. */
+        static const uint32_t pow10_run[9] = {1,      10,      100,      1000,     10000,
+                                              100000, 1000000, 10000000, 100000000};
         while (nd <= 11 && end - s >= 8) {
             uint64_t x = api_load8(s);
-            if (!api_all_digits8(x))
+            int run = api_leading_digits8(x);
+            if (run == 0)
                 break;
+            uint64_t d = api_digit_values(x, run);
             if (w)
-                nd += 8;
-            else { /* significant digits start after the leading zeros:
-                    * zero bytes at the low (first) end */
-                uint64_t v = x - 0x3030303030303030u;
-                nd = v ? 8 - __builtin_ctzll(v) / 8 : 0;
-            }
-            w = w * 100000000u + api_digits8_value(x);
-            k -= 8;
-            s += 8;
+                nd += run;
+            else /* leading zeros are not significant: the zero bytes
+                  * below the first non-zero digit */
+                nd = d ? 8 - __builtin_ctzll(d) / 8 : 0;
+            w = w * pow10_run[run] + api_digits8_value(d);
+            k -= run;
+            s += run;
+            if (run < 8)
+                break;
         }
         for (; s < end && is_digit(*s); s++) {
             unsigned d = (unsigned)(*s - '0');
