@@ -25,6 +25,15 @@
 
 /* ------------------------------------------------------------- helpers */
 
+/* For checks inside loops of up to a million cases: libcheck records the
+ * location of every ck_assert as it passes (a write each), so hot loops
+ * only call into it when a check fails. */
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            ck_abort_msg(__VA_ARGS__);                                                             \
+    } while (0)
+
 static uint64_t rng_next(uint64_t *s)
 {
     /* splitmix64: reproducible inputs without depending on rand() */
@@ -528,7 +537,7 @@ START_TEST(decode_long_rows_match_strtod)
                 p++;
             char *q;
             float want = (float)strtod(p, &q);
-            ck_assert_msg(same_bits(t.f32[i], want), "element %lld", (long long)i);
+            CHECK(same_bits(t.f32[i], want), "element %lld", (long long)i);
             p = q;
         }
         api_tensor_free(&t);
@@ -783,10 +792,9 @@ static void check_number(const char *s)
     bool want_ok = ref_parse(s, &want);
     const char *stop;
     bool ok = api_parse_number(s, s + strlen(s), &stop, &got);
-    ck_assert_msg(ok == want_ok, "%s: finite %d, want %d", s, ok, want_ok);
-    ck_assert_msg(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
-    if (ok)
-        ck_assert_msg(same_bits(got, want), "%s: got %a want %a", s, (double)got, (double)want);
+    CHECK(ok == want_ok, "%s: finite %d, want %d", s, ok, want_ok);
+    CHECK(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
+    CHECK(!ok || same_bits(got, want), "%s: got %a want %a", s, (double)got, (double)want);
 }
 
 START_TEST(parse_number_edge_cases)
@@ -991,17 +999,17 @@ START_TEST(float_text_round_trips_every_kind_of_float)
         memset(fenced_buf, 0x55, sizeof fenced_buf);
         char *e = api_float_text(f, fenced_buf);
         for (size_t k = API_FLOAT_TEXT_MAX; k < sizeof fenced_buf; k++)
-            ck_assert_msg(fenced_buf[k] == 0x55, "%a wrote past API_FLOAT_TEXT_MAX", (double)f);
-        ck_assert(e - fenced_buf <= 19);
+            CHECK(fenced_buf[k] == 0x55, "%a wrote past API_FLOAT_TEXT_MAX", (double)f);
+        CHECK(e - fenced_buf <= 19, "%a: text too long", (double)f);
         float_text(f, b);
-        ck_assert(strncmp(b, fenced_buf, (size_t)(e - fenced_buf)) == 0);
+        CHECK(strncmp(b, fenced_buf, (size_t)(e - fenced_buf)) == 0, "%a", (double)f);
         float back;
-        ck_assert_msg(ref_parse(b, &back) && same_bits(back, f), "%a -> %s", (double)f, b);
+        CHECK(ref_parse(b, &back) && same_bits(back, f), "%a -> %s", (double)f, b);
         const char *stop;
         float mine;
-        ck_assert(api_parse_number(b, b + strlen(b), &stop, &mine) && same_bits(mine, f));
+        CHECK(api_parse_number(b, b + strlen(b), &stop, &mine) && same_bits(mine, f), "%s", b);
         if (i % 1000 == 0)
-            ck_assert_msg(valid(b), "%s is not JSON", b);
+            CHECK(valid(b), "%s is not JSON", b);
     }
 }
 END_TEST
@@ -1027,7 +1035,7 @@ START_TEST(float_text_is_shortest)
                 break;
         }
         float_text(f, b);
-        ck_assert_msg(significant_digits(b) <= p, "%s for %s (%d digits)", b, g, p);
+        CHECK(significant_digits(b) <= p, "%s for %s (%d digits)", b, g, p);
     }
 }
 END_TEST
@@ -1221,21 +1229,31 @@ START_TEST(mutated_documents_never_crash)
 }
 END_TEST
 
+static TCase *tcase(Suite *s, const char *name)
+{
+    TCase *tc = tcase_create(name);
+    /* the property tests run ~1M cases; sanitizers slow them several-fold */
+    tcase_set_timeout(tc, 600);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
-    TCase *tc = tcase_create("codec");
-    tcase_set_timeout(tc, 300);
+    TCase *tc = tcase(s, "validator");
     tcase_add_test(tc, validator_matches_jsontestsuite_corpus);
     tcase_add_test(tc, validator_never_reads_past_the_end);
     tcase_add_test(tc, validator_rejects_what_rfc8259_forbids);
     tcase_add_test(tc, validator_error_names_offset_line_and_column);
     tcase_add_test(tc, validator_bounds_nesting_without_recursion);
     tcase_add_test(tc, validator_checks_every_byte_of_long_strings);
+    tc = tcase(s, "objects");
     tcase_add_test(tc, skip_finds_the_end_of_each_value);
     tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
     tcase_add_test(tc, members_detects_duplicates_after_decoding);
     tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
+    tc = tcase(s, "decode");
     tcase_add_test(tc, decode_nested_ranks_two_to_four);
     tcase_add_test(tc, decode_long_rows_match_strtod);
     tcase_add_test(tc, decode_bool_masks_in_every_form);
@@ -1248,17 +1266,20 @@ Suite *codec_suite(void)
     tcase_add_test(tc, decode_object_form_errors);
     tcase_add_test(tc, decode_base64_errors);
     tcase_add_test(tc, decode_checks_declared_shape_before_allocating);
+    tc = tcase(s, "numbers");
     tcase_add_test(tc, parse_number_edge_cases);
     tcase_add_test(tc, parse_number_matches_strtod_on_random_texts);
+    tc = tcase(s, "format");
     tcase_add_test(tc, float_text_examples);
     tcase_add_test(tc, float_text_round_trips_every_kind_of_float);
     tcase_add_test(tc, float_text_is_shortest);
+    tc = tcase(s, "encode");
     tcase_add_test(tc, encode_forms_exact_text);
     tcase_add_test(tc, encode_decode_round_trip_bit_exact);
     tcase_add_test(tc, buf_grows_and_formats);
     tcase_add_test(tc, base64_rfc4648_vectors);
+    tc = tcase(s, "robustness");
     tcase_add_test(tc, mutated_documents_never_crash);
-    suite_add_tcase(s, tc);
     return s;
 }
 
