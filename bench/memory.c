@@ -3,7 +3,7 @@
  *
  *   memory THREADS N D
  *
- * Shapes: q, k, v, out, dout, dq, dk, dv [1, 1, N, D]; lse [1, 1, N].
+ * Shapes: q, k, v, out, dout, dq, dk, dv [1, 1, N, D]; lse [1, 1, N] (double).
  * A child process allocates and touches every caller buffer, reads its peak
  * resident size (VmHWM), runs attn_sdpa_forward + attn_sdpa_backward, and
  * reads it again: the difference is what the library itself needed. One
@@ -64,7 +64,8 @@ static int child(int threads, int64_t n, int64_t d)
     size_t count = (size_t)(n * d);
     float *q = alloc_touched(count, &seed), *k = alloc_touched(count, &seed);
     float *v = alloc_touched(count, &seed), *dout = alloc_touched(count, &seed);
-    float *out = alloc_touched(count, &seed), *lse = alloc_touched((size_t)n, &seed);
+    float *out = alloc_touched(count, &seed);
+    double *lse = malloc((size_t)n * sizeof *lse); /* attn.h keeps it in double */
     float *dq = alloc_touched(count, &seed), *dk = alloc_touched(count, &seed);
     float *dv = alloc_touched(count, &seed);
     attn_sdpa_params p = {
@@ -73,6 +74,12 @@ static int child(int threads, int64_t n, int64_t d)
         .mask = {.kind = ATTN_MASK_NONE}, .threads = threads,
     };
 
+    if (lse == NULL) {
+        fprintf(stderr, "memory: out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        lse[i] = 0.0;
     long hwm_before = status_kb("VmHWM");
     long maxrss_before = maxrss_kb();
     struct timespec t0, t1;
@@ -87,7 +94,8 @@ static int child(int threads, int64_t n, int64_t d)
     long hwm_after = status_kb("VmHWM");
     long maxrss_after = maxrss_kb();
 
-    printf("inputs_kb %ld\n", (long)((8 * count + (size_t)n) * sizeof(float) / 1024));
+    printf("inputs_kb %ld\n",
+           (long)((8 * count * sizeof(float) + (size_t)n * sizeof(double)) / 1024));
     printf("hwm_before_kb %ld\n", hwm_before);
     printf("hwm_after_kb %ld\n", hwm_after);
     printf("maxrss_before_kb %ld\n", maxrss_before);
