@@ -2,15 +2,19 @@
  * Kernel speed: libattn's SDPA against the machine's own matrix-multiply rate.
  *
  *   kernel info                      CPU model, cores, OpenBLAS corename/config
- *   kernel sgemm THREADS SIZE        square sgemm C = A B, SIZE^3, on THREADS
- *                                    OpenBLAS threads
- *   kernel attn THREADS H N D        forward, causal forward, forward+backward
+ *   kernel sgemm THREADS SIZE        square sgemm C = A B, SIZE^3, alone
+ *   kernel attn THREADS H N D [SIZE] forward, causal forward, forward+backward;
+ *                                    with SIZE, the forward runs take turns
+ *                                    with square sgemm runs of SIZE^3
  *
  * Output is one "key value" pair a line, for bench/run.sh to put in its table.
  *
- * sgemm runs in its own process (run.sh calls `kernel sgemm` separately) so
- * that giving OpenBLAS two threads there never touches the attn process,
- * where libattn keeps OpenBLAS single-threaded and runs its own threads.
+ * libattn keeps OpenBLAS at one thread and runs `threads` threads of its own;
+ * sgemm gets the same cores as OpenBLAS threads. When the two take turns in
+ * one process, OpenBLAS is set to THREADS threads for each sgemm and back to
+ * one after it, and the attention run waits until OpenBLAS's workers have
+ * stopped spinning. Taking turns means that whatever else runs on the
+ * machine disturbs both measurements alike, so that their ratio holds.
  *
  * Every figure is the best of several repetitions after a warm-up run: the
  * machine is shared and noisy, and the best run is the one least disturbed.
@@ -89,38 +93,66 @@ static int cmd_info(void)
     return 0;
 }
 
-static int cmd_sgemm(int threads, int size)
+/* Square sgemm operands: a, b, c [size, size]. */
+typedef struct {
+    int size;
+    float *a, *b, *c;
+} gemm_case;
+
+static void gemm_alloc(gemm_case *g, int size)
 {
-    openblas_set_num_threads(threads);
     unsigned seed = 1;
     size_t count = (size_t)size * (size_t)size;
-    float *a = alloc_random(count, &seed);
-    float *b = alloc_random(count, &seed);
-    float *c = alloc_random(count, &seed);
-    double flops = 2.0 * size * (double)size * size;
+    g->size = size;
+    g->a = alloc_random(count, &seed);
+    g->b = alloc_random(count, &seed);
+    g->c = alloc_random(count, &seed);
+}
 
+static void gemm_free(gemm_case *g)
+{
+    free(g->a), free(g->b), free(g->c);
+}
+
+static double gemm_flops(const gemm_case *g)
+{
+    return 2.0 * g->size * (double)g->size * g->size;
+}
+
+/* One sgemm on `threads` OpenBLAS threads, then OpenBLAS back at one thread
+ * as libattn wants it. Returns the seconds the sgemm took. */
+static double gemm_run(const gemm_case *g, int threads)
+{
+    int n = g->size;
+    openblas_set_num_threads(threads);
     double t0 = now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size,
-                1.0f, a, size, b, size, 0.0f, c, size);
-    double once = now_s() - t0;
-    int reps = reps_for(once, 3.0, 3, 50);
-    double best = once;
-    for (int r = 0; r < reps; r++) {
-        t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size,
-                    size, 1.0f, a, size, b, size, 0.0f, c, size);
-        double t = now_s() - t0;
-        if (t < best)
-            best = t;
-    }
-    printf("sgemm_threads %d\n", openblas_get_num_threads());
-    printf("sgemm_size %d\n", size);
-    printf("sgemm_gflop %.3f\n", flops * 1e-9);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
+                g->a, n, g->b, n, 0.0f, g->c, n);
+    double t = now_s() - t0;
+    openblas_set_num_threads(1);
+    return t;
+}
+
+static void print_gemm(const gemm_case *g, int threads, double best)
+{
+    printf("sgemm_threads %d\n", threads);
+    printf("sgemm_size %d\n", g->size);
+    printf("sgemm_gflop %.3f\n", gemm_flops(g) * 1e-9);
     printf("sgemm_s %.6f\n", best);
-    printf("sgemm_gflops %.2f\n", flops / best * 1e-9);
-    free(a);
-    free(b);
-    free(c);
+    printf("sgemm_gflops %.2f\n", gemm_flops(g) / best * 1e-9);
+}
+
+static int cmd_sgemm(int threads, int size)
+{
+    gemm_case g;
+    gemm_alloc(&g, size);
+    double once = gemm_run(&g, threads);
+    int reps = reps_for(once, 3.0, 3, 50);
+    double best = INFINITY;
+    for (int r = 0; r < reps; r++)
+        best = fmin(best, gemm_run(&g, threads));
+    print_gemm(&g, threads, best);
+    gemm_free(&g);
     return 0;
 }
 
@@ -187,7 +219,40 @@ static double best_time(attn_case *c, int mode, double budget_s)
     return best;
 }
 
-static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d)
+/* OpenBLAS's idle workers spin for a while (about 2^28 cycles) before they
+ * sleep; an attention run started sooner would share its cores with them. */
+static void let_blas_settle(void)
+{
+    struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+
+/* Forward runs and sgemm runs taking turns: the best of each, over at least
+ * three rounds after a warm-up round. */
+static int best_pair(attn_case *c, const gemm_case *g, int threads,
+                     double budget_s, double *best_attn, double *best_gemm)
+{
+    double t_gemm = gemm_run(g, threads);
+    let_blas_settle();
+    double t0 = now_s();
+    if (run_mode(c, FULL) != 0)
+        return -1;
+    double t_attn = now_s() - t0;
+    int rounds = reps_for(t_gemm + t_attn + 0.3, budget_s, 3, 50);
+    *best_attn = *best_gemm = INFINITY;
+    for (int r = 0; r < rounds; r++) {
+        *best_gemm = fmin(*best_gemm, gemm_run(g, threads));
+        let_blas_settle();
+        t0 = now_s();
+        if (run_mode(c, FULL) != 0)
+            return -1;
+        *best_attn = fmin(*best_attn, now_s() - t0);
+    }
+    return 0;
+}
+
+static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d,
+                    int gemm_size)
 {
     unsigned seed = 7;
     size_t count = (size_t)(heads * n * d);
@@ -208,7 +273,15 @@ static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d)
 
     /* Nominal work, as the issue counts it: 4 * B * H * n_q * n_k * d. */
     double flops = 4.0 * (double)heads * (double)n * (double)n * (double)d;
-    double full = best_time(&c, FULL, 1.5);
+    double full, gemm_best = 0;
+    gemm_case g = {0};
+    if (gemm_size > 0) {
+        gemm_alloc(&g, gemm_size);
+        if (best_pair(&c, &g, threads, 5.0, &full, &gemm_best) != 0)
+            full = -1;
+    } else {
+        full = best_time(&c, FULL, 1.5);
+    }
     double causal = best_time(&c, CAUSAL, 1.0);
     double fwd_bwd = best_time(&c, FWD_BWD, 2.0);
     int rc = full > 0 && causal > 0 && fwd_bwd > 0 ? 0 : 1;
@@ -219,7 +292,11 @@ static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d)
         printf("causal_s %.6f\n", causal);
         printf("fwdbwd_s %.6f\n", fwd_bwd);
         printf("gflops %.2f\n", flops / full * 1e-9);
+        if (gemm_size > 0)
+            print_gemm(&g, threads, gemm_best);
     }
+    if (gemm_size > 0)
+        gemm_free(&g);
     free(q), free(k), free(v), free(dout);
     free(c.out), free(c.lse), free(c.dq), free(c.dk), free(c.dv);
     return rc;
@@ -231,9 +308,9 @@ int main(int argc, char **argv)
         return cmd_info();
     if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
         return cmd_sgemm(atoi(argv[2]), atoi(argv[3]));
-    if (argc == 6 && strcmp(argv[1], "attn") == 0)
+    if ((argc == 6 || argc == 7) && strcmp(argv[1], "attn") == 0)
         return cmd_attn(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]),
-                        atoll(argv[5]));
-    fprintf(stderr, "usage: kernel info | sgemm THREADS SIZE | attn THREADS H N D\n");
+                        atoll(argv[5]), argc == 7 ? atoi(argv[6]) : 0);
+    fprintf(stderr, "usage: kernel info | sgemm THREADS SIZE | attn THREADS H N D [SGEMM_SIZE]\n");
     return 2;
 }
