@@ -3,9 +3,9 @@
  *
  *   kernel info                      CPU model, cores, OpenBLAS corename/config
  *   kernel sgemm THREADS SIZE        square sgemm C = A B, SIZE^3, alone
- *   kernel attn THREADS H N D [SIZE] forward, causal forward, forward+backward;
- *                                    with SIZE, the forward runs take turns
- *                                    with square sgemm runs of SIZE^3
+ *   kernel attn THREADS H N D [SIZE] forward, causal forward, forward+backward
+ *                                    taking turns; with SIZE, a square sgemm
+ *                                    of SIZE^3 takes its turn too
  *
  * Output is one "key value" pair a line, for bench/run.sh to put in its table.
  *
@@ -14,11 +14,12 @@
  * one process, OpenBLAS is set to THREADS threads for each sgemm and back to
  * one after it, and the attention run waits until OpenBLAS's workers have
  * stopped spinning. Taking turns means that whatever else runs on the
- * machine disturbs both measurements alike, so that their ratio holds.
+ * (shared) machine disturbs both measurements alike, so their ratio holds.
  *
  * Every figure is the best of several repetitions after a warm-up run: the
  * machine is shared and noisy, and the best run is the one least disturbed.
- * Shapes (attn): q, k, v, out, dout, dq, dk, dv [1, H, N, D]; lse [1, H, N].
+ * Shapes (attn): q, k, v, out, dout, dq, dk, dv [1, H, N, D]; lse [1, H, N]
+ * (double).
  */
 #include <cblas.h>
 #include <math.h>
@@ -189,34 +190,11 @@ static int run_forward_backward(attn_case *c)
     return 0;
 }
 
-enum { FULL, CAUSAL, FWD_BWD };
+enum { FULL, CAUSAL, FWD_BWD, N_MODES };
 
 static int run_mode(attn_case *c, int mode)
 {
     return mode == FWD_BWD ? run_forward_backward(c) : run_forward(c, mode == CAUSAL);
-}
-
-/* The best of as many repetitions as fit the budget after a warm-up run; the
- * warm-up counts too when it alone is over the budget (at n = 4096 a
- * forward+backward pass takes seconds, and its first-touch costs are small
- * beside that), so that a slow case still gives the best of two. */
-static double best_time(attn_case *c, int mode, double budget_s)
-{
-    double t0 = now_s();
-    if (run_mode(c, mode) != 0)
-        return -1;
-    double once = now_s() - t0;
-    int reps = reps_for(once, budget_s, 1, 200);
-    double best = once > budget_s ? once : INFINITY;
-    for (int r = 0; r < reps; r++) {
-        t0 = now_s();
-        if (run_mode(c, mode) != 0)
-            return -1;
-        double t = now_s() - t0;
-        if (t < best)
-            best = t;
-    }
-    return best;
 }
 
 /* OpenBLAS's idle workers spin for a while (about 2^28 cycles) before they
@@ -227,26 +205,38 @@ static void let_blas_settle(void)
     nanosleep(&pause, NULL);
 }
 
-/* Forward runs and sgemm runs taking turns: the best of each, over at least
- * three rounds after a warm-up round. */
-static int best_pair(attn_case *c, const gemm_case *g, int threads,
-                     double budget_s, double *best_attn, double *best_gemm)
+enum { GEMM = N_MODES }; /* best[GEMM]: the sgemm runs, when g != NULL */
+
+/* Rounds of one run of each mode (and one sgemm first, when g is given), the
+ * best time of each over the rounds: at least three rounds after a warm-up
+ * round, more while they fit `budget_s`. Interleaving the modes makes their
+ * ratios hold even when other work on the machine comes and goes. */
+static int measure(attn_case *c, const gemm_case *g, int threads,
+                   double budget_s, double best[N_MODES + 1])
 {
-    double t_gemm = gemm_run(g, threads);
-    let_blas_settle();
-    double t0 = now_s();
-    if (run_mode(c, FULL) != 0)
-        return -1;
-    double t_attn = now_s() - t0;
-    int rounds = reps_for(t_gemm + t_attn + 0.3, budget_s, 3, 50);
-    *best_attn = *best_gemm = INFINITY;
-    for (int r = 0; r < rounds; r++) {
-        *best_gemm = fmin(*best_gemm, gemm_run(g, threads));
-        let_blas_settle();
-        t0 = now_s();
-        if (run_mode(c, FULL) != 0)
-            return -1;
-        *best_attn = fmin(*best_attn, now_s() - t0);
+    int rounds = 0;
+    for (int r = -1; r < rounds; r++) {
+        double t_round = now_s();
+        double t[N_MODES + 1];
+        if (g != NULL) {
+            t[GEMM] = gemm_run(g, threads);
+            let_blas_settle();
+        }
+        for (int mode = 0; mode < N_MODES; mode++) {
+            double t0 = now_s();
+            if (run_mode(c, mode) != 0)
+                return -1;
+            t[mode] = now_s() - t0;
+        }
+        if (r < 0) { /* the warm-up round: sets the number of rounds */
+            rounds = reps_for(now_s() - t_round, budget_s, 3, 200);
+            for (int i = 0; i <= N_MODES; i++)
+                best[i] = INFINITY;
+            continue;
+        }
+        for (int i = 0; i <= N_MODES; i++)
+            if (i < N_MODES || g != NULL)
+                best[i] = fmin(best[i], t[i]);
     }
     return 0;
 }
@@ -273,18 +263,12 @@ static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d,
 
     /* Nominal work, as the issue counts it: 4 * B * H * n_q * n_k * d. */
     double flops = 4.0 * (double)heads * (double)n * (double)n * (double)d;
-    double full, gemm_best = 0;
+    double best[N_MODES + 1];
     gemm_case g = {0};
-    if (gemm_size > 0) {
+    if (gemm_size > 0)
         gemm_alloc(&g, gemm_size);
-        if (best_pair(&c, &g, threads, 5.0, &full, &gemm_best) != 0)
-            full = -1;
-    } else {
-        full = best_time(&c, FULL, 1.5);
-    }
-    double causal = best_time(&c, CAUSAL, 1.0);
-    double fwd_bwd = best_time(&c, FWD_BWD, 2.0);
-    int rc = full > 0 && causal > 0 && fwd_bwd > 0 ? 0 : 1;
+    int rc = measure(&c, gemm_size > 0 ? &g : NULL, threads, 6.0, best) == 0 ? 0 : 1;
+    double full = best[FULL], causal = best[CAUSAL], fwd_bwd = best[FWD_BWD];
     if (rc == 0) {
         printf("n %lld\n", (long long)n);
         printf("gflop %.4f\n", flops * 1e-9);
@@ -293,7 +277,7 @@ static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d,
         printf("fwdbwd_s %.6f\n", fwd_bwd);
         printf("gflops %.2f\n", flops / full * 1e-9);
         if (gemm_size > 0)
-            print_gemm(&g, threads, gemm_best);
+            print_gemm(&g, threads, best[GEMM]);
     }
     if (gemm_size > 0)
         gemm_free(&g);

@@ -115,8 +115,9 @@ fi
 if [ $have_kernel = 1 ] && want kernel; then
     # The reference: square sgemm of about the work of one n=4096 forward
     # (2*2560^3 = 33.6 GFLOP against 34.4), on the same 2 cores as OpenBLAS
-    # threads, taking turns with the n=4096 forward runs in one process (see
-    # bench/kernel.c) so that other work on the machine hits both alike.
+    # threads, taking turns with the n=4096 runs in one process (see
+    # bench/kernel.c) so that other work on the machine hits both alike. For
+    # every n, the full, causal and forward+backward runs take turns as well.
     for n in 4096 1024 256; do
         note "kernel: attention n=$n$([ $n = 4096 ] && echo ", taking turns with sgemm")"
         gemm=""; [ $n = 4096 ] && gemm=2560
@@ -330,7 +331,7 @@ for n in 4096 1024 256; do
     if [ $n = 4096 ]; then set -- ">=" 0.7 "<=" 0.55 "<=" 3.5; else set -- "" "" "" "" "" ""; fi
     row "attention forward / sgemm GFLOP/s, n=$n (B=1, H=8, d=64, $THREADS threads)" \
         "$(ratio "$gf" "$sg" %.2f)" \
-        "${gf:-?} / ${sg:-?} GFLOP/s (sgemm: square $(get sgemm_size)^3 on $THREADS OpenBLAS threads, alternating with the n=4096 forward)" "$1" "$2"
+        "${gf:-?} / ${sg:-?} GFLOP/s (sgemm: square $(get sgemm_size)^3 on $THREADS OpenBLAS threads, taking turns with the n=4096 runs)" "$1" "$2"
     row "causal time / full time, n=$n" "$(ratio "$causal" "$full" %.2f)" \
         "$(scaled "$causal" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "$3" "$4"
     row "(forward+backward) time / forward time, n=$n" "$(ratio "$fb" "$full" %.2f)" \
