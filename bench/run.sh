@@ -39,7 +39,7 @@ stop_pid() {
     while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
     kill -9 "$1" 2>/dev/null
     wait "$1" 2>/dev/null
-    PIDS=$(echo "$PIDS" | sed "s/ $1\b//")
+    PIDS=$(echo "$PIDS" | sed "s/ $1\\b//")
 }
 cleanup() {
     for p in $PIDS; do stop_pid "$p"; done
@@ -233,13 +233,14 @@ wrk_run() {
     fi
 }
 
-# attnd and nginx stay up together and take turns, two rounds of the small
-# request each, so that a burst of other work on the machine hits both alike.
-ATTND_URL=""; NGINX_URL=""
+# Every server stays up for the whole section and they take turns, two
+# rounds, keeping each one's better run: a burst of other work on the machine
+# then hits attnd and its peers alike. An idle server costs nothing.
+ATTND_URL=""; NGINX_URL=""; FASTAPI1_URL=""; FASTAPI2_URL=""
 if [ -x "$ATTND" ] && [ -f "$OUT/small.json" ] && want http; then
     port=$(free_port)
     "$ATTND" --port "$port" > /dev/null 2> "$TMP/attnd.log" &
-    attnd_pid=$!; PIDS="$PIDS $attnd_pid"
+    PIDS="$PIDS $!"
     if wait_http "http://127.0.0.1:$port/healthz"; then
         ATTND_URL="http://127.0.0.1:$port/v1/attention"
     else
@@ -253,43 +254,49 @@ if [ -f "$PEERS/nginx.conf" ] && command -v nginx > /dev/null && [ -f "$OUT/smal
         -e "s#listen 127.0.0.1:[0-9]*#listen 127.0.0.1:$port#" \
         "$PEERS/nginx.conf" > "$TMP/nginx.conf"
     nginx -e "$TMP/nginx.err" -c "$TMP/nginx.conf" -g 'daemon off;' > /dev/null 2>&1 &
-    nginx_pid=$!; PIDS="$PIDS $nginx_pid"
+    PIDS="$PIDS $!"
     if wait_http "http://127.0.0.1:$port/"; then
         NGINX_URL="http://127.0.0.1:$port/"
     else
         note "nginx did not start: $(tail -3 "$TMP/nginx.err" 2>/dev/null)"
     fi
 fi
-for round in 1 2; do
-    [ -n "$ATTND_URL" ] && { note "http: attnd small ($round)"; wrk_run attnd_small "$ATTND_URL" "$OUT/small.json"; }
-    [ -n "$NGINX_URL" ] && { note "http: nginx small ($round)"; wrk_run nginx_small "$NGINX_URL" "$OUT/small.json"; }
-done
-[ -n "$NGINX_URL" ] && stop_pid "$nginx_pid"
-[ -n "$ATTND_URL" ] && { note "http: attnd medium"; wrk_run attnd_medium "$ATTND_URL" "$OUT/medium.json"; }
-[ -n "${attnd_pid:-}" ] && stop_pid "$attnd_pid"
-
 if [ -f "$PEERS/fastapi_attention.py" ] && [ -f "$OUT/medium.json" ] && want http &&
     /usr/bin/python3 -c 'import fastapi, uvicorn, numpy' 2> /dev/null; then
     for w in 1 2; do
         port=$(free_port)
         (cd "$PEERS" && exec /usr/bin/python3 -m uvicorn fastapi_attention:app \
-            --host 127.0.0.1 --port "$port" --workers $w) > /dev/null 2> "$TMP/uvicorn.log" &
-        pid=$!; PIDS="$PIDS $pid"
+            --host 127.0.0.1 --port "$port" --workers $w) > /dev/null 2> "$TMP/uvicorn$w.log" &
+        PIDS="$PIDS $!"
         # Each worker says so when it is ready; wait for all of them.
         i=0
-        while [ "$(grep -c 'Application startup complete' "$TMP/uvicorn.log")" -lt $w ] && [ $i -lt 150 ]; do
+        while [ "$(grep -c 'Application startup complete' "$TMP/uvicorn$w.log")" -lt $w ] && [ $i -lt 150 ]; do
             sleep 0.1; i=$((i + 1))
         done
         if wait_http "http://127.0.0.1:$port/docs"; then
-            note "http: FastAPI ($w workers) small, medium"
-            wrk_run "fastapi${w}_small" "http://127.0.0.1:$port/v1/attention" "$OUT/small.json"
-            wrk_run "fastapi${w}_medium" "http://127.0.0.1:$port/v1/attention" "$OUT/medium.json"
+            eval "FASTAPI${w}_URL=http://127.0.0.1:$port/v1/attention"
         else
-            note "FastAPI did not start: $(tail -3 "$TMP/uvicorn.log")"
+            note "FastAPI ($w workers) did not start: $(tail -3 "$TMP/uvicorn$w.log")"
         fi
-        stop_pid "$pid"
     done
 fi
+# turn NAME URL BODY: one wrk run when the server is up.
+turn() {
+    [ -n "$2" ] || return 0
+    note "http: $1 ($round)"
+    wrk_run "$1" "$2" "$3"
+}
+for round in 1 2; do
+    turn attnd_small "$ATTND_URL" "$OUT/small.json"
+    turn nginx_small "$NGINX_URL" "$OUT/small.json"
+    turn attnd_medium "$ATTND_URL" "$OUT/medium.json"
+    turn fastapi1_medium "$FASTAPI1_URL" "$OUT/medium.json"
+    turn fastapi2_medium "$FASTAPI2_URL" "$OUT/medium.json"
+done
+round=1
+turn fastapi1_small "$FASTAPI1_URL" "$OUT/small.json"
+turn fastapi2_small "$FASTAPI2_URL" "$OUT/small.json"
+for p in $PIDS; do stop_pid "$p"; done
 
 # ------------------------------------------------------------------ table
 FAILS=0
