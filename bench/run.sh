@@ -346,9 +346,10 @@ for n in 4096 1024 256; do
 done
 
 g=$(get mem_growth_kb)
+ru=$(get mem_maxrss_after_kb); [ -n "$ru" ] && ru=$(calc %.1f "($ru - $(get mem_maxrss_before_kb)) / 1024")
 row "library peak RSS growth (MiB), forward+backward, B=1 H=1 n=32768 d=64" \
     "$([ -n "$g" ] && calc %.1f "$g / 1024")" \
-    "VmHWM $(scaled "$(get mem_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get mem_hwm_after_kb)" 1024 %.0f) MiB (its inputs and outputs: $(scaled "$(get mem_inputs_kb)" 1024 %.0f) MiB); $(s=$(get mem_seconds); echo "${s:-?}") s" \
+    "VmHWM $(scaled "$(get mem_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get mem_hwm_after_kb)" 1024 %.0f) MiB (ru_maxrss growth ${ru:-?} MiB; its inputs and outputs: $(scaled "$(get mem_inputs_kb)" 1024 %.0f) MiB); $(s=$(get mem_seconds); echo "${s:-?}") s" \
     "<=" 256
 g=$(get srv_growth_kb); s=$(get srv_status)
 row "attnd peak RSS growth (MiB) serving that request, base64 in and out" \
