@@ -42,6 +42,8 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 DEPS_STAMP = build/.deps-ok
 
 .PHONY: all test check run bench clean deps sanitize
+# Keep the test objects between runs (they are intermediate to pattern rules).
+.SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
 
 deps: $(DEPS_STAMP)
