@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -1597,6 +1598,34 @@ START_TEST(error_numerical_overflow_not_nan)
 }
 END_TEST
 
+/* The output is a weighted mean of v's rows, finite whenever v is, even
+ * when n_k * max|v| is beyond float32 (as in PyTorch's float32). */
+START_TEST(attention_values_near_float32_max_average_without_overflow)
+{
+    const char *body = "{\"q\":[[0,0]],\"k\":[[1,2],[1,2],[1,2],[1,2]],"
+                       "\"v\":[[3e38,1e-3],[3e38,2e-3],[-1e38,3e-3],[3e38,4e-3]],"
+                       "\"grad_output\":[[1,1]]}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    int64_t so[2] = {1, 2}, sv[2] = {4, 2};
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 2, so);
+    ck_close(o[0], (3 * 3e38 - 1e38) / 4, 1e-6);
+    ck_close(o[1], (1e-3 + 2e-3 + 3e-3 + 4e-3) / 4, 1e-6);
+    /* equal scores: dv is the mean of dO, and the scores' gradients 0 */
+    float *dv = get_tensor(json_object_get(json_object_get(j, "grad"), "v"), ENC_NESTED, 2, sv);
+    for (int i = 0; i < 8; i++)
+        ck_close(dv[i], 0.25, 1e-6);
+    free(o), free(dv);
+    json_decref(j);
+    body = "{\"q\":[[0]],\"k\":[[1],[1]],\"v\":[[3.4028235e38],[3.4028235e38]]}";
+    j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    int64_t s1[2] = {1, 1};
+    o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 2, s1);
+    ck_assert_float_eq(o[0], FLT_MAX);
+    free(o);
+    json_decref(j);
+}
+END_TEST
+
 /* SPEC: scores of +-1e4 give the exact one-hot answer. */
 START_TEST(attention_scores_of_1e4_give_exact_one_hot)
 {
@@ -1843,6 +1872,7 @@ static Suite *api_suite(void)
     tcase_add_test(ok, meta_and_stats_text_is_what_jansson_writes);
     tcase_add_test(ok, attention_response_numbers_round_trip_float32);
     tcase_add_test(ok, attention_scores_of_1e4_give_exact_one_hot);
+    tcase_add_test(ok, attention_values_near_float32_max_average_without_overflow);
     suite_add_tcase(s, ok);
 
     TCase *mh = tcase_create("multihead");
