@@ -87,6 +87,7 @@ static void shape_text(char *dst, size_t cap, const int64_t *shape, int rank)
 typedef struct {
     api_dtype dtype;
     bool typed;   /* dtype is known (first element seen, or declared) */
+    bool declared; /* by a "dtype" member, which the error then names */
     float *f32;
     uint8_t *b8;
     size_t n, cap;
@@ -257,6 +258,10 @@ close: /* p at ']' */
 
 mixed:
     element_name(where, sizeof where, field, idx, depth);
+    if (s->declared)
+        return api_fail(err, 400, "wrong_type", field, "%s is %s but dtype is \"%s\"", where,
+                        s->dtype == API_BOOL ? "a number" : "a boolean",
+                        s->dtype == API_BOOL ? "bool" : "float32");
     return api_fail(err, 400, "wrong_type", field,
                     "%s mixes numbers and booleans (at %s)", field, where);
 truncated:
@@ -651,7 +656,7 @@ static bool decode_object(cursor p, cursor end, const char *field, bool accept_b
         return api_fail(err, 400, "wrong_type", sub, "%s must be an array of %s; it is %s", sub,
                         dtype == API_BOOL ? "booleans" : "numbers",
                         d == data_m->value_end ? "missing" : kind_of(*d));
-    store s = {.dtype = dtype, .typed = declared, .hint = (size_t)(data_m->value_end - d) / 8};
+    store s = {.dtype = dtype, .typed = declared, .declared = declared, .hint = (size_t)(data_m->value_end - d) / 8};
     int data_rank;
     int64_t data_shape[API_MAX_RANK];
     cursor after;

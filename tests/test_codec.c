@@ -584,6 +584,28 @@ START_TEST(decode_bool_masks_in_every_form)
 }
 END_TEST
 
+/* data that disagrees with its declared dtype is named as such, not as a
+ * mix of numbers and booleans (there may be only one kind in it) */
+START_TEST(decode_data_against_declared_dtype_says_so)
+{
+    static const char *const cases[][2] = {
+        {"{\"shape\": [1], \"dtype\": \"bool\", \"data\": [1]}",
+         "q.data[0] is a number but dtype is \"bool\""},
+        {"{\"shape\": [2], \"dtype\": \"float32\", \"data\": [0, true]}",
+         "q.data[1] is a boolean but dtype is \"float32\""},
+        {"{\"shape\": [2], \"data\": [0, true]}", "q.data mixes numbers and booleans (at q.data[1])"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        expect_error(cases[i][0], true, 400, "wrong_type", "q.data");
+        api_tensor t;
+        api_error e;
+        memset(&e, 0, sizeof e);
+        ck_assert(!decode(cases[i][0], true, &t, &e));
+        ck_assert_str_eq(e.message, cases[i][1]);
+    }
+}
+END_TEST
+
 START_TEST(decode_flat_form)
 {
     api_tensor t;
@@ -1257,6 +1279,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, decode_nested_ranks_two_to_four);
     tcase_add_test(tc, decode_long_rows_match_strtod);
     tcase_add_test(tc, decode_bool_masks_in_every_form);
+    tcase_add_test(tc, decode_data_against_declared_dtype_says_so);
     tcase_add_test(tc, decode_flat_form);
     tcase_add_test(tc, decode_base64_form);
     tcase_add_test(tc, decode_empty_arrays_give_zero_dimensions);
