@@ -105,7 +105,12 @@ static bool unknown_field(const json_member *m, const api_field *schema,
     for (size_t i = 0; i < n && used < sizeof names; i++)
         used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
                                  i ? ", " : "", schema[i].name);
-    return api_fail(err, 400, "unknown_field", m->key,
+    /* A key cut short (too long, or an escaped NUL: "q\u0000") is named
+     * with the "..." too, so that `field` never names a real field. */
+    char field[sizeof err->field];
+    snprintf(field, sizeof field, "%.*s%s", (int)(sizeof field - 1 - strlen(shown)), m->key,
+             shown);
+    return api_fail(err, 400, "unknown_field", field,
                     "unknown field \"%s%s\"; the fields are %s", m->key, shown,
                     names);
 }

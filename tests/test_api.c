@@ -1308,6 +1308,8 @@ START_TEST(error_unknown_field_casual_suggests_causal)
     expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"q\":[[1]]}", 400,
                  "unknown_field", "q");
     expect_error(API_OP_ATTENTION, "{" QKV ",\"zzz\":1}", 400, "unknown_field", "zzz");
+    /* a key cut at an escaped NUL is not reported as the field it starts with */
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"q\\u0000\":1}", 400, "unknown_field", "q...");
 }
 END_TEST
 
