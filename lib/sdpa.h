@@ -110,13 +110,14 @@ void sdpa_stats_finish(const sdpa_stats_acc *a, float scale, attn_stats *out);
 /* A forward worker's state for one query tile [rows]: running row maxima m
  * and sums l of the online softmax, and the unnormalised output rows. */
 typedef struct {
-    float *scores;         /* [SDPA_FWD_BQ, SDPA_FWD_BK] workspace; P after a step */
+    float *scores;         /* [rows, ld] workspace; P after a step */
+    int64_t ld;            /* min(n_k, SDPA_FWD_BK): a tiny call gets a tiny tile */
     float *m;              /* [rows] */
     double *l;             /* [rows]; double, so that long rows sum without drift */
     float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, ld d_v */
     sdpa_stats_acc *stats; /* NULL unless statistics were asked for */
     double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m), with stats */
-    float *row_copy;       /* [SDPA_FWD_BK] workspace, with stats */
+    float *row_copy;       /* [ld] workspace, with stats */
 } sdpa_fwd_state;
 
 /* Folds key tile t into the state: scores, masks, online softmax, P V. */

@@ -15,11 +15,13 @@
 
 #include "sdpa.h"
 
+/* One worker's workspaces, carved from a single allocation (block). */
 typedef struct {
     float *scores, *m, *row_copy;
     double *l, *ent;
-    float *tile_max; /* [SDPA_FWD_BQ, key tiles]: m after each tile, weights only */
+    float *tile_max; /* [bq, key tiles]: m after each tile, weights only */
     sdpa_stats_acc stats;
+    void *block;
 } fwd_worker;
 
 typedef struct {
@@ -28,6 +30,10 @@ typedef struct {
     double *lse;
     bool want_stats;
     int64_t q_tiles, k_tiles;
+    /* Tile extents actually needed: min(n, tile size), so that a call with
+     * n = 4 does not allocate and free a 256 KiB score tile (freeing a chunk
+     * that large also makes malloc consolidate its free lists). */
+    int64_t bq, bk;
     fwd_worker *workers;
 } fwd_job;
 
@@ -40,7 +46,7 @@ static void keep_weights(const fwd_job *job, const sdpa_tile *t, const float *p,
     const int64_t bh = t->b * job->call.p->heads_q + t->h;
     for (int64_t r = 0; r < t->rows; r++) {
         float *w = job->weights + (bh * n_q + t->i0 + r) * n_k + t->j0;
-        memcpy(w, p + r * SDPA_FWD_BK, (size_t)t->cols * sizeof *w);
+        memcpy(w, p + r * job->bk, (size_t)t->cols * sizeof *w);
         tile_max[r * job->k_tiles + kt] = m[r];
     }
 }
@@ -88,7 +94,8 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         if (job->want_stats)
             w->ent[r] = 0.0;
     }
-    sdpa_fwd_state st = {.scores = w->scores, .m = w->m, .l = w->l, .out = out,
+    sdpa_fwd_state st = {.scores = w->scores, .ld = job->bk, .m = w->m, .l = w->l,
+                         .out = out,
                          .stats = job->want_stats ? &w->stats : NULL,
                          .ent = w->ent, .row_copy = w->row_copy};
     /* Key tiles wholly above the causal diagonal are skipped, and the last
@@ -122,15 +129,15 @@ static void forward_unit(void *ctx, int64_t u, int worker)
 
 static void free_workers(fwd_worker *w, int n)
 {
-    for (int i = 0; w != NULL && i < n; i++) {
-        free(w[i].scores);
-        free(w[i].m);
-        free(w[i].l);
-        free(w[i].row_copy);
-        free(w[i].ent);
-        free(w[i].tile_max);
-    }
+    for (int i = 0; w != NULL && i < n; i++)
+        free(w[i].block);
     free(w);
+}
+
+/* Bytes of n items of size, rounded up to whole cache lines. */
+static size_t lines(int64_t n, size_t size)
+{
+    return ((size_t)n * size + 63) / 64 * 64;
 }
 
 static fwd_worker *alloc_workers(int n, const fwd_job *job)
@@ -138,25 +145,36 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job)
     fwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
+    const int64_t bq = job->bq, bk = job->bk;
+    const bool weights = job->weights != NULL;
+    size_t bytes = lines(bq * bk, sizeof(float)) + lines(bq, sizeof(float)) +
+                   lines(bq, sizeof(double));
+    if (job->want_stats)
+        bytes += lines(bk, sizeof(float)) + lines(bq, sizeof(double));
+    if (weights)
+        bytes += lines(bq * job->k_tiles, sizeof(float));
     for (int i = 0; i < n; i++) {
         sdpa_stats_init(&w[i].stats);
-        w[i].scores = sdpa_alloc((int64_t)SDPA_FWD_BQ * SDPA_FWD_BK, sizeof(float));
-        w[i].m = sdpa_alloc(SDPA_FWD_BQ, sizeof(float));
-        w[i].l = sdpa_alloc(SDPA_FWD_BQ, sizeof(double));
-        bool ok = w[i].scores && w[i].m && w[i].l;
-        if (job->want_stats) {
-            w[i].row_copy = sdpa_alloc(SDPA_FWD_BK, sizeof(float));
-            w[i].ent = sdpa_alloc(SDPA_FWD_BQ, sizeof(double));
-            ok = ok && w[i].row_copy && w[i].ent;
-        }
-        if (job->weights != NULL) {
-            w[i].tile_max = sdpa_alloc(SDPA_FWD_BQ * job->k_tiles, sizeof(float));
-            ok = ok && w[i].tile_max;
-        }
-        if (!ok) {
+        char *b = sdpa_alloc((int64_t)bytes, 1);
+        if (b == NULL) {
             free_workers(w, n);
             return NULL;
         }
+        w[i].block = b;
+        w[i].scores = (float *)(void *)b;
+        b += lines(bq * bk, sizeof(float));
+        w[i].m = (float *)(void *)b;
+        b += lines(bq, sizeof(float));
+        w[i].l = (double *)(void *)b;
+        b += lines(bq, sizeof(double));
+        if (job->want_stats) {
+            w[i].row_copy = (float *)(void *)b;
+            b += lines(bk, sizeof(float));
+            w[i].ent = (double *)(void *)b;
+            b += lines(bq, sizeof(double));
+        }
+        if (weights)
+            w[i].tile_max = (float *)(void *)b;
     }
     return w;
 }
@@ -179,6 +197,8 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         .out = out, .lse = lse, .weights = weights, .want_stats = stats != NULL,
         .q_tiles = (p->n_q + SDPA_FWD_BQ - 1) / SDPA_FWD_BQ,
         .k_tiles = (p->n_k + SDPA_FWD_BK - 1) / SDPA_FWD_BK,
+        .bq = p->n_q < SDPA_FWD_BQ ? (p->n_q > 1 ? p->n_q : 1) : SDPA_FWD_BQ,
+        .bk = p->n_k < SDPA_FWD_BK ? (p->n_k > 1 ? p->n_k : 1) : SDPA_FWD_BK,
     };
     int64_t units = p->batch * p->heads_q * job.q_tiles;
     int threads = sdpa_threads(p, units, attn_sdpa_flops(p));

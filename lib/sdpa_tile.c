@@ -103,7 +103,7 @@ static void scale_row(float *x, int64_t n, float a)
 void sdpa_forward_tile(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *st)
 {
     const attn_sdpa_params *p = c->p;
-    const int64_t ld = SDPA_FWD_BK, d_v = p->d_v;
+    const int64_t ld = st->ld, d_v = p->d_v;
     float *s = st->scores;
     if (st->stats != NULL) {
         /* Statistics see the raw scores of the visible entries. */
