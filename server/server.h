@@ -41,6 +41,8 @@ struct srv_request {
     const char *method, *path; /* MHD's strings, valid until completion */
     const char *origin;      /* the Origin to echo back, or NULL */
     double t_start;          /* monotonic seconds at the first callback */
+    char remote[46];         /* client address for the log (INET6_ADDRSTRLEN),
+                              * formatted once per connection */
     bool in_flight;          /* between the first callback and completion */
 
     char *body;              /* accumulated request body */
