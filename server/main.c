@@ -55,9 +55,11 @@ int main(int argc, char **argv)
         /* Workers may still hold connections; leave them to the exit. */
         log_event("warn", "second signal: exiting with %ld request(s) unfinished",
                   http_in_flight());
+        log_flush();
         return 0;
     }
     http_stop();
+    log_shutdown();
     log_event("info", "stopped");
     return 0;
 }

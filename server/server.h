@@ -139,7 +139,9 @@ char *metrics_render(size_t *len); /* Prometheus text, malloc'd */
 
 /* -------------------------------------------------------------- log.c */
 
-void log_init(log_format fmt);
+void log_init(log_format fmt);   /* also starts the access log's flusher */
+void log_flush(void);            /* writes out buffered access-log lines */
+void log_shutdown(void);         /* after http_stop: flush, stop the flusher */
 void log_request(const srv_request *r, double seconds, const char *remote);
 void log_event(const char *level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
