@@ -56,7 +56,11 @@ static void vsoftmax_grad_portable(float *s, float *dp, int64_t n, float lse,
         float a = (s[j] - lse) - lse_lo;
         float p = a < ATTN_VEXP_MIN ? 0.0f : expf(a);
         s[j] = p;
-        dp[j] = p * (dp[j] - delta);
+        /* A weight of exactly 1 makes the row one-hot: its dS is dP_j -
+         * sum_k P_k dP_k = 0 exactly, which delta (from dO . O, summed in
+         * another order than dP's sgemm) would miss by a rounding error
+         * that the scale then multiplies. */
+        dp[j] = p == 1.0f ? 0.0f : p * (dp[j] - delta);
     }
 }
 
@@ -135,18 +139,20 @@ __attribute__((target("avx2,fma"))) static void vsoftmax_grad_avx2(float *s, flo
                                                                   float lse_lo, float delta)
 {
     const __m256 l = _mm256_set1_ps(lse), lo = _mm256_set1_ps(lse_lo);
-    const __m256 d = _mm256_set1_ps(delta);
+    const __m256 d = _mm256_set1_ps(delta), one = _mm256_set1_ps(1.0f);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 p = exp8(_mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), l), lo));
         _mm256_storeu_ps(s + j, p);
-        _mm256_storeu_ps(dp + j, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + j), d)));
+        __m256 g = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + j), d));
+        _mm256_storeu_ps(dp + j, _mm256_andnot_ps(_mm256_cmp_ps(p, one, _CMP_EQ_OQ), g));
     }
     if (j < n) {
         __m256i m = tail_mask8(n - j);
         __m256 p = exp8(_mm256_sub_ps(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), l), lo));
         _mm256_maskstore_ps(s + j, m, p);
         __m256 g = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + j, m), d));
+        g = _mm256_andnot_ps(_mm256_cmp_ps(p, one, _CMP_EQ_OQ), g);
         _mm256_maskstore_ps(dp + j, m, g);
     }
 }
@@ -209,18 +215,22 @@ __attribute__((target("avx512f"))) static void vsoftmax_grad_avx512(float *s, fl
                                                                    float lse_lo, float delta)
 {
     const __m512 l = _mm512_set1_ps(lse), lo = _mm512_set1_ps(lse_lo);
-    const __m512 d = _mm512_set1_ps(delta);
+    const __m512 d = _mm512_set1_ps(delta), one = _mm512_set1_ps(1.0f);
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
         __m512 p = exp16(_mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), l), lo));
         _mm512_storeu_ps(s + j, p);
-        _mm512_storeu_ps(dp + j, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j), d)));
+        __mmask16 weight_below_1 = _mm512_cmp_ps_mask(p, one, _CMP_NEQ_UQ);
+        _mm512_storeu_ps(dp + j, _mm512_maskz_mul_ps(weight_below_1, p,
+                                                     _mm512_sub_ps(_mm512_loadu_ps(dp + j), d)));
     }
     if (j < n) {
         __mmask16 t = (__mmask16)((1u << (n - j)) - 1);
         __m512 p = exp16(_mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), l), lo));
         _mm512_mask_storeu_ps(s + j, t, p);
-        __m512 g = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(t, dp + j), d));
+        __mmask16 weight_below_1 = _mm512_cmp_ps_mask(p, one, _CMP_NEQ_UQ);
+        __m512 g = _mm512_maskz_mul_ps(weight_below_1, p,
+                                       _mm512_sub_ps(_mm512_maskz_loadu_ps(t, dp + j), d));
         _mm512_mask_storeu_ps(dp + j, t, g);
     }
 }

@@ -18,7 +18,8 @@ float attn_vexp_sum(float *x, int64_t n, float shift);
 /* The backward pass's elementwise step on one row of a tile:
  *   p[j] = exp((s[j] - lse) - lse_lo) (the attention weight, recomputed;
  *                                      lse + lse_lo is the row's log-sum-exp)
- *   dp[j] = p[j] * (dp[j] - delta)    (the score gradient dS)
+ *   dp[j] = p[j] * (dp[j] - delta)    (the score gradient dS; exactly 0
+ *                                      where p[j] == 1, a one-hot row)
  * in place, with the same exp as attn_vexp_sum. */
 void attn_vsoftmax_grad(float *s, float *dp, int64_t n, float lse, float lse_lo,
                         float delta);

@@ -1767,6 +1767,36 @@ START_TEST(grad_unchanged_by_a_large_constant_row_bias)
 }
 END_TEST
 
+/*
+ * Rows whose softmax is exactly one-hot have zero score gradients, as
+ * PyTorch computes them (dS = P (dP - sum P dP) = 0); a large scale must not
+ * turn the rounding difference between dP and rowsum(dO * O) into noise.
+ */
+START_TEST(grad_zero_for_exactly_one_hot_rows_at_large_scale)
+{
+    const float q[4] = {1.0f, 0.5f, 0.3f, 1.0f};
+    const float k[6] = {1.0f, 0.0f, 0.0f, 1.0f, 0.7f, 0.7f};
+    const float v[6] = {0.3f, -1.7f, 2.9f, 0.11f, -0.6f, 1.3f};
+    const float dout[4] = {0.77f, -1.3f, 0.21f, 2.5f};
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 2, 3, 2, 2);
+    p.scale = 1e4f;
+    float out[4], dq[4], dk[6], dv[6];
+    double lse[2];
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, NULL, NULL, &err), err);
+    ASSERT_OK(attn_sdpa_backward(&p, q, k, v, out, lse, dout, dq, dk, dv, &err), err);
+    /* Row 0 sees key 2 only (scores 1e4, 5e3, 1.05e4), row 1 key 1. */
+    ck_assert(out[0] == v[4] && out[1] == v[5] && out[2] == v[2] && out[3] == v[3]);
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(dq[i] == 0.0f, "dq[%d] = %g", i, (double)dq[i]);
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(dk[i] == 0.0f, "dk[%d] = %g", i, (double)dk[i]);
+    const float want_dv[6] = {0, 0, dout[2], dout[3], dout[0], dout[1]};
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(dv[i] == want_dv[i], "dv[%d] = %g", i, (double)dv[i]);
+}
+END_TEST
+
 /* ----------------------------------------------------------- properties */
 
 START_TEST(weights_rows_sum_to_one)
@@ -2442,7 +2472,8 @@ static Suite *lib_suite(void)
           grad_causal_nq_gt_nk_gqa_two_threads_matches_analytic_reference,
           grad_after_forward_with_weights_and_stats,
           grad_overwrites_rather_than_accumulates,
-          grad_unchanged_by_a_large_constant_row_bias}},
+          grad_unchanged_by_a_large_constant_row_bias,
+          grad_zero_for_exactly_one_hot_rows_at_large_scale}},
         {"properties",
          {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
           self_attention_permutation_equivariant}},
