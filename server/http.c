@@ -36,7 +36,6 @@ struct srv_canned {
 
 static const attnd_config *config;
 static struct MHD_Daemon *daemon_;
-static MHD_socket quiesced_fd = MHD_INVALID_SOCKET;
 static atomic_bool draining;
 static atomic_long in_flight;
 static srv_canned *stock[N_STOCK];
@@ -545,7 +544,13 @@ int http_port(void)
 void http_quiesce(void)
 {
     atomic_store(&draining, true);
-    quiesced_fd = MHD_quiesce_daemon(daemon_);
+    /* Closing the listening socket at once makes new connections fail fast
+     * (refused) instead of waiting in the backlog until the drain ends and
+     * then being reset: a load balancer moves on to another replica. Open
+     * keep-alive connections still get 503 shutting_down from /readyz. */
+    MHD_socket fd = MHD_quiesce_daemon(daemon_);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
 }
 
 bool http_draining(void)
@@ -562,8 +567,6 @@ void http_stop(void)
 {
     MHD_stop_daemon(daemon_);
     daemon_ = NULL;
-    if (quiesced_fd != MHD_INVALID_SOCKET)
-        close(quiesced_fd);
     compute_stop();
     routes_free();
     for (int i = 0; i < N_STOCK; i++) {

@@ -1127,7 +1127,12 @@ START_TEST(sigterm_lets_in_flight_request_finish_and_exits_0)
     kill(s.pid, SIGTERM);
     usleep(100000);
 
-    /* Draining: an open connection still gets answers, and /readyz says no. */
+    /* Draining: new connections are refused at once (not left in the backlog
+     * to be reset later), so a load balancer tries another replica... */
+    int fd = connect_port(s.port);
+    ck_assert_msg(fd < 0, "a new connection was accepted during the drain");
+
+    /* ... an open connection still gets answers, and /readyz says no. */
     r = request_on(keep, s.port, "GET", "/readyz", NULL, NULL, 0, false);
     if (r.status != 0) { /* 0 only if the drain already finished */
         ck_assert_error(r, 503, "shutting_down");
