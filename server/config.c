@@ -61,8 +61,12 @@ static const opt_row options[] = {
      "requests that may wait for a compute slot; beyond that 503"},
     {"timeout", "SECONDS", OPT_INT, OFF(timeout), "30", NULL, 1, 86400, NULL, true,
      "idle connections are closed after this long"},
-    {"cors-origin", "ORIGIN", OPT_ORIGINS, OFF(n_origins), "", NULL, 0, 0, NULL, false,
-     "allow cross-origin requests from ORIGIN (repeatable, comma-separated, * for any)"},
+    /* Any origin by default: attnd takes no credentials or cookies, so a web
+     * page gains nothing through CORS that a direct request would not have,
+     * and notebooks and web clients work out of the box. */
+    {"cors-origin", "ORIGIN", OPT_ORIGINS, OFF(n_origins), "*", NULL, 0, 0, NULL, false,
+     "allow cross-origin requests from ORIGIN (repeatable, comma-separated; * for any, "
+     "\"\" for none)"},
     {"log-format", "text|json", OPT_CHOICE, OFF(log_format), "text", NULL, 0, 0,
      log_formats, false, "access log format on stderr"},
     {"version", NULL, OPT_ACTION, 0, NULL, NULL, 0, 0, NULL, false,
@@ -234,6 +238,8 @@ cfg_result config_load(attnd_config *cfg, int argc, char **argv, char *err,
             return CFG_ERROR;
         env_name(o, who, sizeof who);
         const char *env = getenv(who);
+        if (env && *env && o->type == OPT_ORIGINS)
+            cfg->n_origins = 0; /* the variable replaces the default origins */
         if (env && *env && !set_value(cfg, o, env, who, err, err_len))
             return CFG_ERROR;
     }

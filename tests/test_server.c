@@ -777,6 +777,29 @@ START_TEST(cors_other_origin_gets_no_allow_origin)
 }
 END_TEST
 
+/* Without --cors-origin any origin may call (attnd takes no credentials);
+ * --cors-origin "" turns CORS off. */
+START_TEST(cors_any_origin_by_default_and_none_when_empty)
+{
+    static const char *const h[] = {"Origin: http://notebook.example", NULL};
+    char v[256];
+    server s = start_server("--threads", "1");
+    reply r = request(s.port, "GET", "/healthz", h, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(header(&r, "Access-Control-Allow-Origin", v, sizeof v));
+    ck_assert_str_eq(v, "http://notebook.example");
+    reply_free(&r);
+    ck_assert_int_eq(stop_server(&s), 0);
+
+    s = start_server("--cors-origin", "");
+    r = request(s.port, "GET", "/healthz", h, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_null(header(&r, "Access-Control-Allow-Origin", v, sizeof v));
+    reply_free(&r);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 /* Random q [H, n_q, d_k], k, v [H, n_k, .] with a causal mask, computed by
  * attnd and by attn_sdpa_forward here. */
 START_TEST(attention_output_matches_libattn)
@@ -1441,6 +1464,7 @@ static Suite *server_suite(void)
     tcase_add_test(routes, cors_preflight_answers_204_with_methods_and_headers);
     tcase_add_test(routes, cors_allowed_origin_is_echoed_with_vary);
     tcase_add_test(routes, cors_other_origin_gets_no_allow_origin);
+    tcase_add_test(routes, cors_any_origin_by_default_and_none_when_empty);
     tcase_add_test(routes, attention_output_matches_libattn);
     tcase_add_test(routes, multihead_route_computes);
     tcase_add_test(routes, keep_alive_connection_serves_many_requests);
