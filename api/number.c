@@ -60,6 +60,25 @@ static inline bool is_digit(char c)
     return (unsigned char)(c - '0') < 10;
 }
 
+/* Reads an optional exponent part ("e-7", "E+12") at *s and returns its
+ * value, clamped so that a thousand-digit exponent cannot overflow. */
+static inline long read_exponent(const char **s, const char *end)
+{
+    const char *p = *s;
+    if (p >= end || (*p != 'e' && *p != 'E'))
+        return 0;
+    p++;
+    bool neg = false;
+    if (p < end && (*p == '+' || *p == '-'))
+        neg = *p++ == '-';
+    long e = 0;
+    for (; p < end && is_digit(*p); p++)
+        if (e < EXP_CLAMP)
+            e = e * 10 + (*p - '0');
+    *s = p;
+    return neg ? -e : e;
+}
+
 static bool double_to_f32(double d, float *out)
 {
     if (d >= F32_OVERFLOW || d <= -F32_OVERFLOW)
@@ -110,17 +129,7 @@ __attribute__((noinline)) static bool parse_slow(const char *p, const char *end,
                 sticky |= *s != '0';
         }
     }
-    if (s < end && (*s == 'e' || *s == 'E')) {
-        s++;
-        bool eneg = false;
-        if (s < end && (*s == '+' || *s == '-'))
-            eneg = *s++ == '-';
-        long e = 0;
-        for (; s < end && is_digit(*s); s++)
-            if (e < EXP_CLAMP)
-                e = e * 10 + (*s - '0');
-        exp10 += eneg ? -e : e;
-    }
+    exp10 += read_exponent(&s, end);
     if (n == 1) { /* all digits were zero */
         *out = neg ? -0.0f : 0.0f;
         return true;
@@ -204,17 +213,7 @@ __attribute__((always_inline)) static inline bool parse_one(const char *p, const
                 truncated |= d != 0;
         }
     }
-    if (s < end && (*s == 'e' || *s == 'E')) {
-        s++;
-        bool eneg = false;
-        if (s < end && (*s == '+' || *s == '-'))
-            eneg = *s++ == '-';
-        long e = 0;
-        for (; s < end && is_digit(*s); s++)
-            if (e < EXP_CLAMP)
-                e = e * 10 + (*s - '0');
-        k += eneg ? -e : e;
-    }
+    k += read_exponent(&s, end);
     *stop = s;
 
     if (w == 0) {
