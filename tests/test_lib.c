@@ -1667,6 +1667,26 @@ END_TEST
 
 /* The gradients are written, not accumulated: calling twice on buffers
  * that already hold the result gives the same numbers. */
+/* Two sets of gradient buffers for one case, NaN-filled so that anything
+ * the library leaves unwritten shows. */
+static void grad_pair_alloc(const sdpa_case *c, float *dq[2], float *dk[2], float *dv[2])
+{
+    for (int r = 0; r < 2; r++) {
+        dq[r] = nan_floats(c->n_qel);
+        dk[r] = nan_floats(c->n_kel);
+        dv[r] = nan_floats(c->n_vel);
+    }
+}
+
+static void grad_pair_free(float *dq[2], float *dk[2], float *dv[2])
+{
+    for (int r = 0; r < 2; r++) {
+        free(dq[r]);
+        free(dk[r]);
+        free(dv[r]);
+    }
+}
+
 START_TEST(grad_overwrites_rather_than_accumulates)
 {
     attn_sdpa_params p = sdpa_shape(1, 4, 2, 9, 7, 3, 3);
@@ -1675,11 +1695,7 @@ START_TEST(grad_overwrites_rather_than_accumulates)
     lib_fwd f;
     lib_forward(&c, &c.lib, &f, false, false);
     float *dq[2], *dk[2], *dv[2];
-    for (int r = 0; r < 2; r++) {
-        dq[r] = nan_floats(c.n_qel);
-        dk[r] = nan_floats(c.n_kel);
-        dv[r] = nan_floats(c.n_vel);
-    }
+    grad_pair_alloc(&c, dq, dk, dv);
     attn_error err = {0};
     for (int r = 0; r < 2; r++)
         ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse,
@@ -1692,11 +1708,7 @@ START_TEST(grad_overwrites_rather_than_accumulates)
     ASSERT_ERR(float_diff(dk[0], dk[1], c.n_kel), 0.0, "dk twice");
     ASSERT_ERR(float_diff(dv[0], dv[1], c.n_vel), 0.0, "dv twice");
     ck_assert_int_eq(count_nonfinite(dq[0], c.n_qel), 0);
-    for (int r = 0; r < 2; r++) {
-        free(dq[r]);
-        free(dk[r]);
-        free(dv[r]);
-    }
+    grad_pair_free(dq, dk, dv);
     lib_fwd_free(&f);
     case_free(&c);
 }
@@ -1721,11 +1733,7 @@ START_TEST(grad_unchanged_by_a_large_constant_row_bias)
     case_sync(&c);
     const float shifts[] = {1e4f, -1048576.0f, 16777216.0f};
     float *dq[2], *dk[2], *dv[2];
-    for (int r = 0; r < 2; r++) {
-        dq[r] = nan_floats(c.n_qel);
-        dk[r] = nan_floats(c.n_kel);
-        dv[r] = nan_floats(c.n_vel);
-    }
+    grad_pair_alloc(&c, dq, dk, dv);
     attn_error err = {0};
     lib_fwd plain;
     lib_forward(&c, &c.lib, &plain, false, false);
@@ -1757,11 +1765,7 @@ START_TEST(grad_unchanged_by_a_large_constant_row_bias)
         ASSERT_ERR(float_diff(dv[0], dv[1], c.n_vel), 1e-5, label);
         lib_fwd_free(&biased);
     }
-    for (int r = 0; r < 2; r++) {
-        free(dq[r]);
-        free(dk[r]);
-        free(dv[r]);
-    }
+    grad_pair_free(dq, dk, dv);
     lib_fwd_free(&plain);
     case_free(&c);
 }
