@@ -214,6 +214,29 @@ attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *i
 /* Nominal FLOPs of the forward pass: projections, attention, output projection. */
 double attn_mha_flops(const attn_mha_params *p);
 
+/* ------------------------------------------------------------- kernels */
+
+/*
+ * libattn computes the attention tiles with micro-kernels of its own, one per
+ * instruction set, chosen once per process: the best the CPU supports, or
+ * the one the environment variable ATTN_KERNEL=generic|avx2|avx512 forces
+ * (when the CPU can run it; otherwise the best available is used).
+ */
+typedef enum {
+    ATTN_KERNEL_GENERIC = 0, /* portable C, always available */
+    ATTN_KERNEL_AVX2,        /* AVX2 + FMA */
+    ATTN_KERNEL_AVX512,      /* AVX-512F */
+} attn_kernel_kind;
+
+attn_kernel_kind attn_kernel(void);               /* the kernel in use */
+const char *attn_kernel_name(void);               /* "generic", "avx2" or "avx512" */
+const char *attn_kernel_kind_name(attn_kernel_kind kind);
+bool attn_kernel_supported(attn_kernel_kind kind);/* can this CPU run it? */
+bool attn_kernel_parse(const char *name, attn_kernel_kind *kind);
+/* The kernel ATTN_KERNEL asked for (its name), or NULL when it is unset or
+ * names no kernel. Differs from attn_kernel_name() when the CPU lacks it. */
+const char *attn_kernel_forced(void);
+
 /* ---------------------------------------------------------- information */
 
 const char *attn_version(void);      /* libattn's version, "1.0.0" */

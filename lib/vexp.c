@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "attn.h"
 #include "vexp.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -313,17 +314,23 @@ static void (*vsoftmax_grad_best)(float *, float *, int64_t, float, float,
                                   float) = vsoftmax_grad_portable;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
+/* The versions of attn_kernel(), the one kernel choice of libattn. */
 static void choose(void)
 {
 #ifdef ATTN_X86
-    if (attn_vexp_available(ATTN_VEXP_AVX512)) {
+    switch (attn_kernel()) {
+    case ATTN_KERNEL_AVX512:
         vmax_best = vmax_avx512;
         vexp_sum_best = vexp_sum_avx512;
         vsoftmax_grad_best = vsoftmax_grad_avx512;
-    } else if (attn_vexp_available(ATTN_VEXP_AVX2)) {
+        break;
+    case ATTN_KERNEL_AVX2:
         vmax_best = vmax_avx2;
         vexp_sum_best = vexp_sum_avx2;
         vsoftmax_grad_best = vsoftmax_grad_avx2;
+        break;
+    default:
+        break;
     }
 #endif
 }
