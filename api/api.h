@@ -64,6 +64,18 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
 
 void api_response_free(api_response *res);
 
+/* What the server reports about the computation in /v1/info and
+ * --version, so that server/ never reaches into lib/. The strings are
+ * libattn's and live as long as the process. */
+typedef struct {
+    const char *libattn;       /* libattn's version */
+    const char *kernel;        /* the attention micro-kernel in use: "avx2", ... */
+    const char *blas_config;   /* OpenBLAS's build configuration */
+    const char *blas_corename; /* the OpenBLAS kernel chosen for this CPU */
+} api_info;
+
+void api_get_info(api_info *info);
+
 /* api/openapi.yaml, embedded at build time (build/openapi_yaml.c). */
 extern const char api_openapi_yaml[];
 extern const size_t api_openapi_yaml_len;

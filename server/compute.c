@@ -29,132 +29,131 @@
  * time of a tiny request (10 us instead of 16-20 us). */
 #define INLINE_MAX_BODY 4096
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t work = PTHREAD_COND_INITIALIZER;
-static int slots, queue_max;
-static int running; /* computing now */
-static int waiting; /* admitted, not computing yet */
-static srv_request *head, *tail;
-static bool stopping;
-static double max_work;
-static pthread_t *workers;
-static int n_workers;
-
 static void run(srv_request *r, int others)
 {
-    api_limits lim = {.max_work = max_work, .threads = others == 0 ? slots : 1};
+    const srv_server *srv = r->srv;
+    api_limits lim = {.max_work = srv->cfg->max_work,
+                      .threads = others == 0 ? srv->compute.slots : 1};
     api_handle(r->route->op, r->body, r->body_len, &lim, &r->res);
 }
 
 static void *worker_main(void *arg)
 {
-    (void)arg;
-    pthread_mutex_lock(&lock);
+    srv_compute *q = &((srv_server *)arg)->compute;
+    pthread_mutex_lock(&q->lock);
     for (;;) {
-        while (!stopping && !(head && running < slots))
-            pthread_cond_wait(&work, &lock);
-        if (!head)
+        while (!q->stopping && !(q->head && q->running < q->slots))
+            pthread_cond_wait(&q->work, &q->lock);
+        if (!q->head)
             break; /* stopping, and nothing left */
-        srv_request *r = head;
-        head = r->next;
-        if (!head)
-            tail = NULL;
-        waiting--;
-        int others = running + waiting;
-        running++;
-        pthread_mutex_unlock(&lock);
+        srv_request *r = q->head;
+        q->head = r->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->waiting--;
+        int others = q->running + q->waiting;
+        q->running++;
+        pthread_mutex_unlock(&q->lock);
 
         run(r, others);
 
-        pthread_mutex_lock(&lock);
-        running--;
-        pthread_cond_signal(&work);
-        pthread_mutex_unlock(&lock);
+        pthread_mutex_lock(&q->lock);
+        q->running--;
+        pthread_cond_signal(&q->work);
+        pthread_mutex_unlock(&q->lock);
         atomic_store(&r->computed, true);
         http_resume(r);
-        pthread_mutex_lock(&lock);
+        pthread_mutex_lock(&q->lock);
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&q->lock);
     return NULL;
 }
 
-bool compute_start(const attnd_config *cfg)
+bool compute_start(srv_server *srv)
 {
-    slots = cfg->threads;
-    queue_max = cfg->queue;
-    max_work = cfg->max_work;
-    stopping = false;
-    workers = calloc((size_t)slots, sizeof *workers);
-    if (!workers)
+    srv_compute *q = &srv->compute;
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->work, NULL);
+    q->slots = srv->cfg->threads;
+    q->queue_max = srv->cfg->queue;
+    q->running = q->waiting = 0;
+    q->head = q->tail = NULL;
+    q->stopping = false;
+    q->workers = calloc((size_t)q->slots, sizeof *q->workers);
+    if (!q->workers)
         return false;
-    for (n_workers = 0; n_workers < slots; n_workers++)
-        if (pthread_create(&workers[n_workers], NULL, worker_main, NULL) != 0)
+    for (q->n_workers = 0; q->n_workers < q->slots; q->n_workers++)
+        if (pthread_create(&q->workers[q->n_workers], NULL, worker_main, srv) != 0)
             break;
-    return n_workers > 0;
+    return q->n_workers > 0;
 }
 
 compute_result compute_submit(srv_request *r)
 {
-    pthread_mutex_lock(&lock);
-    if (running < slots && waiting == 0 && r->body_len <= INLINE_MAX_BODY) {
-        int others = running++;
-        pthread_mutex_unlock(&lock);
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    if (q->running < q->slots && q->waiting == 0 && r->body_len <= INLINE_MAX_BODY) {
+        int others = q->running++;
+        pthread_mutex_unlock(&q->lock);
         run(r, others);
-        pthread_mutex_lock(&lock);
-        running--;
-        if (waiting)
-            pthread_cond_signal(&work);
-        pthread_mutex_unlock(&lock);
+        pthread_mutex_lock(&q->lock);
+        q->running--;
+        if (q->waiting)
+            pthread_cond_signal(&q->work);
+        pthread_mutex_unlock(&q->lock);
         return COMPUTE_DONE;
     }
-    if (running + waiting >= slots + queue_max) {
-        pthread_mutex_unlock(&lock);
+    if (q->running + q->waiting >= q->slots + q->queue_max) {
+        pthread_mutex_unlock(&q->lock);
         return COMPUTE_OVERLOADED;
     }
-    waiting++; /* the place is taken now; the request joins the list below */
-    pthread_mutex_unlock(&lock);
+    q->waiting++; /* the place is taken now; the request joins the list below */
+    pthread_mutex_unlock(&q->lock);
 
     /* Suspended before any worker can see it, so that the worker's resume
      * always finds a suspended connection. */
     atomic_store(&r->computed, false);
     MHD_suspend_connection(r->conn);
     r->next = NULL;
-    pthread_mutex_lock(&lock);
-    if (tail)
-        tail->next = r;
+    pthread_mutex_lock(&q->lock);
+    if (q->tail)
+        q->tail->next = r;
     else
-        head = r;
-    tail = r;
-    pthread_cond_signal(&work);
-    pthread_mutex_unlock(&lock);
+        q->head = r;
+    q->tail = r;
+    pthread_cond_signal(&q->work);
+    pthread_mutex_unlock(&q->lock);
     return COMPUTE_QUEUED;
 }
 
-int compute_queue_depth(void)
+int compute_queue_depth(srv_server *srv)
 {
-    pthread_mutex_lock(&lock);
-    int n = waiting;
-    pthread_mutex_unlock(&lock);
+    srv_compute *q = &srv->compute;
+    pthread_mutex_lock(&q->lock);
+    int n = q->waiting;
+    pthread_mutex_unlock(&q->lock);
     return n;
 }
 
-int compute_running(void)
+int compute_running(srv_server *srv)
 {
-    pthread_mutex_lock(&lock);
-    int n = running;
-    pthread_mutex_unlock(&lock);
+    srv_compute *q = &srv->compute;
+    pthread_mutex_lock(&q->lock);
+    int n = q->running;
+    pthread_mutex_unlock(&q->lock);
     return n;
 }
 
-void compute_stop(void)
+void compute_stop(srv_server *srv)
 {
-    pthread_mutex_lock(&lock);
-    stopping = true;
-    pthread_cond_broadcast(&work);
-    pthread_mutex_unlock(&lock);
-    for (int i = 0; i < n_workers; i++)
-        pthread_join(workers[i], NULL);
-    free(workers);
-    workers = NULL;
-    n_workers = 0;
+    srv_compute *q = &srv->compute;
+    pthread_mutex_lock(&q->lock);
+    q->stopping = true;
+    pthread_cond_broadcast(&q->work);
+    pthread_mutex_unlock(&q->lock);
+    for (int i = 0; i < q->n_workers; i++)
+        pthread_join(q->workers[i], NULL);
+    free(q->workers);
+    q->workers = NULL;
+    q->n_workers = 0;
 }

@@ -47,32 +47,38 @@ static const char *const log_formats[] = {"text", "json", NULL};
 #define OFF(field) offsetof(attnd_config, field)
 
 static const opt_row options[] = {
-    {"bind", "ADDR", OPT_ADDR, OFF(bind), "127.0.0.1", NULL, 0, 0, NULL, false,
-     "address to listen on (IPv4 or IPv6; 0.0.0.0 for every interface)"},
-    {"port", "N", OPT_INT, OFF(port), "8080", NULL, 0, 65535, NULL, false,
-     "TCP port (0 picks a free one)"},
-    {"threads", "N", OPT_INT, OFF(threads), NULL, online_cores, 1, 256, NULL, true,
-     "requests computed at once, and the cores they share (default: cores)"},
-    {"max-body", "BYTES", OPT_BYTES, OFF(max_body), "64MiB", NULL, 1024, 4294967296.0,
-     NULL, true, "larger request bodies get 413 (suffixes KiB, MiB, GiB)"},
-    {"max-work", "FLOPS", OPT_NUMBER, OFF(max_work), "1e12", NULL, 1, 1e18, NULL, true,
-     "requests needing more floating-point operations get 422"},
-    {"queue", "N", OPT_INT, OFF(queue), "64", NULL, 0, 100000, NULL, true,
-     "requests that may wait for a compute slot; beyond that 503"},
-    {"timeout", "SECONDS", OPT_INT, OFF(timeout), "30", NULL, 1, 86400, NULL, true,
-     "idle connections are closed after this long"},
+    {.name = "bind", .metavar = "ADDR", .type = OPT_ADDR, .offset = OFF(bind),
+     .def = "127.0.0.1",
+     .help = "address to listen on (IPv4 or IPv6; 0.0.0.0 for every interface)"},
+    {.name = "port", .metavar = "N", .type = OPT_INT, .offset = OFF(port), .def = "8080",
+     .min = 0, .max = 65535, .help = "TCP port (0 picks a free one)"},
+    {.name = "threads", .metavar = "N", .type = OPT_INT, .offset = OFF(threads),
+     .def_fn = online_cores, .min = 1, .max = 256, .limit = true,
+     .help = "requests computed at once, and the cores they share (default: cores)"},
+    {.name = "max-body", .metavar = "BYTES", .type = OPT_BYTES, .offset = OFF(max_body),
+     .def = "64MiB", .min = 1024, .max = 4294967296.0, .limit = true,
+     .help = "larger request bodies get 413 (suffixes KiB, MiB, GiB)"},
+    {.name = "max-work", .metavar = "FLOPS", .type = OPT_NUMBER, .offset = OFF(max_work),
+     .def = "1e12", .min = 1, .max = 1e18, .limit = true,
+     .help = "requests needing more floating-point operations get 422"},
+    {.name = "queue", .metavar = "N", .type = OPT_INT, .offset = OFF(queue), .def = "64",
+     .min = 0, .max = 100000, .limit = true,
+     .help = "requests that may wait for a compute slot; beyond that 503"},
+    {.name = "timeout", .metavar = "SECONDS", .type = OPT_INT, .offset = OFF(timeout),
+     .def = "30", .min = 1, .max = 86400, .limit = true,
+     .help = "idle connections are closed after this long"},
     /* Any origin by default: attnd takes no credentials or cookies, so a web
      * page gains nothing through CORS that a direct request would not have,
      * and notebooks and web clients work out of the box. */
-    {"cors-origin", "ORIGIN", OPT_ORIGINS, OFF(n_origins), "*", NULL, 0, 0, NULL, false,
-     "allow cross-origin requests from ORIGIN (repeatable, comma-separated; * for any, "
-     "\"\" for none)"},
-    {"log-format", "text|json", OPT_CHOICE, OFF(log_format), "text", NULL, 0, 0,
-     log_formats, false, "access log format on stderr"},
-    {"version", NULL, OPT_ACTION, 0, NULL, NULL, 0, 0, NULL, false,
-     "print the version and exit"},
-    {"help", NULL, OPT_ACTION, 0, NULL, NULL, 0, 0, NULL, false,
-     "print this help and exit"},
+    {.name = "cors-origin", .metavar = "ORIGIN", .type = OPT_ORIGINS,
+     .offset = OFF(n_origins), .def = "*",
+     .help = "allow cross-origin requests from ORIGIN (repeatable, comma-separated; "
+             "* for any, \"\" for none)"},
+    {.name = "log-format", .metavar = "text|json", .type = OPT_CHOICE,
+     .offset = OFF(log_format), .def = "text", .choices = log_formats,
+     .help = "access log format on stderr"},
+    {.name = "version", .type = OPT_ACTION, .help = "print the version and exit"},
+    {.name = "help", .type = OPT_ACTION, .help = "print this help and exit"},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -304,38 +310,54 @@ void config_help(FILE *out)
     }
 }
 
+/* Appends printf output at b->used, counting what does not fit. */
+typedef struct {
+    char *buf;
+    size_t cap, used;
+} json_out;
+
+static void out(json_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out(json_out *o, const char *fmt, ...)
+{
+    char *at = o->buf && o->used < o->cap ? o->buf + o->used : NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(at, at ? o->cap - o->used : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        o->used += (size_t)n;
+}
+
 size_t config_limits_json(const attnd_config *cfg, char *buf, size_t cap)
 {
-    size_t n = 0;
-#define PUT(...) n += (size_t)snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__)
-    PUT("{");
+    json_out o = {buf, cap, 0};
+    out(&o, "{");
     bool first = true;
     for (size_t i = 0; i < N_OPTIONS; i++) {
-        const opt_row *o = &options[i];
-        if (!o->limit)
+        const opt_row *opt = &options[i];
+        if (!opt->limit)
             continue;
-        const char *field = (const char *)cfg + o->offset;
-        PUT("%s\"", first ? "" : ", ");
-        for (const char *s = o->name; *s; s++)
-            PUT("%c", *s == '-' ? '_' : *s);
-        PUT("\": ");
-        switch (o->type) {
+        const char *field = (const char *)cfg + opt->offset;
+        out(&o, "%s\"", first ? "" : ", ");
+        for (const char *s = opt->name; *s; s++)
+            out(&o, "%c", *s == '-' ? '_' : *s);
+        out(&o, "\": ");
+        switch (opt->type) {
         case OPT_INT:
-            PUT("%d", *(const int *)field);
+            out(&o, "%d", *(const int *)field);
             break;
         case OPT_BYTES:
-            PUT("%lld", (long long)*(const int64_t *)field);
+            out(&o, "%lld", (long long)*(const int64_t *)field);
             break;
         case OPT_NUMBER:
-            PUT("%.17g", *(const double *)field);
+            out(&o, "%.17g", *(const double *)field);
             break;
         default:
-            PUT("null");
+            out(&o, "null");
             break;
         }
         first = false;
     }
-    PUT("}");
-#undef PUT
-    return n;
+    out(&o, "}");
+    return o.used;
 }

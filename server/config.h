@@ -46,8 +46,9 @@ cfg_result config_load(attnd_config *cfg, int argc, char **argv, char *err,
 /* The --help text, one line per table row. */
 void config_help(FILE *out);
 
-/* Appends the /v1/info "limits" members ("max_body": 67108864, ...) as JSON
- * object text, braces included, into buf; returns the length it needed. */
+/* Writes the /v1/info "limits" object ({"max_body": 67108864, ...}) into
+ * buf, NUL-terminated and cut to cap; returns the length it needs (buf may
+ * be NULL with cap 0 to ask for just that). */
 size_t config_limits_json(const attnd_config *cfg, char *buf, size_t cap);
 
 #endif /* ATTND_CONFIG_H */

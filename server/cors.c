@@ -9,31 +9,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const attnd_config *config;
-static bool any_origin;
-
-void cors_init(const attnd_config *cfg)
+void cors_init(srv_cors *cors, const attnd_config *cfg)
 {
-    config = cfg;
-    any_origin = false;
+    cors->cfg = cfg;
+    cors->enabled = cfg->n_origins > 0;
+    cors->any_origin = false;
     for (int i = 0; i < cfg->n_origins; i++)
         if (!strcmp(cfg->origins[i], "*"))
-            any_origin = true;
+            cors->any_origin = true;
 }
 
-bool cors_enabled(void)
+const char *cors_allowed(const srv_cors *cors, const char *origin)
 {
-    return config && config->n_origins > 0;
-}
-
-const char *cors_allowed(const char *origin)
-{
-    if (!origin || !cors_enabled())
+    if (!origin || !cors->enabled)
         return NULL;
-    if (any_origin)
+    if (cors->any_origin)
         return origin;
-    for (int i = 0; i < config->n_origins; i++)
-        if (!strcasecmp(config->origins[i], origin))
+    for (int i = 0; i < cors->cfg->n_origins; i++)
+        if (!strcasecmp(cors->cfg->origins[i], origin))
             return origin;
     return NULL;
 }
@@ -82,9 +75,9 @@ void cors_preflight(srv_request *r, const char *allow)
         MHD_add_response_header(resp, "Access-Control-Allow-Headers", allowed_headers(requested));
         MHD_add_response_header(resp, "Access-Control-Max-Age", "7200");
     }
-    if (cors_enabled())
+    if (r->srv->cors.enabled)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
-    if (http_draining())
+    if (http_draining(r->srv))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     r->responded = true;
     r->status = 204;

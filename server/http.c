@@ -34,12 +34,6 @@ struct srv_canned {
     struct MHD_Response *shared;
 };
 
-static const attnd_config *config;
-static struct MHD_Daemon *daemon_;
-static atomic_bool draining;
-static atomic_long in_flight;
-static srv_canned *stock[N_STOCK];
-
 double srv_now(void)
 {
     struct timespec ts;
@@ -52,12 +46,12 @@ double srv_now(void)
 /* Headers that depend on the request, not on the answer. */
 static void add_request_headers(const srv_request *r, struct MHD_Response *resp)
 {
-    if (cors_enabled())
+    if (r->srv->cors.enabled)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
     if (r->origin)
         cors_add_headers(resp, r->origin);
     /* While draining, tell keep-alive clients to go elsewhere next time. */
-    if (atomic_load_explicit(&draining, memory_order_relaxed))
+    if (http_draining(r->srv))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
@@ -74,13 +68,15 @@ static struct MHD_Response *canned_build(const srv_canned *c)
     return resp;
 }
 
-srv_canned *canned_new(int status, const char *content_type, const char *body,
-                       size_t len, const char *hname, const char *hvalue)
+srv_canned *canned_new(const srv_server *srv, int status, const char *content_type,
+                       const char *body, size_t len, const char *hname,
+                       const char *hvalue)
 {
     srv_canned *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    *c = (srv_canned){status, content_type, body, len, NULL, hname, hvalue, NULL};
+    *c = (srv_canned){.status = status, .content_type = content_type, .body = body,
+                      .len = len, .hname = hname, .hvalue = hvalue};
     c->shared = canned_build(c);
     if (!c->shared) {
         free(c);
@@ -88,13 +84,13 @@ srv_canned *canned_new(int status, const char *content_type, const char *body,
     }
     /* The shared copy carries what every request would add, so that the
      * common case (no Origin, not draining) queues it untouched. */
-    if (cors_enabled())
+    if (srv->cors.enabled)
         MHD_add_response_header(c->shared, MHD_HTTP_HEADER_VARY, "Origin");
     return c;
 }
 
-srv_canned *canned_error(int status, const char *code, const char *message,
-                         const char *hname, const char *hvalue)
+srv_canned *canned_error(const srv_server *srv, int status, const char *code,
+                         const char *message, const char *hname, const char *hvalue)
 {
     api_error e;
     api_fail(&e, status, code, "", "%s", message);
@@ -102,7 +98,7 @@ srv_canned *canned_error(int status, const char *code, const char *message,
     char *body = api_error_json(&e, &len);
     if (!body)
         return NULL;
-    srv_canned *c = canned_new(status, "application/json", body, len, hname, hvalue);
+    srv_canned *c = canned_new(srv, status, "application/json", body, len, hname, hvalue);
     if (!c) {
         free(body);
         return NULL;
@@ -131,7 +127,7 @@ static void queue(srv_request *r, int status, struct MHD_Response *resp, size_t 
 
 void http_reply_canned(srv_request *r, const srv_canned *c)
 {
-    if (!r->origin && !atomic_load_explicit(&draining, memory_order_relaxed)) {
+    if (!r->origin && !http_draining(r->srv)) {
         queue(r, c->status, c->shared, c->len);
         return;
     }
@@ -147,7 +143,7 @@ void http_reply_canned(srv_request *r, const srv_canned *c)
 
 void http_reply_stock(srv_request *r, stock_error e)
 {
-    http_reply_canned(r, stock[e]);
+    http_reply_canned(r, r->srv->stock[e]);
 }
 
 void http_reply_owned(srv_request *r, int status, const char *content_type,
@@ -166,13 +162,6 @@ void http_reply_owned(srv_request *r, int status, const char *content_type,
     add_request_headers(r, resp);
     queue(r, status, resp, len);
     MHD_destroy_response(resp);
-}
-
-void http_reply_error(srv_request *r, const api_error *e)
-{
-    size_t len;
-    char *body = api_error_json(e, &len);
-    http_reply_owned(r, e->status, "application/json", body, len, NULL);
 }
 
 void http_resume(srv_request *r)
@@ -217,7 +206,7 @@ static bool reserve(srv_request *r, size_t need)
  * false when a response was queued. */
 static bool expect_body(srv_request *r)
 {
-    if (atomic_load_explicit(&draining, memory_order_relaxed)) {
+    if (http_draining(r->srv)) {
         http_reply_stock(r, STOCK_SHUTTING_DOWN);
         return false;
     }
@@ -232,7 +221,7 @@ static bool expect_body(srv_request *r)
     if (cl) {
         errno = 0;
         unsigned long long n = strtoull(cl, NULL, 10);
-        if (errno || n > (unsigned long long)config->max_body) {
+        if (errno || n > (unsigned long long)r->srv->cfg->max_body) {
             http_reply_stock(r, STOCK_BODY_TOO_LARGE);
             return false;
         }
@@ -245,10 +234,11 @@ static bool expect_body(srv_request *r)
 
 static void take_body(srv_request *r, const char *data, size_t n)
 {
+    size_t max_body = (size_t)r->srv->cfg->max_body;
     r->bytes_in += n;
     if (r->too_large || r->out_of_memory)
         return;
-    if (r->body_len + n > (size_t)config->max_body) {
+    if (r->body_len + n > max_body) {
         /* Only a chunked upload gets here (a Content-Length was checked). */
         r->too_large = true;
         return;
@@ -259,8 +249,8 @@ static void take_body(srv_request *r, const char *data, size_t n)
             cap = r->body_len + n;
         if (cap < 16384)
             cap = 16384;
-        if (cap > (size_t)config->max_body)
-            cap = (size_t)config->max_body;
+        if (cap > max_body)
+            cap = max_body;
         if (!reserve(r, cap)) {
             r->out_of_memory = true;
             return;
@@ -290,11 +280,10 @@ static void begin_request(srv_request *r, struct MHD_Connection *c, const char *
     atomic_store_explicit(&r->computed, false, memory_order_relaxed);
     r->res = (api_response){0};
     r->in_flight = true;
-    atomic_fetch_add_explicit(&in_flight, 1, memory_order_relaxed);
-    metrics_in_flight(1);
-    const char *origin = cors_enabled()
+    metrics_request_start(&r->srv->metrics);
+    const char *origin = r->srv->cors.enabled
         ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin") : NULL;
-    r->origin = cors_allowed(origin);
+    r->origin = cors_allowed(&r->srv->cors, origin);
 }
 
 /* The first call for a request: only the headers are known. A compute
@@ -305,7 +294,7 @@ static void begin_request(srv_request *r, struct MHD_Connection *c, const char *
 static void on_headers(srv_request *r)
 {
     bool path_known = false;
-    r->route = routes_match(r->method, r->path, &path_known, &r->label);
+    r->route = routes_match(r->srv, r->method, r->path, &path_known, &r->label);
     if (r->route && r->route->has_body)
         expect_body(r);
 }
@@ -314,13 +303,13 @@ static void on_headers(srv_request *r)
 static void on_body_done(srv_request *r)
 {
     if (!r->route) {
-        const char *allow = routes_allow(r->path);
+        const char *allow = routes_allow(r->srv, r->path);
         if (!allow)
             http_reply_stock(r, STOCK_NOT_FOUND);
         else if (!strcmp(r->method, MHD_HTTP_METHOD_OPTIONS))
             cors_preflight(r, allow);
         else
-            http_reply_canned(r, routes_not_allowed(r->path));
+            http_reply_canned(r, routes_not_allowed(r->srv, r->path));
     } else if (r->too_large) {
         http_reply_stock(r, STOCK_BODY_TOO_LARGE);
     } else if (r->out_of_memory) {
@@ -357,11 +346,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             take_body(r, upload, n);
         } else {
             r->bytes_in += n; /* a body nobody reads */
-            r->too_large = r->bytes_in > (size_t)config->max_body;
+            r->too_large = r->bytes_in > (size_t)r->srv->cfg->max_body;
         }
         /* A chunked upload past the limit is read to its end so that the
          * client gets its 413, but not forever. */
-        if (r->too_large && r->bytes_in > 2 * (size_t)config->max_body)
+        if (r->too_large && r->bytes_in > 2 * (size_t)r->srv->cfg->max_body)
             return MHD_NO;
         return MHD_YES;
     }
@@ -384,9 +373,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         if (!r->responded || r->status == 0)
             r->status = 499;
     }
-    log_request(r, seconds, r->remote);
-    metrics_request_done(r->label, r->status, seconds, r->bytes_in, r->bytes_out);
-    metrics_in_flight(-1);
+    log_request(&r->srv->log, r, seconds);
     api_response_free(&r->res);
     r->res = (api_response){0};
     if (r->body_cap > KEEP_BODY_BUFFER) {
@@ -396,7 +383,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     r->in_flight = false;
     *con_cls = NULL;
-    atomic_fetch_sub_explicit(&in_flight, 1, memory_order_release);
+    /* Last: the drain in main may end as soon as this reaches zero. */
+    metrics_request_done(&r->srv->metrics, r->label, r->status, seconds, r->bytes_in,
+                         r->bytes_out);
 }
 
 /* The peer's address as text, or "-". inet_ntop costs ~3k instructions, so
@@ -420,11 +409,12 @@ static void client_address(struct MHD_Connection *c, char *buf, size_t cap)
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
-    (void)cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         srv_request *r = calloc(1, sizeof *r);
-        if (r)
+        if (r) {
+            r->srv = cls;
             client_address(c, r->remote, sizeof r->remote);
+        }
         *socket_context = r;
     } else {
         srv_request *r = *socket_context;
@@ -438,31 +428,32 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 
 static void on_mhd_error(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    srv_server *srv = cls;
     char msg[400];
     vsnprintf(msg, sizeof msg, fmt, ap);
-    log_event("warn", "libmicrohttpd: %s", msg);
+    log_event(&srv->log, "warn", "libmicrohttpd: %s", msg);
 }
 
 /* ------------------------------------------------------------- lifecycle */
 
-static bool build_stock(void)
+static bool build_stock(srv_server *srv)
 {
+    srv_canned **stock = srv->stock;
     char msg[160];
     snprintf(msg, sizeof msg,
              "the request body is larger than this server's limit of %lld bytes (--max-body)",
-             (long long)config->max_body);
-    stock[STOCK_NOT_FOUND] = canned_error(404, "not_found",
+             (long long)srv->cfg->max_body);
+    stock[STOCK_NOT_FOUND] = canned_error(srv, 404, "not_found",
         "no such path; the API is described at GET /openapi.yaml", NULL, NULL);
-    stock[STOCK_BODY_TOO_LARGE] = canned_error(413, "body_too_large", msg, NULL, NULL);
-    stock[STOCK_UNSUPPORTED_MEDIA] = canned_error(415, "unsupported_media_type",
+    stock[STOCK_BODY_TOO_LARGE] = canned_error(srv, 413, "body_too_large", msg, NULL, NULL);
+    stock[STOCK_UNSUPPORTED_MEDIA] = canned_error(srv, 415, "unsupported_media_type",
         "the body must be JSON: send Content-Type: application/json (or none)", NULL, NULL);
-    stock[STOCK_OUT_OF_MEMORY] = canned_error(500, "out_of_memory",
+    stock[STOCK_OUT_OF_MEMORY] = canned_error(srv, 500, "out_of_memory",
         "the server ran out of memory for this request; try a smaller one", NULL, NULL);
-    stock[STOCK_OVERLOADED] = canned_error(503, "overloaded",
+    stock[STOCK_OVERLOADED] = canned_error(srv, 503, "overloaded",
         "every compute slot is busy and the queue is full; retry shortly",
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    stock[STOCK_SHUTTING_DOWN] = canned_error(503, "shutting_down",
+    stock[STOCK_SHUTTING_DOWN] = canned_error(srv, 503, "shutting_down",
         "this server is shutting down; retry on another replica",
         MHD_HTTP_HEADER_RETRY_AFTER, "5");
     for (int i = 0; i < N_STOCK; i++)
@@ -471,15 +462,15 @@ static bool build_stock(void)
     return true;
 }
 
-bool http_start(const attnd_config *cfg, char *err, size_t err_len)
+bool http_start(srv_server *srv, char *err, size_t err_len)
 {
-    config = cfg;
-    cors_init(cfg);
-    if (!build_stock() || !routes_init(cfg)) {
+    const attnd_config *cfg = srv->cfg;
+    cors_init(&srv->cors, cfg);
+    if (!build_stock(srv) || !routes_init(srv)) {
         snprintf(err, err_len, "out of memory building the fixed responses");
         return false;
     }
-    if (!compute_start(cfg)) {
+    if (!compute_start(srv)) {
         snprintf(err, err_len, "cannot start compute threads");
         return false;
     }
@@ -511,9 +502,9 @@ bool http_start(const attnd_config *cfg, char *err, size_t err_len)
      * only on machines with more cores to keep them busy. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned int io_threads = cores > 8 ? 8 : cores > 2 ? (unsigned)cores : 2;
-    daemon_ = MHD_start_daemon(
-        flags, (uint16_t)cfg->port, NULL, NULL, on_request, NULL,
-        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, NULL,
+    srv->daemon = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, on_request, srv,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_THREAD_POOL_SIZE, io_threads,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout,
@@ -523,54 +514,55 @@ bool http_start(const attnd_config *cfg, char *err, size_t err_len)
          * of headers (nginx's default) and reads bodies in big enough bites. */
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
         MHD_OPTION_END);
-    if (!daemon_) {
+    if (!srv->daemon) {
         snprintf(err, err_len, "cannot listen on %s port %d: %s", cfg->bind, cfg->port,
                  strerror(errno));
-        compute_stop();
+        compute_stop(srv);
         return false;
     }
     return true;
 }
 
-int http_port(void)
+int http_port(const srv_server *srv)
 {
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
-    return info ? info->port : config->port;
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    return info ? info->port : srv->cfg->port;
 }
 
-void http_quiesce(void)
+void http_quiesce(srv_server *srv)
 {
-    atomic_store(&draining, true);
+    atomic_store(&srv->draining, true);
     /* Closing the listening socket at once makes new connections fail fast
      * (refused) instead of waiting in the backlog until the drain ends and
      * then being reset: a load balancer moves on to another replica. Open
      * keep-alive connections still get 503 shutting_down from /readyz. */
-    MHD_socket fd = MHD_quiesce_daemon(daemon_);
+    MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
     if (fd != MHD_INVALID_SOCKET)
         close(fd);
 }
 
-bool http_draining(void)
+bool http_draining(const srv_server *srv)
 {
-    return atomic_load_explicit(&draining, memory_order_relaxed);
+    return atomic_load_explicit(&srv->draining, memory_order_relaxed);
 }
 
-long http_in_flight(void)
+long http_in_flight(srv_server *srv)
 {
-    return atomic_load_explicit(&in_flight, memory_order_acquire);
+    return metrics_in_flight(&srv->metrics);
 }
 
-void http_stop(void)
+void http_stop(srv_server *srv)
 {
-    MHD_stop_daemon(daemon_);
-    daemon_ = NULL;
-    compute_stop();
-    routes_free();
+    MHD_stop_daemon(srv->daemon);
+    srv->daemon = NULL;
+    compute_stop(srv);
+    routes_free(srv);
     for (int i = 0; i < N_STOCK; i++) {
-        canned_free(stock[i]);
-        stock[i] = NULL;
+        canned_free(srv->stock[i]);
+        srv->stock[i] = NULL;
     }
 }

@@ -23,29 +23,23 @@
 #define LOG_BUFFER 8192
 #define LOG_FLUSH_MS 50
 
-typedef struct log_buffer {
+struct srv_log_buffer {
     pthread_mutex_t lock;
     size_t len;
-    struct log_buffer *next;
+    srv_log_buffer *next;
     char data[LOG_BUFFER];
-} log_buffer;
+};
 
-static log_format format = LOG_TEXT;
-
-/* Every thread's buffer, the flusher's state: under buffers_lock. */
-static pthread_mutex_t buffers_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t flush_wanted = PTHREAD_COND_INITIALIZER;
-static log_buffer *buffers;
-static bool pending, flusher_running, flusher_stop;
-static pthread_t flusher;
-static _Thread_local log_buffer *mine;
+/* This thread's buffer in the (one) log of the process: a cache of the
+ * lookup, not state of its own. */
+static _Thread_local srv_log_buffer *mine;
 
 static void emit(const char *line, size_t len);
 
-/* Writes out every buffer; buffers_lock held. */
-static void flush_all_locked(void)
+/* Writes out every buffer; log->lock held. */
+static void flush_all_locked(srv_log *log)
 {
-    for (log_buffer *b = buffers; b; b = b->next) {
+    for (srv_log_buffer *b = log->buffers; b; b = b->next) {
         pthread_mutex_lock(&b->lock);
         if (b->len)
             emit(b->data, b->len);
@@ -56,11 +50,11 @@ static void flush_all_locked(void)
 
 static void *flusher_main(void *arg)
 {
-    (void)arg;
-    pthread_mutex_lock(&buffers_lock);
-    while (!flusher_stop) {
-        if (!pending) {
-            pthread_cond_wait(&flush_wanted, &buffers_lock);
+    srv_log *log = arg;
+    pthread_mutex_lock(&log->lock);
+    while (!log->flusher_stop) {
+        if (!log->pending) {
+            pthread_cond_wait(&log->flush_wanted, &log->lock);
             continue;
         }
         /* Let a batch gather: one write for many requests. */
@@ -71,75 +65,80 @@ static void *flusher_main(void *arg)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        pthread_cond_timedwait(&flush_wanted, &buffers_lock, &ts);
-        pending = false;
-        flush_all_locked();
+        pthread_cond_timedwait(&log->flush_wanted, &log->lock, &ts);
+        log->pending = false;
+        flush_all_locked(log);
     }
-    pthread_mutex_unlock(&buffers_lock);
+    pthread_mutex_unlock(&log->lock);
     return NULL;
 }
 
-void log_init(log_format fmt)
+void log_init(srv_log *log, log_format fmt)
 {
-    format = fmt;
-    pthread_mutex_lock(&buffers_lock);
-    flusher_stop = false;
-    flusher_running = pthread_create(&flusher, NULL, flusher_main, NULL) == 0;
-    pthread_mutex_unlock(&buffers_lock);
+    log->format = fmt;
+    pthread_mutex_init(&log->lock, NULL);
+    pthread_cond_init(&log->flush_wanted, NULL);
+    log->buffers = NULL;
+    log->pending = false;
+    pthread_mutex_lock(&log->lock);
+    log->flusher_stop = false;
+    log->flusher_running = pthread_create(&log->flusher, NULL, flusher_main, log) == 0;
+    pthread_mutex_unlock(&log->lock);
 }
 
-void log_flush(void)
+void log_flush(srv_log *log)
 {
-    pthread_mutex_lock(&buffers_lock);
-    flush_all_locked();
-    pthread_mutex_unlock(&buffers_lock);
+    pthread_mutex_lock(&log->lock);
+    flush_all_locked(log);
+    pthread_mutex_unlock(&log->lock);
 }
 
-void log_shutdown(void)
+void log_shutdown(srv_log *log)
 {
-    pthread_mutex_lock(&buffers_lock);
-    flusher_stop = true;
-    pthread_cond_signal(&flush_wanted);
-    bool running = flusher_running;
-    flusher_running = false;
-    pthread_mutex_unlock(&buffers_lock);
+    pthread_mutex_lock(&log->lock);
+    log->flusher_stop = true;
+    pthread_cond_signal(&log->flush_wanted);
+    bool running = log->flusher_running;
+    log->flusher_running = false;
+    pthread_mutex_unlock(&log->lock);
     if (running)
-        pthread_join(flusher, NULL);
-    pthread_mutex_lock(&buffers_lock);
-    flush_all_locked();
+        pthread_join(log->flusher, NULL);
+    pthread_mutex_lock(&log->lock);
+    flush_all_locked(log);
     /* Only after http_stop: no I/O thread logs any more. */
-    while (buffers) {
-        log_buffer *b = buffers;
-        buffers = b->next;
+    while (log->buffers) {
+        srv_log_buffer *b = log->buffers;
+        log->buffers = b->next;
         pthread_mutex_destroy(&b->lock);
         free(b);
     }
-    pthread_mutex_unlock(&buffers_lock);
+    mine = NULL;
+    pthread_mutex_unlock(&log->lock);
 }
 
 /* This thread's buffer, made on its first line; NULL without a flusher or
  * without memory, and then lines are written at once. */
-static log_buffer *my_buffer(void)
+static srv_log_buffer *my_buffer(srv_log *log)
 {
     if (mine)
         return mine;
-    pthread_mutex_lock(&buffers_lock);
-    if (flusher_running) {
+    pthread_mutex_lock(&log->lock);
+    if (log->flusher_running) {
         mine = malloc(sizeof *mine);
         if (mine) {
             pthread_mutex_init(&mine->lock, NULL);
             mine->len = 0;
-            mine->next = buffers;
-            buffers = mine;
+            mine->next = log->buffers;
+            log->buffers = mine;
         }
     }
-    pthread_mutex_unlock(&buffers_lock);
+    pthread_mutex_unlock(&log->lock);
     return mine;
 }
 
-static void emit_buffered(const char *line, size_t len)
+static void emit_buffered(srv_log *log, const char *line, size_t len)
 {
-    log_buffer *b = my_buffer();
+    srv_log_buffer *b = my_buffer(log);
     if (!b || len > LOG_BUFFER) {
         emit(line, len);
         return;
@@ -154,12 +153,12 @@ static void emit_buffered(const char *line, size_t len)
     b->len += len;
     pthread_mutex_unlock(&b->lock);
     if (first) {
-        pthread_mutex_lock(&buffers_lock);
-        if (!pending) {
-            pending = true;
-            pthread_cond_signal(&flush_wanted);
+        pthread_mutex_lock(&log->lock);
+        if (!log->pending) {
+            log->pending = true;
+            pthread_cond_signal(&log->flush_wanted);
         }
-        pthread_mutex_unlock(&buffers_lock);
+        pthread_mutex_unlock(&log->lock);
     }
 }
 
@@ -277,12 +276,13 @@ static void put_ms(line_buf *b, double seconds)
     put(b, frac);
 }
 
-void log_request(const srv_request *r, double seconds, const char *remote)
+void log_request(srv_log *log, const srv_request *r, double seconds)
 {
+    const char *remote = r->remote;
     char ts[40], method[40], path[1024], line[1400];
     line_buf b = {line, line + sizeof line - 1};
     timestamp(ts, sizeof ts);
-    if (format == LOG_JSON) {
+    if (log->format == LOG_JSON) {
         json_escape(method, sizeof method, r->method ? r->method : "");
         json_escape(path, sizeof path, r->path ? r->path : "");
         put(&b, "{\"time\":\"");
@@ -319,10 +319,10 @@ void log_request(const srv_request *r, double seconds, const char *remote)
         put(&b, "ms");
     }
     *b.p++ = '\n'; /* end - 1 kept room for it */
-    emit_buffered(line, (size_t)(b.p - line));
+    emit_buffered(log, line, (size_t)(b.p - line));
 }
 
-void log_event(const char *level, const char *fmt, ...)
+void log_event(srv_log *log, const char *level, const char *fmt, ...)
 {
     char ts[40], msg[512], esc[1100], line[1300];
     va_list ap;
@@ -334,7 +334,7 @@ void log_event(const char *level, const char *fmt, ...)
         msg[--len] = '\0';
     timestamp(ts, sizeof ts);
     int n;
-    if (format == LOG_JSON) {
+    if (log->format == LOG_JSON) {
         json_escape(esc, sizeof esc, msg);
         n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"message\":\"%s\"}\n",
                      ts, level, esc);
@@ -342,7 +342,7 @@ void log_event(const char *level, const char *fmt, ...)
         n = snprintf(line, sizeof line, "%s %s %s\n", ts, level, msg);
     }
     /* The access lines before this event go out before it. */
-    log_flush();
+    log_flush(log);
     if (n > 0)
         emit(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }

@@ -7,22 +7,25 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "attn.h"
 #include "config.h"
 #include "server.h"
 
 int main(int argc, char **argv)
 {
     static attnd_config cfg;
+    static srv_server srv = {.cfg = &cfg};
     char err[300];
     switch (config_load(&cfg, argc, argv, err, sizeof err)) {
     case CFG_HELP:
         config_help(stdout);
         return 0;
-    case CFG_VERSION:
-        printf("attnd %s (libattn %s, %s)\n", ATTND_VERSION, attn_version(),
-               attn_blas_config());
+    case CFG_VERSION: {
+        api_info info;
+        api_get_info(&info);
+        printf("attnd %s (libattn %s, kernel %s, %s)\n", ATTND_VERSION, info.libattn,
+               info.kernel, info.blas_config);
         return 0;
+    }
     case CFG_ERROR:
         fprintf(stderr, "attnd: %s\nTry 'attnd --help'.\n", err);
         return 2;
@@ -30,36 +33,37 @@ int main(int argc, char **argv)
         break;
     }
 
-    log_init((log_format)cfg.log_format);
+    srv_log *log = &srv.log;
+    log_init(log, (log_format)cfg.log_format);
     if (!signals_install()) {
-        log_event("error", "cannot set up signal handling");
+        log_event(log, "error", "cannot set up signal handling");
         return 1;
     }
-    if (!http_start(&cfg, err, sizeof err)) {
-        log_event("error", "%s", err);
+    if (!http_start(&srv, err, sizeof err)) {
+        log_event(log, "error", "%s", err);
         return 1;
     }
-    log_event("info", "attnd %s listening on %s%s%s:%d (threads %d, queue %d, max-body %lld)",
+    log_event(log, "info", "attnd %s listening on %s%s%s:%d (threads %d, queue %d, max-body %lld)",
               ATTND_VERSION, strchr(cfg.bind, ':') ? "[" : "", cfg.bind,
-              strchr(cfg.bind, ':') ? "]" : "", http_port(), cfg.threads, cfg.queue,
+              strchr(cfg.bind, ':') ? "]" : "", http_port(&srv), cfg.threads, cfg.queue,
               (long long)cfg.max_body);
 
     int sig = signals_wait();
-    log_event("info", "%s: draining %ld in-flight request(s)",
-              sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight());
-    http_quiesce();
+    log_event(log, "info", "%s: draining %ld in-flight request(s)",
+              sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight(&srv));
+    http_quiesce(&srv);
     bool forced = false;
-    while (http_in_flight() > 0 && !(forced = signals_poll(20)))
+    while (http_in_flight(&srv) > 0 && !(forced = signals_poll(20)))
         ;
     if (forced) {
         /* Workers may still hold connections; leave them to the exit. */
-        log_event("warn", "second signal: exiting with %ld request(s) unfinished",
-                  http_in_flight());
-        log_flush();
+        log_event(log, "warn", "second signal: exiting with %ld request(s) unfinished",
+                  http_in_flight(&srv));
+        log_flush(log);
         return 0;
     }
-    http_stop();
-    log_shutdown();
-    log_event("info", "stopped");
+    http_stop(&srv);
+    log_shutdown(log);
+    log_event(log, "info", "stopped");
     return 0;
 }

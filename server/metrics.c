@@ -15,60 +15,54 @@
 #define relaxed_add(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
 
 /* The statuses attnd produces; anything else is counted under "other". */
-static const int statuses[] = {200, 204, 400, 404, 405, 413, 415, 422, 500, 503, 0};
-#define N_STATUS (sizeof statuses / sizeof statuses[0])
+static const int statuses[METRICS_N_STATUS] = {200, 204, 400, 404, 405, 413,
+                                               415, 422, 499, 500, 503};
 
 /* Latency buckets in seconds: from a cached /healthz (~50 us) to a large
  * multi-head gradient (tens of seconds). */
-static const double buckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                 0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                 1,      2.5,     5,      10,    30,     60};
-#define N_BUCKETS (sizeof buckets / sizeof buckets[0])
+static const double buckets[METRICS_N_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
 
-typedef struct {
-    atomic_ulong requests[N_STATUS];
-    atomic_ulong bucket[N_BUCKETS + 1]; /* the last one is +Inf */
-    atomic_ulong duration_ns;
-} route_counters;
-
-static const char *route_labels[METRICS_MAX_ROUTES + 1];
-static int n_labels;
-static route_counters counters[METRICS_MAX_ROUTES + 1];
-static atomic_long in_flight;
-static atomic_ulong bytes_received, bytes_sent;
-
-void metrics_init(const char *const *labels, int n)
+void metrics_init(srv_metrics *m, const char *const *labels, int n)
 {
-    if (n > METRICS_MAX_ROUTES)
-        n = METRICS_MAX_ROUTES;
+    if (n > ROUTES_MAX)
+        n = ROUTES_MAX;
     for (int i = 0; i < n; i++)
-        route_labels[i] = labels[i];
-    route_labels[n] = "other";
-    n_labels = n + 1;
+        m->labels[i] = labels[i];
+    m->labels[n] = "other";
+    m->n_labels = n + 1;
 }
 
-void metrics_request_done(int label, int status, double seconds, size_t bytes_in,
-                          size_t bytes_out)
+void metrics_request_start(srv_metrics *m)
 {
-    if (label < 0 || label >= n_labels)
-        label = n_labels - 1;
-    route_counters *c = &counters[label];
+    atomic_fetch_add_explicit(&m->in_flight, 1, memory_order_relaxed);
+}
+
+void metrics_request_done(srv_metrics *m, int label, int status, double seconds,
+                          size_t bytes_in, size_t bytes_out)
+{
+    if (label < 0 || label >= m->n_labels)
+        label = m->n_labels - 1;
+    srv_route_counters *c = &m->counters[label];
     size_t s = 0;
-    while (statuses[s] && statuses[s] != status)
+    while (s < METRICS_N_STATUS && statuses[s] != status)
         s++;
     relaxed_add(c->requests[s], 1);
     size_t b = 0;
-    while (b < N_BUCKETS && seconds > buckets[b])
+    while (b < METRICS_N_BUCKETS && seconds > buckets[b])
         b++;
     relaxed_add(c->bucket[b], 1);
     relaxed_add(c->duration_ns, (unsigned long)(seconds * 1e9));
-    relaxed_add(bytes_received, bytes_in);
-    relaxed_add(bytes_sent, bytes_out);
+    relaxed_add(m->bytes_received, bytes_in);
+    relaxed_add(m->bytes_sent, bytes_out);
+    /* Release: whoever sees the count drop sees everything this request did. */
+    atomic_fetch_sub_explicit(&m->in_flight, 1, memory_order_release);
 }
 
-void metrics_in_flight(int delta)
+long metrics_in_flight(srv_metrics *m)
 {
-    relaxed_add(in_flight, delta);
+    return atomic_load_explicit(&m->in_flight, memory_order_acquire);
 }
 
 typedef struct {
@@ -106,8 +100,9 @@ static void put(text *t, const char *fmt, ...)
     }
 }
 
-char *metrics_render(size_t *len)
+char *metrics_render(srv_server *srv, size_t *len)
 {
+    srv_metrics *m = &srv->metrics;
     text t = {.cap = 8192};
     t.data = malloc(t.cap);
     if (!t.data)
@@ -115,54 +110,54 @@ char *metrics_render(size_t *len)
 
     put(&t, "# HELP attnd_requests_total HTTP requests answered, by route and status.\n"
             "# TYPE attnd_requests_total counter\n");
-    for (int r = 0; r < n_labels; r++)
-        for (size_t s = 0; s < N_STATUS; s++) {
-            unsigned long v = relaxed_load(counters[r].requests[s]);
+    for (int r = 0; r < m->n_labels; r++)
+        for (size_t s = 0; s <= METRICS_N_STATUS; s++) {
+            unsigned long v = relaxed_load(m->counters[r].requests[s]);
             if (!v)
                 continue;
-            if (statuses[s])
+            if (s < METRICS_N_STATUS)
                 put(&t, "attnd_requests_total{route=\"%s\",status=\"%d\"} %lu\n",
-                    route_labels[r], statuses[s], v);
+                    m->labels[r], statuses[s], v);
             else
                 put(&t, "attnd_requests_total{route=\"%s\",status=\"other\"} %lu\n",
-                    route_labels[r], v);
+                    m->labels[r], v);
         }
 
     put(&t, "# HELP attnd_request_duration_seconds Time from the request's headers to "
             "its last response byte.\n"
             "# TYPE attnd_request_duration_seconds histogram\n");
-    for (int r = 0; r < n_labels; r++) {
+    for (int r = 0; r < m->n_labels; r++) {
         unsigned long cumulative = 0;
-        for (size_t b = 0; b <= N_BUCKETS; b++) {
-            cumulative += relaxed_load(counters[r].bucket[b]);
-            if (b < N_BUCKETS)
+        for (size_t b = 0; b <= METRICS_N_BUCKETS; b++) {
+            cumulative += relaxed_load(m->counters[r].bucket[b]);
+            if (b < METRICS_N_BUCKETS)
                 put(&t, "attnd_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %lu\n",
-                    route_labels[r], buckets[b], cumulative);
+                    m->labels[r], buckets[b], cumulative);
             else
                 put(&t, "attnd_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %lu\n",
-                    route_labels[r], cumulative);
+                    m->labels[r], cumulative);
         }
-        put(&t, "attnd_request_duration_seconds_sum{route=\"%s\"} %.9f\n", route_labels[r],
-            (double)relaxed_load(counters[r].duration_ns) / 1e9);
-        put(&t, "attnd_request_duration_seconds_count{route=\"%s\"} %lu\n", route_labels[r],
+        put(&t, "attnd_request_duration_seconds_sum{route=\"%s\"} %.9f\n", m->labels[r],
+            (double)relaxed_load(m->counters[r].duration_ns) / 1e9);
+        put(&t, "attnd_request_duration_seconds_count{route=\"%s\"} %lu\n", m->labels[r],
             cumulative);
     }
 
     put(&t, "# HELP attnd_in_flight_requests Requests received and not yet answered.\n"
             "# TYPE attnd_in_flight_requests gauge\n"
-            "attnd_in_flight_requests %ld\n", relaxed_load(in_flight));
+            "attnd_in_flight_requests %ld\n", relaxed_load(m->in_flight));
     put(&t, "# HELP attnd_queue_depth Requests waiting for a compute slot.\n"
             "# TYPE attnd_queue_depth gauge\n"
-            "attnd_queue_depth %d\n", compute_queue_depth());
+            "attnd_queue_depth %d\n", compute_queue_depth(srv));
     put(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
             "# TYPE attnd_computing_requests gauge\n"
-            "attnd_computing_requests %d\n", compute_running());
+            "attnd_computing_requests %d\n", compute_running(srv));
     put(&t, "# HELP attnd_bytes_received_total Request body bytes received.\n"
             "# TYPE attnd_bytes_received_total counter\n"
-            "attnd_bytes_received_total %lu\n", relaxed_load(bytes_received));
+            "attnd_bytes_received_total %lu\n", relaxed_load(m->bytes_received));
     put(&t, "# HELP attnd_bytes_sent_total Response body bytes sent.\n"
             "# TYPE attnd_bytes_sent_total counter\n"
-            "attnd_bytes_sent_total %lu\n", relaxed_load(bytes_sent));
+            "attnd_bytes_sent_total %lu\n", relaxed_load(m->bytes_sent));
 
     if (t.failed) {
         free(t.data);

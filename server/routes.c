@@ -5,11 +5,10 @@
  */
 #include "server.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "attn.h"
 
 static void handle_compute(srv_request *r);
 static void handle_healthz(srv_request *r);
@@ -28,30 +27,23 @@ static const srv_route routes[] = {
     {"GET", "/openapi.yaml", handle_openapi, false, 0},
 };
 #define N_ROUTES (int)(sizeof routes / sizeof routes[0])
-
-/* Per route: the first row with its path (its metrics label), the Allow
- * value of the path, and the 405 answer naming it. */
-static int path_row[N_ROUTES];
-static char allow[N_ROUTES][64];
-static srv_canned *not_allowed[N_ROUTES];
-
-static srv_canned *healthz, *ready, *openapi, *info;
-static char *info_body;
+_Static_assert(N_ROUTES <= ROUTES_MAX, "raise ROUTES_MAX");
 
 /* ------------------------------------------------------------- matching */
 
-static int find_path(const char *path)
+/* The first row with `path` (its metrics label), or -1. */
+static int find_path(const srv_routes *t, const char *path)
 {
     for (int i = 0; i < N_ROUTES; i++)
         if (!strcmp(routes[i].path, path))
-            return path_row[i];
+            return t->path_row[i];
     return -1;
 }
 
-const srv_route *routes_match(const char *method, const char *path, bool *path_known,
-                              int *label)
+const srv_route *routes_match(const srv_server *srv, const char *method, const char *path,
+                              bool *path_known, int *label)
 {
-    int row = find_path(path);
+    int row = find_path(&srv->routes, path);
     *path_known = row >= 0;
     *label = row >= 0 ? row : N_ROUTES; /* N_ROUTES is "other" */
     if (row < 0)
@@ -64,16 +56,16 @@ const srv_route *routes_match(const char *method, const char *path, bool *path_k
     return NULL;
 }
 
-const char *routes_allow(const char *path)
+const char *routes_allow(const srv_server *srv, const char *path)
 {
-    int row = find_path(path);
-    return row >= 0 ? allow[row] : NULL;
+    int row = find_path(&srv->routes, path);
+    return row >= 0 ? srv->routes.allow[row] : NULL;
 }
 
-const srv_canned *routes_not_allowed(const char *path)
+const srv_canned *routes_not_allowed(const srv_server *srv, const char *path)
 {
-    int row = find_path(path);
-    return not_allowed[row >= 0 ? row : 0];
+    int row = find_path(&srv->routes, path);
+    return srv->routes.not_allowed[row >= 0 ? row : 0];
 }
 
 /* ------------------------------------------------------------- handlers */
@@ -152,118 +144,188 @@ void routes_compute_done(srv_request *r)
 
 static void handle_healthz(srv_request *r)
 {
-    http_reply_canned(r, healthz);
+    http_reply_canned(r, r->srv->routes.healthz);
 }
 
 static void handle_readyz(srv_request *r)
 {
-    if (http_draining())
+    if (http_draining(r->srv))
         http_reply_stock(r, STOCK_SHUTTING_DOWN);
     else
-        http_reply_canned(r, ready);
+        http_reply_canned(r, r->srv->routes.ready);
 }
 
 static void handle_metrics(srv_request *r)
 {
     size_t len = 0;
-    char *text = metrics_render(&len);
+    char *text = metrics_render(r->srv, &len);
     http_reply_owned(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
 }
 
 static void handle_info(srv_request *r)
 {
-    http_reply_canned(r, info);
+    http_reply_canned(r, r->srv->routes.info);
 }
 
 static void handle_openapi(srv_request *r)
 {
-    http_reply_canned(r, openapi);
+    http_reply_canned(r, r->srv->routes.openapi);
 }
 
 /* ------------------------------------------------------------- building */
 
-static char *build_info(const attnd_config *cfg, size_t *len)
+/* A growing text for the /v1/info body: sized to what it holds, so that
+ * nothing is ever cut off (a failed allocation fails the whole). */
+typedef struct {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} info_text;
+
+static void info_put(info_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void info_put(info_text *t, const char *fmt, ...)
 {
-    char config[1024], corename[128], version[64], limits[512];
-    json_escape(config, sizeof config, attn_blas_config());
-    json_escape(corename, sizeof corename, attn_blas_corename());
-    json_escape(version, sizeof version, attn_version());
-    config_limits_json(cfg, limits, sizeof limits);
-    size_t cap = 2048 + sizeof config;
-    char *body = malloc(cap);
-    if (!body)
-        return NULL;
-    /* libattn keeps OpenBLAS single-threaded (attn.h) and parallelises over
-     * batch, heads and tiles itself, so BLAS runs on one thread per call. */
-    int n = snprintf(body, cap,
-                     "{\"version\": \"%s\", \"libattn\": \"%s\", "
-                     "\"blas\": {\"config\": \"%s\", \"corename\": \"%s\", \"threads\": 1}, "
-                     "\"threads\": %d, \"limits\": %s}\n",
-                     ATTND_VERSION, version, config, corename, cfg->threads, limits);
-    *len = (size_t)n < cap ? (size_t)n : cap - 1;
-    return body;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (t->failed || n < 0) {
+        t->failed = true;
+        return;
+    }
+    if (t->len + (size_t)n + 1 > t->cap) {
+        size_t cap = (t->len + (size_t)n + 1) * 2;
+        char *p = realloc(t->data, cap);
+        if (!p) {
+            t->failed = true;
+            return;
+        }
+        t->data = p;
+        t->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(t->data + t->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    t->len += (size_t)n;
 }
 
-bool routes_init(const attnd_config *cfg)
+/* `"s"`, escaped. */
+static void info_string(info_text *t, const char *s)
 {
+    size_t n = json_escape(NULL, 0, s);
+    char *e = malloc(n + 1);
+    if (!e) {
+        t->failed = true;
+        return;
+    }
+    json_escape(e, n + 1, s);
+    info_put(t, "\"%s\"", e);
+    free(e);
+}
+
+static char *build_info(const attnd_config *cfg, size_t *len)
+{
+    api_info ai;
+    api_get_info(&ai);
+    info_text t = {0};
+    info_put(&t, "{\"version\": \"%s\", \"libattn\": ", ATTND_VERSION);
+    info_string(&t, ai.libattn);
+    info_put(&t, ", \"kernel\": ");
+    info_string(&t, ai.kernel);
+    /* libattn keeps OpenBLAS single-threaded (attn.h) and parallelises over
+     * batch, heads and tiles itself, so BLAS runs on one thread per call. */
+    info_put(&t, ", \"blas\": {\"config\": ");
+    info_string(&t, ai.blas_config);
+    info_put(&t, ", \"corename\": ");
+    info_string(&t, ai.blas_corename);
+    info_put(&t, ", \"threads\": 1}, \"threads\": %d, \"cors_origins\": [", cfg->threads);
+    for (int i = 0; i < cfg->n_origins; i++) {
+        if (i)
+            info_put(&t, ", ");
+        info_string(&t, cfg->origins[i]);
+    }
+    size_t limits_len = config_limits_json(cfg, NULL, 0);
+    char *limits = malloc(limits_len + 1);
+    if (limits) {
+        config_limits_json(cfg, limits, limits_len + 1);
+        info_put(&t, "], \"limits\": %s}\n", limits);
+        free(limits);
+    } else {
+        t.failed = true;
+    }
+    if (t.failed) {
+        free(t.data);
+        return NULL;
+    }
+    *len = t.len;
+    return t.data;
+}
+
+bool routes_init(srv_server *srv)
+{
+    srv_routes *t = &srv->routes;
     const char *labels[N_ROUTES];
     int n_labels = 0;
     for (int i = 0; i < N_ROUTES; i++) {
-        path_row[i] = i;
+        t->path_row[i] = i;
         for (int j = 0; j < i; j++)
             if (!strcmp(routes[j].path, routes[i].path)) {
-                path_row[i] = path_row[j];
+                t->path_row[i] = t->path_row[j];
                 break;
             }
         labels[n_labels++] = routes[i].path;
     }
-    metrics_init(labels, n_labels);
+    metrics_init(&srv->metrics, labels, n_labels);
 
     for (int i = 0; i < N_ROUTES; i++) {
-        if (path_row[i] != i)
+        if (t->path_row[i] != i)
             continue;
-        char *a = allow[i];
+        char *a = t->allow[i];
+        size_t cap = sizeof t->allow[i];
         a[0] = '\0';
         for (int j = i; j < N_ROUTES; j++) {
             if (strcmp(routes[j].path, routes[i].path))
                 continue;
-            snprintf(a + strlen(a), sizeof allow[i] - strlen(a), "%s, ", routes[j].method);
+            snprintf(a + strlen(a), cap - strlen(a), "%s, ", routes[j].method);
             if (!strcmp(routes[j].method, "GET"))
-                snprintf(a + strlen(a), sizeof allow[i] - strlen(a), "HEAD, ");
+                snprintf(a + strlen(a), cap - strlen(a), "HEAD, ");
         }
-        snprintf(a + strlen(a), sizeof allow[i] - strlen(a), "OPTIONS");
+        snprintf(a + strlen(a), cap - strlen(a), "OPTIONS");
         char msg[160];
         snprintf(msg, sizeof msg, "%s accepts only %s", routes[i].path, a);
-        not_allowed[i] = canned_error(405, "method_not_allowed", msg,
-                                      MHD_HTTP_HEADER_ALLOW, a);
-        if (!not_allowed[i])
+        t->not_allowed[i] = canned_error(srv, 405, "method_not_allowed", msg,
+                                         MHD_HTTP_HEADER_ALLOW, a);
+        if (!t->not_allowed[i])
             return false;
     }
 
     static const char ok[] = "{\"status\": \"ok\"}\n";
     static const char ready_text[] = "{\"status\": \"ready\"}\n";
-    healthz = canned_new(200, "application/json", ok, sizeof ok - 1, NULL, NULL);
-    ready = canned_new(200, "application/json", ready_text, sizeof ready_text - 1, NULL, NULL);
-    openapi = canned_new(200, "application/yaml", api_openapi_yaml, api_openapi_yaml_len,
-                         NULL, NULL);
+    t->healthz = canned_new(srv, 200, "application/json", ok, sizeof ok - 1, NULL, NULL);
+    t->ready = canned_new(srv, 200, "application/json", ready_text, sizeof ready_text - 1,
+                          NULL, NULL);
+    t->openapi = canned_new(srv, 200, "application/yaml", api_openapi_yaml,
+                            api_openapi_yaml_len, NULL, NULL);
     size_t info_len = 0;
-    info_body = build_info(cfg, &info_len);
-    info = info_body ? canned_new(200, "application/json", info_body, info_len, NULL, NULL)
-                     : NULL;
-    return healthz && ready && openapi && info;
+    t->info_body = build_info(srv->cfg, &info_len);
+    t->info = t->info_body ? canned_new(srv, 200, "application/json", t->info_body, info_len,
+                                        NULL, NULL)
+                           : NULL;
+    return t->healthz && t->ready && t->openapi && t->info;
 }
 
-void routes_free(void)
+void routes_free(srv_server *srv)
 {
+    srv_routes *t = &srv->routes;
     for (int i = 0; i < N_ROUTES; i++) {
-        canned_free(not_allowed[i]);
-        not_allowed[i] = NULL;
+        canned_free(t->not_allowed[i]);
+        t->not_allowed[i] = NULL;
     }
-    canned_free(healthz);
-    canned_free(ready);
-    canned_free(openapi);
-    canned_free(info);
-    free(info_body);
-    healthz = ready = openapi = info = NULL;
-    info_body = NULL;
+    canned_free(t->healthz);
+    canned_free(t->ready);
+    canned_free(t->openapi);
+    canned_free(t->info);
+    free(t->info_body);
+    t->healthz = t->ready = t->openapi = t->info = NULL;
+    t->info_body = NULL;
 }

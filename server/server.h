@@ -1,11 +1,17 @@
 /*
- * The server layer's shared vocabulary: one request record that travels from
- * the transport (http.c) through the route table (routes.c) and the compute
- * queue (compute.c) to the access log (log.c) and the counters (metrics.c).
+ * The server layer's shared vocabulary. One `srv_server` holds everything a
+ * running attnd knows (the configuration, the daemon, the compute queue, the
+ * counters, the log, the fixed responses); main owns it and hands it to
+ * libmicrohttpd as the closure of every callback, so each part reaches the
+ * others through it and no file keeps state of its own. One request record
+ * travels from the transport (http.c) through the route table (routes.c) and
+ * the compute queue (compute.c) to the access log (log.c) and the counters
+ * (metrics.c), carrying a pointer back to its server.
  */
 #ifndef ATTND_SERVER_H
 #define ATTND_SERVER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,10 +21,12 @@
 #include "api.h"
 #include "config.h"
 
-/* ------------------------------------------------------------- requests */
-
+typedef struct srv_server srv_server;
 typedef struct srv_request srv_request;
 typedef struct srv_route srv_route;
+typedef struct srv_canned srv_canned;
+
+/* ------------------------------------------------------------- requests */
 
 /* A route's handler queues exactly one response (http_reply*), or hands the
  * request to the compute queue, which answers later. */
@@ -35,6 +43,7 @@ struct srv_route {
 /* One per connection, reused by each request on it (keep-alive), so that a
  * request costs no allocation of its own. */
 struct srv_request {
+    srv_server *srv;
     struct MHD_Connection *conn;
     const srv_route *route;  /* NULL when no route matched */
     int label;               /* metrics route label (metrics_label) */
@@ -57,7 +66,6 @@ struct srv_request {
 
     /* compute routes */
     atomic_bool computed;    /* set by a worker before it resumes the connection */
-    bool queued_at_all;      /* went through the queue (suspended) */
     api_response res;
     srv_request *next;       /* compute queue link */
 };
@@ -66,21 +74,21 @@ double srv_now(void); /* monotonic seconds */
 
 /* ------------------------------------------------------------ http.c */
 
-/* Starts the daemon on cfg's address with every part initialised. */
-bool http_start(const attnd_config *cfg, char *err, size_t err_len);
-int http_port(void);          /* the port actually bound */
-void http_quiesce(void);      /* stop accepting; /readyz and new computes -> 503 */
-bool http_draining(void);
-long http_in_flight(void);    /* requests started and not yet completed */
-void http_stop(void);         /* after the drain: close everything */
+/* Starts the daemon on srv->cfg's address with every part initialised. */
+bool http_start(srv_server *srv, char *err, size_t err_len);
+int http_port(const srv_server *srv);  /* the port actually bound */
+void http_quiesce(srv_server *srv);    /* stop accepting; /readyz and new computes -> 503 */
+bool http_draining(const srv_server *srv);
+long http_in_flight(srv_server *srv); /* requests started and not yet completed */
+void http_stop(srv_server *srv);       /* after the drain: close everything */
 
 /* A response built once and served many times (freed by canned_free). */
-typedef struct srv_canned srv_canned;
-srv_canned *canned_new(int status, const char *content_type, const char *body,
-                       size_t len, const char *hname, const char *hvalue);
+srv_canned *canned_new(const srv_server *srv, int status, const char *content_type,
+                       const char *body, size_t len, const char *hname,
+                       const char *hvalue);
 /* An api_error_json body; hname/hvalue: one extra header or NULL. */
-srv_canned *canned_error(int status, const char *code, const char *message,
-                         const char *hname, const char *hvalue);
+srv_canned *canned_error(const srv_server *srv, int status, const char *code,
+                         const char *message, const char *hname, const char *hvalue);
 void canned_free(srv_canned *c);
 
 /* The transport's own errors, built at start. */
@@ -99,61 +107,120 @@ void http_reply_stock(srv_request *r, stock_error e);
 /* Takes ownership of body (malloc'd). extra: NULL-terminated name/value pairs. */
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
-/* An API error body for the request (400 etc.); falls back to a canned 500. */
-void http_reply_error(srv_request *r, const api_error *e);
 void http_resume(srv_request *r); /* from a compute worker */
 
 /* ----------------------------------------------------------- routes.c */
 
-bool routes_init(const attnd_config *cfg);
-void routes_free(void);
+/* Per path of the route table (indexed by its first row): the metrics
+ * label, the Allow value and the 405 answer naming it; and the fixed
+ * answers of the operational routes. */
+#define ROUTES_MAX 16
+typedef struct {
+    int path_row[ROUTES_MAX];
+    char allow[ROUTES_MAX][64];
+    srv_canned *not_allowed[ROUTES_MAX];
+    srv_canned *healthz, *ready, *openapi, *info;
+    char *info_body;
+} srv_routes;
+
+bool routes_init(srv_server *srv);
+void routes_free(srv_server *srv);
 /* Finds the route for (method, path). NULL with *path_known true: 405 (the
  * path exists with other methods); NULL otherwise: 404. */
-const srv_route *routes_match(const char *method, const char *path,
+const srv_route *routes_match(const srv_server *srv, const char *method, const char *path,
                               bool *path_known, int *label);
-const char *routes_allow(const char *path); /* "GET, HEAD, OPTIONS" or NULL */
-const srv_canned *routes_not_allowed(const char *path); /* the 405 for path */
+/* "GET, HEAD, OPTIONS" or NULL */
+const char *routes_allow(const srv_server *srv, const char *path);
+/* the 405 for path */
+const srv_canned *routes_not_allowed(const srv_server *srv, const char *path);
 void routes_compute_done(srv_request *r); /* answer a finished compute */
 
 /* ---------------------------------------------------------- compute.c */
 
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t work;
+    int slots, queue_max;
+    int running;             /* computing now */
+    int waiting;             /* admitted, not computing yet */
+    srv_request *head, *tail;
+    bool stopping;
+    pthread_t *workers;
+    int n_workers;
+} srv_compute;
+
 typedef enum { COMPUTE_DONE, COMPUTE_QUEUED, COMPUTE_OVERLOADED } compute_result;
 
-bool compute_start(const attnd_config *cfg);
+bool compute_start(srv_server *srv);
 /* Computes r (r->route->op on r->body) now, or queues it and suspends the
  * connection, or refuses when `threads` compute and `queue` wait. */
 compute_result compute_submit(srv_request *r);
-int compute_queue_depth(void); /* waiting for a slot */
-int compute_running(void);     /* computing now */
-void compute_stop(void);
+int compute_queue_depth(srv_server *srv); /* waiting for a slot */
+int compute_running(srv_server *srv);     /* computing now */
+void compute_stop(srv_server *srv);
 
 /* ---------------------------------------------------------- metrics.c */
 
-#define METRICS_MAX_ROUTES 16
-/* Route labels: 0..n-1 are the route table's paths, n is "other". */
-void metrics_init(const char *const *labels, int n);
-void metrics_request_done(int label, int status, double seconds, size_t bytes_in,
-                          size_t bytes_out);
-void metrics_in_flight(int delta);
-char *metrics_render(size_t *len); /* Prometheus text, malloc'd */
+/* The statuses counted by name; anything else is "other". */
+#define METRICS_N_STATUS 11
+/* Latency histogram buckets (the last counter is +Inf). */
+#define METRICS_N_BUCKETS 18
+
+typedef struct {
+    atomic_ulong requests[METRICS_N_STATUS + 1];
+    atomic_ulong bucket[METRICS_N_BUCKETS + 1];
+    atomic_ulong duration_ns;
+} srv_route_counters;
+
+typedef struct {
+    const char *labels[ROUTES_MAX + 1]; /* 0..n-1 the route table's paths, n "other" */
+    int n_labels;
+    srv_route_counters counters[ROUTES_MAX + 1];
+    atomic_long in_flight;   /* requests started and not yet completed */
+    atomic_ulong bytes_received, bytes_sent;
+} srv_metrics;
+
+void metrics_init(srv_metrics *m, const char *const *labels, int n);
+void metrics_request_start(srv_metrics *m);
+void metrics_request_done(srv_metrics *m, int label, int status, double seconds,
+                          size_t bytes_in, size_t bytes_out);
+long metrics_in_flight(srv_metrics *m);
+char *metrics_render(srv_server *srv, size_t *len); /* Prometheus text, malloc'd */
 
 /* -------------------------------------------------------------- log.c */
 
-void log_init(log_format fmt);   /* also starts the access log's flusher */
-void log_flush(void);            /* writes out buffered access-log lines */
-void log_shutdown(void);         /* after http_stop: flush, stop the flusher */
-void log_request(const srv_request *r, double seconds, const char *remote);
-void log_event(const char *level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+typedef struct srv_log_buffer srv_log_buffer;
+
+typedef struct {
+    log_format format;
+    /* the access log's per-thread buffers and its flusher (under lock) */
+    pthread_mutex_t lock;
+    pthread_cond_t flush_wanted;
+    srv_log_buffer *buffers;
+    bool pending, flusher_running, flusher_stop;
+    pthread_t flusher;
+} srv_log;
+
+void log_init(srv_log *log, log_format fmt); /* also starts the flusher */
+void log_flush(srv_log *log);    /* writes out buffered access-log lines */
+void log_shutdown(srv_log *log); /* after http_stop: flush, stop the flusher */
+void log_request(srv_log *log, const srv_request *r, double seconds);
+void log_event(srv_log *log, const char *level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Writes s as the inside of a JSON string into buf; returns bytes needed. */
 size_t json_escape(char *buf, size_t cap, const char *s);
 
 /* ------------------------------------------------------------- cors.c */
 
-void cors_init(const attnd_config *cfg);
-bool cors_enabled(void);
+typedef struct {
+    const attnd_config *cfg;
+    bool enabled;            /* some origin is allowed */
+    bool any_origin;         /* "*" is among them */
+} srv_cors;
+
+void cors_init(srv_cors *cors, const attnd_config *cfg);
 /* The origin to echo in Access-Control-Allow-Origin, or NULL. */
-const char *cors_allowed(const char *origin);
+const char *cors_allowed(const srv_cors *cors, const char *origin);
 void cors_add_headers(struct MHD_Response *resp, const char *origin);
 /* 204 answer to an OPTIONS request for a known path. */
 void cors_preflight(srv_request *r, const char *allow);
@@ -163,5 +230,19 @@ void cors_preflight(srv_request *r, const char *allow);
 bool signals_install(void);        /* SIGTERM/SIGINT handlers; SIGPIPE ignored */
 int signals_wait(void);            /* the first SIGTERM/SIGINT */
 bool signals_poll(int timeout_ms); /* another one arrived within the timeout */
+
+/* ------------------------------------------------------------- server */
+
+struct srv_server {
+    const attnd_config *cfg;
+    struct MHD_Daemon *daemon;
+    atomic_bool draining;
+    srv_canned *stock[N_STOCK];
+    srv_routes routes;
+    srv_compute compute;
+    srv_metrics metrics;
+    srv_cors cors;
+    srv_log log;
+};
 
 #endif /* ATTND_SERVER_H */

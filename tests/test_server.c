@@ -528,6 +528,37 @@ START_TEST(info_reports_version_blas_threads_and_limits)
 }
 END_TEST
 
+/* The body is built to the size it needs: sixteen origins of 200 bytes each
+ * (past any fixed buffer) all come back, and the JSON is whole. */
+START_TEST(info_is_never_cut_off)
+{
+    const char *args[40];
+    char origins[16][220];
+    int n = 0;
+    for (int i = 0; i < 16; i++) {
+        snprintf(origins[i], sizeof origins[i], "https://%0190d-%02d.example", 0, i);
+        args[n++] = "--cors-origin";
+        args[n++] = origins[i];
+    }
+    args[n] = NULL;
+    server s = start_server_v(args);
+    reply r = get(s.port, "/v1/info");
+    ck_assert_int_eq(r.status, 200);
+    json_error_t je;
+    json_t *j = json_loadb(r.body, r.body_len, 0, &je);
+    ck_assert_msg(j != NULL, "/v1/info is not JSON (%s): %.200s", je.text, r.body);
+    json_t *list = json_object_get(j, "cors_origins");
+    ck_assert_int_eq(json_array_size(list), 16);
+    for (int i = 0; i < 16; i++)
+        ck_assert_str_eq(json_string_value(json_array_get(list, (size_t)i)), origins[i]);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "kernel")), attn_kernel_name());
+    ck_assert_ptr_nonnull(json_object_get(json_object_get(j, "limits"), "max_work"));
+    json_decref(j);
+    reply_free(&r);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 START_TEST(openapi_yaml_is_served_as_yaml)
 {
     reply r = get(shared.port, "/openapi.yaml");
@@ -1447,6 +1478,7 @@ static Suite *server_suite(void)
     tcase_add_test(routes, readyz_answers_ready);
     tcase_add_test(routes, head_request_on_get_route_has_headers_only);
     tcase_add_test(routes, info_reports_version_blas_threads_and_limits);
+    tcase_add_test(routes, info_is_never_cut_off);
     tcase_add_test(routes, openapi_yaml_is_served_as_yaml);
     tcase_add_test(routes, metrics_count_requests_by_route_and_status);
     tcase_add_test(routes, metrics_count_body_bytes_received);
