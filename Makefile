@@ -27,7 +27,7 @@ CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
-API_SRC  := $(sort $(wildcard api/*.c))
+API_SRC  := $(sort $(wildcard api/*.c api/json/*.c))
 SRV_SRC  := $(sort $(filter-out server/main.c,$(wildcard server/*.c)))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_SCRIPTS := $(sort $(wildcard tests/test_*.sh))

@@ -12,7 +12,7 @@
 #define API_REQUEST_H
 
 #include "api.h"
-#include "codec.h"
+#include "json/codec.h"
 #include "attn.h"
 
 #include <jansson.h>

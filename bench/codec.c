@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codec.h"
+#include "json/codec.h"
 
 static double now_s(void)
 {

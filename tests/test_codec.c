@@ -20,8 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codec.h"
-#include "codec_internal.h"
+#include "json/codec.h"
+#include "json/codec_internal.h"
 
 /* ------------------------------------------------------------- helpers */
 
