@@ -22,6 +22,7 @@
 
 #include "json/codec.h"
 #include "json/codec_internal.h"
+#include "json/json_string.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -1141,6 +1142,212 @@ START_TEST(encode_decode_round_trip_bit_exact)
 }
 END_TEST
 
+/* ============================================================== strings */
+
+/* The reference UTF-8 reader: decode the bits naively, then accept only if
+ * the canonical encoding of that code point (written by hand here) is the
+ * same bytes and the code point is a scalar value. */
+static size_t ref_encode_utf8(uint32_t cp, unsigned char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (unsigned char)(0xc0 | cp >> 6);
+        out[1] = (unsigned char)(0x80 | (cp & 63));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (unsigned char)(0xe0 | cp >> 12);
+        out[1] = (unsigned char)(0x80 | (cp >> 6 & 63));
+        out[2] = (unsigned char)(0x80 | (cp & 63));
+        return 3;
+    }
+    out[0] = (unsigned char)(0xf0 | cp >> 18);
+    out[1] = (unsigned char)(0x80 | (cp >> 12 & 63));
+    out[2] = (unsigned char)(0x80 | (cp >> 6 & 63));
+    out[3] = (unsigned char)(0x80 | (cp & 63));
+    return 4;
+}
+
+/* Length of the valid sequence at s (n bytes available), 0 if none; the
+ * code point in *cp. */
+static size_t ref_utf8(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    size_t len = s[0] < 0x80 ? 1 : s[0] >> 5 == 6 ? 2 : s[0] >> 4 == 14 ? 3 : s[0] >> 3 == 30 ? 4 : 0;
+    if (len == 0 || len > n)
+        return 0;
+    uint32_t c = len == 1 ? s[0] : s[0] & (0xffu >> (len + 1));
+    for (size_t i = 1; i < len; i++)
+        c = c << 6 | (s[i] & 63u);
+    unsigned char canon[4];
+    if (c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff) || ref_encode_utf8(c, canon) != len ||
+        memcmp(canon, s, len) != 0)
+        return 0;
+    *cp = c;
+    return len;
+}
+
+START_TEST(utf8_sequence_matches_reference_on_every_short_input)
+{
+    unsigned char b[4];
+    uint32_t cp;
+    /* every 1-, 2- and 3-byte input */
+    for (uint32_t x = 0; x < (1u << 24); x++) {
+        b[0] = (unsigned char)(x >> 16), b[1] = (unsigned char)(x >> 8), b[2] = (unsigned char)x;
+        size_t want = ref_utf8(b, 3, &cp);
+        size_t got = json_utf8_sequence(b, 3);
+        CHECK(got == want, "%02x %02x %02x: %zu, want %zu", b[0], b[1], b[2], got, want);
+        if (x < (1u << 16)) {
+            b[0] = (unsigned char)(x >> 8), b[1] = (unsigned char)x;
+            CHECK(json_utf8_sequence(b, 2) == ref_utf8(b, 2, &cp), "%02x %02x", b[0], b[1]);
+            CHECK(json_utf8_sequence(b, 1) == ref_utf8(b, 1, &cp), "%02x alone", b[0]);
+        }
+    }
+    /* 4-byte inputs: every lead and second byte, the edges of the rest */
+    const unsigned char edges[] = {0x00, 0x41, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xff};
+    for (unsigned lead = 0xf0; lead <= 0xff; lead++)
+        for (unsigned second = 0; second < 256; second++)
+            for (size_t i = 0; i < sizeof edges; i++)
+                for (size_t j = 0; j < sizeof edges; j++) {
+                    b[0] = (unsigned char)lead, b[1] = (unsigned char)second;
+                    b[2] = edges[i], b[3] = edges[j];
+                    size_t want = ref_utf8(b, 4, &cp);
+                    CHECK(json_utf8_sequence(b, 4) == want, "%02x %02x %02x %02x", b[0], b[1],
+                          b[2], b[3]);
+                }
+    /* every scalar value's encoding is valid, every surrogate's is not */
+    for (uint32_t c = 0; c <= 0x10ffff; c++) {
+        size_t n = ref_encode_utf8(c, b);
+        bool want = c < 0xd800 || c > 0xdfff;
+        CHECK(json_utf8_valid((const char *)b, n) == want, "U+%04X", c);
+    }
+}
+END_TEST
+
+START_TEST(utf8_valid_and_uncut_on_texts)
+{
+    ck_assert(json_utf8_valid("", 0));
+    ck_assert(json_utf8_valid("a\0b", 3)); /* NUL is a character */
+    ck_assert(json_utf8_valid("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9));
+    ck_assert(!json_utf8_valid("\xc3", 1));
+    ck_assert(!json_utf8_valid("\xc0\xaf", 2));         /* overlong '/' */
+    ck_assert(!json_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
+    ck_assert(!json_utf8_valid("\xf4\x90\x80\x80", 4)); /* above U+10FFFF */
+    ck_assert(!json_utf8_valid("a\x80", 2));
+    /* uncut drops only a sequence cut short at the very end */
+    ck_assert_uint_eq(json_utf8_uncut("ab\xc3\xa9", 4), 4);
+    ck_assert_uint_eq(json_utf8_uncut("ab\xc3\xa9", 3), 2);
+    ck_assert_uint_eq(json_utf8_uncut("ab\xe2\x82\xac", 4), 2);
+    ck_assert_uint_eq(json_utf8_uncut("ab\xe2\x82\xac", 3), 2);
+    ck_assert_uint_eq(json_utf8_uncut("ab\xf0\x9f\x98\x80", 5), 2);
+    ck_assert_uint_eq(json_utf8_uncut("ab\xf0\x9f\x98\x80", 6), 6);
+    ck_assert_uint_eq(json_utf8_uncut("ab\x80", 3), 3); /* a stray byte is not a cut */
+    ck_assert_uint_eq(json_utf8_uncut("", 0), 0);
+}
+END_TEST
+
+/* What the escaped text of s must read back as: s with every byte that
+ * starts no valid sequence replaced by U+FFFD. */
+static size_t ref_unescaped(const unsigned char *s, size_t n, char *out)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = ref_utf8(s + i, n - i, &cp);
+        if (k == 0) {
+            memcpy(out + w, "\xef\xbf\xbd", 3);
+            w += 3;
+            i++;
+        } else {
+            memcpy(out + w, s + i, k);
+            w += k;
+            i += k;
+        }
+    }
+    return w;
+}
+
+START_TEST(escape_text_reads_back_as_the_text_for_any_bytes)
+{
+    uint64_t seed = 7;
+    static const unsigned char pool[] = {'a', 'Z', ' ', '"', '\\', '/', 0, '\n', '\t', 0x1f,
+                                         0x7f, 0xc3, 0xa9, 0xe2, 0x80, 0xa8, 0xf0, 0x9f,
+                                         0x98, 0xed, 0xa0, 0xff, 0xc0, 0xbf};
+    for (int iter = 0; iter < 5000; iter++) {
+        unsigned char in[40];
+        size_t n = rng_next(&seed) % sizeof in;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = rng_next(&seed);
+            in[i] = r & 1 ? pool[(r >> 1) % sizeof pool] : (unsigned char)(r >> 8);
+        }
+        for (unsigned flags = 0; flags <= JSON_ESCAPE_ASCII; flags++) {
+            char out[JSON_ESCAPED_MAX(sizeof in) + 3];
+            out[0] = '"';
+            size_t len = json_escape_text(out + 1, sizeof out - 2, (const char *)in, n, flags);
+            CHECK(len <= JSON_ESCAPED_MAX(n), "escaped length %zu of %zu bytes", len, n);
+            out[1 + len] = '"';
+            json_error_t je;
+            json_t *j = json_loadb(out, len + 2, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            CHECK(j != NULL && json_is_string(j), "not a JSON string: %s (%s)", out, je.text);
+            char want[sizeof in * 3];
+            size_t wn = ref_unescaped(in, n, want);
+            CHECK(json_string_length(j) == wn && memcmp(json_string_value(j), want, wn) == 0,
+                  "reads back wrong: %s", out);
+            json_decref(j);
+            for (size_t i = 1; i <= len; i++) {
+                unsigned char c = (unsigned char)out[i];
+                CHECK(c >= 0x20 && c != 0x7f, "control byte %02x left in %s", c, out);
+                CHECK(!(flags & JSON_ESCAPE_ASCII) || c < 0x80, "non-ASCII in %s", out);
+            }
+            CHECK(strstr(out, "\xe2\x80\xa8") == NULL, "U+2028 left raw in %s", out);
+            /* cut short: a prefix of the whole, ending between escapes */
+            for (size_t cap = 0; cap <= len + 1; cap++) {
+                char cut[sizeof out];
+                memset(cut, '#', sizeof cut);
+                size_t need = json_escape_text(cut + 1, cap, (const char *)in, n, flags);
+                CHECK(need == len, "cap %zu: needs %zu, want %zu", cap, need, len);
+                if (cap == 0) {
+                    CHECK(cut[1] == '#', "cap 0 wrote");
+                    continue;
+                }
+                size_t w = strlen(cut + 1);
+                CHECK(w < cap && memcmp(cut + 1, out + 1, w) == 0, "cap %zu: not a prefix", cap);
+                cut[0] = '"';
+                cut[1 + w] = '"';
+                j = json_loadb(cut, w + 2, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+                CHECK(j != NULL, "cap %zu: cut inside an escape: %.*s", cap, (int)w + 2, cut);
+                json_decref(j);
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(escape_text_examples)
+{
+    char out[64];
+    ck_assert_uint_eq(json_escape_text(out, sizeof out, "q\0x", 3, 0), 8);
+    ck_assert_str_eq(out, "q\\u0000x");
+    json_escape_text(out, sizeof out, "a\"b\\c\n\t\b\f\r\x01\x7f", 12, 0);
+    ck_assert_str_eq(out, "a\\\"b\\\\c\\n\\t\\b\\f\\r\\u0001\\u007f");
+    json_escape_text(out, sizeof out, "\xc3\xa9\xf0\x9f\x98\x80/", 7, 0);
+    ck_assert_str_eq(out, "\xc3\xa9\xf0\x9f\x98\x80/");
+    json_escape_text(out, sizeof out, "\xc3\xa9\xf0\x9f\x98\x80", 6, JSON_ESCAPE_ASCII);
+    ck_assert_str_eq(out, "\\u00e9\\ud83d\\ude00");
+    json_escape_text(out, sizeof out, "\xc0\xaf\xe2\x80\xa9", 5, 0);
+    ck_assert_str_eq(out, "\xef\xbf\xbd\xef\xbf\xbd\\u2029");
+    /* a cut never splits a character or an escape */
+    ck_assert_uint_eq(json_escape_text(out, 5, "ab\xc3\xa9z", 5, 0), 5);
+    ck_assert_str_eq(out, "ab\xc3\xa9");
+    ck_assert_uint_eq(json_escape_text(out, 4, "ab\xc3\xa9z", 5, 0), 5);
+    ck_assert_str_eq(out, "ab");
+    ck_assert_uint_eq(json_escape_text(out, 7, "ab\n\x01", 4, 0), 10);
+    ck_assert_str_eq(out, "ab\\n");
+}
+END_TEST
+
 /* ======================================================== buf, base64 */
 
 START_TEST(buf_grows_and_formats)
@@ -1275,6 +1482,11 @@ Suite *codec_suite(void)
     tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
     tcase_add_test(tc, members_detects_duplicates_after_decoding);
     tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
+    tc = tcase(s, "strings");
+    tcase_add_test(tc, utf8_sequence_matches_reference_on_every_short_input);
+    tcase_add_test(tc, utf8_valid_and_uncut_on_texts);
+    tcase_add_test(tc, escape_text_reads_back_as_the_text_for_any_bytes);
+    tcase_add_test(tc, escape_text_examples);
     tc = tcase(s, "decode");
     tcase_add_test(tc, decode_nested_ranks_two_to_four);
     tcase_add_test(tc, decode_long_rows_match_strtod);

@@ -6,6 +6,9 @@
  * json_t per number is what makes a generic parser slow, so tensors never go
  * through it.
  *
+ * The UTF-8 check and the string escaper that the rest of attnd uses when
+ * it writes JSON by hand are in json_string.h.
+ *
  * Flow for a request body:
  *   json_text_validate(body)          strict check of the whole document, once
  *   json_text_members(body)           top-level members: decoded key + value span
@@ -20,7 +23,7 @@
 #define API_MAX_RANK 8   /* ranks above 4 are decoded only to be refused with a clear message */
 #define API_MAX_DEPTH 64 /* nesting depth a body may have */
 
-/* ------------------------------------------------ strict JSON text (json_text.c) */
+/* --------------------- strict JSON text (json_validate.c, json_object.c) */
 
 /*
  * True when buf[0..len) is exactly one JSON value by RFC 8259, strictly:
@@ -56,7 +59,7 @@ bool json_text_members(const char *p, const char *end, json_member *out,
                        size_t max, size_t *count, const char *where,
                        api_error *err);
 
-/* -------------------------------------------------- tensors (tensor_codec.c) */
+/* ------------------------- tensors (tensor_decode.c, tensor_encode.c) */
 
 typedef enum { API_F32 = 0, API_BOOL = 1 } api_dtype;
 

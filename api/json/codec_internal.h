@@ -1,7 +1,16 @@
 /*
- * Plumbing shared by the files behind codec.h (json_text.c, tensor_codec.c,
- * number.c, float_text.c, base64.c, buf.c) and their tests. Nothing outside
- * the codec needs these: handlers use codec.h.
+ * Plumbing shared by the files behind codec.h and their tests. Nothing
+ * outside api/json/ needs these: handlers use codec.h (and json_string.h).
+ *
+ *   json_validate.c  the strict RFC 8259 check every body goes through
+ *   json_object.c    skipping values, listing an object's members
+ *   json_string.c    UTF-8, escaping, decoding strings
+ *   tensor_arrays.c  nested arrays of numbers or booleans into a tensor
+ *   tensor_decode.c  the three tensor forms (nested, flat, base64)
+ *   tensor_encode.c  tensors out, in the three forms
+ *   number.c         decimal text -> float32
+ *   float_text.c     float32 -> shortest decimal text
+ *   base64.c, buf.c  base64; the growing output buffer
  */
 #ifndef API_CODEC_INTERNAL_H
 #define API_CODEC_INTERNAL_H
@@ -63,7 +72,38 @@ bool api_base64_decoded_len(const char *s, size_t len, size_t *out);
  * padding bits; *bad is then the offending offset in s. */
 bool api_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad);
 
-/* ------------------------------------------------------------ json_text.c */
+/* ---------------------------------------------------------- json_string.c */
+
+typedef const char *cursor;
+
+/* Whitespace as RFC 8259 has it: space, tab, LF, CR. */
+static inline cursor json_skip_ws(cursor p, cursor end)
+{
+    /* most calls find a value byte straight away: one compare for those */
+    while (p < end && (unsigned char)*p <= ' ' &&
+           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+/* The value of the 4 hex digits at p, or -1. */
+static inline long json_hex4(cursor p, cursor end)
+{
+    if (end - p < 4)
+        return -1;
+    long v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned c = (unsigned char)p[i], h;
+        if (c - '0' < 10)
+            h = c - '0';
+        else if ((c | 0x20) - 'a' < 6)
+            h = (c | 0x20) - 'a' + 10;
+        else
+            return -1;
+        v = v << 4 | h;
+    }
+    return v;
+}
 
 /*
  * Decodes the JSON string whose opening quote is at p (validated text) into
@@ -74,6 +114,50 @@ bool api_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad);
  */
 size_t json_string_decode(const char *p, const char *end, char *out,
                           size_t cap, const char **after);
+
+/* Do the strings whose opening quotes are at a and b (validated text) decode
+ * to the same bytes? */
+bool json_string_equal(const char *a, const char *b, const char *end);
+
+/* ------------------------------------------- tensor_arrays.c (decoding) */
+
+static inline bool tensor_starts_number(char c)
+{
+    return c == '-' || (unsigned char)(c - '0') < 10;
+}
+
+/* What a value starting with byte c is, in words: "a string", "null", ... */
+const char *tensor_kind_of(char c);
+
+/* "q[1][3]": the element at idx[0..n) of field, cut to cap. */
+void tensor_element_name(char *dst, size_t cap, const char *field, const int64_t *idx, int n);
+
+/* The elements read so far, in a buffer that grows by doubling. */
+typedef struct {
+    api_dtype dtype;
+    bool typed;    /* dtype is known (first element seen, or declared) */
+    bool declared; /* by a "dtype" member, which the error then names */
+    float *f32;
+    uint8_t *b8;
+    size_t n, cap;
+    size_t hint;   /* a guess at the element count, for the first allocation */
+} tensor_store;
+
+void tensor_store_free(tensor_store *s);
+
+/* Moves a finished store into t (giving back an oversized buffer). */
+void tensor_store_to_tensor(tensor_store *s, int rank, const int64_t *shape, api_tensor *t);
+
+/*
+ * Reads nested arrays at p ('[') into s, checking that they are
+ * rectangular. max_depth: API_MAX_RANK for a tensor, 1 for "data" (flat).
+ * On success shape[0..*rank) is filled and *after is the byte after the
+ * outermost ']'. On failure err says why (field = `field`); s may hold
+ * memory either way (tensor_store_free).
+ */
+bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_bool,
+                        int max_depth, tensor_store *s, int *rank, int64_t *shape,
+                        cursor *after, api_error *err);
 
 /* ------------------------------------------- eight digits at a time (SWAR) */
 

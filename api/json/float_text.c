@@ -303,6 +303,39 @@ static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
 
 /* ------------------------------------------------------------- the search */
 
+/* Doubtful candidates sit within a unit of an end: L (on the lower end
+ * when it is exact, else just below it), L+1, H and, when the upper end
+ * is not exact, H+1. Only one ending in 0 can be shorter than the safe
+ * choice (*digits * 10^*exp10, *nd digits); reading it back decides
+ * (reads_back applies the tie rule). */
+static void shorter_by_reading_back(scaled L, scaled H, int j, float mag, uint64_t *digits,
+                                    int *exp10, int *nd)
+{
+    uint64_t doubt[2];
+    int n_doubt = 0;
+    uint64_t lr = L.floor % 10, hr = H.floor % 10;
+    if (lr == 0 || lr == 9)
+        doubt[n_doubt++] = L.floor + (lr == 9);
+    if (hr == 0 || (hr == 9 && H.inexact))
+        doubt[n_doubt++] = H.floor + (hr == 9);
+    for (int i = 0; i < n_doubt; i++) {
+        uint64_t x = doubt[i];
+        int tz = 0;
+        while (x % 10 == 0) {
+            x /= 10;
+            tz++;
+        }
+        if (x >= 1000000000)
+            continue; /* 10 digits or more: never shorter */
+        int nx = count_digits((uint32_t)x);
+        if (nx < *nd && reads_back(x, j + tz, mag)) {
+            *digits = x;
+            *exp10 = j + tz;
+            *nd = nx;
+        }
+    }
+}
+
 char *api_float_text(float f, char *out)
 {
     uint32_t bits;
@@ -377,32 +410,6 @@ char *api_float_text(float f, char *out)
     }
     int nd = count_digits((uint32_t)digits);
 
-    /* Doubtful candidates sit within a unit of an end: L (on the lower end
-     * when it is exact, else just below it), L+1, H and, when the upper end
-     * is not exact, H+1. Only one ending in 0 can be shorter than the safe
-     * choice; reading it back decides (reads_back applies the tie rule). */
-    uint64_t doubt[2];
-    int n_doubt = 0;
-    uint64_t lr = L.floor % 10, hr = H.floor % 10;
-    if (lr == 0 || lr == 9)
-        doubt[n_doubt++] = L.floor + (lr == 9);
-    if (hr == 0 || (hr == 9 && H.inexact))
-        doubt[n_doubt++] = H.floor + (hr == 9);
-    for (int i = 0; i < n_doubt; i++) {
-        uint64_t x = doubt[i];
-        int tz = 0;
-        while (x % 10 == 0) {
-            x /= 10;
-            tz++;
-        }
-        if (x >= 1000000000)
-            continue; /* 10 digits or more: never shorter */
-        int nx = count_digits((uint32_t)x);
-        if (nx < nd && reads_back(x, j + tz, mag)) {
-            digits = x;
-            exp10 = j + tz;
-            nd = nx;
-        }
-    }
+    shorter_by_reading_back(L, H, j, mag, &digits, &exp10, &nd);
     return put_decimal(w, (uint32_t)digits, nd, exp10);
 }

@@ -154,6 +154,52 @@ __attribute__((noinline)) static bool parse_slow(const char *p, const char *end,
     return double_to_f32(strtod(buf, NULL), out);
 }
 
+/* The digits after the point at s into the significand w (nd significant
+ * digits so far, at most 19 kept; k the power of ten), as in parse_one;
+ * returns the byte after them. */
+static inline const char *read_fraction(const char *s, const char *end, uint64_t *w_, int *nd_,
+                                        long *k_, bool *truncated)
+{
+    uint64_t w = *w_;
+    int nd = *nd_;
+    long k = *k_;
+    /* Fractions are where client numbers keep their digits ("0.123456789"):
+     * a whole run of up to 8 per step while w has room (19 digits), so that
+     * no loop exit depends on the digit count. */
+    static const uint32_t pow10_run[9] = {1,      10,      100,      1000,     10000,
+                                          100000, 1000000, 10000000, 100000000};
+    while (nd <= 11 && end - s >= 8) {
+        uint64_t x = api_load8(s);
+        int run = api_leading_digits8(x);
+        if (run == 0)
+            break;
+        uint64_t d = api_digit_values(x, run);
+        if (w)
+            nd += run;
+        else /* leading zeros are not significant: the zero bytes below
+              * the first non-zero digit */
+            nd = d ? 8 - __builtin_ctzll(d) / 8 : 0;
+        w = w * pow10_run[run] + api_digits8_value(d);
+        k -= run;
+        s += run;
+        if (run < 8)
+            break;
+    }
+    for (; s < end && is_digit(*s); s++) {
+        unsigned d = (unsigned)(*s - '0');
+        if (nd < 19) {
+            w = w * 10 + d;
+            nd += w != 0;
+            k--;
+        } else
+            *truncated |= d != 0;
+    }
+    *w_ = w;
+    *nd_ = nd;
+    *k_ = k;
+    return s;
+}
+
 __attribute__((always_inline)) static inline bool parse_one(const char *p, const char *end,
                                                          const char **stop, float *out)
 {
@@ -179,40 +225,8 @@ __attribute__((always_inline)) static inline bool parse_one(const char *p, const
             truncated |= d != 0;
         }
     }
-    if (s < end && *s == '.') {
-        s++;
-        /* Fractions are where client numbers keep their digits
-         * ("0.123456789"): a whole run of up to 8 per step while w has room
-         * (19 digits), so that no loop exit depends on the digit count. */
-        static const uint32_t pow10_run[9] = {1,      10,      100,      1000,     10000,
-                                              100000, 1000000, 10000000, 100000000};
-        while (nd <= 11 && end - s >= 8) {
-            uint64_t x = api_load8(s);
-            int run = api_leading_digits8(x);
-            if (run == 0)
-                break;
-            uint64_t d = api_digit_values(x, run);
-            if (w)
-                nd += run;
-            else /* leading zeros are not significant: the zero bytes
-                  * below the first non-zero digit */
-                nd = d ? 8 - __builtin_ctzll(d) / 8 : 0;
-            w = w * pow10_run[run] + api_digits8_value(d);
-            k -= run;
-            s += run;
-            if (run < 8)
-                break;
-        }
-        for (; s < end && is_digit(*s); s++) {
-            unsigned d = (unsigned)(*s - '0');
-            if (nd < 19) {
-                w = w * 10 + d;
-                nd += w != 0;
-                k--;
-            } else
-                truncated |= d != 0;
-        }
-    }
+    if (s < end && *s == '.')
+        s = read_fraction(s + 1, end, &w, &nd, &k, &truncated);
     k += read_exponent(&s, end);
     *stop = s;
 
@@ -262,14 +276,6 @@ bool api_parse_number(const char *p, const char *end, const char **stop,
     return parse_one(p, end, stop, out);
 }
 
-static inline const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && (unsigned char)*p <= ' ' &&
-           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-        p++;
-    return p;
-}
-
 size_t api_parse_number_row(const char *p, const char *end, float *out, size_t room,
                             const char **stop, const char **bad)
 {
@@ -283,11 +289,11 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
             return n;
         }
         n++;
-        p = skip_ws(after, end);
+        p = json_skip_ws(after, end);
         *stop = p;
         if (p == end || *p != ',')
             return n;
-        const char *next = skip_ws(p + 1, end);
+        const char *next = json_skip_ws(p + 1, end);
         if (next == end || !(*next == '-' || is_digit(*next)))
             return n; /* *stop stays at the ',' */
         p = next;

@@ -1,0 +1,165 @@
+/*
+ * Walking validated JSON text without building it: the end of a value
+ * (json_text_skip) and the members of an object (json_text_members). Both
+ * trust the validator for the grammar but still never read past `end`.
+ */
+#include "codec_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ skipping */
+
+/* The byte after the string whose opening quote is at p: the next '"'
+ * that is not escaped, i.e. not preceded by an odd run of backslashes. */
+static cursor skip_string(cursor p, cursor end)
+{
+    cursor body = p + 1;
+    p = body;
+    while (p < end) {
+        cursor q = memchr(p, '"', (size_t)(end - p));
+        if (!q)
+            return end;
+        size_t slashes = 0;
+        while (q - slashes > body && q[-1 - (long)slashes] == '\\')
+            slashes++;
+        if (slashes % 2 == 0)
+            return q + 1;
+        p = q + 1;
+    }
+    return end;
+}
+
+/* Could one of these 8 bytes be '"', '[', ']', '{' or '}'? Those four
+ * brackets are exactly the bytes equal to 0x59 under mask 0xd9 (along with
+ * 'Y', '_', 'y' and DEL, harmless extra hits). */
+static inline bool may_be_structural(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    uint64_t brackets = (x & 0xd9d9d9d9d9d9d9d9u) ^ 0x5959595959595959u;
+    uint64_t quotes = x ^ 0x2222222222222222u;
+    return (((brackets - ones) & ~brackets) | ((quotes - ones) & ~quotes)) & highs;
+}
+
+/* The byte after the array or object that starts at p: brackets counted,
+ * strings jumped over. Tensor rows are long runs of digits and commas,
+ * passed over 8 bytes at a time. */
+static cursor skip_container(cursor p, cursor end)
+{
+    long depth = 0;
+    while (p < end) {
+        if (end - p >= 8 && !may_be_structural(api_load8(p))) {
+            p += 8;
+            continue;
+        }
+        char c = *p;
+        if (c == '"') {
+            p = skip_string(p, end);
+            continue;
+        }
+        if (c == '[' || c == '{')
+            depth++;
+        else if ((c == ']' || c == '}') && --depth == 0)
+            return p + 1;
+        p++;
+    }
+    return end;
+}
+
+const char *json_text_skip(const char *p, const char *end)
+{
+    p = json_skip_ws(p, end);
+    if (p == end)
+        return end;
+    if (*p == '"')
+        return skip_string(p, end);
+    if (*p == '[' || *p == '{')
+        return skip_container(p, end);
+    /* a number or a literal: runs to the next delimiter */
+    while (p < end && *p != ',' && *p != ']' && *p != '}' && *p != ' ' && *p != '\n' &&
+           *p != '\r' && *p != '\t')
+        p++;
+    return p;
+}
+
+/* ------------------------------------------------------------- objects */
+
+/* Where the key of member i begins: members are laid out in order, so it
+ * is the first '"' after the object's '{' or after member i-1's value. */
+static cursor key_start(const json_member *m, size_t i, cursor object, cursor end)
+{
+    cursor p = i == 0 ? object : m[i - 1].value_end;
+    while (p < end && *p != '"')
+        p++;
+    return p;
+}
+
+/* Is the key of member n (its text at key_text) the key of an earlier one?
+ * Keys that did not fit (or hold a NUL) are compared through their text. */
+static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor object,
+                        cursor end)
+{
+    bool whole = !m[n].key_too_long;
+    for (size_t i = 0; i < n; i++) {
+        if (whole && !m[i].key_too_long) {
+            if (strcmp(m[i].key, m[n].key) == 0)
+                return true;
+        } else if (whole == !m[i].key_too_long &&
+                   json_string_equal(key_start(m, i, object, end), key_text, end))
+            return true;
+    }
+    return false;
+}
+
+/* Reads the key at p (its opening quote) into m; returns the byte after it. */
+static cursor read_key(cursor p, cursor end, json_member *m)
+{
+    cursor after;
+    size_t klen = json_string_decode(p, end, m->key, sizeof m->key - 1, &after);
+    bool whole = klen < sizeof m->key && memchr(m->key, '\0', klen) == NULL;
+    m->key[klen < sizeof m->key ? klen : sizeof m->key - 1] = '\0';
+    m->key_too_long = !whole;
+    return after;
+}
+
+bool json_text_members(const char *start, const char *end, json_member *out,
+                       size_t max, size_t *count, const char *where,
+                       api_error *err)
+{
+    cursor p = json_skip_ws(start, end);
+    *count = 0;
+    if (p == end || *p != '{') {
+        if (where[0])
+            return api_fail(err, 400, "wrong_type", where, "%s must be a JSON object", where);
+        return api_fail(err, 400, "wrong_type", "", "the request body must be a JSON object");
+    }
+    p = json_skip_ws(p + 1, end);
+    size_t n = 0;
+    while (p < end && *p == '"') {
+        if (n == max)
+            return api_fail(err, 400, "too_many_fields", where, "%s has more than %zu fields",
+                            where[0] ? where : "the request body", max);
+        json_member *m = &out[n];
+        cursor key_text = p;
+        p = json_skip_ws(read_key(p, end, m), end);
+        if (p < end && *p == ':')
+            p = json_skip_ws(p + 1, end);
+        m->value = p;
+        m->value_end = json_text_skip(p, end);
+        if (seen_before(out, n, key_text, start, end)) {
+            char field[sizeof err->field];
+            if (where[0])
+                snprintf(field, sizeof field, "%s.%s", where, m->key);
+            else
+                snprintf(field, sizeof field, "%s", m->key);
+            return api_fail(err, 400, "duplicate_key", field, "the key \"%s\" appears twice in %s",
+                            m->key, where[0] ? where : "the request body");
+        }
+        *count = ++n;
+        p = json_skip_ws(m->value_end, end);
+        if (p == end || *p != ',')
+            break;
+        p = json_skip_ws(p + 1, end);
+    }
+    return true;
+}

@@ -1,0 +1,298 @@
+/*
+ * Nested JSON arrays into a tensor: [[1, 2], [3, 4]] (or the flat "data"
+ * array of the object form), checked to be rectangular as they are read.
+ *
+ * One pass over the (validated) text, reading numbers straight into a
+ * growing float32 buffer: no json_t per number, no recursion (the open
+ * arrays are a small array of counters), and a tight loop for the innermost
+ * rows, where nearly all of the bytes are. Every read is still bounded by
+ * `end`, so text that did not pass the validator gives an error or a wrong
+ * answer, never a crash.
+ */
+#include "codec_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ names */
+
+const char *tensor_kind_of(char c)
+{
+    switch (c) {
+    case '"': return "a string";
+    case 'n': return "null";
+    case 't': case 'f': return "a boolean";
+    case '{': return "an object";
+    case '[': return "an array";
+    default: return tensor_starts_number(c) ? "a number" : "something that is not JSON";
+    }
+}
+
+void tensor_element_name(char *dst, size_t cap, const char *field, const int64_t *idx, int n)
+{
+    int w = snprintf(dst, cap, "%s", field);
+    for (int i = 0; i < n && w >= 0 && (size_t)w < cap; i++)
+        w += snprintf(dst + w, cap - (size_t)w, "[%lld]", (long long)idx[i]);
+}
+
+/* ------------------------------------------------------ the element store */
+
+static bool store_grow(tensor_store *s, api_error *err, const char *field)
+{
+    size_t cap = s->cap ? s->cap * 2 : s->hint > 1024 ? s->hint : 1024;
+    size_t size = s->dtype == API_F32 ? sizeof(float) : 1;
+    if (cap > SIZE_MAX / size / 2)
+        return api_fail(err, 500, "out_of_memory", field, "%s is too large to hold", field);
+    void *p = realloc(s->dtype == API_F32 ? (void *)s->f32 : (void *)s->b8, cap * size);
+    if (!p)
+        return api_fail(err, 500, "out_of_memory", field, "out of memory while reading %s", field);
+    if (s->dtype == API_F32)
+        s->f32 = p;
+    else
+        s->b8 = p;
+    s->cap = cap;
+    return true;
+}
+
+void tensor_store_free(tensor_store *s)
+{
+    free(s->f32);
+    free(s->b8);
+    s->f32 = NULL;
+    s->b8 = NULL;
+}
+
+void tensor_store_to_tensor(tensor_store *s, int rank, const int64_t *shape, api_tensor *t)
+{
+    t->dtype = s->dtype;
+    t->rank = rank;
+    for (int i = 0; i < rank; i++)
+        t->shape[i] = shape[i];
+    t->count = (int64_t)s->n;
+    if (s->n == 0) {
+        tensor_store_free(s);
+        return;
+    }
+    size_t size = s->dtype == API_F32 ? sizeof(float) : 1;
+    if (s->cap - s->n > 4096) { /* give an oversized guess back */
+        void *p = realloc(s->dtype == API_F32 ? (void *)s->f32 : (void *)s->b8, s->n * size);
+        if (p) {
+            if (s->dtype == API_F32)
+                s->f32 = p;
+            else
+                s->b8 = p;
+        }
+    }
+    t->f32 = s->f32;
+    t->b8 = s->b8;
+    s->f32 = NULL;
+    s->b8 = NULL;
+}
+
+/* ------------------------------------------------------- the array walk */
+
+typedef struct {
+    cursor p, end;
+    const char *field;
+    bool accept_bool;
+    int max_depth;       /* API_MAX_RANK for a tensor, 1 for "data" */
+    tensor_store *s;
+    int64_t idx[API_MAX_RANK + 1]; /* elements so far in each open array */
+    int64_t *shape;      /* -1 until an array of that depth closes */
+    int depth, rank;     /* rank: -1 until the first element or empty array */
+    api_error *err;
+    char where[96];      /* "q[1][3]", for messages */
+} array_walk;
+
+typedef enum { OPEN, ELEMENT, AFTER_ELEMENT, CLOSE, DONE, FAILED } array_state;
+
+static const char *here(array_walk *a, int depth)
+{
+    tensor_element_name(a->where, sizeof a->where, a->field, a->idx, depth);
+    return a->where;
+}
+
+static array_state not_json(array_walk *a)
+{
+    api_fail(a->err, 400, "invalid_json", a->field, "%s is not valid JSON", a->field);
+    return FAILED;
+}
+
+/* At '[': one level deeper, unless that is too deep or ragged. */
+static array_state open_array(array_walk *a)
+{
+    if (a->depth == a->max_depth) {
+        if (a->max_depth == 1)
+            api_fail(a->err, 400, "wrong_type", a->field,
+                     "%s must be a flat array of numbers; %s is an array", a->field,
+                     here(a, a->depth));
+        else
+            api_fail(a->err, 422, "invalid_shape", a->field, "%s has more than %d dimensions",
+                     a->field, API_MAX_RANK);
+        return FAILED;
+    }
+    if (a->rank >= 0 && a->depth >= a->rank) {
+        api_fail(a->err, 422, "ragged_array", a->field,
+                 "%s is ragged: %s is an array where a number belongs", a->field,
+                 here(a, a->depth));
+        return FAILED;
+    }
+    a->idx[a->depth++] = 0;
+    a->p = json_skip_ws(a->p + 1, a->end);
+    return a->p < a->end && *a->p == ']' ? CLOSE : ELEMENT;
+}
+
+/* The element's type fixes the tensor's dtype, or must match it. */
+static bool settle_dtype(array_walk *a, api_dtype dtype)
+{
+    tensor_store *s = a->s;
+    if (!s->typed) {
+        s->dtype = dtype;
+        s->typed = true;
+        return true;
+    }
+    if (s->dtype == dtype)
+        return true;
+    if (s->declared)
+        return api_fail(a->err, 400, "wrong_type", a->field, "%s is %s but dtype is \"%s\"",
+                        here(a, a->depth), s->dtype == API_BOOL ? "a number" : "a boolean",
+                        s->dtype == API_BOOL ? "bool" : "float32");
+    return api_fail(a->err, 400, "wrong_type", a->field, "%s mixes numbers and booleans (at %s)",
+                    a->field, here(a, a->depth));
+}
+
+/* At a number: the innermost row, numbers separated by commas and nearly
+ * all of the text, read in one call while the buffer has room. */
+static array_state read_numbers(array_walk *a)
+{
+    tensor_store *s = a->s;
+    if (!settle_dtype(a, API_F32))
+        return FAILED;
+    if (s->n == s->cap && !store_grow(s, a->err, a->field))
+        return FAILED;
+    cursor stop, bad;
+    size_t got = api_parse_number_row(a->p, a->end, s->f32 + s->n, s->cap - s->n, &stop, &bad);
+    s->n += got;
+    a->idx[a->depth - 1] += (int64_t)got;
+    if (bad) {
+        int len = (int)(stop - bad) > 40 ? 40 : (int)(stop - bad);
+        api_fail(a->err, 400, "invalid_number", a->field,
+                 "%s is %.*s, which is not finite as a float32 (|x| < 3.4e38)", here(a, a->depth),
+                 len, bad);
+        return FAILED;
+    }
+    a->p = stop;
+    return AFTER_ELEMENT;
+}
+
+/* At 't' or 'f'. */
+static array_state read_boolean(array_walk *a)
+{
+    if (!a->accept_bool) {
+        api_fail(a->err, 400, "wrong_type", a->field, "%s must hold numbers; %s is a boolean",
+                 a->field, here(a, a->depth));
+        return FAILED;
+    }
+    if (!settle_dtype(a, API_BOOL))
+        return FAILED;
+    bool v = *a->p == 't';
+    size_t n = v ? 4 : 5;
+    if ((size_t)(a->end - a->p) < n || memcmp(a->p, v ? "true" : "false", n) != 0)
+        return not_json(a);
+    if (a->s->n == a->s->cap && !store_grow(a->s, a->err, a->field))
+        return FAILED;
+    a->s->b8[a->s->n++] = v;
+    a->idx[a->depth - 1]++;
+    a->p += n;
+    return AFTER_ELEMENT;
+}
+
+/* At the first byte of an element. */
+static array_state read_element(array_walk *a)
+{
+    if (a->p == a->end)
+        return not_json(a);
+    char c = *a->p;
+    if (c == '[')
+        return OPEN;
+    if (a->rank < 0)
+        a->rank = a->depth;
+    else if (a->depth != a->rank) {
+        api_fail(a->err, 422, "ragged_array", a->field,
+                 "%s is ragged: %s is %s where an array belongs", a->field, here(a, a->depth),
+                 tensor_kind_of(c));
+        return FAILED;
+    }
+    if (tensor_starts_number(c))
+        return read_numbers(a);
+    if (c == 't' || c == 'f')
+        return read_boolean(a);
+    api_fail(a->err, 400, "wrong_type", a->field, "%s must hold %s; %s is %s", a->field,
+             a->accept_bool ? "numbers or booleans" : "numbers", here(a, a->depth),
+             tensor_kind_of(c));
+    return FAILED;
+}
+
+static array_state after_element(array_walk *a)
+{
+    a->p = json_skip_ws(a->p, a->end);
+    if (a->p == a->end)
+        return not_json(a);
+    if (*a->p == ',') {
+        a->p = json_skip_ws(a->p + 1, a->end);
+        return ELEMENT;
+    }
+    return *a->p == ']' ? CLOSE : not_json(a);
+}
+
+/* At ']': the array's length must be the one its siblings had. */
+static array_state close_array(array_walk *a)
+{
+    a->p++;
+    int d = a->depth - 1;
+    if (a->rank < 0) /* an empty innermost array decides the rank */
+        a->rank = a->depth;
+    if (a->shape[d] < 0)
+        a->shape[d] = a->idx[d];
+    else if (a->shape[d] != a->idx[d]) {
+        if (d == 1)
+            api_fail(a->err, 422, "ragged_array", a->field,
+                     "%s is ragged: row %lld has %lld elements, expected %lld", a->field,
+                     (long long)a->idx[0], (long long)a->idx[d], (long long)a->shape[d]);
+        else
+            api_fail(a->err, 422, "ragged_array", a->field,
+                     "%s is ragged: %s has %lld elements, expected %lld", a->field, here(a, d),
+                     (long long)a->idx[d], (long long)a->shape[d]);
+        return FAILED;
+    }
+    if (--a->depth == 0)
+        return DONE;
+    a->idx[a->depth - 1]++;
+    return AFTER_ELEMENT;
+}
+
+bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_bool,
+                        int max_depth, tensor_store *s, int *rank, int64_t *shape,
+                        cursor *after, api_error *err)
+{
+    array_walk a = {.p = p, .end = end, .field = field, .accept_bool = accept_bool,
+                    .max_depth = max_depth, .s = s, .shape = shape, .rank = -1, .err = err};
+    for (int i = 0; i < API_MAX_RANK; i++)
+        shape[i] = -1;
+    array_state st = OPEN;
+    while (st != DONE && st != FAILED) {
+        switch (st) {
+        case OPEN: st = open_array(&a); break;
+        case ELEMENT: st = read_element(&a); break;
+        case AFTER_ELEMENT: st = after_element(&a); break;
+        case CLOSE: st = close_array(&a); break;
+        default: break;
+        }
+    }
+    if (st == FAILED)
+        return false;
+    *rank = a.rank;
+    *after = a.p;
+    return true;
+}
