@@ -1,17 +1,28 @@
 /*
  * The access log and the few events around it, on stderr, as text or as one
- * JSON object per line. Lines only ever go out whole in a write(2), so that
- * lines from different I/O threads never interleave.
+ * JSON object per line.
  *
- * Access-log lines are buffered per I/O thread, as nginx's `access_log ...
- * buffer= flush=` does: a write(2) per request was a tenth of the CPU time
- * of a small request. A flusher thread writes a buffer out at most
- * LOG_FLUSH_MS after its first line (and sleeps while nothing is pending);
- * a full buffer, every event line and log_flush write out at once, so the
- * log keeps its order around events and loses nothing at a clean exit.
+ * Logging never holds up serving. The threads that serve only ever copy a
+ * line into a buffer of their own (as nginx's `access_log ... buffer=
+ * flush=` does: a write(2) per request was a tenth of the CPU time of a small
+ * request); one flusher thread takes the buffers (swapping in an empty one
+ * under the buffer's lock, a pointer swap) and writes them to stderr. It
+ * writes only what poll(2) says the sink can take, at most PIPE_BUF bytes at
+ * a time, so that it never blocks either, and lines never interleave. When
+ * nobody reads stderr (a full pipe), the buffers fill, and then new lines
+ * are dropped and counted (attnd_log_dropped_total in /metrics); once the
+ * sink takes lines again, one line says how many were lost.
+ *
+ * A buffer is written out at most LOG_FLUSH_MS after its first line, or as
+ * soon as it is a quarter full, or at once for an event line; the flusher
+ * sleeps while nothing is pending. At exit log_shutdown writes what is left,
+ * waiting for a full sink at most LOG_EXIT_WAIT_MS.
  */
 #include "server.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,57 +31,159 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LOG_BUFFER 8192
+/* 128 KiB per thread: at ~50k lines/s per I/O thread (a small-request
+ * benchmark) a quarter of it is ~8 ms of lines, well within reach of the
+ * flusher, so a working sink never drops a line. */
+#define LOG_BUFFER (128u * 1024)
+#define LOG_WAKE_AT (LOG_BUFFER / 4)
 #define LOG_FLUSH_MS 50
+#define LOG_EXIT_WAIT_MS 1000
 
 struct srv_log_buffer {
     pthread_mutex_t lock;
     size_t len;
+    char *data;              /* LOG_BUFFER bytes; swapped by the flusher */
     srv_log_buffer *next;
-    char data[LOG_BUFFER];
 };
 
 /* This thread's buffer in the (one) log of the process: a cache of the
  * lookup, not state of its own. */
 static _Thread_local srv_log_buffer *mine;
 
-static void emit(const char *line, size_t len);
+/* ---------------------------------------------------------------- sink */
 
-/* Writes out every buffer; log->lock held. */
-static void flush_all_locked(srv_log *log)
+/* Waits up to timeout_ms for stderr to take bytes. */
+static bool sink_ready(int timeout_ms)
 {
-    for (srv_log_buffer *b = log->buffers; b; b = b->next) {
-        pthread_mutex_lock(&b->lock);
-        if (b->len)
-            emit(b->data, b->len);
-        b->len = 0;
-        pthread_mutex_unlock(&b->lock);
+    struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
+    int n;
+    do
+        n = poll(&p, 1, timeout_ms);
+    while (n < 0 && errno == EINTR);
+    /* POLLERR/POLLHUP (nobody at the other end): the write fails at once
+     * rather than blocking, so it is "ready" in the sense that matters. */
+    return n > 0;
+}
+
+static size_t count_lines(const char *s, size_t n)
+{
+    size_t lines = 0;
+    for (const char *p = s; (p = memchr(p, '\n', (size_t)(s + n - p))); p++)
+        lines++;
+    return lines;
+}
+
+/*
+ * Writes s[0..n) (whole lines) to stderr in pieces of at most PIPE_BUF
+ * bytes, each cut at a line end and written only when poll says the sink
+ * has room: for a pipe that means a free page, so the write completes
+ * without blocking and atomically. While the sink stays full it waits in
+ * slices of LOG_FLUSH_MS, giving up (the rest counted as dropped) when
+ * `give_up` says so or after `max_wait_ms` (-1: no limit). A failed write
+ * (EBADF, EPIPE) drops the rest: there is nowhere else to say it.
+ */
+static bool sink_write(srv_log *log, const char *s, size_t n, int max_wait_ms,
+                       const atomic_bool *give_up)
+{
+    int waited = 0;
+    while (n > 0) {
+        if (!sink_ready(LOG_FLUSH_MS)) {
+            waited += LOG_FLUSH_MS;
+            if ((give_up && atomic_load(give_up)) ||
+                (max_wait_ms >= 0 && waited >= max_wait_ms))
+                break;
+            continue;
+        }
+        size_t k = n;
+        if (k > PIPE_BUF) { /* cut after the last line end that fits */
+            const char *nl = memrchr(s, '\n', PIPE_BUF);
+            k = nl ? (size_t)(nl - s) + 1 : PIPE_BUF;
+        }
+        ssize_t w = write(STDERR_FILENO, s, k);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        s += w;
+        n -= (size_t)w;
     }
+    if (n == 0)
+        return true;
+    atomic_fetch_add(&log->dropped, count_lines(s, n) + (s[n - 1] != '\n'));
+    return false;
+}
+
+/* ------------------------------------------------------------- flusher */
+
+static void announce_drops(srv_log *log, char *line, size_t cap);
+static size_t log_format_event(const srv_log *log, char *line, size_t cap, const char *level,
+                               const char *msg);
+
+/* Writes out every buffer, swapping each for `spare` (which comes back
+ * holding the last one's old storage). Called without log->lock. After one
+ * buffer gave up on a full sink, the others do not wait again. */
+static void flush_round(srv_log *log, char **spare, int max_wait_ms)
+{
+    pthread_mutex_lock(&log->lock);
+    srv_log_buffer *first = log->buffers; /* the list only ever grows at its head */
+    pthread_mutex_unlock(&log->lock);
+    for (srv_log_buffer *b = first; b; b = b->next) {
+        pthread_mutex_lock(&b->lock);
+        size_t n = b->len;
+        char *full = b->data;
+        if (n) {
+            b->data = *spare;
+            b->len = 0;
+            *spare = full;
+        }
+        pthread_mutex_unlock(&b->lock);
+        if (n && !sink_write(log, full, n, max_wait_ms, &log->flusher_stop))
+            max_wait_ms = 0;
+    }
+    char line[200];
+    announce_drops(log, line, sizeof line);
 }
 
 static void *flusher_main(void *arg)
 {
     srv_log *log = arg;
+    char *spare = log->spare;
     pthread_mutex_lock(&log->lock);
-    while (!log->flusher_stop) {
+    while (!atomic_load(&log->flusher_stop)) {
         if (!log->pending) {
             pthread_cond_wait(&log->flush_wanted, &log->lock);
             continue;
         }
-        /* Let a batch gather: one write for many requests. */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += LOG_FLUSH_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
+        if (!log->urgent) {
+            /* Let a batch gather: one write for many requests. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += LOG_FLUSH_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&log->flush_wanted, &log->lock, &ts);
         }
-        pthread_cond_timedwait(&log->flush_wanted, &log->lock, &ts);
-        log->pending = false;
-        flush_all_locked(log);
+        log->pending = log->urgent = false;
+        pthread_mutex_unlock(&log->lock);
+        flush_round(log, &spare, -1);
+        pthread_mutex_lock(&log->lock);
     }
     pthread_mutex_unlock(&log->lock);
+    log->spare = spare;
     return NULL;
+}
+
+static void wake_flusher(srv_log *log, bool urgent)
+{
+    pthread_mutex_lock(&log->lock);
+    if (!log->pending || (urgent && !log->urgent)) {
+        log->pending = true;
+        log->urgent = log->urgent || urgent;
+        pthread_cond_signal(&log->flush_wanted);
+    }
+    pthread_mutex_unlock(&log->lock);
 }
 
 void log_init(srv_log *log, log_format fmt)
@@ -79,87 +192,125 @@ void log_init(srv_log *log, log_format fmt)
     pthread_mutex_init(&log->lock, NULL);
     pthread_cond_init(&log->flush_wanted, NULL);
     log->buffers = NULL;
-    log->pending = false;
-    pthread_mutex_lock(&log->lock);
-    log->flusher_stop = false;
-    log->flusher_running = pthread_create(&log->flusher, NULL, flusher_main, log) == 0;
-    pthread_mutex_unlock(&log->lock);
+    log->pending = log->urgent = false;
+    atomic_store(&log->dropped, 0);
+    log->dropped_announced = 0;
+    atomic_store(&log->flusher_stop, false);
+    log->spare = malloc(LOG_BUFFER);
+    log->flusher_running = log->spare &&
+        pthread_create(&log->flusher, NULL, flusher_main, log) == 0;
 }
 
 void log_flush(srv_log *log)
 {
-    pthread_mutex_lock(&log->lock);
-    flush_all_locked(log);
-    pthread_mutex_unlock(&log->lock);
+    if (log->flusher_running)
+        wake_flusher(log, true);
 }
 
 void log_shutdown(srv_log *log)
 {
-    pthread_mutex_lock(&log->lock);
-    log->flusher_stop = true;
-    pthread_cond_signal(&log->flush_wanted);
-    bool running = log->flusher_running;
-    log->flusher_running = false;
-    pthread_mutex_unlock(&log->lock);
-    if (running)
+    if (log->flusher_running) {
+        pthread_mutex_lock(&log->lock);
+        atomic_store(&log->flusher_stop, true);
+        pthread_cond_signal(&log->flush_wanted);
+        pthread_mutex_unlock(&log->lock);
+        /* The flusher gives up on a full sink within LOG_FLUSH_MS of the
+         * stop, so this join is short. */
         pthread_join(log->flusher, NULL);
-    pthread_mutex_lock(&log->lock);
-    flush_all_locked(log);
+        log->flusher_running = false;
+    }
     /* Only after http_stop: no I/O thread logs any more. */
+    if (log->spare)
+        flush_round(log, &log->spare, LOG_EXIT_WAIT_MS);
+    pthread_mutex_lock(&log->lock);
     while (log->buffers) {
         srv_log_buffer *b = log->buffers;
         log->buffers = b->next;
         pthread_mutex_destroy(&b->lock);
+        free(b->data);
         free(b);
     }
     mine = NULL;
+    free(log->spare);
+    log->spare = NULL;
     pthread_mutex_unlock(&log->lock);
 }
 
+unsigned long log_dropped(srv_log *log)
+{
+    return atomic_load_explicit(&log->dropped, memory_order_relaxed);
+}
+
 /* This thread's buffer, made on its first line; NULL without a flusher or
- * without memory, and then lines are written at once. */
+ * without memory. */
 static srv_log_buffer *my_buffer(srv_log *log)
 {
     if (mine)
         return mine;
-    pthread_mutex_lock(&log->lock);
-    if (log->flusher_running) {
-        mine = malloc(sizeof *mine);
-        if (mine) {
-            pthread_mutex_init(&mine->lock, NULL);
-            mine->len = 0;
-            mine->next = log->buffers;
-            log->buffers = mine;
-        }
+    if (!log->flusher_running)
+        return NULL;
+    srv_log_buffer *b = malloc(sizeof *b);
+    char *data = malloc(LOG_BUFFER);
+    if (!b || !data) {
+        free(b);
+        free(data);
+        return NULL;
     }
+    pthread_mutex_init(&b->lock, NULL);
+    b->len = 0;
+    b->data = data;
+    pthread_mutex_lock(&log->lock);
+    b->next = log->buffers;
+    log->buffers = b;
     pthread_mutex_unlock(&log->lock);
-    return mine;
+    return mine = b;
 }
 
-static void emit_buffered(srv_log *log, const char *line, size_t len)
+/* Queues one whole line (never blocks): dropped and counted when this
+ * thread's buffer is full. Without a flusher (before log_init, after
+ * log_shutdown) the line is written only if the sink has room now. */
+static void emit(srv_log *log, const char *line, size_t len, bool urgent)
 {
     srv_log_buffer *b = my_buffer(log);
-    if (!b || len > LOG_BUFFER) {
-        emit(line, len);
+    if (!b) {
+        if (sink_ready(0)) {
+            ssize_t w = write(STDERR_FILENO, line, len);
+            if (w == (ssize_t)len)
+                return;
+        }
+        atomic_fetch_add(&log->dropped, 1);
         return;
     }
     pthread_mutex_lock(&b->lock);
-    if (b->len + len > LOG_BUFFER) {
-        emit(b->data, b->len);
-        b->len = 0;
+    size_t before = b->len;
+    bool fits = before + len <= LOG_BUFFER;
+    if (fits) {
+        memcpy(b->data + before, line, len);
+        b->len += len;
     }
-    bool first = b->len == 0;
-    memcpy(b->data + b->len, line, len);
-    b->len += len;
     pthread_mutex_unlock(&b->lock);
-    if (first) {
-        pthread_mutex_lock(&log->lock);
-        if (!log->pending) {
-            log->pending = true;
-            pthread_cond_signal(&log->flush_wanted);
-        }
-        pthread_mutex_unlock(&log->lock);
+    if (!fits) {
+        atomic_fetch_add(&log->dropped, 1);
+        return;
     }
+    if (urgent || before == 0 || (before < LOG_WAKE_AT && before + len >= LOG_WAKE_AT))
+        wake_flusher(log, urgent || before + len >= LOG_WAKE_AT);
+}
+
+/* "N log lines were dropped" once the sink takes lines again; flusher only. */
+static void announce_drops(srv_log *log, char *line, size_t cap)
+{
+    unsigned long dropped = log_dropped(log);
+    if (dropped == log->dropped_announced || !sink_ready(0))
+        return;
+    unsigned long lost = dropped - log->dropped_announced;
+    log->dropped_announced = dropped;
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "%lu log line%s dropped: the log sink (stderr) was full; "
+             "attnd_log_dropped_total counts them", lost, lost == 1 ? " was" : "s were");
+    size_t n = log_format_event(log, line, cap, "warn", msg);
+    sink_write(log, line, n, 0, NULL);
 }
 
 size_t json_escape(char *buf, size_t cap, const char *s)
@@ -232,13 +383,6 @@ static void timestamp(char *buf, size_t cap)
     buf[n + 3] = (char)('0' + ms % 10);
     buf[n + 4] = 'Z';
     buf[n + 5] = '\0';
-}
-
-static void emit(const char *line, size_t len)
-{
-    /* A failed log write has nowhere to be reported; the request goes on. */
-    ssize_t w = write(STDERR_FILENO, line, len);
-    (void)w;
 }
 
 /* A small line builder: hand-rolled because snprintf with a dozen
@@ -319,12 +463,41 @@ void log_request(srv_log *log, const srv_request *r, double seconds)
         put(&b, "ms");
     }
     *b.p++ = '\n'; /* end - 1 kept room for it */
-    emit_buffered(log, line, (size_t)(b.p - line));
+    emit(log, line, (size_t)(b.p - line), false);
+}
+
+/* An event line ("time level message"), or its JSON object, with its
+ * newline, in line[0..cap); returns its length. Control characters in the
+ * message (a client's bytes quoted by libmicrohttpd) cannot break the line. */
+static size_t log_format_event(const srv_log *log, char *line, size_t cap, const char *level,
+                               const char *msg)
+{
+    char ts[40], esc[1100];
+    timestamp(ts, sizeof ts);
+    int n;
+    if (log->format == LOG_JSON) {
+        json_escape(esc, sizeof esc, msg);
+        n = snprintf(line, cap, "{\"time\":\"%s\",\"level\":\"%s\",\"message\":\"%s\"}\n",
+                     ts, level, esc);
+    } else {
+        size_t k = 0;
+        for (const unsigned char *p = (const unsigned char *)msg; *p && k + 1 < sizeof esc; p++)
+            esc[k++] = *p < 0x20 || *p == 0x7f ? ' ' : (char)*p;
+        esc[k] = '\0';
+        n = snprintf(line, cap, "%s %s %s\n", ts, level, esc);
+    }
+    if (n < 0)
+        return 0;
+    if ((size_t)n >= cap) { /* cut short, but still one line */
+        line[cap - 2] = '\n';
+        return cap - 1;
+    }
+    return (size_t)n;
 }
 
 void log_event(srv_log *log, const char *level, const char *fmt, ...)
 {
-    char ts[40], msg[512], esc[1100], line[1300];
+    char msg[512], line[1300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -332,17 +505,7 @@ void log_event(srv_log *log, const char *level, const char *fmt, ...)
     size_t len = strlen(msg);
     while (len && msg[len - 1] == '\n') /* libmicrohttpd's messages end in one */
         msg[--len] = '\0';
-    timestamp(ts, sizeof ts);
-    int n;
-    if (log->format == LOG_JSON) {
-        json_escape(esc, sizeof esc, msg);
-        n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"message\":\"%s\"}\n",
-                     ts, level, esc);
-    } else {
-        n = snprintf(line, sizeof line, "%s %s %s\n", ts, level, msg);
-    }
-    /* The access lines before this event go out before it. */
-    log_flush(log);
-    if (n > 0)
-        emit(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    size_t n = log_format_event(log, line, sizeof line, level, msg);
+    if (n)
+        emit(log, line, n, true);
 }

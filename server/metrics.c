@@ -152,6 +152,10 @@ char *metrics_render(srv_server *srv, size_t *len)
     put(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
             "# TYPE attnd_computing_requests gauge\n"
             "attnd_computing_requests %d\n", compute_running(srv));
+    put(&t, "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
+            "(stderr) was full.\n"
+            "# TYPE attnd_log_dropped_total counter\n"
+            "attnd_log_dropped_total %lu\n", log_dropped(&srv->log));
     put(&t, "# HELP attnd_bytes_received_total Request body bytes received.\n"
             "# TYPE attnd_bytes_received_total counter\n"
             "attnd_bytes_received_total %lu\n", relaxed_load(m->bytes_received));

@@ -193,17 +193,25 @@ typedef struct srv_log_buffer srv_log_buffer;
 
 typedef struct {
     log_format format;
-    /* the access log's per-thread buffers and its flusher (under lock) */
+    /* the per-thread buffers and the flusher that writes them out */
     pthread_mutex_t lock;
     pthread_cond_t flush_wanted;
-    srv_log_buffer *buffers;
-    bool pending, flusher_running, flusher_stop;
+    srv_log_buffer *buffers;   /* under lock; grows at its head only */
+    bool pending, urgent;      /* under lock: lines are waiting (urgently) */
+    atomic_bool flusher_stop;
+    bool flusher_running;
     pthread_t flusher;
+    char *spare;               /* the flusher's empty buffer to swap in */
+    atomic_ulong dropped;      /* lines lost to a full sink */
+    unsigned long dropped_announced; /* flusher only */
 } srv_log;
 
 void log_init(srv_log *log, log_format fmt); /* also starts the flusher */
-void log_flush(srv_log *log);    /* writes out buffered access-log lines */
-void log_shutdown(srv_log *log); /* after http_stop: flush, stop the flusher */
+void log_flush(srv_log *log);    /* asks the flusher to write out now */
+/* After http_stop: stops the flusher and writes what is left (waiting at
+ * most a second for a full sink). */
+void log_shutdown(srv_log *log);
+unsigned long log_dropped(srv_log *log); /* lines dropped so far */
 void log_request(srv_log *log, const srv_request *r, double seconds);
 void log_event(srv_log *log, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -1032,6 +1032,8 @@ START_TEST(clients_closing_mid_body_are_not_left_in_flight)
 {
     const char *half = "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
                        "\r\n{\"q\": [[1";
+    const char *gone = "attnd_requests_total{route=\"/v1/attention\",status=\"499\"}";
+    double gone0 = metric(shared.port, gone);
     for (int i = 0; i < 20; i++) {
         int fd = connect_port(shared.port);
         ck_assert_int_ge(fd, 0);
@@ -1043,6 +1045,8 @@ START_TEST(clients_closing_mid_body_are_not_left_in_flight)
     while (now_s() < end && (n = metric(shared.port, "attnd_in_flight_requests")) > 1)
         usleep(20000);
     ck_assert_msg(n == 1, "%g requests still in flight (1 is the /metrics request)", n);
+    /* Counted as nginx's 499 (client closed request), as the access log says. */
+    ck_assert_int_eq(metric_reaching(shared.port, gone, gone0 + 20) - gone0, 20);
 }
 END_TEST
 
@@ -1358,6 +1362,98 @@ START_TEST(access_log_has_one_text_line_per_request)
 }
 END_TEST
 
+/* attnd with its stderr on a pipe that nobody reads until the test says so:
+ * the log sink is full after some hundred lines. Serving must go on (lines
+ * are dropped and counted), one line must say so once the pipe is read, and
+ * SIGTERM must still end it promptly. */
+START_TEST(full_log_pipe_never_stops_serving)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    int port = free_port();
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        close(fds[0]);
+        close(fds[1]);
+        execlp(attnd_bin(), attnd_bin(), "--port", port_s, "--threads", "1", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    ck_assert(wait_listening(port, pid, 10));
+
+    /* Far more lines than the pipe (64 KiB) and attnd's buffers hold. */
+    CURL *curl = curl_easy_init();
+    int ok = 0;
+    double t0 = now_s();
+    for (int i = 0; i < 6000; i++) {
+        reply r = request_on(curl, port, "GET", i % 3 ? "/healthz" : "/no/such/path-with-a-long-"
+                             "name-to-fill-the-log-faster-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+                             NULL, NULL, 0, false);
+        bool right = r.status == (i % 3 ? 200 : 404);
+        reply_free(&r);
+        if (!right)
+            break;
+        ok++;
+    }
+    double took = now_s() - t0;
+    curl_easy_cleanup(curl);
+    double dropped = ok == 6000 ? metric(port, "attnd_log_dropped_total") : 0;
+    if (ok < 6000 || dropped <= 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ck_assert_msg(ok == 6000, "only %d of 6000 requests answered right (%.1f s)", ok, took);
+    ck_assert_msg(dropped > 0, "no line counted as dropped");
+
+    /* Reading the pipe lets the log flow again: one line tells of the loss. */
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    char buf[65536];
+    bool told = false;
+    double end = now_s() + 10;
+    while (!told && now_s() < end) {
+        ssize_t n = read(fds[0], buf, sizeof buf - 1);
+        if (n > 0) {
+            buf[n] = '\0';
+            told = strstr(buf, "log lines were dropped") != NULL;
+            continue;
+        }
+        reply r = get(port, "/healthz"); /* a line, to wake the flusher */
+        reply_free(&r);
+        usleep(20000);
+    }
+    if (!told) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ck_assert_msg(told, "no line said that lines were dropped");
+
+    /* Full again, then SIGTERM: it still exits 0, promptly. */
+    curl = curl_easy_init();
+    for (int i = 0; i < 3000; i++) {
+        reply r = request_on(curl, port, "GET", "/healthz", NULL, NULL, 0, false);
+        reply_free(&r);
+    }
+    curl_easy_cleanup(curl);
+    kill(pid, SIGTERM);
+    int st = 0;
+    end = now_s() + 10;
+    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() < end)
+        usleep(10000);
+    if (now_s() >= end) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        ck_abort_msg("attnd did not exit within 10 s of SIGTERM with its log pipe full");
+    }
+    close(fds[0]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
+}
+END_TEST
+
 /* -------------------------------------------------------- load balancer */
 
 /* docker/nginx.conf with its upstream replaced by `servers` and its listen
@@ -1522,6 +1618,7 @@ static Suite *server_suite(void)
     tcase_add_test(life, help_and_version_exit_0);
     tcase_add_test(life, environment_variables_configure_the_server);
     tcase_add_test(life, access_log_has_one_text_line_per_request);
+    tcase_add_test(life, full_log_pipe_never_stops_serving);
     suite_add_tcase(s, life);
 
     TCase *lb = tcase_create("load_balancer");
