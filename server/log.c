@@ -20,6 +20,8 @@
  */
 #include "server.h"
 
+#include "json/json_string.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -313,34 +315,16 @@ static void announce_drops(srv_log *log, char *line, size_t cap)
     sink_write(log, line, n, 0, NULL);
 }
 
-size_t json_escape(char *buf, size_t cap, const char *s)
+/* For the JSON format: the inside of a JSON string, in ASCII, cut (between
+ * whole escapes) to what buf holds. */
+static void escape_json(char *buf, size_t cap, const char *s)
 {
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char tmp[8];
-        size_t k;
-        if (*p == '"' || *p == '\\') {
-            tmp[0] = '\\';
-            tmp[1] = (char)*p;
-            k = 2;
-        } else if (*p < 0x20 || *p >= 0x7f) {
-            /* Bytes beyond ASCII are escaped one by one: a path is not
-             * necessarily valid UTF-8, and the log line must stay JSON. */
-            k = (size_t)snprintf(tmp, sizeof tmp, "\\u%04x", *p);
-        } else {
-            tmp[0] = (char)*p;
-            k = 1;
-        }
-        if (n + k < cap)
-            memcpy(buf + n, tmp, k);
-        n += k;
-    }
-    if (cap)
-        buf[n < cap ? n : cap - 1] = '\0';
-    return n;
+    if (!s)
+        s = "";
+    json_escape_text(buf, cap, s, strlen(s), JSON_ESCAPE_ASCII);
 }
 
-/* Like json_escape, for the text format: printable ASCII kept, the rest as
+/* For the text format: printable ASCII kept, the rest as
  * \xNN, so that a request path cannot forge a log line. */
 static void text_escape(char *buf, size_t cap, const char *s)
 {
@@ -427,8 +411,8 @@ void log_request(srv_log *log, const srv_request *r, double seconds)
     line_buf b = {line, line + sizeof line - 1};
     timestamp(ts, sizeof ts);
     if (log->format == LOG_JSON) {
-        json_escape(method, sizeof method, r->method ? r->method : "");
-        json_escape(path, sizeof path, r->path ? r->path : "");
+        escape_json(method, sizeof method, r->method);
+        escape_json(path, sizeof path, r->path);
         put(&b, "{\"time\":\"");
         put(&b, ts);
         put(&b, "\",\"remote\":\"");
@@ -476,7 +460,7 @@ static size_t log_format_event(const srv_log *log, char *line, size_t cap, const
     timestamp(ts, sizeof ts);
     int n;
     if (log->format == LOG_JSON) {
-        json_escape(esc, sizeof esc, msg);
+        escape_json(esc, sizeof esc, msg);
         n = snprintf(line, cap, "{\"time\":\"%s\",\"level\":\"%s\",\"message\":\"%s\"}\n",
                      ts, level, esc);
     } else {

@@ -5,6 +5,8 @@
  */
 #include "server.h"
 
+#include "json/json_string.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,13 +214,14 @@ static void info_put(info_text *t, const char *fmt, ...)
 /* `"s"`, escaped. */
 static void info_string(info_text *t, const char *s)
 {
-    size_t n = json_escape(NULL, 0, s);
+    char probe[1];
+    size_t n = json_escape_text(probe, sizeof probe, s, strlen(s), 0);
     char *e = malloc(n + 1);
     if (!e) {
         t->failed = true;
         return;
     }
-    json_escape(e, n + 1, s);
+    json_escape_text(e, n + 1, s, strlen(s), 0);
     info_put(t, "\"%s\"", e);
     free(e);
 }

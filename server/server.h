@@ -215,8 +215,6 @@ unsigned long log_dropped(srv_log *log); /* lines dropped so far */
 void log_request(srv_log *log, const srv_request *r, double seconds);
 void log_event(srv_log *log, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Writes s as the inside of a JSON string into buf; returns bytes needed. */
-size_t json_escape(char *buf, size_t cap, const char *s);
 
 /* ------------------------------------------------------------- cors.c */
 

@@ -1306,6 +1306,11 @@ START_TEST(environment_variables_configure_the_server)
                      4096);
     json_decref(j);
     reply_free(&r);
+    /* A path that is UTF-8 (é) then a stray byte: the line stays JSON and
+     * says what was asked for, the stray byte as U+FFFD. */
+    r = get(port, "/caf%C3%A9%FF");
+    ck_assert_int_eq(r.status, 404);
+    reply_free(&r);
     server s = {.pid = pid, .port = port};
     snprintf(s.log, sizeof s.log, "%s", log);
     /* The JSON access log has one object per request. */
@@ -1329,8 +1334,23 @@ START_TEST(environment_variables_configure_the_server)
         }
     if (f)
         fclose(f);
+    f = fopen(log, "r");
+    bool seen_utf8 = false;
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *entry = json_loads(line, 0, NULL);
+        ck_assert_msg(entry != NULL, "not a JSON line: %s", line);
+        const char *path = json_string_value(json_object_get(entry, "path"));
+        if (path && !strncmp(path, "/caf", 4)) {
+            ck_assert_str_eq(path, "/caf\xc3\xa9\xef\xbf\xbd");
+            seen_utf8 = true;
+        }
+        json_decref(entry);
+    }
+    if (f)
+        fclose(f);
     unlink(log);
     ck_assert_msg(seen, "no access log line for GET /v1/info");
+    ck_assert_msg(seen_utf8, "no access log line for GET /caf%%C3%%A9%%FF");
 }
 END_TEST
 
