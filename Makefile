@@ -4,6 +4,7 @@
 #   make test         every suite, then every suite again under ASan + UBSan
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
+#   make web-test     the page at GET / in Debian's Chromium (playwright-core)
 #
 # On a fresh Debian machine the first of these installs the packages it needs
 # (tools/deps.sh: apt-get when root, otherwise it prints the one command).
@@ -35,13 +36,13 @@ TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o
-SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o)
+SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/web_assets.o
 SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 
 DEPS_STAMP = build/.deps-ok
 
-.PHONY: all test check run bench clean deps sanitize
+.PHONY: all test check run bench clean deps sanitize web-test
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
@@ -64,6 +65,15 @@ $(BUILD)/openapi_yaml.c: api/openapi.yaml
 	   echo '0x00};'; \
 	   echo 'const size_t api_openapi_yaml_len = sizeof api_openapi_yaml - 1;'; } > $@
 $(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# The page (GET /, server/web/), embedded the same way: one byte array per file.
+WEB_FILES := $(sort $(wildcard server/web/*))
+$(BUILD)/web_assets.c: $(WEB_FILES) tools/embed-web.sh
+	@mkdir -p $(dir $@)
+	@sh tools/embed-web.sh $(WEB_FILES) > $@
+$(BUILD)/obj/web_assets.o: $(BUILD)/web_assets.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -101,6 +111,11 @@ run: $(BUILD)/attnd
 bench: $(BUILD)/attnd $(BUILD)/libattn.a
 	@sh tools/deps.sh bench
 	@sh bench/run.sh $(BUILD)
+
+# The page in a real browser; skips with one line where Chromium or Node.js
+# cannot be had (tests/node/run.sh).
+web-test: $(BUILD)/attnd
+	@sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
 
 clean:
 	rm -rf build

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "page.h"
+
 static void handle_compute(srv_request *r);
 static void handle_healthz(srv_request *r);
 static void handle_readyz(srv_request *r);
@@ -27,6 +29,11 @@ static const srv_route routes[] = {
     {"GET", "/metrics", handle_metrics, false, 0},
     {"GET", "/v1/info", handle_info, false, 0},
     {"GET", "/openapi.yaml", handle_openapi, false, 0},
+    /* The page (page.c): one row per file of server/web/ it loads. */
+    {"GET", "/", page_reply, false, 0},
+    {"GET", "/app.js", page_reply, false, 0},
+    {"GET", "/attnd.js", page_reply, false, 0},
+    {"GET", "/style.css", page_reply, false, 0},
 };
 #define N_ROUTES (int)(sizeof routes / sizeof routes[0])
 _Static_assert(N_ROUTES <= ROUTES_MAX, "raise ROUTES_MAX");
@@ -314,7 +321,7 @@ bool routes_init(srv_server *srv)
     t->info = t->info_body ? canned_new(srv, 200, "application/json", t->info_body, info_len,
                                         NULL, NULL)
                            : NULL;
-    return t->healthz && t->ready && t->openapi && t->info;
+    return t->healthz && t->ready && t->openapi && t->info && page_init(srv);
 }
 
 void routes_free(srv_server *srv)
@@ -328,6 +335,7 @@ void routes_free(srv_server *srv)
     canned_free(t->ready);
     canned_free(t->openapi);
     canned_free(t->info);
+    page_free(srv);
     free(t->info_body);
     t->healthz = t->ready = t->openapi = t->info = NULL;
     t->info_body = NULL;

@@ -121,6 +121,7 @@ typedef struct {
     srv_canned *not_allowed[ROUTES_MAX];
     srv_canned *healthz, *ready, *openapi, *info;
     char *info_body;
+    srv_canned *page[ROUTES_MAX]; /* page.c: one per file of server/web/ */
 } srv_routes;
 
 bool routes_init(srv_server *srv);

@@ -1,0 +1,48 @@
+#!/bin/sh
+# The tools of the Node.js tests (make web-test, make ops-test):
+#   tools/node-deps.sh BUILD [debian-package ...]
+# Debian's nodejs and npm (any Node.js >= 18 already installed will do) and
+# the Debian packages named, installed with apt-get as root; then the npm
+# packages of tests/node/package.json at the exact versions of its lock file,
+# into BUILD/node (npm ci; nothing is installed globally or committed).
+# Exits 3 with one line saying why when this machine cannot have them, so
+# that the make target can print that it skipped.
+set -u
+build=${1:?usage: tools/node-deps.sh BUILD [debian-package ...]}
+shift
+need="$*"
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || need="$need nodejs npm"
+missing=""
+for p in $need; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "missing Debian packages:$missing (install them with: sudo apt-get install -y$missing)"
+        exit 3
+    fi
+    echo "installing Debian packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing; } >/tmp/attnd-apt-node.log 2>&1 || {
+        tail -5 /tmp/attnd-apt-node.log
+        echo "apt-get could not install$missing (log: /tmp/attnd-apt-node.log)"
+        exit 3
+    }
+fi
+major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$major" -lt 18 ]; then
+    echo "Node.js $(node --version) is older than 18"
+    exit 3
+fi
+dir="$build/node"
+mkdir -p "$dir"
+if ! cmp -s tests/node/package-lock.json "$dir/package-lock.json" || [ ! -d "$dir/node_modules" ]; then
+    cp tests/node/package.json tests/node/package-lock.json "$dir/"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >npm.log 2>&1) || {
+        tail -5 "$dir/npm.log"
+        rm -f "$dir/package-lock.json"
+        echo "npm ci could not install tests/node/package.json (log: $dir/npm.log)"
+        exit 3
+    }
+fi
+exit 0
