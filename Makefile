@@ -5,6 +5,7 @@
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
+#   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
 #
 # On a fresh Debian machine the first of these installs the packages it needs
 # (tools/deps.sh: apt-get when root, otherwise it prints the one command).
@@ -42,7 +43,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 
 DEPS_STAMP = build/.deps-ok
 
-.PHONY: all test check run bench clean deps sanitize web-test
+.PHONY: all test check run bench clean deps sanitize web-test install
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
@@ -116,6 +117,26 @@ bench: $(BUILD)/attnd $(BUILD)/libattn.a
 # cannot be had (tests/node/run.sh).
 web-test: $(BUILD)/attnd
 	@sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: attnd and its systemd unit, and
+# libattn for C programs: `cc prog.c $$(pkg-config --cflags --libs attn)`.
+# libattn is installed static only: its interface (the parameter structs of
+# attn.h) still grows with each version, and a static library cannot be
+# swapped under a program built against another layout.
+PREFIX ?= /usr/local
+VERSION = $(shell sed -n 's/^\#define ATTND_VERSION "\(.*\)"/\1/p' server/config.h)
+install: $(BUILD)/attnd $(BUILD)/libattn.a
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/systemd/system \
+	    $(DESTDIR)$(PREFIX)/share/doc/attnd
+	install -m 755 $(BUILD)/attnd $(DESTDIR)$(PREFIX)/bin/attnd
+	install -m 644 $(BUILD)/libattn.a $(DESTDIR)$(PREFIX)/lib/libattn.a
+	install -m 644 lib/attn.h $(DESTDIR)$(PREFIX)/include/attn.h
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' tools/attn.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/attn.pc
+	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@PREFIX@|$(PREFIX)|g' docker/attnd.service \
+	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/attnd.service
+	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/attnd/README.md
 
 clean:
 	rm -rf build
