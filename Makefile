@@ -5,6 +5,7 @@
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
+#   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated
 #   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
 #
 # On a fresh Debian machine the first of these installs the packages it needs
@@ -43,7 +44,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 
 DEPS_STAMP = build/.deps-ok
 
-.PHONY: all test check run bench clean deps sanitize web-test install
+.PHONY: all test check run bench clean deps sanitize web-test ops-test install
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
@@ -117,6 +118,10 @@ bench: $(BUILD)/attnd $(BUILD)/libattn.a
 # cannot be had (tests/node/run.sh).
 web-test: $(BUILD)/attnd
 	@sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
+
+# Prometheus (Debian's, with promtool) and the Kubernetes manifests.
+ops-test: $(BUILD)/attnd
+	@sh tests/node/run.sh $(BUILD) prometheus tests/node/ops.test.mjs
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: attnd and its systemd unit, and
 # libattn for C programs: `cc prog.c $$(pkg-config --cflags --libs attn)`.
