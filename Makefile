@@ -6,6 +6,7 @@
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
 #   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated
+#   make container-test  docker/Dockerfile and compose.yaml run with podman
 #   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
 #
 # On a fresh Debian machine the first of these installs the packages it needs
@@ -44,7 +45,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 
 DEPS_STAMP = build/.deps-ok
 
-.PHONY: all test check run bench clean deps sanitize web-test ops-test install
+.PHONY: all test check run bench clean deps sanitize web-test ops-test container-test install
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
@@ -122,6 +123,10 @@ web-test: $(BUILD)/attnd
 # Prometheus (Debian's, with promtool) and the Kubernetes manifests.
 ops-test: $(BUILD)/attnd
 	@sh tests/node/run.sh $(BUILD) prometheus tests/node/ops.test.mjs
+
+# The image and the compose stack, built and run with podman + runc.
+container-test:
+	@sh tests/container/run.sh
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: attnd and its systemd unit, and
 # libattn for C programs: `cc prog.c $$(pkg-config --cflags --libs attn)`.

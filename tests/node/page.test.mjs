@@ -120,6 +120,7 @@ test('the page from attnd: every section drawn from the API answers', async () =
     assert.equal(await page.getAttribute(`#${id}`, 'data-state'), 'ready', id);
   await page.screenshot({ path: path.join(shots, 'page.png'), fullPage: true });
   await page.screenshot({ path: path.join(shots, 'page-top.png') });
+  await page.locator('#theorem1').screenshot({ path: path.join(shots, 'page-theorem1.png') });
 
   // Every control has a label a screen reader reads.
   const unlabelled = await page.$$eval('input, textarea', (els) =>

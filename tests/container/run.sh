@@ -1,0 +1,167 @@
+#!/bin/sh
+# make container-test: docker/Dockerfile and docker/compose.yaml, run for real
+# with Debian's podman and runc (no Docker engine needed):
+#   1. the image builds (--format docker, so HEALTHCHECK is kept), runs with a
+#      read-only root filesystem, answers, runs as a non-root user, its
+#      healthcheck says healthy, and `podman stop` lets a request in flight
+#      finish and exits 0;
+#   2. podman-compose runs 3 replicas behind nginx (an nginx image built from
+#      the same Debian base where nginx:stable cannot be pulled): requests
+#      reach all three, and stopping one under load fails no request.
+# Base images come from a debootstrap of bookworm when no registry can give
+# them. Where podman cannot run, prints one SKIPPED line and exits 0.
+set -u
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+RUN="--runtime runc --ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
+tag=localhost/attnd:container-test
+tmp=$(mktemp -d)
+pass=0
+fail=0
+ok() { echo "ok     $1"; pass=$((pass + 1)); }
+bad() { echo "FAILED $1"; fail=$((fail + 1)); }
+skip() { echo "SKIPPED make container-test: $1"; exit 0; }
+step() { echo "-- $1"; }
+
+# ------------------------------------------------------------ tools
+need="podman runc podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq"
+missing=""
+for p in $need; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    [ "$(id -u)" = 0 ] || skip "needs root to install$missing (sudo apt-get install -y$missing)"
+    echo "installing Debian packages:$missing"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing; } \
+        >"$tmp/apt.log" 2>&1 || skip "apt-get could not install$missing"
+fi
+[ "$(id -u)" = 0 ] || skip "rootless podman is not set up here; run as root"
+podman run $RUN --rm --network none docker.io/library/debian:bookworm true >/dev/null 2>&1 || {
+    if ! podman image exists docker.io/library/debian:bookworm; then
+        step "importing debian:bookworm from debootstrap --variant=minbase (no registry is reachable)"
+        mkdir -p "$tmp/rootfs"
+        debootstrap --variant=minbase bookworm "$tmp/rootfs" http://deb.debian.org/debian >"$tmp/debootstrap.log" 2>&1 \
+            || { tail -5 "$tmp/debootstrap.log"; skip "debootstrap failed"; }
+        tar -C "$tmp/rootfs" -c . | podman import - docker.io/library/debian:bookworm >/dev/null || skip "podman import failed"
+        rm -rf "$tmp/rootfs"
+    fi
+    podman tag docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim
+    podman run $RUN --rm --network none docker.io/library/debian:bookworm true >"$tmp/run.log" 2>&1 \
+        || skip "podman cannot run a container here: $(tail -1 "$tmp/run.log")"
+}
+podman image exists docker.io/library/debian:bookworm-slim || podman tag docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim
+
+cleanup() {
+    podman rm -f -t 0 attnd-ct >/dev/null 2>&1
+    [ -f "$tmp/compose.yaml" ] && (cd "$tmp" && podman-compose -p attnd-ct -f compose.yaml down -t 1 >/dev/null 2>&1)
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+body='{"q": [[1,0],[0,1]], "k": [[1,0],[0,1]], "v": [[1,2],[3,4]], "return_weights": true}'
+want='[[0.66976154,0.33023846],[0.33023846,0.66976154]]'
+
+# ------------------------------------------------------------ the image
+step "podman build --format docker -f docker/Dockerfile"
+if podman build $RUN --network host --format docker -f docker/Dockerfile -t $tag . >"$tmp/build.log" 2>&1; then
+    ok "the image builds"
+else
+    tail -20 "$tmp/build.log"; bad "the image builds"; echo "$pass passed, $fail failed"; exit 1
+fi
+
+port=$(free_port)
+podman run $RUN -d --name attnd-ct --read-only -p 127.0.0.1:$port:8080 $tag >/dev/null 2>"$tmp/run.err" \
+    || { cat "$tmp/run.err"; bad "the container starts"; }
+for _ in $(seq 50); do curl -sf "127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.2; done
+got=$(curl -s "127.0.0.1:$port/v1/attention" -d "$body" | jq -c .weights)
+[ "$got" = "$want" ] && ok "it answers Worked Example 1 through the published port (read-only root)" || bad "answer: $got"
+[ "$(podman exec attnd-ct id -u)" = 10001 ] && ok "attnd runs as uid 10001, not root" || bad "non-root: $(podman exec attnd-ct id)"
+[ "$(podman top attnd-ct user | tail -1 | tr -d ' ')" = attnd ] && ok "podman top: user attnd" || bad "podman top user"
+hc=$(podman healthcheck run attnd-ct 2>&1)
+[ $? = 0 ] && ok "podman healthcheck run: healthy ${hc}" || bad "healthcheck: $hc"
+[ "$(podman inspect -f '{{.Config.Healthcheck.Test}}' attnd-ct | grep -c healthz)" = 1 ] && ok "the HEALTHCHECK of the Dockerfile is kept (docker format)" || bad "HEALTHCHECK kept"
+
+# A request of about a second in flight when podman stop sends SIGTERM.
+big=$(python3 - <<'PY'
+import json
+n, d = 2048, 64
+print(json.dumps({"q": {"shape": [8, n, d], "data": [0.01] * (8 * n * d)},
+                  "k": {"shape": [8, n, d], "data": [0.01] * (8 * n * d)},
+                  "v": {"shape": [8, n, d], "data": [1.0] * (8 * n * d)},
+                  "grad_output": {"shape": [8, n, d], "data": [1.0] * (8 * n * d)},
+                  "output_encoding": "base64"}))
+PY
+)
+echo "$big" >"$tmp/big.json"
+curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$port/v1/attention" -d @"$tmp/big.json" >"$tmp/inflight" &
+cpid=$!
+sleep 0.7
+podman stop -t 60 attnd-ct >/dev/null 2>>"$tmp/podman.err"
+wait $cpid
+code=$(podman inspect -f '{{.State.ExitCode}}' attnd-ct)
+[ "$(cat "$tmp/inflight")" = 200 ] && ok "the request in flight during podman stop got 200" || bad "in flight: $(cat "$tmp/inflight")"
+[ "$code" = 0 ] && ok "podman stop: attnd drained and exited 0" || bad "exit code $code"
+podman logs attnd-ct 2>&1 | tail -3 | sed 's/^/       log: /'
+podman rm -f attnd-ct >/dev/null 2>>"$tmp/podman.err"
+
+# ------------------------------------------------------------ compose
+step "podman-compose: 3 replicas behind nginx"
+if ! podman image exists docker.io/library/nginx:stable || [ "$(podman inspect -f '{{index .Config.Labels "attnd.nginx"}}' docker.io/library/nginx:stable 2>/dev/null)" = yes ]; then
+    podman build $RUN --network host --label attnd.nginx=yes -f docker/nginx.Dockerfile -t docker.io/library/nginx:stable docker >"$tmp/nginx.log" 2>&1 \
+        && ok "nginx image built from debian:bookworm-slim (tagged nginx:stable)" || { tail -5 "$tmp/nginx.log"; bad "nginx image"; }
+fi
+lbport=$(free_port)
+# The compose file as it is, with the build context made absolute, the image
+# of this test, the host port free, and podman's runtime limits.
+sed -e "s|context: \.\.|context: $root|" -e "s|dockerfile: docker/Dockerfile|dockerfile: $root/docker/Dockerfile|" \
+    -e "s|image: attnd:latest|image: $tag|" -e "s|\"8080:8080\"|\"127.0.0.1:$lbport:8080\"|" \
+    -e "s|\./nginx.conf|$root/docker/nginx.conf|" docker/compose.yaml >"$tmp/compose.yaml"
+grep -q "127.0.0.1:$lbport:8080" "$tmp/compose.yaml" || bad "compose.yaml publishes the balancer as \"8080:8080\""
+(cd "$tmp" && podman-compose -p attnd-ct --podman-run-args="$RUN" -f compose.yaml up -d --no-build >"$tmp/up.log" 2>&1) \
+    || { tail -20 "$tmp/up.log"; bad "podman-compose up"; }
+n=$(podman ps --filter label=com.docker.compose.project=attnd-ct --filter label=com.docker.compose.service=attnd -q | wc -l)
+[ "$n" = 3 ] && ok "3 attnd replicas running" || bad "$n attnd replicas running"
+for _ in $(seq 100); do curl -sf "127.0.0.1:$lbport/healthz" >/dev/null && break; sleep 0.2; done
+
+# Which replica answered: each one's access log counts its requests.
+count() { podman logs "$1" 2>&1 | grep -c '/v1/attention'; }
+replicas=$(podman ps --filter label=com.docker.compose.project=attnd-ct --filter label=com.docker.compose.service=attnd --format '{{.Names}}' | sort)
+before=""; for r in $replicas; do before="$before $(count "$r")"; done
+okc=0
+for _ in $(seq 60); do
+    got=$(curl -s "127.0.0.1:$lbport/v1/attention" -d "$body" | jq -c .weights)
+    [ "$got" = "$want" ] && okc=$((okc + 1))
+done
+[ $okc = 60 ] && ok "60 requests through nginx, all right" || bad "$okc of 60 requests right"
+sleep 1
+spread=0
+i=1
+for r in $replicas; do
+    b=$(echo $before | cut -d' ' -f$i)
+    a=$(count "$r")
+    echo "       $r answered $((a - b))"
+    [ $((a - b)) -gt 0 ] && spread=$((spread + 1))
+    i=$((i + 1))
+done
+[ $spread = 3 ] && ok "requests spread over all 3 replicas" || bad "only $spread replicas answered"
+
+# Under load, stop one replica: no request may fail.
+victim=$(echo "$replicas" | head -1)
+(
+    for i in $(seq 400); do
+        curl -s -o /dev/null -w '%{http_code}\n' "127.0.0.1:$lbport/v1/attention" -d "$body"
+    done
+) >"$tmp/load" &
+lpid=$!
+sleep 1
+podman stop -t 30 "$victim" >/dev/null 2>>"$tmp/podman.err"
+wait $lpid
+total=$(wc -l <"$tmp/load")
+good=$(grep -c '^200$' "$tmp/load")
+echo "       during the stop of $victim: $good of $total requests 200 ($(sort "$tmp/load" | uniq -c | tr '\n' ' '))"
+[ "$total" = 400 ] && [ "$good" = 400 ] && ok "one replica stopped under load: no failed request" || bad "failed requests during the stop"
+[ "$(podman inspect -f '{{.State.ExitCode}}' "$victim")" = 0 ] && ok "the stopped replica exited 0" || bad "the stopped replica's exit code"
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
