@@ -72,6 +72,9 @@ typedef struct {
     const char *kernel;        /* the attention micro-kernel in use: "avx2", ... */
     const char *blas_config;   /* OpenBLAS's build configuration */
     const char *blas_corename; /* the OpenBLAS kernel chosen for this CPU */
+    /* NULL, or one sentence when OpenBLAS runs narrower kernels than the CPU
+     * has (attn_blas_shortfall): what it costs, how OPENBLAS_CORETYPE changes it. */
+    const char *blas_shortfall;
 } api_info;
 
 void api_get_info(api_info *info);

@@ -243,4 +243,20 @@ const char *attn_version(void);      /* libattn's version, "1.0.0" */
 const char *attn_blas_config(void);  /* openblas_get_config() */
 const char *attn_blas_corename(void);/* openblas_get_corename() */
 
+/* Whether OpenBLAS runs weaker kernels than the CPU supports (a generic SSE3
+ * core on an AVX-512 CPU, say). cpu_features is a set of ATTN_CPU_* bits;
+ * attn_cpu_features() reads this CPU's. attn_blas_shortfall() is pure: when
+ * the kernels of `corename` (as openblas_get_corename() names them) use a
+ * narrower instruction set than `cpu_features` offers, it writes one
+ * sentence into msg (what that costs, which OPENBLAS_CORETYPE changes it)
+ * and returns true; otherwise, or for a core name it does not know, false. */
+enum {
+    ATTN_CPU_AVX = 1u << 0,
+    ATTN_CPU_AVX2 = 1u << 1,
+    ATTN_CPU_FMA = 1u << 2,
+    ATTN_CPU_AVX512 = 1u << 3, /* F, BW, DQ and VL, as OpenBLAS's SkylakeX kernels use */
+};
+unsigned attn_cpu_features(void);
+bool attn_blas_shortfall(const char *corename, unsigned cpu_features, char *msg, size_t cap);
+
 #endif /* ATTN_H */

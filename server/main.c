@@ -39,6 +39,12 @@ int main(int argc, char **argv)
         log_event(log, "error", "cannot set up signal handling");
         return 1;
     }
+    /* Once, before the port opens: a generic OpenBLAS core on a wide CPU
+     * slows every projection. */
+    api_info info;
+    api_get_info(&info);
+    if (info.blas_shortfall != NULL)
+        log_event(log, "warn", "%s", info.blas_shortfall);
     if (!http_start(&srv, err, sizeof err)) {
         log_event(log, "error", "%s", err);
         return 1;

@@ -2412,6 +2412,107 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
 }
 END_TEST
 
+/* --------------------------------------------------- OpenBLAS's kernels */
+
+/* attn_blas_shortfall(corename, features, msg): the corenames and feature
+ * sets are given here, so every case runs on any machine. */
+static bool shortfall(const char *core, unsigned cpu, char *msg, size_t cap)
+{
+    msg[0] = '\0';
+    return attn_blas_shortfall(core, cpu, msg, cap);
+}
+
+#define CPU_AVX2_FMA (ATTN_CPU_AVX | ATTN_CPU_AVX2 | ATTN_CPU_FMA)
+#define CPU_AVX512 (CPU_AVX2_FMA | ATTN_CPU_AVX512)
+
+START_TEST(blas_shortfall_prescott_on_avx512_names_both_coretypes)
+{
+    char msg[512];
+    ck_assert(shortfall("Prescott", CPU_AVX512, msg, sizeof msg));
+    ck_assert_msg(strstr(msg, "Prescott") && strstr(msg, "SSE3") && strstr(msg, "AVX-512"),
+                  "%s", msg);
+    ck_assert_msg(strstr(msg, "OPENBLAS_CORETYPE=SkylakeX"), "%s", msg);
+    /* 64 against 8 FLOP a cycle; Haswell's AVX2 kernels, 32 against 8. */
+    ck_assert_msg(strstr(msg, "up to 8x slower"), "%s", msg);
+    ck_assert_msg(strstr(msg, "or Haswell") && strstr(msg, "(up to 4x)"), "%s", msg);
+}
+END_TEST
+
+START_TEST(blas_shortfall_haswell_on_avx512_costs_up_to_2x)
+{
+    char msg[512];
+    ck_assert(shortfall("Haswell", CPU_AVX512, msg, sizeof msg));
+    ck_assert_msg(strstr(msg, "up to 2x slower") && strstr(msg, "OPENBLAS_CORETYPE=SkylakeX"),
+                  "%s", msg);
+    ck_assert_msg(strstr(msg, "or Haswell") == NULL, "%s", msg);
+    ck_assert(shortfall("zen", CPU_AVX512, msg, sizeof msg));
+}
+END_TEST
+
+START_TEST(blas_shortfall_on_avx2_and_avx_cpus_names_their_coretype)
+{
+    char msg[512];
+    ck_assert(shortfall("Nehalem", CPU_AVX2_FMA, msg, sizeof msg));
+    ck_assert_msg(strstr(msg, "OPENBLAS_CORETYPE=Haswell") && strstr(msg, "up to 4x"), "%s", msg);
+    ck_assert_msg(strstr(msg, "SkylakeX") == NULL, "%s", msg);
+    ck_assert(shortfall("Sandybridge", CPU_AVX2_FMA, msg, sizeof msg));
+    ck_assert_msg(strstr(msg, "up to 2x"), "%s", msg);
+    /* AVX2 without FMA: OpenBLAS's Haswell kernels need both. */
+    ck_assert(shortfall("Core2", ATTN_CPU_AVX | ATTN_CPU_AVX2, msg, sizeof msg));
+    ck_assert_msg(strstr(msg, "OPENBLAS_CORETYPE=Sandybridge"), "%s", msg);
+}
+END_TEST
+
+START_TEST(blas_shortfall_none_when_kernels_use_all_the_cpu_has)
+{
+    char msg[512];
+    const char *avx512_cores[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "SKYLAKEX"};
+    for (size_t i = 0; i < sizeof avx512_cores / sizeof avx512_cores[0]; i++)
+        ck_assert_msg(!shortfall(avx512_cores[i], CPU_AVX512, msg, sizeof msg), "%s", msg);
+    ck_assert(!shortfall("Haswell", CPU_AVX2_FMA, msg, sizeof msg));
+    ck_assert(!shortfall("Zen", CPU_AVX2_FMA, msg, sizeof msg));
+    ck_assert(!shortfall("Sandybridge", ATTN_CPU_AVX, msg, sizeof msg));
+    ck_assert(!shortfall("Prescott", 0, msg, sizeof msg));
+    /* Kernels wider than the CPU (a forced coretype): nothing is lost. */
+    ck_assert(!shortfall("SkylakeX", CPU_AVX2_FMA, msg, sizeof msg));
+    ck_assert_str_eq(msg, "");
+}
+END_TEST
+
+START_TEST(blas_shortfall_makes_no_claim_for_unknown_cores)
+{
+    char msg[512];
+    ck_assert(!shortfall("Unknown", CPU_AVX512, msg, sizeof msg));
+    ck_assert(!shortfall("ARMV8", CPU_AVX512, msg, sizeof msg));
+    ck_assert(!shortfall("", CPU_AVX512, msg, sizeof msg));
+    ck_assert(!shortfall(NULL, CPU_AVX512, msg, sizeof msg));
+    ck_assert_str_eq(msg, "");
+}
+END_TEST
+
+START_TEST(blas_shortfall_message_fits_any_buffer)
+{
+    char msg[16];
+    memset(msg, 'x', sizeof msg);
+    ck_assert(attn_blas_shortfall("Prescott", CPU_AVX512, msg, 8));
+    ck_assert_uint_eq(strlen(msg), 7);
+    ck_assert_int_eq(msg[9], 'x');
+    ck_assert(attn_blas_shortfall("Prescott", CPU_AVX512, NULL, 0));
+}
+END_TEST
+
+START_TEST(cpu_features_agree_with_the_kernels_supported)
+{
+    unsigned f = attn_cpu_features();
+    ck_assert_int_eq(attn_kernel_supported(ATTN_KERNEL_AVX2),
+                     (f & ATTN_CPU_AVX2) && (f & ATTN_CPU_FMA));
+    if (f & ATTN_CPU_AVX512)
+        ck_assert(attn_kernel_supported(ATTN_KERNEL_AVX512));
+    if (f & ATTN_CPU_AVX2)
+        ck_assert(f & ATTN_CPU_AVX);
+}
+END_TEST
+
 /* --------------------------------------------------------------- suite */
 
 static Suite *lib_suite(void)
@@ -2495,6 +2596,14 @@ static Suite *lib_suite(void)
         {"kernels",
          {vexp_kinds_match_exp_and_flush_below_min,
           vmax_kinds_find_the_maximum_at_every_position}},
+        {"blas",
+         {blas_shortfall_prescott_on_avx512_names_both_coretypes,
+          blas_shortfall_haswell_on_avx512_costs_up_to_2x,
+          blas_shortfall_on_avx2_and_avx_cpus_names_their_coretype,
+          blas_shortfall_none_when_kernels_use_all_the_cpu_has,
+          blas_shortfall_makes_no_claim_for_unknown_cores,
+          blas_shortfall_message_fits_any_buffer,
+          cpu_features_agree_with_the_kernels_supported}},
         {"invalid",
          {valid_params_are_accepted, invalid_heads_not_divisible,
           invalid_scale_not_positive_finite, invalid_sizes_zero_or_negative,

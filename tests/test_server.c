@@ -559,6 +559,32 @@ START_TEST(info_is_never_cut_off)
 }
 END_TEST
 
+/* The shared server has this process's environment and OpenBLAS, so it
+ * runs the same OpenBLAS core on the same CPU: its start-up log carries the
+ * line exactly when attn_blas_shortfall (tested in test_lib) finds one.
+ * OPENBLAS_CORETYPE is never changed in tests, so on a given machine this
+ * checks one of the two cases. */
+START_TEST(startup_log_names_a_weaker_openblas_core_once)
+{
+    char expected[400];
+    bool weaker = attn_blas_shortfall(attn_blas_corename(), attn_cpu_features(), expected,
+                                      sizeof expected);
+    FILE *f = fopen(shared.log, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    int mentions = 0, exact = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "OPENBLAS_CORETYPE")) {
+            mentions++;
+            exact += weaker && strstr(line, " warn ") && strstr(line, expected) != NULL;
+        }
+    fclose(f);
+    ck_assert_msg(mentions == (weaker ? 1 : 0), "%d start-up lines about OPENBLAS_CORETYPE, want %d",
+                  mentions, weaker ? 1 : 0);
+    ck_assert_int_eq(exact, weaker ? 1 : 0);
+}
+END_TEST
+
 START_TEST(openapi_yaml_is_served_as_yaml)
 {
     reply r = get(shared.port, "/openapi.yaml");
@@ -1595,6 +1621,7 @@ static Suite *server_suite(void)
     tcase_add_test(routes, head_request_on_get_route_has_headers_only);
     tcase_add_test(routes, info_reports_version_blas_threads_and_limits);
     tcase_add_test(routes, info_is_never_cut_off);
+    tcase_add_test(routes, startup_log_names_a_weaker_openblas_core_once);
     tcase_add_test(routes, openapi_yaml_is_served_as_yaml);
     tcase_add_test(routes, metrics_count_requests_by_route_and_status);
     tcase_add_test(routes, metrics_count_body_bytes_received);
