@@ -1,36 +1,59 @@
 /*
- * Kernel speed: libattn's SDPA against the machine's own matrix-multiply rate.
+ * Kernel speed: libattn's attention against the machine's limit, every
+ * figure measured in one run, in turns.
  *
- *   kernel info                      CPU model, cores, OpenBLAS corename/config
- *   kernel sgemm THREADS SIZE        square sgemm C = A B, SIZE^3, alone
- *   kernel attn THREADS H N D [SIZE] forward, causal forward, forward+backward
- *                                    taking turns; with SIZE, a square sgemm
- *                                    of SIZE^3 takes its turn too
+ *   kernel info                  CPU model, cores, OpenBLAS corename/config
+ *   kernel table THREADS [SECS]  every measurement below, about SECS seconds
+ *                                of rounds (default 40) after a warm-up
+ *   kernel child                 (started by `table`) runs the tasks it is
+ *                                sent on stdin, one a line
  *
- * Output is one "key value" pair a line, for bench/run.sh to put in its table.
+ * The machine's limit is measured two ways: OpenBLAS's square sgemm under
+ * each OpenBLAS kernel this CPU can run, and a loop of nothing but fused
+ * multiply-adds (bench/peak.c). OpenBLAS picks its kernel once, at load
+ * time, from OPENBLAS_CORETYPE or the CPU model, so each kernel lives in a
+ * child process of its own: OPENBLAS_CORETYPE unset, SkylakeX and
+ * Cooperlake (AVX-512, the latter with BF16), Haswell (AVX2+FMA) and
+ * Prescott (SSE3). This process never sets it: its own figures are those
+ * of the environment it was given. A child that crashes (OpenBLAS's AVX-512
+ * kernels have on some CPUs) is reported and not counted. Children whose
+ * OpenBLAS reports the same core as an earlier one measure no sgemm of
+ * their own (unset is often one of the others).
  *
- * libattn keeps OpenBLAS at one thread and runs `threads` threads of its own;
- * sgemm gets the same cores as OpenBLAS threads. When the two take turns in
- * one process, OpenBLAS is set to THREADS threads for each sgemm and back to
- * one after it, and the attention run waits until OpenBLAS's workers have
- * stopped spinning. Taking turns means that whatever else runs on the
- * (shared) machine disturbs both measurements alike, so their ratio holds.
+ * libattn's kernels are chosen once per process too (ATTN_KERNEL), so each
+ * kernel the CPU has runs the n=4096 forward in a child of its own.
  *
- * Every figure is the best of several repetitions after a warm-up run: the
- * machine is shared and noisy, and the best run is the one least disturbed.
- * Shapes (attn): q, k, v, out, dout, dq, dk, dv [1, H, N, D]; lse [1, H, N]
- * (double).
+ * Taking turns: every round runs each measurement once, here or in its
+ * child, one after the other, and each figure is the best of the rounds.
+ * Whatever else runs on the (shared) machine then disturbs the things
+ * compared alike, and their ratios hold. A child replies only once its
+ * OpenBLAS workers have stopped spinning, so they take no core from the
+ * measurement after them. A turn repeats a short task until it takes about
+ * a quarter of a second and counts the mean.
+ *
+ * Output is one "key value" pair a line, for bench/run.sh's table.
+ *
+ * Shapes: sdpa q, k, v, out, dout, dq, dk, dv [B, H, N, D], lse [B, H, N];
+ * mha x [B, N, Dm], w_q, w_k, w_v, w_o [Dm, Dm], out, dout [B, N, Dm].
  */
 #include <cblas.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "attn.h"
+#include "peak.h"
+
+extern char **environ;
 
 static double now_s(void)
 {
@@ -39,33 +62,33 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Normal-ish values (sum of uniforms): what activations look like. */
-static void fill_random(float *x, size_t count, unsigned *seed)
+static void sleep_s(double s)
 {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (p == NULL) {
+        fprintf(stderr, "kernel: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+/* Normal-ish values (sum of uniforms): what activations look like. */
+static float *alloc_random(size_t count, unsigned *seed, float scale)
+{
+    float *x = xmalloc(count * sizeof *x);
     for (size_t i = 0; i < count; i++) {
         float s = 0.0f;
         for (int j = 0; j < 4; j++)
             s += (float)rand_r(seed) / (float)RAND_MAX - 0.5f;
-        x[i] = s * 1.7f;
+        x[i] = s * 1.7f * scale;
     }
-}
-
-static float *alloc_random(size_t count, unsigned *seed)
-{
-    float *x = malloc(count * sizeof *x);
-    if (x == NULL) {
-        fprintf(stderr, "kernel: out of memory (%zu floats)\n", count);
-        exit(1);
-    }
-    fill_random(x, count, seed);
     return x;
-}
-
-/* How many timed repetitions fit in about `budget_s`, given one took `once_s`. */
-static int reps_for(double once_s, double budget_s, int lo, int hi)
-{
-    int reps = once_s > 0 ? (int)(budget_s / once_s) : hi;
-    return reps < lo ? lo : reps > hi ? hi : reps;
 }
 
 static int cmd_info(void)
@@ -91,210 +114,595 @@ static int cmd_info(void)
     printf("blas_corename %s\n", openblas_get_corename());
     printf("blas_config %s\n", openblas_get_config());
     printf("attn_version %s\n", attn_version());
+    printf("attn_kernel %s\n", attn_kernel_name());
     return 0;
 }
 
-/* Square sgemm operands: a, b, c [size, size]. */
-typedef struct {
-    int size;
-    float *a, *b, *c;
-} gemm_case;
+/* ================================================================ tasks */
 
-static void gemm_alloc(gemm_case *g, int size)
-{
-    unsigned seed = 1;
-    size_t count = (size_t)size * (size_t)size;
-    g->size = size;
-    g->a = alloc_random(count, &seed);
-    g->b = alloc_random(count, &seed);
-    g->c = alloc_random(count, &seed);
-}
-
-static void gemm_free(gemm_case *g)
-{
-    free(g->a), free(g->b), free(g->c);
-}
-
-static double gemm_flops(const gemm_case *g)
-{
-    return 2.0 * g->size * (double)g->size * g->size;
-}
-
-/* One sgemm on `threads` OpenBLAS threads, then OpenBLAS back at one thread
- * as libattn wants it. Returns the seconds the sgemm took. */
-static double gemm_run(const gemm_case *g, int threads)
-{
-    int n = g->size;
-    openblas_set_num_threads(threads);
-    double t0 = now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
-                g->a, n, g->b, n, 0.0f, g->c, n);
-    double t = now_s() - t0;
-    openblas_set_num_threads(1);
-    return t;
-}
-
-static void print_gemm(const gemm_case *g, int threads, double best)
-{
-    printf("sgemm_threads %d\n", threads);
-    printf("sgemm_size %d\n", g->size);
-    printf("sgemm_gflop %.3f\n", gemm_flops(g) * 1e-9);
-    printf("sgemm_s %.6f\n", best);
-    printf("sgemm_gflops %.2f\n", gemm_flops(g) / best * 1e-9);
-}
-
-static int cmd_sgemm(int threads, int size)
-{
-    gemm_case g;
-    gemm_alloc(&g, size);
-    double once = gemm_run(&g, threads);
-    int reps = reps_for(once, 3.0, 3, 50);
-    double best = INFINITY;
-    for (int r = 0; r < reps; r++)
-        best = fmin(best, gemm_run(&g, threads));
-    print_gemm(&g, threads, best);
-    gemm_free(&g);
-    return 0;
-}
+/*
+ * A task is one line of text, the same whether it runs here or in a child:
+ *   sgemm THREADS SIZE                 C = A B, all [SIZE, SIZE], on THREADS
+ *                                      OpenBLAS threads
+ *   sdpa full|causal|fwdbwd THREADS B H N D
+ *   mha fwd|fwdbwd THREADS B N DMODEL HEADS   causal, with W_O, no biases
+ *   peak avx2|avx512 THREADS ITERS     bench/peak.c
+ * Its buffers are made on first use and kept for the next turns.
+ */
+typedef enum { T_SGEMM, T_SDPA, T_MHA, T_PEAK } task_kind;
+enum { SDPA_FULL, SDPA_CAUSAL, SDPA_FWDBWD };
+enum { MHA_FWD, MHA_FWDBWD };
 
 typedef struct {
-    attn_sdpa_params p;
-    const float *q, *k, *v, *dout;
-    float *out, *dq, *dk, *dv;
+    char text[96];
+    task_kind kind;
+    int mode, threads;
+    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters */
+    /* Buffers, made on first use. */
+    bool ready;
+    float *f[12];
     double *lse;
-} attn_case;
+    attn_sdpa_params sdpa;
+    attn_mha_params mha;
+} task;
 
-static int run_forward(attn_case *c, bool causal)
+/* The libattn parameters of an sdpa or mha task. */
+static void task_params(task *t)
 {
-    attn_error err;
-    c->p.causal = causal;
-    if (attn_sdpa_forward(&c->p, c->q, c->k, c->v, c->out, NULL, NULL, NULL,
-                          &err) != ATTN_OK) {
-        fprintf(stderr, "kernel: attn_sdpa_forward: %s\n", err.message);
-        return -1;
+    const long long *a = t->a;
+    if (t->kind == T_SDPA)
+        t->sdpa = (attn_sdpa_params){
+            .batch = a[0], .heads_q = a[1], .heads_kv = a[1], .n_q = a[2], .n_k = a[2],
+            .d_k = a[3], .d_v = a[3], .scale = attn_default_scale(a[3]),
+            .causal = t->mode == SDPA_CAUSAL, .mask = {.kind = ATTN_MASK_NONE},
+            .threads = t->threads,
+        };
+    if (t->kind == T_MHA)
+        t->mha = (attn_mha_params){
+            .batch = a[0], .n = a[1], .m = a[1], .d_model = a[2], .d_ctx = a[2],
+            .heads = a[3], .kv_heads = a[3], .d_k = a[2] / a[3], .d_v = a[2] / a[3],
+            .d_out = a[2], .scale = attn_default_scale(a[2] / a[3]), .causal = true,
+            .mask = {.kind = ATTN_MASK_NONE}, .threads = t->threads,
+        };
+}
+
+static bool parse_task(const char *text, task *t)
+{
+    char kind[16], mode[16];
+    memset(t, 0, sizeof *t);
+    snprintf(t->text, sizeof t->text, "%s", text);
+    long long *a = t->a;
+    if (sscanf(text, "sgemm %d %lld", &t->threads, &a[0]) == 2) {
+        t->kind = T_SGEMM;
+    } else if (sscanf(text, "%15s %15s %d %lld %lld %lld %lld", kind, mode, &t->threads,
+                      &a[0], &a[1], &a[2], &a[3]) == 7 && strcmp(kind, "sdpa") == 0) {
+        t->kind = T_SDPA;
+        if (strcmp(mode, "full") == 0) t->mode = SDPA_FULL;
+        else if (strcmp(mode, "causal") == 0) t->mode = SDPA_CAUSAL;
+        else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
+        else return false;
+    } else if (sscanf(text, "%15s %15s %d %lld %lld %lld %lld", kind, mode, &t->threads,
+                      &a[0], &a[1], &a[2], &a[3]) == 7 && strcmp(kind, "mha") == 0) {
+        t->kind = T_MHA;
+        if (strcmp(mode, "fwd") == 0) t->mode = MHA_FWD;
+        else if (strcmp(mode, "fwdbwd") == 0) t->mode = MHA_FWDBWD;
+        else return false;
+        if (a[3] < 1 || a[2] % a[3] != 0) return false;
+    } else if (sscanf(text, "peak %15s %d %lld", mode, &t->threads, &a[0]) == 3) {
+        t->kind = T_PEAK;
+        if (strcmp(mode, "avx512") == 0) t->mode = PEAK_AVX512;
+        else if (strcmp(mode, "avx2") == 0) t->mode = PEAK_AVX2;
+        else return false;
+    } else {
+        return false;
+    }
+    for (int i = 0; i < 4; i++)
+        if (a[i] < 0) return false;
+    if (t->threads < 1 || a[0] < 1)
+        return false;
+    task_params(t);
+    return true;
+}
+
+/* Nominal FLOPs of one run: sgemm 2 s^3; the SDPA forward 4 B H N^2 D, as
+ * issue 7 counts it (no discount for the causal mask; the backward not
+ * counted); multi-head attention's forward as attn_mha_flops counts it. */
+static double task_flops(const task *t)
+{
+    const long long *a = t->a;
+    switch (t->kind) {
+    case T_SGEMM:
+        return 2.0 * (double)a[0] * (double)a[0] * (double)a[0];
+    case T_SDPA:
+        return 4.0 * (double)a[0] * (double)a[1] * (double)a[2] * (double)a[2] * (double)a[3];
+    case T_MHA:
+        return attn_mha_flops(&t->mha);
+    case T_PEAK:
+        return peak_flops((peak_isa)t->mode, t->threads, (long)a[0]);
     }
     return 0;
 }
 
-static int run_forward_backward(attn_case *c)
-{
-    attn_error err;
-    c->p.causal = false;
-    if (attn_sdpa_forward(&c->p, c->q, c->k, c->v, c->out, c->lse, NULL, NULL,
-                          &err) != ATTN_OK ||
-        attn_sdpa_backward(&c->p, c->q, c->k, c->v, c->out, c->lse, c->dout,
-                           c->dq, c->dk, c->dv, &err) != ATTN_OK) {
-        fprintf(stderr, "kernel: forward+backward: %s\n", err.message);
-        return -1;
-    }
-    return 0;
-}
-
-enum { FULL, CAUSAL, FWD_BWD, N_MODES };
-
-static int run_mode(attn_case *c, int mode)
-{
-    return mode == FWD_BWD ? run_forward_backward(c) : run_forward(c, mode == CAUSAL);
-}
-
-/* OpenBLAS's idle workers spin for a while (about 2^28 cycles) before they
- * sleep; an attention run started sooner would share its cores with them. */
-static void let_blas_settle(void)
-{
-    struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
-    nanosleep(&pause, NULL);
-}
-
-enum { GEMM = N_MODES }; /* best[GEMM]: the sgemm runs, when g != NULL */
-
-/* Rounds of one run of each mode (and one sgemm first, when g is given), the
- * best time of each over the rounds: at least three rounds after a warm-up
- * round, more while they fit `budget_s`. Interleaving the modes makes their
- * ratios hold even when other work on the machine comes and goes. */
-static int measure(attn_case *c, const gemm_case *g, int threads,
-                   double budget_s, double best[N_MODES + 1])
-{
-    int rounds = 0;
-    for (int r = -1; r < rounds; r++) {
-        double t_round = now_s();
-        double t[N_MODES + 1];
-        if (g != NULL) {
-            t[GEMM] = gemm_run(g, threads);
-            let_blas_settle();
-        }
-        for (int mode = 0; mode < N_MODES; mode++) {
-            double t0 = now_s();
-            if (run_mode(c, mode) != 0)
-                return -1;
-            t[mode] = now_s() - t0;
-        }
-        if (r < 0) { /* the warm-up round: sets the number of rounds */
-            rounds = reps_for(now_s() - t_round, budget_s, 3, 200);
-            for (int i = 0; i <= N_MODES; i++)
-                best[i] = INFINITY;
-            continue;
-        }
-        for (int i = 0; i <= N_MODES; i++)
-            if (i < N_MODES || g != NULL)
-                best[i] = fmin(best[i], t[i]);
-    }
-    return 0;
-}
-
-static int cmd_attn(int threads, int64_t heads, int64_t n, int64_t d,
-                    int gemm_size)
+static void task_prepare(task *t)
 {
     unsigned seed = 7;
-    size_t count = (size_t)(heads * n * d);
-    attn_case c = {
-        .p = {.batch = 1, .heads_q = heads, .heads_kv = heads, .n_q = n,
-              .n_k = n, .d_k = d, .d_v = d, .scale = attn_default_scale(d),
-              .causal = false, .mask = {.kind = ATTN_MASK_NONE},
-              .threads = threads},
-    };
-    float *q = alloc_random(count, &seed), *k = alloc_random(count, &seed);
-    float *v = alloc_random(count, &seed), *dout = alloc_random(count, &seed);
-    c.q = q, c.k = k, c.v = v, c.dout = dout;
-    c.out = alloc_random(count, &seed);
-    c.lse = calloc((size_t)(heads * n), sizeof *c.lse);
-    c.dq = alloc_random(count, &seed);
-    c.dk = alloc_random(count, &seed);
-    c.dv = alloc_random(count, &seed);
-
-    /* Nominal work, as the issue counts it: 4 * B * H * n_q * n_k * d. */
-    double flops = 4.0 * (double)heads * (double)n * (double)n * (double)d;
-    double best[N_MODES + 1];
-    gemm_case g = {0};
-    if (gemm_size > 0)
-        gemm_alloc(&g, gemm_size);
-    int rc = measure(&c, gemm_size > 0 ? &g : NULL, threads, 6.0, best) == 0 ? 0 : 1;
-    double full = best[FULL], causal = best[CAUSAL], fwd_bwd = best[FWD_BWD];
-    if (rc == 0) {
-        printf("n %lld\n", (long long)n);
-        printf("gflop %.4f\n", flops * 1e-9);
-        printf("full_s %.6f\n", full);
-        printf("causal_s %.6f\n", causal);
-        printf("fwdbwd_s %.6f\n", fwd_bwd);
-        printf("gflops %.2f\n", flops / full * 1e-9);
-        if (gemm_size > 0)
-            print_gemm(&g, threads, best[GEMM]);
+    const long long *a = t->a;
+    if (t->kind == T_SGEMM) {
+        size_t count = (size_t)(a[0] * a[0]);
+        for (int i = 0; i < 3; i++)
+            t->f[i] = alloc_random(count, &seed, 1.0f);
+    } else if (t->kind == T_SDPA) {
+        size_t count = (size_t)(a[0] * a[1] * a[2] * a[3]);
+        for (int i = 0; i < 8; i++) /* q k v dout out dq dk dv */
+            t->f[i] = alloc_random(count, &seed, 1.0f);
+        t->lse = xmalloc((size_t)(a[0] * a[1] * a[2]) * sizeof *t->lse);
+    } else if (t->kind == T_MHA) {
+        int64_t b = a[0], n = a[1], dm = a[2];
+        size_t acts = (size_t)(b * n * dm), weights = (size_t)(dm * dm);
+        /* Weights ~ 1/sqrt(d_model), as an initialised layer has them. */
+        float w_scale = 1.0f / sqrtf((float)dm);
+        t->f[0] = alloc_random(acts, &seed, 1.0f);    /* x */
+        t->f[1] = alloc_random(acts, &seed, 1.0f);    /* dout */
+        t->f[2] = alloc_random(acts, &seed, 1.0f);    /* out */
+        t->f[3] = alloc_random(acts, &seed, 1.0f);    /* dx */
+        for (int i = 0; i < 4; i++) {                 /* w_q w_k w_v w_o */
+            t->f[4 + i] = alloc_random(weights, &seed, w_scale);
+            t->f[8 + i] = alloc_random(weights, &seed, 1.0f); /* their gradients */
+        }
     }
-    if (gemm_size > 0)
-        gemm_free(&g);
-    free(q), free(k), free(v), free(dout);
-    free(c.out), free(c.lse), free(c.dq), free(c.dk), free(c.dv);
-    return rc;
+    t->ready = true;
+}
+
+/* One run of the task; false (with a message on stderr) when libattn fails. */
+static bool task_run_once(task *t)
+{
+    attn_error err = {0};
+    float **f = t->f;
+    switch (t->kind) {
+    case T_SGEMM: {
+        int n = (int)t->a[0];
+        openblas_set_num_threads(t->threads);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, f[0], n,
+                    f[1], n, 0.0f, f[2], n);
+        return true;
+    }
+    case T_SDPA:
+        if (attn_sdpa_forward(&t->sdpa, f[0], f[1], f[2], f[4],
+                              t->mode == SDPA_FWDBWD ? t->lse : NULL, NULL, NULL,
+                              &err) != ATTN_OK)
+            break;
+        if (t->mode == SDPA_FWDBWD &&
+            attn_sdpa_backward(&t->sdpa, f[0], f[1], f[2], f[4], t->lse, f[3], f[5], f[6],
+                               f[7], &err) != ATTN_OK)
+            break;
+        return true;
+    case T_MHA: {
+        attn_mha_inputs in = {.x = f[0], .w_q = f[4], .w_k = f[5], .w_v = f[6], .w_o = f[7]};
+        attn_mha_grads g = {.x = f[3], .w_q = f[8], .w_k = f[9], .w_v = f[10], .w_o = f[11]};
+        if (attn_mha_forward(&t->mha, &in, f[2], NULL, NULL, &err) != ATTN_OK)
+            break;
+        if (t->mode == MHA_FWDBWD && attn_mha_backward(&t->mha, &in, f[1], &g, &err) != ATTN_OK)
+            break;
+        return true;
+    }
+    case T_PEAK:
+        if (peak_run_s((peak_isa)t->mode, t->threads, (long)t->a[0]) < 0) {
+            snprintf(err.message, sizeof err.message, "could not start %d threads", t->threads);
+            break;
+        }
+        return true;
+    }
+    fprintf(stderr, "kernel: %s: %s\n", t->text, err.message);
+    return false;
+}
+
+/* `reps` runs; the mean seconds of one, or -1 on failure. After threaded
+ * sgemm, waits until OpenBLAS's idle workers have stopped spinning (about
+ * 2^28 cycles) so that they take no core from whatever is measured next. */
+static double task_run(task *t, int reps)
+{
+    if (!t->ready)
+        task_prepare(t);
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++)
+        if (!task_run_once(t))
+            return -1;
+    double s = (now_s() - t0) / reps;
+    if (t->kind == T_SGEMM) {
+        openblas_set_num_threads(1);
+        if (t->threads > 1)
+            sleep_s(0.3);
+    }
+    return s;
+}
+
+/* This process's tasks, by their text. */
+static task *tasks[64];
+static int n_tasks;
+
+static task *task_get(const char *text)
+{
+    for (int i = 0; i < n_tasks; i++)
+        if (strcmp(tasks[i]->text, text) == 0)
+            return tasks[i];
+    task *t = xmalloc(sizeof *t);
+    if (n_tasks == (int)(sizeof tasks / sizeof tasks[0]) || !parse_task(text, t)) {
+        free(t);
+        return NULL;
+    }
+    return tasks[n_tasks++] = t;
+}
+
+/* ================================================================ child */
+
+/*
+ * A child says "ready COREName KERNEL" once, then answers each line
+ * "REPS TASK" with "ok SECONDS" (the mean of one run) or "error".
+ */
+static int cmd_child(void)
+{
+    char line[256];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("ready %s %s\n", openblas_get_corename(), attn_kernel_name());
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        int reps = 0, used = 0;
+        task *t = NULL;
+        if (sscanf(line, "%d %n", &reps, &used) == 1 && reps >= 1)
+            t = task_get(line + used);
+        double s = t != NULL ? task_run(t, reps) : -1;
+        if (s >= 0)
+            printf("ok %.9f\n", s);
+        else
+            printf("error\n");
+    }
+    return 0;
+}
+
+/* ================================================================ table */
+
+typedef struct {
+    const char *label;     /* in the output keys */
+    const char *var;       /* the environment variable it changes */
+    const char *value;     /* its value; NULL: unset */
+    bool blas;             /* one of the OpenBLAS kernels (measures sgemm) */
+    pid_t pid;
+    int to, from;          /* its stdin, its stdout */
+    char buf[512];
+    size_t len;
+    bool alive;
+    char core[64], kernel[32];
+    char death[160];       /* why it is not counted */
+} child;
+
+/* Environment for a child: ours with `var` set to `value` (or removed).
+ * *owned is the one string it allocated (or NULL). */
+static char **child_env(const char *var, const char *value, char **owned)
+{
+    size_t n = 0;
+    while (environ[n] != NULL)
+        n++;
+    char **env = xmalloc((n + 2) * sizeof *env);
+    size_t k = 0, len = strlen(var);
+    for (size_t i = 0; i < n; i++)
+        if (!(strncmp(environ[i], var, len) == 0 && environ[i][len] == '='))
+            env[k++] = environ[i];
+    *owned = NULL;
+    if (value != NULL) {
+        size_t cap = len + strlen(value) + 2;
+        *owned = env[k++] = xmalloc(cap);
+        snprintf(*owned, cap, "%s=%s", var, value);
+    }
+    env[k] = NULL;
+    return env;
+}
+
+static void child_dead(child *c, const char *why)
+{
+    if (!c->alive)
+        return;
+    c->alive = false;
+    close(c->to);
+    close(c->from);
+    int st = 0;
+    kill(c->pid, SIGKILL); /* a no-op when it has exited already */
+    waitpid(c->pid, &st, 0);
+    if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL)
+        snprintf(c->death, sizeof c->death, "crashed (%s)", strsignal(WTERMSIG(st)));
+    else if (WIFEXITED(st) && WEXITSTATUS(st) != 0)
+        snprintf(c->death, sizeof c->death, "exited with status %d", WEXITSTATUS(st));
+    else
+        snprintf(c->death, sizeof c->death, "%s", why);
+    fprintf(stderr, "kernel: child %s=%s: %s\n", c->var, c->value ? c->value : "(unset)",
+            c->death);
+}
+
+/* A line from the child into `out`, waiting at most `timeout_s`. */
+static bool child_read(child *c, char *out, size_t cap, double timeout_s)
+{
+    double end = now_s() + timeout_s;
+    for (;;) {
+        char *nl = memchr(c->buf, '\n', c->len);
+        if (nl != NULL) {
+            size_t n = (size_t)(nl - c->buf);
+            snprintf(out, cap, "%.*s", (int)n, c->buf);
+            memmove(c->buf, nl + 1, c->len - n - 1);
+            c->len -= n + 1;
+            return true;
+        }
+        double left = end - now_s();
+        struct pollfd p = {.fd = c->from, .events = POLLIN};
+        int r = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            child_dead(c, "did not answer in time");
+            return false;
+        }
+        ssize_t got = read(c->from, c->buf + c->len, sizeof c->buf - 1 - c->len);
+        if (got <= 0 || c->len + (size_t)got >= sizeof c->buf - 1) {
+            child_dead(c, "closed its output");
+            return false;
+        }
+        c->len += (size_t)got;
+    }
+}
+
+static void child_start(child *c, const char *self)
+{
+    int in[2], out[2];
+    c->alive = false;
+    /* Close-on-exec: a later child must not hold this one's stdin open. */
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+        snprintf(c->death, sizeof c->death, "could not make pipes");
+        return;
+    }
+    /* Everything the child needs is made before fork: this process has
+     * OpenBLAS's threads, so between fork and exec only exec is safe. */
+    char *owned;
+    char **env = child_env(c->var, c->value, &owned);
+    char *argv[] = {(char *)"kernel", (char *)"child", NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+        execve(self, argv, env);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    free(owned);
+    free(env);
+    if (pid < 0) {
+        close(in[1]), close(out[0]);
+        snprintf(c->death, sizeof c->death, "could not fork");
+        return;
+    }
+    c->pid = pid, c->to = in[1], c->from = out[0], c->alive = true, c->len = 0;
+    char line[256];
+    if (!child_read(c, line, sizeof line, 60))
+        return;
+    if (sscanf(line, "ready %63s %31s", c->core, c->kernel) != 2)
+        child_dead(c, "said something else than ready");
+}
+
+/* One turn in the child: the mean seconds of one run, or -1. */
+static double child_run(child *c, const char *task_text, int reps)
+{
+    if (!c->alive)
+        return -1;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%d %s\n", reps, task_text);
+    if (write(c->to, line, (size_t)n) != n) {
+        child_dead(c, "could not be written to");
+        return -1;
+    }
+    /* Generous: a Prescott forward at n=4096 takes a second or so. */
+    if (!child_read(c, line, sizeof line, 900))
+        return -1;
+    double s;
+    if (sscanf(line, "ok %lf", &s) == 1)
+        return s;
+    return -1;
+}
+
+/* One measurement: a task, here (who == NULL) or in a child, in every round. */
+typedef struct {
+    char key[48];
+    child *who;
+    char text[96];
+    double flops;
+    int reps;
+    double best; /* seconds of one run, best of the rounds; INFINITY if none */
+} turn;
+
+static double turn_run(turn *u, int reps)
+{
+    if (u->who != NULL)
+        return child_run(u->who, u->text, reps);
+    task *t = task_get(u->text);
+    return t != NULL ? task_run(t, reps) : -1;
+}
+
+static int cmd_table(int threads, double budget_s)
+{
+    signal(SIGPIPE, SIG_IGN);
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) {
+        fprintf(stderr, "kernel: cannot find my own executable\n");
+        return 1;
+    }
+    self[sl] = '\0';
+
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+
+    /* The OpenBLAS kernels this CPU can run, the environment's default
+     * first; Prescott last, so that when unset picks it, unset measures it. */
+    child kids[8];
+    int n_kids = 0;
+    kids[n_kids++] = (child){.label = "unset", .var = "OPENBLAS_CORETYPE", .blas = true};
+    if (avx512)
+        kids[n_kids++] = (child){.label = "SkylakeX", .var = "OPENBLAS_CORETYPE",
+                                 .value = "SkylakeX", .blas = true};
+    if (bf16)
+        kids[n_kids++] = (child){.label = "Cooperlake", .var = "OPENBLAS_CORETYPE",
+                                 .value = "Cooperlake", .blas = true};
+    if (avx2)
+        kids[n_kids++] = (child){.label = "Haswell", .var = "OPENBLAS_CORETYPE",
+                                 .value = "Haswell", .blas = true};
+    int prescott = n_kids;
+    kids[n_kids++] = (child){.label = "Prescott", .var = "OPENBLAS_CORETYPE",
+                             .value = "Prescott", .blas = true};
+    int first_kernel = n_kids;
+    for (int k = ATTN_KERNEL_GENERIC; k <= ATTN_KERNEL_AVX512; k++)
+        if (attn_kernel_supported((attn_kernel_kind)k)) {
+            const char *name = attn_kernel_kind_name((attn_kernel_kind)k);
+            kids[n_kids++] = (child){.label = name, .var = "ATTN_KERNEL", .value = name};
+        }
+    for (int i = 0; i < n_kids; i++)
+        child_start(&kids[i], self);
+
+    printf("threads %d\n", threads);
+    printf("core %s\n", openblas_get_corename());
+    printf("kernel %s\n", attn_kernel_name());
+    const char *env_core = getenv("OPENBLAS_CORETYPE");
+    printf("env_coretype %s\n", env_core != NULL ? (*env_core ? env_core : "(empty)") : "(unset)");
+    for (int i = 0; i < n_kids; i++) {
+        child *c = &kids[i];
+        const char *pre = c->blas ? "blas" : "kernel";
+        if (c->alive)
+            printf("%s_%s_core %s %s\n", pre, c->label, c->core, c->kernel);
+        else
+            printf("%s_%s_dead %s\n", pre, c->label, c->death);
+    }
+
+    /* The rounds' measurements, in the order they take turns. */
+    char buf[96];
+    turn turns[32];
+    int n_turns = 0;
+#define TURN(who_, key_, ...)                                                   \
+    do {                                                                        \
+        snprintf(buf, sizeof buf, __VA_ARGS__);                                 \
+        turns[n_turns] = (turn){.who = (who_), .best = INFINITY, .reps = 1};    \
+        snprintf(turns[n_turns].key, sizeof turns[n_turns].key, "%s", (key_));  \
+        snprintf(turns[n_turns].text, sizeof turns[n_turns].text, "%s", buf);   \
+        n_turns++;                                                              \
+    } while (0)
+
+    /* sgemm of about the work of one n=4096, d=64 forward (2 * 2560^3 =
+     * 33.6 GFLOP against 34.4), on the same cores. */
+    const int gemm = 2560;
+    for (int i = 0; i < first_kernel; i++) {
+        child *c = &kids[i];
+        bool again = false;
+        for (int j = 0; j < i; j++)
+            again |= kids[j].alive && c->alive && strcmp(kids[j].core, c->core) == 0;
+        if (!c->alive)
+            continue;
+        if (again) {
+            printf("blas_%s_same %s\n", c->label, c->core);
+            continue;
+        }
+        char key[48];
+        snprintf(key, sizeof key, "sgemm_%s", c->label);
+        TURN(c, key, "sgemm %d %d", threads, gemm);
+    }
+    for (int isa = 0; isa < N_PEAK; isa++)
+        if (peak_isa_supported((peak_isa)isa)) {
+            char key[48];
+            snprintf(key, sizeof key, "peak_%s", peak_isa_name((peak_isa)isa));
+            /* ~0.1 s at 3 GHz; turns repeat it to a quarter of a second. */
+            TURN(NULL, key, "peak %s %d %d", peak_isa_name((peak_isa)isa), threads, 20000000);
+        }
+    TURN(NULL, "fwd", "sdpa full %d 1 8 4096 64", threads);
+    TURN(&kids[prescott], "fwd_prescott", "sdpa full %d 1 8 4096 64", threads);
+    /* And with the widest OpenBLAS kernels: how much the forward still
+     * owes to OpenBLAS. */
+    for (int i = 1; i < prescott; i++)
+        if (kids[i].alive) {
+            printf("fwd_blas_wide_core %s\n", kids[i].label);
+            TURN(&kids[i], "fwd_blas_wide", "sdpa full %d 1 8 4096 64", threads);
+            break;
+        }
+    for (int i = first_kernel; i < n_kids; i++) {
+        char key[48];
+        snprintf(key, sizeof key, "fwd_kernel_%s", kids[i].label);
+        TURN(&kids[i], key, "sdpa full %d 1 8 4096 64", threads);
+    }
+    TURN(NULL, "causal", "sdpa causal %d 1 8 4096 64", threads);
+    TURN(NULL, "fwdbwd", "sdpa fwdbwd %d 1 8 4096 64", threads);
+    TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
+    TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
+    TURN(NULL, "mha_fwd", "mha fwd %d 8 512 512 8", threads);
+    TURN(NULL, "mha_fwdbwd", "mha fwdbwd %d 8 512 512 8", threads);
+#undef TURN
+    for (int i = 0; i < n_turns; i++) {
+        task probe;
+        if (!parse_task(turns[i].text, &probe)) {
+            fprintf(stderr, "kernel: bad task %s\n", turns[i].text);
+            return 1;
+        }
+        turns[i].flops = task_flops(&probe);
+    }
+
+    /* The warm-up round: buffers, caches, thread start-up, and how many
+     * runs make a turn of about a quarter of a second. */
+    double t_warm = now_s();
+    for (int i = 0; i < n_turns; i++) {
+        double s = turn_run(&turns[i], 1);
+        fprintf(stderr, "kernel: warm-up %s: %.3f s\n", turns[i].key, s);
+        if (s > 0) {
+            int reps = (int)ceil(0.25 / s);
+            turns[i].reps = reps < 1 ? 1 : reps > 1000 ? 1000 : reps;
+        }
+    }
+    double warm = now_s() - t_warm;
+    int rounds = (int)(budget_s / fmax(warm, 1e-3));
+    rounds = rounds < 3 ? 3 : rounds > 30 ? 30 : rounds;
+    fprintf(stderr, "kernel: %d turns a round, warm-up %.1f s, %d rounds\n", n_turns, warm,
+            rounds);
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < n_turns; i++) {
+            double s = turn_run(&turns[i], turns[i].reps);
+            if (s > 0 && s < turns[i].best)
+                turns[i].best = s;
+        }
+
+    printf("rounds %d\n", rounds);
+    for (int i = 0; i < n_turns; i++) {
+        turn *u = &turns[i];
+        if (!isfinite(u->best)) {
+            printf("%s_failed %s\n", u->key,
+                   u->who != NULL && !u->who->alive ? u->who->death : "error");
+            continue;
+        }
+        printf("%s_s %.6f\n", u->key, u->best);
+        printf("%s_gflops %.2f\n", u->key, u->flops / u->best * 1e-9);
+    }
+    for (int i = 0; i < n_kids; i++)
+        if (kids[i].alive) {
+            close(kids[i].to); /* EOF: the child exits */
+            int st;
+            waitpid(kids[i].pid, &st, 0);
+            close(kids[i].from);
+        }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "info") == 0)
         return cmd_info();
-    if (argc == 4 && strcmp(argv[1], "sgemm") == 0)
-        return cmd_sgemm(atoi(argv[2]), atoi(argv[3]));
-    if ((argc == 6 || argc == 7) && strcmp(argv[1], "attn") == 0)
-        return cmd_attn(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]),
-                        atoll(argv[5]), argc == 7 ? atoi(argv[6]) : 0);
-    fprintf(stderr, "usage: kernel info | sgemm THREADS SIZE | attn THREADS H N D [SGEMM_SIZE]\n");
+    if (argc == 2 && strcmp(argv[1], "child") == 0)
+        return cmd_child();
+    if ((argc == 3 || argc == 4) && strcmp(argv[1], "table") == 0)
+        return cmd_table(atoi(argv[2]), argc == 4 ? atof(argv[3]) : 40.0);
+    fprintf(stderr, "usage: kernel info | table THREADS [SECONDS]\n");
     return 2;
 }

@@ -1,11 +1,14 @@
 #!/bin/sh
-# make bench: every figure of issue 4's table, measured in one run, printed as
+# make bench: every figure of issues 4 and 7, measured in one run, printed as
 # one markdown table with the machine at the top.
 #
 #   sh bench/run.sh [BUILD]        (make bench runs it with BUILD=build)
 #
 # It compiles its C programs into BUILD/bench/, then measures
-#   1. the kernel: libattn SDPA against sgemm on the same 2 cores (bench/kernel.c)
+#   1. the kernel: libattn's attention against the machine's limit (the best
+#      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
+#      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
+#      backward and multi-head, all taking turns in one run (bench/kernel.c)
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -16,7 +19,8 @@
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel memory server codec http"; default all).
+# BENCH_ONLY (a subset of "kernel memory server codec http"; default all),
+# BENCH_KERNEL_SECONDS (40: the kernel section's rounds, after its warm-up).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build}
@@ -94,7 +98,7 @@ compile() { # name libs...
     fi
 }
 have_kernel=0; have_memory=0; have_codec=0
-[ -f "$BUILD/libattn.a" ] && compile kernel "$BUILD/libattn.a" && have_kernel=1
+[ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libattnapi.a" ] && [ -f "$BUILD/libattn.a" ] &&
     compile codec "$BUILD/libattnapi.a" "$BUILD/libattn.a" && have_codec=1
@@ -102,32 +106,28 @@ have_kernel=0; have_memory=0; have_codec=0
 # ------------------------------------------------------------------ machine
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+# A hypervisor may hide the model's name; OpenBLAS goes by family and model.
+CPU="$CPU (family $(awk -F': ' '/^cpu family/ { print $2; exit }' /proc/cpuinfo), model $(awk -F': ' '/^model\t/ { print $2; exit }' /proc/cpuinfo))"
 CORES=$(nproc)
+# The instruction sets that matter here, as /proc/cpuinfo names them.
+FLAGS=$(awk -F': ' '/^flags/ { print $2; exit }' /proc/cpuinfo | tr ' ' '\n' |
+    grep -E '^(avx|avx2|fma|avx512f|avx512_bf16|amx_tile)$' | tr '\n' ' ' | sed 's/ $//')
 if [ $have_kernel = 1 ]; then
     "$OUT/kernel" info > "$TMP/info" 2>/dev/null
     CORENAME=$(awk '$1 == "blas_corename" { print $2 }' "$TMP/info")
     BLASCONF=$(awk '$1 == "blas_config" { sub(/^[^ ]+ /, ""); print }' "$TMP/info")
+    ATTNKERNEL=$(awk '$1 == "attn_kernel" { print $2 }' "$TMP/info")
 else
-    CORENAME="?"; BLASCONF="?"
+    CORENAME="?"; BLASCONF="?"; ATTNKERNEL="?"
 fi
 
 # ------------------------------------------------------------------ 1. kernel
 if [ $have_kernel = 1 ] && want kernel; then
-    # The reference: square sgemm of about the work of one n=4096 forward
-    # (2*2560^3 = 33.6 GFLOP against 34.4), on the same 2 cores as OpenBLAS
-    # threads, taking turns with the n=4096 runs in one process (see
-    # bench/kernel.c) so that other work on the machine hits both alike. For
-    # every n, the full, causal and forward+backward runs take turns as well.
-    for n in 4096 1024 256; do
-        note "kernel: attention n=$n$([ $n = 4096 ] && echo ", taking turns with sgemm")"
-        gemm=""; [ $n = 4096 ] && gemm=2560
-        # shellcheck disable=SC2086
-        if "$OUT/kernel" attn $THREADS 8 $n 64 $gemm > "$TMP/attn"; then
-            while read -r k v; do
-                case $k in sgemm_*) put "$k" "$v" ;; *) put "attn${n}_$k" "$v" ;; esac
-            done < "$TMP/attn"
-        fi
-    done
+    note "kernel: attention, sgemm under each OpenBLAS kernel and FMA loops, taking turns"
+    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-40}" > "$TMP/kernel"; then
+        while read -r k v; do put "kern_$k" "$v"; done < "$TMP/kernel"
+        cp "$TMP/kernel" "$OUT/kernel.txt"
+    fi
 fi
 
 # ------------------------------------------------------------------ 2. library memory
@@ -300,10 +300,10 @@ for p in $PIDS; do stop_pid "$p"; done
 
 # ------------------------------------------------------------------ table
 FAILS=0
-# row LABEL VALUE DETAIL [OP BAR]: one table line. An empty VALUE is "not
-# measured", which counts as a failure only for a row with a bar.
+# row LABEL VALUE DETAIL [OP BAR [AIM]]: one table line. An empty VALUE is
+# "not measured", which counts as a failure only for a row with a bar.
 row() {
-    label=$1; value=$2; detail=$3; op=${4:-}; bar=${5:-}
+    label=$1; value=$2; detail=$3; op=${4:-}; bar=${5:-}; aim=${6:-}
     if [ -z "$value" ]; then
         result="not measured"
         [ -n "$op" ] && FAILS=$((FAILS + 1))
@@ -316,34 +316,96 @@ row() {
             print ((op == ">=" && v >= b) || (op == "<=" && v <= b)) ? "PASS" : "FAIL" }')
         [ "$result" = FAIL ] && FAILS=$((FAILS + 1))
     fi
-    printf '| %s | %s | %s | %s | %s |\n' "$label" "$value" "$detail" "${op:+$op $bar}" "$result"
+    printf '| %s | %s | %s | %s | %s |\n' "$label" "$value" "$detail" \
+        "${op:+$op $bar}${aim:+ (aim $aim)}" "$result"
 }
 # ratio A B FORMAT: A/B when both are present, else nothing.
 ratio() { [ -n "$1" ] && [ -n "$2" ] && calc "$3" "$1 / $2"; }
 # scaled X DIVISOR FORMAT: X/DIVISOR, or "?" when X is missing.
 scaled() { if [ -n "$1" ]; then calc "$3" "$1 / $2"; else echo "?"; fi; }
 
-sg=$(get sgemm_gflops)
+# ---- the machine's limit: the best sgemm over the OpenBLAS kernels measured
+BLAS_LABELS="unset SkylakeX Cooperlake Haswell Prescott"
+best=""; best_label=""
+for l in $BLAS_LABELS; do
+    v=$(get "kern_sgemm_${l}_gflops")
+    [ -n "$v" ] && { [ -z "$best" ] || gt "$v" "$best"; } && { best=$v; best_label=$l; }
+done
+# blas_name LABEL: "SkylakeX", or "unset (Prescott)" for the environment's default.
+blas_name() {
+    c=$(get "kern_blas_${1}_core" | cut -d' ' -f1)
+    if [ "$1" = unset ]; then echo "unset ($c)"; else echo "$1"; fi
+}
+blas_detail() {
+    out=""
+    for l in $BLAS_LABELS; do
+        [ -n "$(get "kern_blas_${l}_core")$(get "kern_blas_${l}_dead")" ] || continue
+        dead=$(get "kern_blas_${l}_dead"); same=$(get "kern_blas_${l}_same")
+        v=$(get "kern_sgemm_${l}_gflops"); f=$(get "kern_sgemm_${l}_failed")
+        if [ -n "$dead" ]; then item="$l: $dead, not counted"
+        elif [ -n "$same" ]; then item="$l: the same core as unset"
+        elif [ -n "$v" ]; then item="$(blas_name "$l") $v"
+        else item="$l: ${f:-not measured}, not counted"; fi
+        out="${out:+$out; }$item"
+    done
+    echo "$out"
+}
+peak=""; peak_isa=""
+for i in avx512 avx2; do
+    v=$(get "kern_peak_${i}_gflops")
+    [ -n "$v" ] && { [ -z "$peak" ] || gt "$v" "$peak"; } && { peak=$v; peak_isa=$i; }
+done
+# vs_limit GFLOPS: "123.4 / 290.1 GFLOP/s (the FMA loop's 0.38)"
+vs_limit() {
+    echo "${1:-?} / ${best:-?} GFLOP/s$([ -n "$1" ] && [ -n "$peak" ] && echo " ($(calc %.2f "$1 / $peak") of the FMA loop)")"
+}
+
 echo
 echo "attnd benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
-echo "Machine: $CPU, $CORES cores; OpenBLAS corename $CORENAME ($BLASCONF)"
+if [ "${OPENBLAS_CORETYPE+set}" = set ]; then coretype="OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"; else coretype="OPENBLAS_CORETYPE unset"; fi
+echo "Machine: $CPU, $CORES cores ($FLAGS); OpenBLAS runs its $CORENAME kernels in this environment ($coretype; $BLASCONF); libattn kernel $ATTNKERNEL"
 echo "Load average (1 min) at the start: $LOAD_START, at the end: $(cut -d' ' -f1 /proc/loadavg) (other work on the machine makes every figure noisier)"
 echo
 echo "| measurement | value | absolute figures | bar | result |"
 echo "| --- | --- | --- | --- | --- |"
-for n in 4096 1024 256; do
-    gf=$(get attn${n}_gflops); full=$(get attn${n}_full_s)
-    causal=$(get attn${n}_causal_s); fb=$(get attn${n}_fwdbwd_s)
-    if [ $n = 4096 ]; then set -- ">=" 0.7 "<=" 0.55 "<=" 3.5; else set -- "" "" "" "" "" ""; fi
-    row "attention forward / sgemm GFLOP/s, n=$n (B=1, H=8, d=64, $THREADS threads)" \
-        "$(ratio "$gf" "$sg" %.2f)" \
-        "${gf:-?} / ${sg:-?} GFLOP/s (sgemm: square $(get sgemm_size)^3 on $THREADS OpenBLAS threads, taking turns with the n=4096 runs)" "$1" "$2"
-    row "causal time / full time, n=$n" "$(ratio "$causal" "$full" %.2f)" \
-        "$(scaled "$causal" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "$3" "$4"
-    row "(forward+backward) time / forward time, n=$n" "$(ratio "$fb" "$full" %.2f)" \
-        "$(scaled "$fb" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "$5" "$6"
+sz="B=1, H=8, n=4096"
+row "machine's limit: best OpenBLAS sgemm GFLOP/s (square 2560³, $THREADS threads, each kernel the CPU runs in a child process)" \
+    "$best" "best: $([ -n "$best_label" ] && blas_name "$best_label"); each: $(blas_detail)"
+row "machine's limit: FMA loop GFLOP/s ($THREADS threads)" "$peak" \
+    "$(for i in avx512 avx2; do v=$(get "kern_peak_${i}_gflops"); [ -n "$v" ] && printf '%s %s; ' "$i" "$v"; done)best sgemm / FMA loop: $(ratio "$best" "$peak" %.2f)"
+row "attention forward / machine's limit, $sz, d=64 ($THREADS threads)" \
+    "$(ratio "$(get kern_fwd_gflops)" "$best" %.2f)" "$(vs_limit "$(get kern_fwd_gflops)")" ">=" 0.6 0.8
+row "attention forward / machine's limit, $sz, d=128" \
+    "$(ratio "$(get kern_fwd_d128_gflops)" "$best" %.2f)" "$(vs_limit "$(get kern_fwd_d128_gflops)")" ">=" 0.6 0.8
+row "short sequences: forward / machine's limit, B=64, H=8, n=64, d=64" \
+    "$(ratio "$(get kern_fwd_batch_gflops)" "$best" %.2f)" "$(vs_limit "$(get kern_fwd_batch_gflops)")" ">=" 0.35 0.6
+p=$(get kern_fwd_prescott_gflops); f=$(get kern_fwd_gflops)
+row "forward with OpenBLAS forced to Prescott / forward in this environment, $sz, d=64" \
+    "$(ratio "$p" "$f" %.2f)" \
+    "${p:-$(get kern_fwd_prescott_failed)} GFLOP/s (child, OPENBLAS_CORETYPE=Prescott) / ${f:-?} GFLOP/s (this process: $CORENAME)" ">=" 0.9 1.0
+w=$(get kern_fwd_blas_wide_gflops); wl=$(get kern_fwd_blas_wide_core)
+[ -n "$wl" ] && row "forward with OpenBLAS's $wl kernels / forward in this environment" \
+    "$(ratio "$w" "$f" %.2f)" "${w:-$(get kern_fwd_blas_wide_failed)} GFLOP/s (child, OPENBLAS_CORETYPE=$wl) / ${f:-?} GFLOP/s"
+for k in generic avx2 avx512; do
+    label="forward with ATTN_KERNEL=$k / machine's limit, $sz, d=64"
+    if [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
+        printf '| %s | n/a | not run: the CPU lacks it | | info |\n' "$label"
+        continue
+    fi
+    v=$(get "kern_fwd_kernel_${k}_gflops")
+    row "$label" "$(ratio "$v" "$best" %.2f)" \
+        "$(if [ -n "$v" ]; then vs_limit "$v"; else echo "child: $(get "kern_kernel_${k}_dead")$(get "kern_fwd_kernel_${k}_failed")"; fi)"
 done
+full=$(get kern_fwd_s); causal=$(get kern_causal_s); fb=$(get kern_fwdbwd_s)
+row "causal time / full time, $sz, d=64" "$(ratio "$causal" "$full" %.2f)" \
+    "$(scaled "$causal" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 0.55 0.5
+row "(forward+backward) time / forward time, $sz, d=64" "$(ratio "$fb" "$full" %.2f)" \
+    "$(scaled "$fb" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 3.5 3.0
+mf=$(get kern_mha_fwd_s); mfb=$(get kern_mha_fwdbwd_s)
+row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) / forward" \
+    "$(ratio "$mfb" "$mf" %.2f)" \
+    "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
 
 g=$(get mem_growth_kb)
 ru=$(get mem_maxrss_after_kb); [ -n "$ru" ] && ru=$(calc %.1f "($ru - $(get mem_maxrss_before_kb)) / 1024")
@@ -360,7 +422,7 @@ row "attnd peak RSS growth (MiB) serving that request, base64 in and out" \
 row "tensor codec: jansson time / ours (decode+encode), 1M float32" \
     "$(get codec_ratio)" \
     "ours: decode $(get codec_ours_decode_mbs) MB/s, encode $(get codec_ours_encode_mbs) MB/s; jansson: json_loadb $(get codec_jansson_decode_mbs) MB/s, json_dumps $(get codec_jansson_encode_mbs) MB/s; text $(scaled "$(get codec_text_bytes)" 1e6 %.1f) MB" \
-    ">=" 4
+    ">=" 8 15
 
 # http_detail NAME: "12345 req/s, p99 0.52 ms" (+ failures)
 http_detail() {
@@ -379,9 +441,9 @@ valid_rps() { [ -z "$(get "${1}_non2xx")" ] && get "${1}_rps"; }
 label="small request (n=4, d=4): attnd / nginx req/s"
 if [ -f "$PEERS/nginx.conf" ] && command -v nginx > /dev/null; then
     row "$label" "$(ratio "$(valid_rps attnd_small)" "$(valid_rps nginx_small)" %.2f)" \
-        "attnd $(http_detail attnd_small); nginx $(http_detail nginx_small)" ">=" 0.5
+        "attnd $(http_detail attnd_small); nginx $(http_detail nginx_small)" ">=" 0.8 1.0
 else
-    printf '| %s | n/a | attnd %s; nginx: peer not available (%s) | >= 0.5 | peer not available |\n' \
+    printf '| %s | n/a | attnd %s; nginx: peer not available (%s) | >= 0.8 (aim 1.0) | peer not available |\n' \
         "$label" "$(http_detail attnd_small)" "$PEERS/nginx.conf"
 fi
 label="medium request (n=128, d=64, nested, causal): attnd / FastAPI req/s"
@@ -389,14 +451,14 @@ if [ -f "$PEERS/fastapi_attention.py" ] && [ -n "$(get fastapi1_medium_rps)$(get
     f1=$(valid_rps fastapi1_medium); f2=$(valid_rps fastapi2_medium); w=1
     [ -n "$f2" ] && { [ -z "$f1" ] || gt "$f2" "$f1"; } && w=2
     row "$label" "$(ratio "$(valid_rps attnd_medium)" "$(valid_rps fastapi${w}_medium)" %.1f)" \
-        "attnd $(http_detail attnd_medium); FastAPI ($w worker(s), the better of 1 and 2) $(http_detail fastapi${w}_medium)" ">=" 5
+        "attnd $(http_detail attnd_medium); FastAPI ($w worker(s), the better of 1 and 2) $(http_detail fastapi${w}_medium)" ">=" 10 20
     f1=$(valid_rps fastapi1_small); f2=$(valid_rps fastapi2_small); w=1
     [ -n "$f2" ] && { [ -z "$f1" ] || gt "$f2" "$f1"; } && w=2
     row "small request: attnd / FastAPI req/s" \
         "$(ratio "$(valid_rps attnd_small)" "$(valid_rps fastapi${w}_small)" %.1f)" \
         "FastAPI ($w worker(s)) $(http_detail fastapi${w}_small)"
 else
-    printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 5 | peer not available |\n' \
+    printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 10 (aim 20) | peer not available |\n' \
         "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
 echo
