@@ -8,6 +8,9 @@
 #   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated
 #   make container-test  docker/Dockerfile and compose.yaml run with podman
 #   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
+#   make fuzz         the libFuzzer target on the request path, FUZZ_TIME seconds
+#   make reliability  fuzzing, soak, overload, slow clients, fail-over, drain,
+#                     valgrind: one table, a measured figure and PASS/FAIL a row
 #
 # On a fresh Debian machine the first of these installs the packages it needs
 # (tools/deps.sh: apt-get when root, otherwise it prints the one command).
@@ -45,7 +48,8 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 
 DEPS_STAMP = build/.deps-ok
 
-.PHONY: all test check run bench clean deps sanitize web-test ops-test container-test install
+.PHONY: all test check run bench clean deps sanitize web-test ops-test container-test install \
+        fuzz fuzz-build fuzz-corpus reliability
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
@@ -147,6 +151,38 @@ install: $(BUILD)/attnd $(BUILD)/libattn.a
 	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@PREFIX@|$(PREFIX)|g' docker/attnd.service \
 	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/attnd.service
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/attnd/README.md
+
+# The libFuzzer target (tests/fuzz/fuzz_api.c) is built by clang with ASan,
+# UBSan and coverage in build/fuzz; the seeds come from the API suite's own
+# request bodies, captured by a copy of it linked with tests/fuzz/capture.c.
+FUZZ_TIME ?= 60
+FUZZ_CFLAGS = -fsanitize=fuzzer-no-link
+$(BUILD)/fuzz_api: $(BUILD)/obj/tests/fuzz/fuzz_api.o $(BUILD)/obj/tests/support/api_invariants.o \
+                   $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+$(BUILD)/capture_test_api: $(BUILD)/obj/tests/test_api.o $(BUILD)/obj/tests/fuzz/capture.o \
+                           $(SUPPORT_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -Wl,--wrap=api_handle -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+fuzz-build: $(DEPS_STAMP)
+	@sh tools/deps.sh fuzz
+	@$(MAKE) --no-print-directory build/capture_test_api
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SAN=1 OPT=-O1 \
+	    CFLAGS="$(FUZZ_CFLAGS)" build/fuzz/fuzz_api
+fuzz: fuzz-build
+	@sh tests/fuzz/run.sh build/fuzz $(FUZZ_TIME)
+# Rewrites tests/fuzz/corpus as the smallest set with the coverage of it, the
+# seeds and what earlier `make fuzz` runs found.
+fuzz-corpus: fuzz-build
+	@sh tests/fuzz/run.sh build/fuzz merge
+
+# issue 8's table: fuzzing, soak, overload, slow clients, fail-over, drain,
+# valgrind. Durations: FUZZ_TIME, RELIABILITY_SECONDS and the others that
+# tests/reliability/run.sh lists.
+RELIABILITY_SUITES = build/test_api build/test_codec build/test_lib build/test_mha
+reliability: $(DEPS_STAMP)
+	@sh tools/deps.sh reliability
+	@$(MAKE) --no-print-directory fuzz-build build/attnd $(RELIABILITY_SUITES)
+	@FUZZ_TIME=$(FUZZ_TIME) bash tests/reliability/run.sh build
 
 clean:
 	rm -rf build

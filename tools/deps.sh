@@ -1,6 +1,6 @@
 #!/bin/sh
 # Makes sure the Debian packages that a make target needs are installed.
-#   tools/deps.sh build|test|bench
+#   tools/deps.sh build|test|bench|fuzz|reliability
 # As root it installs what is missing with apt-get; otherwise it prints the
 # one command that would, and fails.
 set -u
@@ -9,7 +9,9 @@ case "${1:-build}" in
     build) ;;
     test)  need="$need check libcurl4-openssl-dev nginx curl python3-torch python3-numpy jq nodejs" ;;
     bench) need="$need wrk nginx curl python3-fastapi python3-uvicorn python3-numpy" ;;
-    *) echo "usage: tools/deps.sh build|test|bench" >&2; exit 2 ;;
+    fuzz)  need="$need check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev" ;;
+    reliability) need="$need check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev wrk nginx curl valgrind python3" ;;
+    *) echo "usage: tools/deps.sh build|test|bench|fuzz|reliability" >&2; exit 2 ;;
 esac
 missing=""
 for p in $need; do

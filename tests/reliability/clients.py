@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Clients for the reliability rows that wrk cannot play (tests/reliability/run.sh).
+
+  clients.py overload PORT [--bursts N] [--clients N]
+      Bursts of simultaneous compute requests against a server started with a
+      small --threads and --queue. Every 503 must be overloaded with
+      Retry-After, every other answer a 200 whose output is right for its own
+      request (each request has its own v, so an answer sent to the wrong
+      client is caught). Prints the 503 latency percentiles.
+
+  clients.py slow PORT [--conns N] [--seconds S] [--limit N]
+      N connections that trickle header bytes or hold idle, spread over
+      several loopback addresses (each under --max-conns-per-ip); meanwhile
+      normal requests from another address, timed. Then one address opens
+      LIMIT connections and one more, which must get the JSON 503.
+
+Each prints lines "key: value" and a final "result: PASS|FAIL reason".
+Only the standard library: the figures are simple enough to check by hand.
+"""
+import argparse
+import base64
+import json
+import random
+import selectors
+import socket
+import struct
+import time
+
+
+def percentile(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = min(len(xs) - 1, max(0, int(round(p / 100.0 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def read_response(sock, deadline):
+    """One HTTP/1.1 response (Content-Length framed): (status, headers, body)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the response head")
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        chunk = sock.recv(max(65536, length - len(body)))
+        if not chunk:
+            raise ConnectionError("closed in the middle of the body")
+        body += chunk
+    return status, headers, body[:length]
+
+
+def parse_complete(buf):
+    """(status, headers, body) once buf holds a whole response, else None."""
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    if len(body) < length:
+        return None
+    return int(lines[0].split()[1]), headers, body[:length]
+
+
+def connect(port, source=None):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if source:
+        s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def post(path, body):
+    return (f"POST {path} HTTP/1.1\r\nHost: attnd\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def error_code(body):
+    try:
+        return json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# ------------------------------------------------------------------ overload
+
+def b64(values):
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+
+def overload(args):
+    # Small bodies that cost a lot: multi-head attention with num_heads
+    # heads of d_k = 1 over n rows (tens of milliseconds each), 6 KB of
+    # base64, above the 4 KiB that is computed inline, so every request
+    # goes through the queue. w_q = 0 makes every score 0 and the weights
+    # uniform, so each output is mean(x) * w_v + b_v; request c sends
+    # b_v = c, so its answer differs from every other request's.
+    n, heads = args.n, args.heads
+    rng = random.Random(7)
+    x = [rng.randint(-16, 16) / 8 for _ in range(n)]  # exact in float32
+    mean = sum(x) / n
+    bodies = []
+    for c in range(args.clients):
+        body = {"x": {"shape": [n, 1], "dtype": "float32", "base64": b64(x)},
+                "w_q": [[0.0] * heads], "w_k": [[1.0] * heads], "w_v": [[1.0] * heads],
+                "b_v": [float(c)] * heads, "num_heads": heads, "output_encoding": "base64"}
+        bodies.append(post("/v1/multihead", json.dumps(body).encode()))
+    want = [mean + c for c in range(args.clients)]
+
+    lat503, lat200, problems = [], [], []
+    counts = {"200": 0, "503": 0, "other": 0}
+
+    def check(c, status, headers, body, ms):
+        if status == 503:
+            counts["503"] += 1
+            lat503.append(ms)
+            if "retry-after" not in headers or error_code(body) != "overloaded":
+                problems.append(f"client {c}: 503 without Retry-After or code overloaded")
+        elif status == 200:
+            counts["200"] += 1
+            lat200.append(ms)
+            out = json.loads(body)["output"]
+            got = struct.unpack(f"<{n * heads}f", base64.b64decode(out["base64"]))
+            bad = max(abs(g - want[c]) for g in got)
+            if bad > 1e-4:
+                problems.append(f"client {c}: output off by {bad:g} (another request's answer?)")
+        else:
+            counts["other"] += 1
+            problems.append(f"client {c}: status {status} {body[:120]!r}")
+
+    # One thread, non-blocking sockets: each request is sent whole (a few KB
+    # fit the socket buffer) one after the other, then the answers are
+    # collected as they come; a request's time runs from its own send to the
+    # last byte of its answer, with no client thread scheduling in it.
+    for burst in range(args.bursts):
+        socks = [connect(args.port) for _ in range(args.clients)]
+        sel = selectors.DefaultSelector()
+        start, bufs = {}, {}
+        for c, s in enumerate(socks):
+            start[c] = time.monotonic()
+            s.sendall(bodies[c])
+            s.setblocking(False)
+            bufs[c] = b""
+            sel.register(s, selectors.EVENT_READ, c)
+        deadline = time.monotonic() + 120
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=1):
+                c = key.data
+                try:
+                    chunk = key.fileobj.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError as e:
+                    chunk = b""
+                    problems.append(f"client {c}: {e!r}")
+                bufs[c] += chunk
+                done = parse_complete(bufs[c])
+                if done or not chunk:
+                    ms = (time.monotonic() - start[c]) * 1e3
+                    sel.unregister(key.fileobj)
+                    if done:
+                        check(c, *done, ms)
+                    else:
+                        counts["other"] += 1
+                        problems.append(f"client {c}: connection closed without an answer")
+        for key in list(sel.get_map().values()):
+            counts["other"] += 1
+            problems.append(f"client {key.data}: no answer within 120 s")
+        for s in socks:
+            s.close()
+        time.sleep(0.2)
+
+    print(f"requests: {args.bursts * args.clients} in {args.bursts} bursts of {args.clients}")
+    print(f"answered_200: {counts['200']}")
+    print(f"answered_503: {counts['503']}")
+    print(f"other: {counts['other']}")
+    print(f"p50_503_ms: {percentile(lat503, 50):.2f}")
+    print(f"p99_503_ms: {percentile(lat503, 99):.2f}")
+    print(f"max_503_ms: {max(lat503) if lat503 else float('nan'):.2f}")
+    print(f"p50_200_ms: {percentile(lat200, 50):.1f}")
+    for p in problems[:5]:
+        print(f"problem: {p}")
+    ok = (not problems and counts["503"] > 0 and counts["200"] > 0
+          and percentile(lat503, 99) < args.bar_ms)
+    reason = ("" if ok else problems[0] if problems else
+              "no 503 (burst not beyond --queue?)" if not counts["503"] else
+              "nothing accepted" if not counts["200"] else
+              f"p99 {percentile(lat503, 99):.2f} ms >= {args.bar_ms} ms")
+    print(f"result: {'PASS' if ok else 'FAIL'} {reason}")
+    return 0 if ok else 1
+
+
+# ------------------------------------------------------------- slow clients
+
+TINY = b'{"q":[[1,0],[0,1]],"k":[[1,0],[0,1]],"v":[[1,2],[3,4]]}'
+TINY_OUT = [1.6604769, 2.660477, 2.339523, 3.339523]
+
+
+def slow(args):
+    per_source = max(1, args.limit - 4)
+    sources = [f"127.0.0.{2 + i // per_source}" for i in range(args.conns)]
+    held = []
+    for i, src in enumerate(sources):
+        held.append((connect(args.port, src), i % 2 == 0))  # even: trickle
+    trickle = b"GET /healthz HTTP/1.1\r\nHost: attnd\r\nX-Slow: "
+    sent = [0] * len(held)
+    stop = time.monotonic() + args.seconds
+    lat, problems = [], []
+    next_tick = 0.0
+    while time.monotonic() < stop:
+        now = time.monotonic()
+        if now >= next_tick:  # a byte a second on every trickling connection
+            for i, (s, trickling) in enumerate(held):
+                if trickling:
+                    byte = trickle[sent[i]:sent[i] + 1] if sent[i] < len(trickle) else b"a"
+                    try:
+                        s.send(byte, socket.MSG_DONTWAIT)
+                    except OSError:
+                        pass
+                    sent[i] += 1
+            next_tick = now + 1.0
+        t0 = time.monotonic()
+        try:
+            s = connect(args.port, "127.0.0.1")
+            s.sendall(post("/v1/attention", TINY))
+            status, _, body = read_response(s, t0 + 5)
+            s.close()
+            dt = (time.monotonic() - t0) * 1e3
+            lat.append(dt)
+            out = [x for row in json.loads(body)["output"] for x in row] if status == 200 else None
+            if status != 200 or any(abs(a - b) > 1e-6 for a, b in zip(out, TINY_OUT)):
+                problems.append(f"normal request: status {status} {body[:100]!r}")
+        except (OSError, ValueError) as e:
+            problems.append(f"normal request: {e!r}")
+        time.sleep(0.05)
+
+    still_open = 0
+    for s, _ in held:
+        try:
+            still_open += s.recv(1, socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            still_open += 1
+        except OSError:
+            pass
+
+    # One address with LIMIT connections open: the next one gets the JSON 503.
+    src = "127.0.0.250"
+    mine = [connect(args.port, src) for _ in range(args.limit)]
+    time.sleep(0.2)
+    extra = connect(args.port, src)
+    t0 = time.monotonic()
+    limit_answer = "no answer"
+    try:
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: attnd\r\n\r\n")
+        status, headers, body = read_response(extra, t0 + 5)
+        closed = extra.recv(1) == b""
+        limit_answer = f"{status} {error_code(body)}"
+        if status != 503 or error_code(body) != "too_many_connections" \
+                or "retry-after" not in headers or not closed:
+            problems.append(f"connection {args.limit + 1} from one address: {status} "
+                            f"{body[:100]!r} closed={closed}")
+    except (OSError, ValueError) as e:
+        problems.append(f"connection {args.limit + 1} from one address: {e!r}")
+    for s in mine + [extra] + [h for h, _ in held]:
+        s.close()
+
+    print(f"held: {args.conns} ({(args.conns + 1) // 2} trickling, {args.conns // 2} idle) "
+          f"for {args.seconds} s, {still_open} still open at the end")
+    print(f"normal_requests: {len(lat)}")
+    print(f"p99_ms: {percentile(lat, 99):.2f}")
+    print(f"max_ms: {max(lat) if lat else float('nan'):.2f}")
+    print(f"limit_answer: {limit_answer}")
+    for p in problems[:5]:
+        print(f"problem: {p}")
+    ok = not problems and lat and max(lat) < args.bar_ms
+    reason = ("" if ok else problems[0] if problems else
+              f"max {max(lat):.1f} ms >= {args.bar_ms} ms" if lat else "no normal request")
+    print(f"result: {'PASS' if ok else 'FAIL'} {reason}")
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    o = sub.add_parser("overload")
+    o.add_argument("port", type=int)
+    o.add_argument("--bursts", type=int, default=5)
+    o.add_argument("--clients", type=int, default=40)
+    o.add_argument("--n", type=int, default=1024)
+    o.add_argument("--heads", type=int, default=8)
+    o.add_argument("--bar-ms", type=float, default=10.0)
+    s = sub.add_parser("slow")
+    s.add_argument("port", type=int)
+    s.add_argument("--conns", type=int, default=500)
+    s.add_argument("--seconds", type=float, default=10)
+    s.add_argument("--limit", type=int, default=64)
+    s.add_argument("--bar-ms", type=float, default=100.0)
+    args = ap.parse_args()
+    return overload(args) if args.cmd == "overload" else slow(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
