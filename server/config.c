@@ -67,6 +67,12 @@ static const opt_row options[] = {
     {.name = "timeout", .metavar = "SECONDS", .type = OPT_INT, .offset = OFF(timeout),
      .def = "30", .min = 1, .max = 86400, .limit = true,
      .help = "idle connections are closed after this long"},
+    /* Above what a load balancer in front needs (threads + queue + its idle
+     * keep-alive connections), far below the ~1000 connections the server
+     * holds, so that one client cannot take them all. */
+    {.name = "max-conns-per-ip", .metavar = "N", .type = OPT_INT,
+     .offset = OFF(max_conns_per_ip), .def = "256", .min = 0, .max = 100000, .limit = true,
+     .help = "connections one client address may hold; past that 503 (0: no limit)"},
     /* Any origin by default: attnd takes no credentials or cookies, so a web
      * page gains nothing through CORS that a direct request would not have,
      * and notebooks and web clients work out of the box. */

@@ -27,6 +27,7 @@ typedef struct {
     double max_work;     /* FLOPs; a request needing more is a 422 */
     int queue;           /* requests that may wait for a compute slot */
     int timeout;         /* seconds a connection may stay idle */
+    int max_conns_per_ip; /* connections one client address may hold; 0: any */
     int log_format;      /* log_format */
     int n_origins;       /* allowed CORS origins ("*" allows any) */
     char origins[CFG_MAX_ORIGINS][256];

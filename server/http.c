@@ -164,6 +164,22 @@ void http_reply_owned(srv_request *r, int status, const char *content_type,
     MHD_destroy_response(resp);
 }
 
+/* A connection past --max-conns-per-ip: its one answer, then it closes. */
+static void refuse_over_limit(srv_request *r)
+{
+    const srv_canned *c = r->srv->stock[STOCK_TOO_MANY_CONNECTIONS];
+    struct MHD_Response *resp = canned_build(c);
+    if (!resp) {
+        queue(r, c->status, c->shared, c->len);
+        return;
+    }
+    add_request_headers(r, resp);
+    if (!http_draining(r->srv)) /* else it has one already */
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    queue(r, c->status, resp, c->len);
+    MHD_destroy_response(resp);
+}
+
 void http_resume(srv_request *r)
 {
     MHD_resume_connection(r->conn);
@@ -295,7 +311,9 @@ static void on_headers(srv_request *r)
 {
     bool path_known = false;
     r->route = routes_match(r->srv, r->method, r->path, &path_known, &r->label);
-    if (r->route && r->route->has_body)
+    if (r->over_limit)
+        refuse_over_limit(r);
+    else if (r->route && r->route->has_body)
         expect_body(r);
 }
 
@@ -409,21 +427,39 @@ static void client_address(struct MHD_Connection *c, char *buf, size_t cap)
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
+    srv_server *srv = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         srv_request *r = calloc(1, sizeof *r);
         if (r) {
-            r->srv = cls;
+            r->srv = srv;
             client_address(c, r->remote, sizeof r->remote);
+            const union MHD_ConnectionInfo *info =
+                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+            r->client = conn_limit_open(&srv->conn_limit, info ? info->client_addr : NULL,
+                                        &r->over_limit);
+            /* libmicrohttpd 0.9.75 calls this after listing the connection
+             * for timeouts, so its timeout may change here. */
+            if (r->over_limit)
+                MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                          (unsigned int)OVER_LIMIT_TIMEOUT);
         }
         *socket_context = r;
     } else {
         srv_request *r = *socket_context;
         if (r) {
+            conn_limit_close(&srv->conn_limit, r->client);
             free(r->body);
             free(r);
         }
         *socket_context = NULL;
     }
+}
+
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    srv_server *srv = cls;
+    (void)len;
+    return conn_limit_accept(&srv->conn_limit, addr) ? MHD_YES : MHD_NO;
 }
 
 static void on_mhd_error(void *cls, const char *fmt, va_list ap)
@@ -456,6 +492,11 @@ static bool build_stock(srv_server *srv)
     stock[STOCK_SHUTTING_DOWN] = canned_error(srv, 503, "shutting_down",
         "this server is shutting down; retry on another replica",
         MHD_HTTP_HEADER_RETRY_AFTER, "5");
+    snprintf(msg, sizeof msg,
+             "this client already has the %d connections that --max-conns-per-ip allows; "
+             "reuse or close one, then retry", srv->cfg->max_conns_per_ip);
+    stock[STOCK_TOO_MANY_CONNECTIONS] = canned_error(srv, 503, "too_many_connections", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
     for (int i = 0; i < N_STOCK; i++)
         if (!stock[i])
             return false;
@@ -466,6 +507,7 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
 {
     const attnd_config *cfg = srv->cfg;
     cors_init(&srv->cors, cfg);
+    conn_limit_init(&srv->conn_limit, cfg->max_conns_per_ip);
     if (!build_stock(srv) || !routes_init(srv)) {
         snprintf(err, err_len, "out of memory building the fixed responses");
         return false;
@@ -503,7 +545,8 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned int io_threads = cores > 8 ? 8 : cores > 2 ? (unsigned)cores : 2;
     srv->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->port, NULL, NULL, on_request, srv,
+        flags, (uint16_t)cfg->port, cfg->max_conns_per_ip ? accept_policy : NULL, srv,
+        on_request, srv,
         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_THREAD_POOL_SIZE, io_threads,
@@ -555,10 +598,18 @@ long http_in_flight(srv_server *srv)
     return metrics_in_flight(&srv->metrics);
 }
 
+long http_open_connections(srv_server *srv)
+{
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info ? (long)info->num_connections : 0;
+}
+
 void http_stop(srv_server *srv)
 {
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
+    conn_limit_free(&srv->conn_limit);
     compute_stop(srv);
     routes_free(srv);
     for (int i = 0; i < N_STOCK; i++) {

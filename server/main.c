@@ -10,6 +10,10 @@
 #include "config.h"
 #include "server.h"
 
+/* How long the drain waits for a request on a connection still open once
+ * nothing is in flight (see below). */
+#define DRAIN_GRACE_MS 500
+
 int main(int argc, char **argv)
 {
     static attnd_config cfg;
@@ -58,8 +62,18 @@ int main(int argc, char **argv)
     log_event(log, "info", "%s: draining %ld in-flight request(s)",
               sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight(&srv));
     http_quiesce(&srv);
+    /* Every answer from now on says Connection: close, so each open
+     * connection closes after its next request. A request may already be on
+     * its way on one of them when the last one in flight finishes: wait
+     * until every connection has gone, or none has had a request in flight
+     * for DRAIN_GRACE_MS, so that it is answered (503 shutting_down) rather
+     * than reset. Idle keep-alive connections are not waited for longer. */
     bool forced = false;
-    while (http_in_flight(&srv) > 0 && !(forced = signals_poll(20)))
+    int quiet_ms = 0;
+    while (quiet_ms < DRAIN_GRACE_MS && http_open_connections(&srv) > 0 &&
+           !(forced = signals_poll(20)))
+        quiet_ms = http_in_flight(&srv) > 0 ? 0 : quiet_ms + 20;
+    while (!forced && http_in_flight(&srv) > 0 && !(forced = signals_poll(20)))
         ;
     if (forced) {
         /* Workers may still hold connections; leave them to the exit. */

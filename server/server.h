@@ -52,6 +52,8 @@ struct srv_request {
     double t_start;          /* monotonic seconds at the first callback */
     char remote[46];         /* client address for the log (INET6_ADDRSTRLEN),
                               * formatted once per connection */
+    struct srv_client *client; /* its count under --max-conns-per-ip, or NULL */
+    bool over_limit;         /* past --max-conns-per-ip: 503 and close */
     bool in_flight;          /* between the first callback and completion */
 
     char *body;              /* accumulated request body */
@@ -80,6 +82,7 @@ int http_port(const srv_server *srv);  /* the port actually bound */
 void http_quiesce(srv_server *srv);    /* stop accepting; /readyz and new computes -> 503 */
 bool http_draining(const srv_server *srv);
 long http_in_flight(srv_server *srv); /* requests started and not yet completed */
+long http_open_connections(srv_server *srv); /* client connections open now */
 void http_stop(srv_server *srv);       /* after the drain: close everything */
 
 /* A response built once and served many times (freed by canned_free). */
@@ -99,6 +102,7 @@ typedef enum {
     STOCK_OUT_OF_MEMORY,      /* 500 */
     STOCK_OVERLOADED,         /* 503 + Retry-After */
     STOCK_SHUTTING_DOWN,      /* 503 + Retry-After */
+    STOCK_TOO_MANY_CONNECTIONS, /* 503 + Retry-After, past --max-conns-per-ip */
     N_STOCK
 } stock_error;
 
@@ -232,6 +236,33 @@ void cors_add_headers(struct MHD_Response *resp, const char *origin);
 /* 204 answer to an OPTIONS request for a known path. */
 void cors_preflight(srv_request *r, const char *allow);
 
+/* ------------------------------------------------------- conn_limit.c */
+
+/* Over-limit connections one address may hold on top of the limit, waiting
+ * for their 503; past that a connection is closed at accept. */
+#define OVER_LIMIT_SLACK 16
+/* Seconds an over-limit connection may stay idle before it is closed. */
+#define OVER_LIMIT_TIMEOUT 2
+#define CONN_LIMIT_BUCKETS 1024
+
+typedef struct srv_client srv_client; /* one client address and its count */
+
+typedef struct {
+    int max_per_ip;          /* 0: no limit */
+    pthread_mutex_t lock;
+    srv_client *buckets[CONN_LIMIT_BUCKETS];
+} srv_conn_limit;
+
+void conn_limit_init(srv_conn_limit *cl, int max_per_ip);
+/* The accept policy: false when the address already holds the limit plus
+ * OVER_LIMIT_SLACK connections. */
+bool conn_limit_accept(srv_conn_limit *cl, const struct sockaddr *sa);
+/* Counts a new connection; *over_limit when it is past the limit. Returns
+ * the handle for conn_limit_close, or NULL when not counted (no limit). */
+srv_client *conn_limit_open(srv_conn_limit *cl, const struct sockaddr *sa, bool *over_limit);
+void conn_limit_close(srv_conn_limit *cl, srv_client *c);
+void conn_limit_free(srv_conn_limit *cl);
+
 /* ---------------------------------------------------------- signals.c */
 
 bool signals_install(void);        /* SIGTERM/SIGINT handlers; SIGPIPE ignored */
@@ -249,6 +280,7 @@ struct srv_server {
     srv_compute compute;
     srv_metrics metrics;
     srv_cors cors;
+    srv_conn_limit conn_limit;
     srv_log log;
 };
 

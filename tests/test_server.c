@@ -6,6 +6,7 @@
  * libattn called here directly, never against another answer of the server.
  */
 #include <check.h>
+#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
@@ -522,6 +523,7 @@ START_TEST(info_reports_version_blas_threads_and_limits)
     ck_assert_int_eq(json_integer_value(json_object_get(limits, "max_body")), 262144);
     ck_assert_int_eq(json_integer_value(json_object_get(limits, "queue")), 64);
     ck_assert_int_eq(json_integer_value(json_object_get(limits, "timeout")), 30);
+    ck_assert_int_eq(json_integer_value(json_object_get(limits, "max_conns_per_ip")), 256);
     ck_assert(json_number_value(json_object_get(limits, "max_work")) == 1e12);
     json_decref(j);
     reply_free(&r);
@@ -1014,6 +1016,62 @@ static void send_all(int fd, const char *s)
     }
 }
 
+/* A connection from `source` (another loopback address is another client). */
+static int connect_from(const char *source, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in src = {.sin_family = AF_INET};
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    inet_pton(AF_INET, source, &src.sin_addr);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&src, sizeof src) == 0 &&
+        connect(fd, (struct sockaddr *)&dst, sizeof dst) == 0)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* Reads from fd until the server closes it or `seconds` pass; *closed says
+ * which. Returns the bytes read (NUL-terminated in buf). */
+static size_t read_until_close(int fd, char *buf, size_t cap, double seconds, bool *closed)
+{
+    size_t got = 0;
+    double end = now_s() + seconds;
+    *closed = false;
+    while (got < cap - 1 && now_s() < end) {
+        struct timeval tv = {0, 50000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ssize_t n = recv(fd, buf + got, cap - 1 - got, 0);
+        if (n > 0) {
+            got += (size_t)n;
+        } else if (n == 0 || errno == ECONNRESET) {
+            *closed = true;
+            break;
+        }
+    }
+    buf[got] = '\0';
+    return got;
+}
+
+/* One keep-alive GET /healthz on fd; true when it is answered 200. */
+static bool healthz_on(int fd)
+{
+    send_all(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    char buf[512] = "";
+    size_t got = 0;
+    double end = now_s() + 5;
+    while (got < sizeof buf - 1 && !strstr(buf, "\"ok\"") && now_s() < end) {
+        ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+        buf[got] = '\0';
+    }
+    buf[got] = '\0';
+    return !strncmp(buf, "HTTP/1.1 200", 12);
+}
+
 START_TEST(truncated_and_slow_clients_never_kill_the_server)
 {
     const char *partial[] = {
@@ -1108,6 +1166,13 @@ static void *post_thread(void *arg)
 {
     async_post *a = arg;
     a->r = post_json(a->port, "/v1/attention", a->body);
+    return NULL;
+}
+
+static void *post_multihead_thread(void *arg)
+{
+    async_post *a = arg;
+    a->r = post_json(a->port, "/v1/multihead", a->body);
     return NULL;
 }
 
@@ -1242,6 +1307,59 @@ START_TEST(sigterm_lets_in_flight_request_finish_and_exits_0)
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "attnd exit status %d", st);
     /* New connections are refused once it is gone. */
     ck_assert_int_lt(connect_port(s.port), 0);
+    unlink(s.log);
+}
+END_TEST
+
+/* The drain does not end the moment nothing is in flight: a keep-alive
+ * client may have sent its next request just then. That request is still
+ * answered (and told to close), not reset. */
+START_TEST(sigterm_answers_a_request_sent_just_after_the_last_one_finished)
+{
+    server s = start_server("--threads", "1");
+    int idle = connect_port(s.port);
+    ck_assert_int_ge(idle, 0);
+    send_all(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    char buf[1024];
+    ssize_t n = recv(idle, buf, sizeof buf - 1, 0);
+    ck_assert_msg(n > 12 && !strncmp(buf, "HTTP/1.1 200", 12), "keep-alive request not served");
+
+    /* Seconds of work with a small answer, so that the client has it as
+     * soon as the server has sent it: 16 heads of d_k = 1 over 1024 rows. */
+    char *slow = NULL;
+    size_t len = 0;
+    append(&slow, &len, "{\"x\": [", 7);
+    for (int i = 0; i < 1024; i++)
+        append(&slow, &len, i ? ", [0.5]" : "[0.5]", i ? 7 : 5);
+    const char *rest = "], \"w_q\": [[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]], "
+                       "\"w_k\": [[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]], "
+                       "\"w_v\": [[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]], "
+                       "\"w_o\": [[1], [1], [1], [1], [1], [1], [1], [1], [1], [1], [1], [1], "
+                       "[1], [1], [1], [1]], \"num_heads\": 16}";
+    append(&slow, &len, rest, strlen(rest));
+    async_post a = {s.port, slow, {0}};
+    pthread_t t;
+    pthread_create(&t, NULL, post_multihead_thread, &a);
+    ck_assert(wait_computing(s.port));
+    kill(s.pid, SIGTERM);
+    pthread_join(t, NULL);
+    ck_assert_msg(a.r.status == 200, "in-flight request: %ld", a.r.status);
+    reply_free(&a.r);
+    free(slow);
+
+    usleep(100000); /* nothing has been in flight for 100 ms now */
+    send_all(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    bool closed;
+    read_until_close(idle, buf, sizeof buf, 5, &closed);
+    close(idle);
+    ck_assert_msg(!strncmp(buf, "HTTP/1.1 200", 12), "request after the last one: \"%.60s\"", buf);
+    ck_assert_msg(strcasestr(buf, "\r\nConnection: close\r\n"), "no Connection: close: %s", buf);
+    ck_assert(closed);
+    int st = 0;
+    double end = now_s() + 10;
+    while (waitpid(s.pid, &st, WNOHANG) == 0 && now_s() < end)
+        usleep(10000);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "attnd exit status %d", st);
     unlink(s.log);
 }
 END_TEST
@@ -1500,6 +1618,126 @@ START_TEST(full_log_pipe_never_stops_serving)
 }
 END_TEST
 
+/* ------------------------------------------------ per-client connections */
+
+/* A new connection that is served. The server counts a closed connection
+ * until it sees the close, a moment later: start_server's own probe may
+ * still count for a few milliseconds. */
+static int served_connection(int port)
+{
+    for (double end = now_s() + 5; now_s() < end; usleep(20000)) {
+        int fd = connect_port(port);
+        if (fd >= 0 && healthz_on(fd))
+            return fd;
+        if (fd >= 0)
+            close(fd);
+    }
+    return -1;
+}
+
+START_TEST(connection_past_max_conns_per_ip_gets_json_503_and_is_closed)
+{
+    server s = start_server("--max-conns-per-ip", "2");
+    int held[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg((held[i] = served_connection(s.port)) >= 0,
+                      "connection %d of 2 not served", i + 1);
+    const char *reqs[] = {"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                          "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: 70\r\n\r\n"
+                          "{\"q\": [[1, 0], [0, 1]], \"k\": [[1, 0], [0, 1]], \"v\": [[1, 2], [3, 4]]}"};
+    for (int i = 0; i < 2; i++) {
+        int fd = connect_port(s.port);
+        ck_assert_int_ge(fd, 0);
+        send_all(fd, reqs[i]);
+        char buf[2048];
+        bool closed;
+        read_until_close(fd, buf, sizeof buf, 5, &closed);
+        close(fd);
+        ck_assert_msg(!strncmp(buf, "HTTP/1.1 503", 12), "third connection: %s", buf);
+        ck_assert_msg(strcasestr(buf, "\r\nRetry-After: 1\r\n"), "no Retry-After: %s", buf);
+        ck_assert_msg(closed, "the over-limit connection was left open");
+        const char *body = strstr(buf, "\r\n\r\n");
+        ck_assert_ptr_nonnull(body);
+        json_t *doc = json_loads(body + 4, 0, NULL);
+        json_t *e = json_object_get(doc, "error");
+        ck_assert_int_eq(json_integer_value(json_object_get(e, "status")), 503);
+        ck_assert_str_eq(json_string_value(json_object_get(e, "code")), "too_many_connections");
+        ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(e, "message")),
+                                     "--max-conns-per-ip"));
+        json_decref(doc);
+    }
+    /* Another address is another client; the two held connections still work. */
+    int other = connect_from("127.0.0.2", s.port);
+    ck_assert_int_ge(other, 0);
+    ck_assert_msg(healthz_on(other), "a second client was refused");
+    close(other);
+    ck_assert(healthz_on(held[0]) && healthz_on(held[1]));
+    /* Closing one frees its place. */
+    close(held[1]);
+    int again = served_connection(s.port);
+    ck_assert_msg(again >= 0, "a place freed by a close was not given to a new connection");
+    close(again);
+    close(held[0]);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* Over-limit connections that never ask are few and short-lived: a client
+ * cannot hold sockets by opening connections it never uses. */
+START_TEST(idle_connections_past_the_limit_are_closed_soon)
+{
+    server s = start_server("--max-conns-per-ip", "1", "--timeout", "30");
+    int held = served_connection(s.port);
+    ck_assert_int_ge(held, 0);
+    enum { EXTRA = 24 }; /* more than the 16 allowed to wait for their 503 */
+    int fd[EXTRA];
+    for (int i = 0; i < EXTRA; i++)
+        fd[i] = connect_port(s.port);
+    /* Past the slack, closed at accept; the rest after ~2 s of silence,
+     * far sooner than the 30 s --timeout. */
+    int closed_soon = 0, closed = 0;
+    usleep(500000);
+    for (int i = 0; i < EXTRA; i++) {
+        char c;
+        closed_soon += recv(fd[i], &c, 1, MSG_DONTWAIT) == 0 || errno == ECONNRESET;
+    }
+    for (int i = 0; i < EXTRA; i++) {
+        char buf[64];
+        bool c;
+        read_until_close(fd[i], buf, sizeof buf, 6, &c);
+        closed += c;
+        close(fd[i]);
+    }
+    ck_assert_msg(closed == EXTRA, "%d of %d idle over-limit connections still open after 6 s",
+                  EXTRA - closed, EXTRA);
+    ck_assert_msg(closed_soon >= EXTRA - 16, "only %d closed at accept", closed_soon);
+    ck_assert(healthz_on(held));
+    close(held);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+START_TEST(max_conns_per_ip_0_is_no_limit_and_info_reports_it)
+{
+    server s = start_server("--max-conns-per-ip", "0");
+    enum { N = 300 }; /* more than the default limit of 256 */
+    int fd[N];
+    for (int i = 0; i < N; i++)
+        ck_assert_int_ge(fd[i] = connect_port(s.port), 0);
+    ck_assert(healthz_on(fd[N - 1]) && healthz_on(fd[0]));
+    reply r = get(s.port, "/v1/info");
+    ck_assert_int_eq(r.status, 200);
+    json_t *doc = json_loadb(r.body, r.body_len, 0, NULL);
+    json_t *v = json_object_get(json_object_get(doc, "limits"), "max_conns_per_ip");
+    ck_assert_msg(json_is_integer(v) && json_integer_value(v) == 0, "info: %s", r.body);
+    json_decref(doc);
+    reply_free(&r);
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 /* -------------------------------------------------------- load balancer */
 
 /* docker/nginx.conf with its upstream replaced by `servers` and its listen
@@ -1661,12 +1899,20 @@ static Suite *server_suite(void)
     tcase_add_test(life, work_beyond_max_work_is_422_work_limit);
     tcase_add_test(life, queued_requests_wait_and_succeed);
     tcase_add_test(life, sigterm_lets_in_flight_request_finish_and_exits_0);
+    tcase_add_test(life, sigterm_answers_a_request_sent_just_after_the_last_one_finished);
     tcase_add_test(life, bad_flag_values_exit_2_with_a_message);
     tcase_add_test(life, help_and_version_exit_0);
     tcase_add_test(life, environment_variables_configure_the_server);
     tcase_add_test(life, access_log_has_one_text_line_per_request);
     tcase_add_test(life, full_log_pipe_never_stops_serving);
     suite_add_tcase(s, life);
+
+    TCase *conns = tcase_create("connections_per_client");
+    tcase_set_timeout(conns, 40);
+    tcase_add_test(conns, connection_past_max_conns_per_ip_gets_json_503_and_is_closed);
+    tcase_add_test(conns, idle_connections_past_the_limit_are_closed_soon);
+    tcase_add_test(conns, max_conns_per_ip_0_is_no_limit_and_info_reports_it);
+    suite_add_tcase(s, conns);
 
     TCase *lb = tcase_create("load_balancer");
     tcase_set_timeout(lb, 40);
