@@ -30,7 +30,7 @@ PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null)
 ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
-CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(PKG_CFLAGS) $(CFLAGS)
+CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(PKG_CFLAGS) $(CFLAGS_ISA) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
@@ -58,6 +58,13 @@ deps: $(DEPS_STAMP)
 $(DEPS_STAMP): tools/deps.sh
 	@sh tools/deps.sh build
 	@mkdir -p build && touch $@
+
+# libattn's kernels, one file per instruction set (lib/kern_*.c), each compiled
+# for its own; lib/kernel.c runs one only on a CPU that has the instructions.
+ifeq ($(shell uname -m),x86_64)
+$(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma
+$(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma
+endif
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)

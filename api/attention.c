@@ -52,7 +52,7 @@ typedef struct {
     api_encoding enc;
     bool want_weights, want_stats, want_grad;
     float *out, *weights, *dq, *dk, *dv;
-    double *lse; /* [B, H_q, n_q]: the forward pass's, for the backward */
+    attn_softmax_row *rows; /* [B, H_q, n_q]: the forward pass's, for the backward */
     attn_stats stats;
 } attention_call;
 
@@ -66,7 +66,7 @@ static void release(attention_call *c)
 {
     release_inputs(c);
     free(c->out);
-    free(c->lse);
+    free(c->rows);
     free(c->weights);
     free(c->dq);
     free(c->dk);
@@ -201,73 +201,24 @@ static bool validate(attention_call *c, const api_limits *lim, api_error *err)
     return check_cost(c, lim, err);
 }
 
-/* The kernel adds p_j v_j (each p_j <= 1) over the keys before dividing
- * by the row's total weight, so an output element can overflow there
- * although the output, a weighted mean of v's rows, is finite
- * (v = [[3e38], [3e38]] has the output 3e38). Only then, and only for those
- * elements, the forward is run again on a copy of v whose large columns
- * (n_k max|v| beyond float32) are divided by a power of two, exactly, and
- * those elements multiplied back; every other element keeps the first
- * answer, subnormals included. The backward needs none of this: it never
- * sums v over the keys. False only when out of memory or the kernel fails. */
-static bool redo_overflowed_output(attention_call *c, const float *q, const float *k,
-                                   const float *v, attn_error *ae)
-{
-    const attn_sdpa_params *p = &c->p;
-    int64_t rows_v = p->batch * p->heads_kv * p->n_k, dv = p->d_v;
-    int64_t n_out = p->batch * p->heads_q * p->n_q * dv;
-    int64_t i = 0;
-    while (i < n_out && isfinite(c->out[i]))
-        i++;
-    if (i == n_out)
-        return true;
-    double limit = FLT_MAX / 4.0 / (double)p->n_k;
-    int e;
-    frexp((double)p->n_k, &e); /* 2^e >= n_k */
-    int *shift = calloc((size_t)dv, sizeof *shift);
-    float *vs = api_alloc_floats(rows_v * dv), *out = api_alloc_floats(n_out);
-    bool ok = shift && vs && out;
-    if (ok) {
-        for (int64_t r = 0; r < rows_v; r++)
-            for (int64_t j = 0; j < dv; j++)
-                if (fabs((double)v[r * dv + j]) > limit)
-                    shift[j] = e + 1;
-        for (int64_t r = 0; r < rows_v; r++)
-            for (int64_t j = 0; j < dv; j++)
-                vs[r * dv + j] = ldexpf(v[r * dv + j], -shift[j]);
-        ok = attn_sdpa_forward(p, q, k, vs, out, NULL, NULL, NULL, ae) == ATTN_OK;
-    } else {
-        ae->status = ATTN_ERR_NOMEM;
-        snprintf(ae->message, sizeof ae->message, "out of memory for the values of this request");
-    }
-    for (; ok && i < n_out; i++)
-        if (!isfinite(c->out[i]))
-            c->out[i] = ldexpf(out[i], shift[i % dv]);
-    free(shift);
-    free(vs);
-    free(out);
-    return ok;
-}
-
 static bool compute(attention_call *c, api_error *err)
 {
     const attn_sdpa_params *p = &c->p;
     int64_t rows = p->batch * p->heads_q * p->n_q;
     c->out = api_alloc_floats(rows * p->d_v);
     if (c->want_grad)
-        c->lse = malloc((size_t)rows * sizeof *c->lse);
+        c->rows = malloc((size_t)rows * sizeof *c->rows);
     if (c->want_weights)
         c->weights = api_alloc_floats(rows * p->n_k);
-    if (!c->out || (c->want_grad && !c->lse) || (c->want_weights && !c->weights))
+    if (!c->out || (c->want_grad && !c->rows) || (c->want_weights && !c->weights))
         return api_fail(err, 500, "out_of_memory", "",
                         "out of memory for the output of this request");
 
     const float *q = c->f[F_Q].tensor.f32, *k = c->f[F_K].tensor.f32,
                 *v = c->f[F_V].tensor.f32;
     attn_error ae = {0};
-    if (attn_sdpa_forward(p, q, k, v, c->out, c->lse, c->weights,
-                          c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK ||
-        !redo_overflowed_output(c, q, k, v, &ae))
+    if (attn_sdpa_forward(p, q, k, v, c->out, c->rows, c->weights,
+                          c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
     if (!api_check_finite(c->out, rows * p->d_v, "the output", err) ||
         (c->weights &&
@@ -292,11 +243,11 @@ static bool compute(attention_call *c, api_error *err)
     if (!c->dq || !c->dk || !c->dv)
         return api_fail(err, 500, "out_of_memory", "",
                         "out of memory for the gradients of this request");
-    if (attn_sdpa_backward(p, q, k, v, c->out, c->lse, dout->f32, c->dq, c->dk,
+    if (attn_sdpa_backward(p, q, k, v, c->out, c->rows, dout->f32, c->dq, c->dk,
                            c->dv, &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
-    free(c->lse);
-    c->lse = NULL;
+    free(c->rows);
+    c->rows = NULL;
     return api_check_finite(c->dq, c->f[F_Q].tensor.count, "the gradient of q", err) &&
            api_check_finite(c->dk, c->f[F_K].tensor.count, "the gradient of k", err) &&
            api_check_finite(c->dv, c->f[F_V].tensor.count, "the gradient of v", err);

@@ -340,9 +340,25 @@ static bool compute(multihead_call *c, api_error *err)
         .w_o = data(c, F_W_O), .b_q = data(c, F_B_Q), .b_k = data(c, F_B_K),
         .b_v = data(c, F_B_V), .b_o = data(c, F_B_O),
     };
+    for (int i = 0; c->want_grad && i < N_INPUTS; i++)
+        if (c->f[i].present && !(c->grad[i] = api_alloc_floats(c->f[i].tensor.count)))
+            return api_fail(err, 500, "out_of_memory", "",
+                            "out of memory for the gradients of this request");
+    attn_mha_grads g = {
+        .x = c->grad[F_X], .context = c->grad[F_CONTEXT],
+        .w_q = c->grad[F_W_Q], .w_k = c->grad[F_W_K], .w_v = c->grad[F_W_V],
+        .w_o = c->grad[F_W_O], .b_q = c->grad[F_B_Q], .b_k = c->grad[F_B_K],
+        .b_v = c->grad[F_B_V], .b_o = c->grad[F_B_O],
+    };
     attn_error ae = {0};
-    if (attn_mha_forward(p, &in, c->out, c->weights,
-                         c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
+    attn_stats *stats = c->want_stats ? &c->stats : NULL;
+    /* With gradients, one call: the projections and the attention are not
+     * computed twice. */
+    attn_status st = c->want_grad
+                         ? attn_mha_forward_backward(p, &in, c->out, c->weights, stats,
+                                                     data(c, F_GRAD_OUTPUT), &g, &ae)
+                         : attn_mha_forward(p, &in, c->out, c->weights, stats, &ae);
+    if (st != ATTN_OK)
         return api_fail_attn(err, &ae);
     if (!api_check_finite(c->out, n_out, "the output", err) ||
         (c->weights && !api_check_finite(c->weights, n_weights, "the weights", err)))
@@ -362,21 +378,6 @@ static bool compute(multihead_call *c, api_error *err)
         free(c->weights);
         c->weights = mean;
     }
-    if (!c->want_grad)
-        return true;
-
-    for (int i = 0; i < N_INPUTS; i++)
-        if (c->f[i].present && !(c->grad[i] = api_alloc_floats(c->f[i].tensor.count)))
-            return api_fail(err, 500, "out_of_memory", "",
-                            "out of memory for the gradients of this request");
-    attn_mha_grads g = {
-        .x = c->grad[F_X], .context = c->grad[F_CONTEXT],
-        .w_q = c->grad[F_W_Q], .w_k = c->grad[F_W_K], .w_v = c->grad[F_W_V],
-        .w_o = c->grad[F_W_O], .b_q = c->grad[F_B_Q], .b_k = c->grad[F_B_K],
-        .b_v = c->grad[F_B_V], .b_o = c->grad[F_B_O],
-    };
-    if (attn_mha_backward(p, &in, data(c, F_GRAD_OUTPUT), &g, &ae) != ATTN_OK)
-        return api_fail_attn(err, &ae);
     for (int i = 0; i < N_INPUTS; i++) {
         if (!c->grad[i])
             continue;

@@ -33,7 +33,7 @@
  *
  * Output is one "key value" pair a line, for bench/run.sh's table.
  *
- * Shapes: sdpa q, k, v, out, dout, dq, dk, dv [B, H, N, D], lse [B, H, N];
+ * Shapes: sdpa q, k, v, out, dout, dq, dk, dv [B, H, N, D], rows [B, H, N] (softmax max and sum);
  * mha x [B, N, Dm], w_q, w_k, w_v, w_o [Dm, Dm], out, dout [B, N, Dm].
  */
 #include <cblas.h>
@@ -141,7 +141,7 @@ typedef struct {
     /* Buffers, made on first use. */
     bool ready;
     float *f[12];
-    double *lse;
+    attn_softmax_row *lse; /* the forward's softmax rows, for the backward */
     attn_sdpa_params sdpa;
     attn_mha_params mha;
 } task;
@@ -279,9 +279,13 @@ static bool task_run_once(task *t)
     case T_MHA: {
         attn_mha_inputs in = {.x = f[0], .w_q = f[4], .w_k = f[5], .w_v = f[6], .w_o = f[7]};
         attn_mha_grads g = {.x = f[3], .w_q = f[8], .w_k = f[9], .w_v = f[10], .w_o = f[11]};
-        if (attn_mha_forward(&t->mha, &in, f[2], NULL, NULL, &err) != ATTN_OK)
-            break;
-        if (t->mode == MHA_FWDBWD && attn_mha_backward(&t->mha, &in, f[1], &g, &err) != ATTN_OK)
+        /* Forward and backward as a training step (and the API) runs them:
+         * one call, nothing computed twice. */
+        attn_status st = t->mode == MHA_FWDBWD
+                             ? attn_mha_forward_backward(&t->mha, &in, f[2], NULL, NULL, f[1],
+                                                         &g, &err)
+                             : attn_mha_forward(&t->mha, &in, f[2], NULL, NULL, &err);
+        if (st != ATTN_OK)
             break;
         return true;
     }

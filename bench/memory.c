@@ -3,7 +3,7 @@
  *
  *   memory THREADS N D
  *
- * Shapes: q, k, v, out, dout, dq, dk, dv [1, 1, N, D]; lse [1, 1, N] (double).
+ * Shapes: q, k, v, out, dout, dq, dk, dv [1, 1, N, D]; rows [1, 1, N] (softmax max and sum).
  * A child process allocates and touches every caller buffer, reads its peak
  * resident size (VmHWM), runs attn_sdpa_forward + attn_sdpa_backward, and
  * reads it again: the difference is what the library itself needed. One
@@ -65,7 +65,7 @@ static int child(int threads, int64_t n, int64_t d)
     float *q = alloc_touched(count, &seed), *k = alloc_touched(count, &seed);
     float *v = alloc_touched(count, &seed), *dout = alloc_touched(count, &seed);
     float *out = alloc_touched(count, &seed);
-    double *lse = malloc((size_t)n * sizeof *lse); /* attn.h keeps it in double */
+    attn_softmax_row *lse = malloc((size_t)n * sizeof *lse);
     float *dq = alloc_touched(count, &seed), *dk = alloc_touched(count, &seed);
     float *dv = alloc_touched(count, &seed);
     attn_sdpa_params p = {
@@ -79,7 +79,7 @@ static int child(int threads, int64_t n, int64_t d)
         return 1;
     }
     for (int64_t i = 0; i < n; i++)
-        lse[i] = 0.0;
+        lse[i] = (attn_softmax_row){0.0f, 0.0f};
     long hwm_before = status_kb("VmHWM");
     long maxrss_before = maxrss_kb();
     struct timespec t0, t1;

@@ -99,6 +99,20 @@ typedef struct {
 
 /* ---------------------------------------------- scaled dot-product (SDPA) */
 
+/*
+ * Where the heads of a tensor are. ATTN_LAYOUT_BHND (the default) is the
+ * conventions' [B, H, n, d]: a head is n contiguous rows. ATTN_LAYOUT_BNHD
+ * is [B, n, H, d] (FlashAttention's (batch, seqlen, nheads, headdim)): each
+ * row of a sequence holds every head side by side, as a projection
+ * x W [B, n, H*d] leaves them, so multi-head attention needs no copies. The
+ * layout applies to q, k, v, out and their gradients; rows, weights and the
+ * mask are always indexed [B, H_q, n_q(, n_k)].
+ */
+typedef enum {
+    ATTN_LAYOUT_BHND = 0,
+    ATTN_LAYOUT_BNHD = 1,
+} attn_layout;
+
 typedef struct {
     int64_t batch;    /* B >= 1 */
     int64_t heads_q;  /* H_q >= 1 */
@@ -109,40 +123,59 @@ typedef struct {
     bool causal;
     attn_mask mask; /* kind ATTN_MASK_NONE for none */
     int threads;    /* >= 1 */
+    attn_layout layout;
 } attn_sdpa_params;
 
 /* 1 / sqrt(d_k) (Eq. 7). */
 float attn_default_scale(int64_t d_k);
 
 /*
+ * What the backward pass needs of each query row's softmax, kept from the
+ * forward: the row's largest final score `max` and `sum` = the sum over the
+ * visible keys of exp(score - max). The two are kept apart rather than as one
+ * log-sum-exp (max + log sum), so that the backward rebuilds every weight as
+ * exp(score - max) / sum exactly as the forward made it, however large max
+ * is: a constant shift of a whole row (a -1e20 bias, scores near 1e4) gives
+ * the same gradients as no shift. A fully masked row has max = -INFINITY and
+ * sum = 0.
+ */
+typedef struct {
+    float max;
+    float sum;
+} attn_softmax_row;
+
+/* The row's log-sum-exp, max + log(sum) in double; -INFINITY for a fully
+ * masked row. */
+double attn_softmax_lse(attn_softmax_row row);
+
+/*
  * Forward (Eq. 10): out = softmax(scale * q k^T + mask) v.
  *   q [B,H_q,n_q,d_k], k [B,H_kv,n_k,d_k], v [B,H_kv,n_k,d_v] -> out [B,H_q,n_q,d_v]
  * Optional outputs (NULL to skip):
- *   lse     [B,H_q,n_q]      log-sum-exp of each row of scale*S + bias over the
- *                            visible keys; -INFINITY for a fully masked row.
- *                            attn_sdpa_backward needs it. It is a double
- *                            because a float cannot hold m + log(sum) when
- *                            the row maximum m is large (a -1e9 padding
- *                            bias, scores near 1e4): the backward pass
- *                            would rebuild the weights off by a constant.
+ *   rows    [B,H_q,n_q]      each row's softmax maximum and sum (above);
+ *                            attn_sdpa_backward needs them.
  *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here)
  *   stats                    see attn_stats
+ * An output is the weighted mean of finite values of v, so it is finite even
+ * when the weighted sum on the way overflows float32 (v near 3e38): such
+ * rows are recomputed in double precision.
  */
 attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               const float *k, const float *v, float *out,
-                              double *lse, float *weights, attn_stats *stats,
+                              attn_softmax_row *rows, float *weights, attn_stats *stats,
                               attn_error *err);
 
 /*
- * Backward (Eq. 16-18), recomputing the scores tile by tile from lse.
- *   dout [B,H_q,n_q,d_v], out and lse as returned by attn_sdpa_forward
+ * Backward (Eq. 16-18), recomputing the scores tile by tile.
+ *   dout [B,H_q,n_q,d_v], out and rows as returned by attn_sdpa_forward
  *   -> dq [B,H_q,n_q,d_k], dk [B,H_kv,n_k,d_k], dv [B,H_kv,n_k,d_v]
  * The gradients are written, not accumulated. For grouped-query attention
  * dk and dv sum over the query heads that share each key/value head.
+ * Results are deterministic for a given kernel and thread count.
  */
 attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *k, const float *v,
-                               const float *out, const double *lse,
+                               const float *out, const attn_softmax_row *rows,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err);
 
@@ -210,6 +243,16 @@ attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in
 attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *in,
                               const float *dout, const attn_mha_grads *g,
                               attn_error *err);
+
+/*
+ * Forward and backward in one call: out (and weights, stats) as
+ * attn_mha_forward, and the gradients as attn_mha_backward, without computing
+ * the projections and the attention twice.
+ */
+attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_inputs *in,
+                                      float *out, float *weights, attn_stats *stats,
+                                      const float *dout, const attn_mha_grads *g,
+                                      attn_error *err);
 
 /* Nominal FLOPs of the forward pass: projections, attention, output projection. */
 double attn_mha_flops(const attn_mha_params *p);

@@ -6,12 +6,11 @@
 
 /* Calls fn(ctx, i, worker) for every i in [0, count) on up to `threads`
  * threads (the calling thread is one of them); worker is in [0, threads).
- * Runs inline when threads <= 1 or count <= 1. Returns ATTN_ERR_NOMEM only
- * when no thread could be started and the work could not run; otherwise
- * every i has run when it returns. */
-attn_status attn_parallel_for(int threads, int64_t count,
-                              void (*fn)(void *ctx, int64_t i, int worker),
-                              void *ctx);
+ * Runs inline when threads <= 1 or count <= 1; when threads cannot be
+ * started, the calling thread does the work alone. Every i has run when it
+ * returns. */
+void attn_parallel_for(int threads, int64_t count,
+                       void (*fn)(void *ctx, int64_t i, int worker), void *ctx);
 
 /* Keeps OpenBLAS single-threaded (once per process); every public entry
  * point calls it before its first BLAS call. */

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "kern.h"
 
 static const char *const NAMES[] = {
     [ATTN_KERNEL_GENERIC] = "generic",
@@ -23,7 +23,7 @@ bool attn_kernel_supported(attn_kernel_kind kind)
     switch (kind) {
     case ATTN_KERNEL_GENERIC:
         return true;
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
     case ATTN_KERNEL_AVX2:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -90,4 +90,27 @@ const char *attn_kernel_forced(void)
 {
     pthread_once(&choose_once, choose);
     return forced;
+}
+
+const attn_kern *attn_kern_of(attn_kernel_kind kind)
+{
+    if (!attn_kernel_supported(kind))
+        return NULL;
+    switch (kind) {
+#if defined(__x86_64__)
+    case ATTN_KERNEL_AVX512:
+        return &attn_kern_avx512;
+    case ATTN_KERNEL_AVX2:
+        return &attn_kern_avx2;
+#endif
+    case ATTN_KERNEL_GENERIC:
+        return &attn_kern_generic;
+    default:
+        return NULL;
+    }
+}
+
+const attn_kern *attn_kern_get(void)
+{
+    return attn_kern_of(attn_kernel());
 }

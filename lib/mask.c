@@ -46,7 +46,7 @@ attn_status attn_mask_broadcast(attn_mask *mask, int rank, const int64_t *shape,
 
 /* x [cols]: scores of query row i against keys j0.., with the row of the
  * mask that starts at element `base`. */
-void sdpa_mask_row_bias(const attn_mask *mask, int64_t base, float *x, int64_t cols)
+static void mask_row_bias(const attn_mask *mask, int64_t base, float *x, int64_t cols)
 {
     const int64_t s = mask->stride[3];
     const float *bias = mask->bias + base;
@@ -62,11 +62,22 @@ void sdpa_mask_row_bias(const attn_mask *mask, int64_t base, float *x, int64_t c
 /* A disallowed key gets -inf, which the softmax turns into a weight of
  * exactly 0 (and the statistics skip). Adding 0 or -inf from a table, rather
  * than branching, keeps random masks from costing a misprediction a key. */
-void sdpa_mask_row_hide(const attn_mask *mask, int64_t base, float *x, int64_t cols)
+static void mask_row_hide(const attn_mask *mask, int64_t base, float *x, int64_t cols)
 {
     static const float add[2] = {-INFINITY, 0.0f};
     const int64_t s = mask->stride[3];
     const uint8_t *allowed = mask->allowed + base;
     for (int64_t j = 0; j < cols; j++)
         x[j] += add[allowed[j * s] != 0];
+}
+
+void sdpa_mask_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t j0,
+                   float *x, int64_t cols)
+{
+    const attn_mask *m = &c->p->mask;
+    int64_t base = b * m->stride[0] + h * m->stride[1] + i * m->stride[2] + j0 * m->stride[3];
+    if (m->kind == ATTN_MASK_BIAS)
+        mask_row_bias(m, base, x, cols);
+    else if (m->kind == ATTN_MASK_BOOL)
+        mask_row_hide(m, base, x, cols);
 }

@@ -1,70 +1,41 @@
 /*
  * Private to lib/mha*.c: the pieces multi-head attention (Eq. 12-13) is built
- * from. A projection moves between two layouts of the same numbers:
- *
- *   concatenated  [B, rows, d_cat]            x, context, out, dout
- *   per head      [B, heads, rows, d_head]    what attn_sdpa_* reads/writes
- *
- * Head i owns the i-th block of d_head columns (or rows) of each weight, so
- * every product is a set of GEMMs per (batch, head, block of rows) whose
- * operand is that block, read in place through its leading dimension: no
- * transposed copy of the activations is ever made. The blocks are the units
- * of attn_parallel_for.
+ * from. A projection x W [B*n, d_in] x [d_in, h*d] leaves every head of a
+ * position side by side, [B, n, h, d], which is attn_sdpa_*'s
+ * ATTN_LAYOUT_BNHD: the attention reads the projections where they are, and
+ * its output [B, n, h*d_v] is already the concatenation of the heads. So
+ * every product around the attention is one large GEMM, split over the
+ * threads by blocks of its output (mha_gemm): no per-head calls, no copies.
  */
 #ifndef ATTN_MHA_H
 #define ATTN_MHA_H
 
+#include <cblas.h>
+
 #include "attn.h"
 
-/* How a weight is stored relative to the two layouts. */
-typedef enum {
-    MHA_W_IN,  /* [d_cat, heads*d_head]: w_q, w_k, w_v (head i: column block i) */
-    MHA_W_OUT, /* [heads*d_head, d_cat]: w_o (head i: row block i) */
-} mha_orient;
+/* C [M, N] = A B (+ C when accumulate), A [M, K] (or A^T given as [K, M]
+ * when trans_a), B [K, N] (or B^T as [N, K] when trans_b), row-major with
+ * leading dimensions lda, ldb, ldc; with a bias [N] (not NULL), C = A B + bias.
+ * Run on up to `threads` threads by blocks of rows or columns of C: each
+ * element of C is one sgemm's, so the result does not depend on the threads. */
+void mha_gemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              const float *a, int64_t lda, const float *b, int64_t ldb, const float *bias,
+              bool accumulate, float *c, int64_t ldc);
 
-typedef struct {
-    int64_t batch, rows, heads;
-    int64_t d_cat, d_head;
-    int threads; /* threads for the products (1 when they are too small to split) */
-} mha_layout;
-
-/* heads [B, h, rows, d_head] = cat [B, rows, d_cat] · block_i (+ bias [h*d_head]).
- * block_i is read transposed for MHA_W_OUT (the backward of mha_join).
- * w == NULL is the identity (d_cat == h*d_head): column block i is copied. */
-attn_status mha_split(const mha_layout *l, const float *cat, const float *w,
-                      mha_orient orient, const float *bias, float *heads,
-                      attn_error *err);
-
-/* cat [B, rows, d_cat] (+)= Σ_i heads[B, i] · block_i (+ bias [d_cat]).
- * block_i is read transposed for MHA_W_IN (the backward of mha_split).
- * w == NULL is the identity: the heads are concatenated. */
-attn_status mha_join(const mha_layout *l, const float *heads, const float *w,
-                     mha_orient orient, const float *bias, bool accumulate,
-                     float *cat, attn_error *err);
-
-/* The weight gradient of either product, written (not accumulated):
- *   MHA_W_IN   dw [d_cat, h*d_head], block i = Σ_b cat[b]ᵀ · heads[b, i]
- *   MHA_W_OUT  dw [h*d_head, d_cat], block i = Σ_b heads[b, i]ᵀ · cat[b] */
-attn_status mha_weight_grad(const mha_layout *l, const float *cat,
-                            const float *heads, mha_orient orient, float *dw,
-                            attn_error *err);
-
-/* Bias gradients: the column sums of the gradient on the side the bias is
- * added to. db [h*d_head] from dheads [B, h, rows, d_head]; db [d_cat] from
- * dcat [B, rows, d_cat]. */
-void mha_bias_grad_heads(const mha_layout *l, const float *dheads, float *db);
-void mha_bias_grad_cat(const mha_layout *l, const float *dcat, float *db);
+/* db [N] = the sum of the rows of d [rows, N] (double accumulators). */
+void mha_column_sums(const float *d, int64_t rows, int64_t n, float *db);
 
 /* Everything attn_mha_forward and attn_mha_backward share: the projections of
  * the inputs and the attention over them. */
 typedef struct {
-    attn_sdpa_params sdpa; /* the inner call over [B, h, n, m] */
-    mha_layout lq, lk, lv; /* x -> q, context -> k, context -> v */
-    mha_layout lo;         /* o (heads) -> out */
-    const float *ctx;      /* context, or x for self-attention */
-    float *q, *k, *v;      /* [B,h,n,d_k], [B,h_kv,m,d_k], [B,h_kv,m,d_v] */
-    float *o;              /* [B,h,n,d_v] */
-    double *lse;           /* [B,h,n], or NULL when not wanted */
+    attn_sdpa_params sdpa;   /* the inner call over [B, n|m, h|h_kv, d], BNHD */
+    int threads;             /* for the products (1 when they are too small to split) */
+    const float *ctx;        /* context, or x for self-attention */
+    float *q, *k, *v;        /* [B, n, h*d_k], [B, m, h_kv*d_k], [B, m, h_kv*d_v] */
+    float *o;                /* [B, n, h*d_v]: the heads concatenated */
+    bool o_owned;            /* o is ours (with w_o), not the caller's out */
+    attn_softmax_row *rows;  /* [B, h, n], or NULL when not wanted */
 } mha_state;
 
 /* Checks p and in (want_weights: the caller asks for [B,h,n,m]) and fills
@@ -72,11 +43,21 @@ typedef struct {
 attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
                         bool want_weights, mha_state *st, attn_error *err);
 
-/* Allocates st's buffers (lse when want_lse), projects q, k, v and runs
- * attn_sdpa_forward into st->o. On failure st holds nothing. */
+/* Allocates st's buffers (rows when want_rows), projects q, k, v and runs
+ * attn_sdpa_forward into st->o. Without w_o, st->o is `out` itself (the
+ * caller's [B, n, h*d_v]) when out is not NULL. On failure st holds nothing. */
 attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
-                       mha_state *st, bool want_lse, float *weights,
+                       mha_state *st, bool want_rows, float *out, float *weights,
                        attn_stats *stats, attn_error *err);
+
+/* out [B, n, d_out] = o W_O + b_O (nothing to do without w_o: o is out). */
+void mha_output(const attn_mha_params *p, const attn_mha_inputs *in, const mha_state *st,
+                float *out);
+
+/* The gradients, from the state mha_attend left (with rows). */
+attn_status mha_backward_from(const attn_mha_params *p, const attn_mha_inputs *in,
+                              const mha_state *st, const float *dout,
+                              const attn_mha_grads *g, attn_error *err);
 
 void mha_state_free(mha_state *st);
 

@@ -1,15 +1,16 @@
 /*
  * Multi-head attention, backward (Eq. 16-18 through the projections of
- * Eq. 12-13). Stateless: the projections and the attention are recomputed,
- * then the gradient flows back
+ * Eq. 12-13), from the forward's state (mha_attend with rows):
  *
- *   dout [B, n, d_out] -> do [B, h, n, d_v]           (through W_O, or un-concat)
- *   do -> dq [B, h, n, d_k], dk, dv [B, h_kv, m, ·]  (attn_sdpa_backward)
- *   dq -> dx, dW_Q, db_Q;  dk, dv -> dcontext (dx for self-attention),
- *                               dW_K, db_K, dW_V, db_V
+ *   dout [B, n, d_out] -> do [B, n, h*d_v]      (do = dout W_O^T, or dout)
+ *   do -> dq [B, n, h*d_k], dk, dv [B, m, h_kv*·]   (attn_sdpa_backward, BNHD)
+ *   dq -> dx = dq W_Q^T, dW_Q = x^T dq, db_Q = column sums of dq
+ *   dk, dv -> dcontext (dx for self-attention), dW_K, db_K, dW_V, db_V
+ *   dW_O = o^T dout, db_O = column sums of dout
  *
- * Each gradient is written only when its pointer is non-NULL; for
- * self-attention dx is the sum of the paths through q, k and v.
+ * Every product is one GEMM over all heads and positions (mha_gemm). Each
+ * gradient is written only when its pointer is non-NULL; for self-attention
+ * dx is the sum of the paths through q, k and v.
  */
 #include <stdlib.h>
 
@@ -40,74 +41,95 @@ static bool wants_inner(const attn_mha_grads *g)
            g->b_v;
 }
 
-typedef struct {
-    float *dout_heads; /* [B, h, n, d_v] */
-    float *dq, *dk, *dv;
-} inner_grads;
-
-static void inner_free(inner_grads *ig)
+/* d_in [B*rows, d_in] (+)= d_proj [B*rows, width] W^T for W [d_in, width]. */
+static void input_grad(const mha_state *st, int64_t rows, int64_t d_in, int64_t width,
+                       const float *d_proj, const float *w, bool accumulate, float *d)
 {
-    free(ig->dout_heads);
-    free(ig->dq);
-    free(ig->dk);
-    free(ig->dv);
+    mha_gemm(st->threads, false, true, rows, d_in, width, d_proj, width, w, width, NULL,
+             accumulate, d, d_in);
+}
+
+/* dW [d_in, width] = in^T [d_in, B*rows] d_proj [B*rows, width]. */
+static void weight_grad(const mha_state *st, int64_t rows, int64_t d_in, int64_t width,
+                        const float *in, const float *d_proj, float *dw)
+{
+    mha_gemm(st->threads, true, false, d_in, width, rows, in, d_in, d_proj, width, NULL,
+             false, dw, width);
 }
 
 /* From do to dq, dk, dv, then through the input projections. */
 static attn_status backward_inner(const attn_mha_params *p, const attn_mha_inputs *in,
-                                  const float *dout, const attn_mha_grads *g,
-                                  const mha_state *st, attn_error *err)
+                                  const mha_state *st, const float *d_o,
+                                  const attn_mha_grads *g, attn_error *err)
 {
-    const mha_layout *lq = &st->lq, *lk = &st->lk, *lv = &st->lv;
-    size_t q_elems = (size_t)(p->batch * p->heads * p->n * p->d_k);
-    size_t o_elems = (size_t)(p->batch * p->heads * p->n * p->d_v);
-    size_t k_elems = (size_t)(p->batch * p->kv_heads * p->m * p->d_k);
-    size_t v_elems = (size_t)(p->batch * p->kv_heads * p->m * p->d_v);
-    inner_grads ig = {
-        .dout_heads = malloc(o_elems * sizeof(float)),
-        .dq = malloc(q_elems * sizeof(float)),
-        .dk = malloc(k_elems * sizeof(float)),
-        .dv = malloc(v_elems * sizeof(float)),
-    };
-    if (!ig.dout_heads || !ig.dq || !ig.dk || !ig.dv) {
-        inner_free(&ig);
+    const int64_t rows_q = p->batch * p->n, rows_k = p->batch * p->m;
+    const int64_t wq = p->heads * p->d_k, wk = p->kv_heads * p->d_k, wv = p->kv_heads * p->d_v;
+    float *dq = malloc((size_t)(rows_q * wq) * sizeof *dq);
+    float *dk = malloc((size_t)(rows_k * wk) * sizeof *dk);
+    float *dv = malloc((size_t)(rows_k * wv) * sizeof *dv);
+    attn_status s = ATTN_OK;
+    if (!dq || !dk || !dv)
+        s = attn_fail(err, ATTN_ERR_NOMEM,
+                      "out of memory for the gradients of multi-head attention");
+    if (s == ATTN_OK)
+        s = attn_sdpa_backward(&st->sdpa, st->q, st->k, st->v, st->o, st->rows, d_o, dq,
+                               dk, dv, err);
+    if (s == ATTN_OK) {
+        if (g->w_q)
+            weight_grad(st, rows_q, p->d_model, wq, in->x, dq, g->w_q);
+        if (g->w_k)
+            weight_grad(st, rows_k, p->d_ctx, wk, st->ctx, dk, g->w_k);
+        if (g->w_v)
+            weight_grad(st, rows_k, p->d_ctx, wv, st->ctx, dv, g->w_v);
+        if (g->b_q)
+            mha_column_sums(dq, rows_q, wq, g->b_q);
+        if (g->b_k)
+            mha_column_sums(dk, rows_k, wk, g->b_k);
+        if (g->b_v)
+            mha_column_sums(dv, rows_k, wv, g->b_v);
+        if (g->x) {
+            input_grad(st, rows_q, p->d_model, wq, dq, in->w_q, false, g->x);
+            /* Self-attention: x also fed k and v. */
+            if (in->context == NULL) {
+                input_grad(st, rows_k, p->d_ctx, wk, dk, in->w_k, true, g->x);
+                input_grad(st, rows_k, p->d_ctx, wv, dv, in->w_v, true, g->x);
+            }
+        }
+        if (g->context) {
+            input_grad(st, rows_k, p->d_ctx, wk, dk, in->w_k, false, g->context);
+            input_grad(st, rows_k, p->d_ctx, wv, dv, in->w_v, true, g->context);
+        }
+    }
+    free(dq);
+    free(dk);
+    free(dv);
+    return s;
+}
+
+attn_status mha_backward_from(const attn_mha_params *p, const attn_mha_inputs *in,
+                              const mha_state *st, const float *dout,
+                              const attn_mha_grads *g, attn_error *err)
+{
+    attn_status s = check_grads(in, dout, g, err);
+    if (s != ATTN_OK)
+        return s;
+    const int64_t rows = p->batch * p->n, cat = p->heads * p->d_v;
+    /* dW_O = concat(o)^T dout and db_O = column sums of dout. */
+    if (g->w_o)
+        weight_grad(st, rows, cat, p->d_out, st->o, dout, g->w_o);
+    if (g->b_o)
+        mha_column_sums(dout, rows, p->d_out, g->b_o);
+    if (!wants_inner(g))
+        return ATTN_OK;
+    if (in->w_o == NULL)
+        return backward_inner(p, in, st, dout, g, err);
+    float *d_o = malloc((size_t)(rows * cat) * sizeof *d_o);
+    if (d_o == NULL)
         return attn_fail(err, ATTN_ERR_NOMEM,
                          "out of memory for the gradients of multi-head attention");
-    }
-
-    attn_status s = mha_split(&st->lo, dout, in->w_o, MHA_W_OUT, NULL, ig.dout_heads, err);
-    if (s == ATTN_OK)
-        s = attn_sdpa_backward(&st->sdpa, st->q, st->k, st->v, st->o, st->lse,
-                               ig.dout_heads, ig.dq, ig.dk, ig.dv, err);
-    if (s == ATTN_OK && g->w_q)
-        s = mha_weight_grad(lq, in->x, ig.dq, MHA_W_IN, g->w_q, err);
-    if (s == ATTN_OK && g->w_k)
-        s = mha_weight_grad(lk, st->ctx, ig.dk, MHA_W_IN, g->w_k, err);
-    if (s == ATTN_OK && g->w_v)
-        s = mha_weight_grad(lv, st->ctx, ig.dv, MHA_W_IN, g->w_v, err);
-    if (s == ATTN_OK) {
-        if (g->b_q)
-            mha_bias_grad_heads(lq, ig.dq, g->b_q);
-        if (g->b_k)
-            mha_bias_grad_heads(lk, ig.dk, g->b_k);
-        if (g->b_v)
-            mha_bias_grad_heads(lv, ig.dv, g->b_v);
-    }
-
-    if (s == ATTN_OK && g->x) {
-        s = mha_join(lq, ig.dq, in->w_q, MHA_W_IN, NULL, false, g->x, err);
-        /* Self-attention: x also fed k and v. */
-        if (s == ATTN_OK && in->context == NULL)
-            s = mha_join(lk, ig.dk, in->w_k, MHA_W_IN, NULL, true, g->x, err);
-        if (s == ATTN_OK && in->context == NULL)
-            s = mha_join(lv, ig.dv, in->w_v, MHA_W_IN, NULL, true, g->x, err);
-    }
-    if (s == ATTN_OK && g->context) {
-        s = mha_join(lk, ig.dk, in->w_k, MHA_W_IN, NULL, false, g->context, err);
-        if (s == ATTN_OK)
-            s = mha_join(lv, ig.dv, in->w_v, MHA_W_IN, NULL, true, g->context, err);
-    }
-    inner_free(&ig);
+    input_grad(st, rows, cat, p->d_out, dout, in->w_o, false, d_o);
+    s = backward_inner(p, in, st, d_o, g, err);
+    free(d_o);
     return s;
 }
 
@@ -121,20 +143,12 @@ attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *i
         s = check_grads(in, dout, g, err);
     if (s != ATTN_OK)
         return s;
-
-    bool inner = wants_inner(g);
-    if (!inner && g->w_o == NULL && g->b_o == NULL)
+    if (!wants_inner(g) && g->w_o == NULL && g->b_o == NULL)
         return ATTN_OK;
-    s = mha_attend(p, in, &st, inner, NULL, NULL, err);
+    s = mha_attend(p, in, &st, true, NULL, NULL, NULL, err);
     if (s != ATTN_OK)
         return s;
-    /* dW_O = concat(o)ᵀ dout and db_O = Σ dout need only the forward. */
-    if (g->w_o)
-        s = mha_weight_grad(&st.lo, dout, st.o, MHA_W_OUT, g->w_o, err);
-    if (s == ATTN_OK && g->b_o)
-        mha_bias_grad_cat(&st.lo, dout, g->b_o);
-    if (s == ATTN_OK && inner)
-        s = backward_inner(p, in, dout, g, &st, err);
+    s = mha_backward_from(p, in, &st, dout, g, err);
     mha_state_free(&st);
     return s;
 }

@@ -20,12 +20,30 @@ attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in
         return s;
     if (out == NULL)
         return attn_fail(err, ATTN_ERR_INVALID, "multi-head attention: out is required");
-
-    s = mha_attend(p, in, &st, false, weights, stats, err);
+    s = mha_attend(p, in, &st, false, out, weights, stats, err);
     if (s != ATTN_OK)
         return s;
-    /* Without w_o the join is the identity: the heads side by side. */
-    s = mha_join(&st.lo, st.o, in->w_o, MHA_W_OUT, in->b_o, false, out, err);
+    mha_output(p, in, &st, out);
+    mha_state_free(&st);
+    return ATTN_OK;
+}
+
+attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_inputs *in,
+                                      float *out, float *weights, attn_stats *stats,
+                                      const float *dout, const attn_mha_grads *g,
+                                      attn_error *err)
+{
+    mha_state st;
+    attn_status s = mha_prepare(p, in, weights != NULL, &st, err);
+    if (s != ATTN_OK)
+        return s;
+    if (out == NULL)
+        return attn_fail(err, ATTN_ERR_INVALID, "multi-head attention: out is required");
+    s = mha_attend(p, in, &st, true, out, weights, stats, err);
+    if (s != ATTN_OK)
+        return s;
+    mha_output(p, in, &st, out);
+    s = mha_backward_from(p, in, &st, dout, g, err);
     mha_state_free(&st);
     return s;
 }

@@ -41,12 +41,11 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-attn_status attn_parallel_for(int threads, int64_t count,
-                              void (*fn)(void *ctx, int64_t i, int worker),
-                              void *ctx)
+void attn_parallel_for(int threads, int64_t count,
+                       void (*fn)(void *ctx, int64_t i, int worker), void *ctx)
 {
     if (count <= 0)
-        return ATTN_OK;
+        return;
     loop l = {.fn = fn, .ctx = ctx, .count = count};
     atomic_init(&l.next, 0);
     int64_t want = threads < count ? threads : count;
@@ -70,5 +69,4 @@ attn_status attn_parallel_for(int threads, int64_t count,
     for (int t = 0; t < started; t++)
         pthread_join(slots[t].thread, NULL);
     free(slots);
-    return ATTN_OK;
 }

@@ -1,47 +1,17 @@
 /* Private to the SDPA kernels: the call geometry shared by the forward and
- * backward loops, the tile routines they are built around, and the pieces
- * (masks, statistics, validation) those routines use. */
+ * backward loops, the state the micro-kernels (kern.h) work on, and the
+ * pieces (masks, statistics, weights, validation) those kernels call. */
 #ifndef ATTN_SDPA_H
 #define ATTN_SDPA_H
 
 #include "internal.h"
-
-/*
- * Tile sizes. The forward pass streams key tiles of SDPA_FWD_BK columns past
- * a block of SDPA_FWD_BQ query rows: wide key tiles keep the two sgemm calls
- * per tile efficient (P V has inner dimension BK), and the score tile
- * (BQ x BK floats = 256 KiB) plus one key and one value tile stay in a
- * core's L2 while the softmax passes over it. 128 query rows keep the
- * causal diagonal's wasted triangle small (about BQ / 2n of the work).
- * The backward pass does five products per tile and keeps two tiles (P and
- * dS, 512 KiB each, together half a core's L2). Each of its units streams
- * every query row's q, dO and dq past one key tile, so wider key tiles mean
- * fewer passes over them, and taller query tiles longer dK and dV products:
- * 512 x 256 measured 5-7% faster than 256 x 128 at n = 4096, at the price
- * of a larger wasted triangle on the causal diagonal (about BK / 2n).
- * Within the noise of a shared machine the products themselves run at the
- * same rate for every tile shape from 128 to 512.
- */
-#ifndef SDPA_FWD_BQ
-#define SDPA_FWD_BQ 128
-#endif
-#ifndef SDPA_FWD_BK
-#define SDPA_FWD_BK 512
-#endif
-#ifndef SDPA_BWD_BQ
-#define SDPA_BWD_BQ 512
-#endif
-#ifndef SDPA_BWD_BK
-#define SDPA_BWD_BK 256
-#endif
 
 /* Below this many nominal FLOPs a call runs on one thread: starting threads
  * costs more than it saves. */
 #define SDPA_MIN_PARALLEL_FLOPS 2e6
 
 /* At most this many threads per call, whatever `threads` asks: each worker
- * holds its own tiles, and OpenBLAS (built for 64 threads) keeps a fixed
- * table of per-caller buffers that concurrent callers share. */
+ * holds its own tiles. */
 #define SDPA_MAX_THREADS 64
 
 /* The tensors of one call and the numbers derived from the parameters. */
@@ -50,6 +20,9 @@ typedef struct {
     const float *q, *k, *v;
     int64_t group;  /* query heads per key/value head, H_q / H_kv */
     int64_t offset; /* n_k - n_q: query i sees key j iff j <= i + offset */
+    /* Row strides (in floats) of q and dq, k and dk, v and dv, out and dout:
+     * d for ATTN_LAYOUT_BHND, H * d for ATTN_LAYOUT_BNHD. */
+    int64_t ldq, ldk, ldv, ldo;
 } sdpa_call;
 
 /* Query rows [i0, i0 + rows) of head h in batch b, against keys [j0, j0 + cols). */
@@ -59,37 +32,38 @@ typedef struct {
     int64_t j0, cols;
 } sdpa_tile;
 
-/* Which parts of the mask sdpa_mask_tile applies. */
-enum {
-    SDPA_HIDE = 1, /* causal and boolean: hidden scores become -inf */
-    SDPA_BIAS = 2, /* an additive bias */
-};
+sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k,
+                       const float *v);
 
-/* q of head (b, h): [n_q, d_k]; k, v of its key/value head: [n_k, d_k], [n_k, d_v]. */
+/* Offset of the first row of head h in batch b of a tensor with `heads`
+ * heads of n rows of d, in the call's layout (rows then follow at the row
+ * stride of the tensor). */
+int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t heads,
+                     int64_t n, int64_t d);
+
+/* q of head (b, h): [n_q, d_k]; k, v of its key/value head: [n_k, d_k],
+ * [n_k, d_v]; rows at the strides ldq, ldk, ldv. */
 const float *sdpa_head_q(const sdpa_call *c, int64_t b, int64_t h);
 const float *sdpa_head_k(const sdpa_call *c, int64_t b, int64_t h);
 const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h);
+/* Offsets of head (b, h)'s rows in out/dout (and dq: q's layout), and of
+ * its key/value head's rows in dk and dv. */
+int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h);
 
 /* Last key column (exclusive) that any row of [i0, i0 + rows) may see. */
 int64_t sdpa_causal_end(const sdpa_call *c, int64_t i0, int64_t rows);
 
-/* scores [rows, ld]: alpha * Q_tile K_tile^T, one sgemm. */
-void sdpa_scores(const sdpa_call *c, const sdpa_tile *t, float alpha, float *scores,
-                 int64_t ld);
-
-/* Applies the parts `what` of the causal and explicit masks to scores [rows, ld]. */
-void sdpa_mask_tile(const sdpa_call *c, const sdpa_tile *t, unsigned what,
-                    float *scores, int64_t ld);
-
-/* One row of the explicit mask starting at element `base` (mask.c). */
-void sdpa_mask_row_bias(const attn_mask *mask, int64_t base, float *x, int64_t cols);
-void sdpa_mask_row_hide(const attn_mask *mask, int64_t base, float *x, int64_t cols);
+/* Adds the explicit mask's row (b, h, i), keys j0 .. j0 + cols, to the
+ * scaled scores x: the bias, or -inf where the boolean mask hides a key. */
+void sdpa_mask_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t j0,
+                   float *x, int64_t cols);
 
 /* ------------------------------------------------------------ statistics */
 
-/* A worker's running statistics; merged across workers at the end. Means
- * and squared deviations are combined with Chan's formula, so the variance
- * does not suffer the cancellation of sum-of-squares. */
+/* Running statistics of one work unit; merged in unit order at the end (so
+ * the result does not depend on which thread ran which unit). Means and
+ * squared deviations are combined with Chan's formula, so the variance does
+ * not suffer the cancellation of sum-of-squares. */
 typedef struct {
     int64_t count;    /* visible scores */
     double mean, m2;  /* of the raw scores */
@@ -98,43 +72,68 @@ typedef struct {
 } sdpa_stats_acc;
 
 void sdpa_stats_init(sdpa_stats_acc *a);
-/* Raw scores [rows, ld] of a tile, hidden ones already -inf. */
-void sdpa_stats_scores(sdpa_stats_acc *a, const float *scores, int64_t ld,
-                       int64_t rows, int64_t cols);
+/* The raw scores raw[j] of a row whose final scores x[j] are -inf where hidden. */
+void sdpa_stats_scores(sdpa_stats_acc *a, const float *raw, const float *x, int64_t cols);
 void sdpa_stats_row(sdpa_stats_acc *a, double entropy, double max_weight);
 void sdpa_stats_merge(sdpa_stats_acc *into, const sdpa_stats_acc *from);
 void sdpa_stats_finish(const sdpa_stats_acc *a, float scale, attn_stats *out);
 
-/* ------------------------------------------------------------ tile steps */
+/* ------------------------------------------------------- forward state */
 
-/* A forward worker's state for one query tile [rows]: running row maxima m
+/* A forward unit's state for its query rows [rows]: running row maxima m
  * and sums l of the online softmax, and the unnormalised output rows. */
 typedef struct {
-    float *scores;         /* [rows, ld] workspace; P after a step */
-    int64_t ld;            /* min(n_k, SDPA_FWD_BK): a tiny call gets a tiny tile */
+    float *strip;          /* [KERN_MR_MAX, KERN_BK] scores, then P, of one strip */
     float *m;              /* [rows] */
     double *l;             /* [rows]; double, so that long rows sum without drift */
-    float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, ld d_v */
-    sdpa_stats_acc *stats; /* NULL unless statistics were asked for */
-    double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m), with stats */
-    float *row_copy;       /* [ld] workspace, with stats */
+    float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, row stride ldo */
+    /* With weights: the call's weights [B, H_q, n_q, n_k] and, per row and
+     * key tile, the maximum P was taken against (sdpa_fwd_keep_weights). */
+    float *weights;
+    float *tile_max;       /* [rows, k_tiles] */
+    int64_t k_tiles, kt;   /* key tiles of a row; the current one */
+    /* With statistics: */
+    sdpa_stats_acc *stats; /* NULL without */
+    double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m) */
+    float *raw, *x;        /* [KERN_BK] copies of a row's raw and final scores */
 } sdpa_fwd_state;
 
-/* Folds key tile t into the state: scores, masks, online softmax, P V. */
-void sdpa_forward_tile(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *st);
+/* The forward kernels' hooks for the optional outputs, per strip row. */
+void sdpa_fwd_stats_raw(sdpa_fwd_state *st, const float *s, int64_t cols);
+void sdpa_fwd_stats_scores(sdpa_fwd_state *st, int64_t row, const float *x, int64_t cols,
+                           float m_old, float m_new);
+void sdpa_fwd_stats_entropy(sdpa_fwd_state *st, int64_t row, const float *p, int64_t cols,
+                            float m_new);
+/* P of the tile just folded in, relative to the running maximum at the
+ * time, goes to the caller's weights; the forward rescales it at the end. */
+void sdpa_fwd_keep_weights(const sdpa_call *c, sdpa_fwd_state *st, const sdpa_tile *t,
+                           int64_t row, const float *p);
+
+/* ------------------------------------------------------ backward state */
+
+/* The key tile a backward unit owns, packed once for all its query rows. */
+typedef struct {
+    const float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK]: k_t^T, v_t^T */
+    const float *k;       /* [cols, d_k] rows j0 .. of k (row stride ldk) */
+} sdpa_bwd_keys;
 
 /* A backward worker's view of one (query tile, key tile) pair. */
 typedef struct {
-    float *p, *dp;      /* [SDPA_BWD_BQ, SDPA_BWD_BK] workspaces */
-    const double *lse;  /* [rows] from the forward pass */
-    const float *delta; /* [rows] rowsum(dO * O) */
-    const float *dout;  /* [rows, d_v] */
-    float *dq;          /* [rows, d_k] accumulated */
-    float *dk, *dv;     /* [cols, d_k], [cols, d_v] accumulated */
+    float *p, *ds;                /* [KERN_BWD_BQ, KERN_BK] workspaces */
+    const attn_softmax_row *rows; /* [rows] from the forward pass */
+    const float *delta;           /* [rows] rowsum(dO * O) */
+    const float *dout;            /* [rows, d_v] (row stride ldo) */
+    float *dq;                    /* [rows, d_k] accumulated (ldq) */
+    float *dk, *dv;               /* [cols, d_k], [cols, d_v] accumulated (ldk, ldv) */
 } sdpa_bwd_state;
 
-/* Adds the tile's contributions to dq, dk and dv (FlashAttention-2). */
-void sdpa_backward_tile(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_state *st);
+/* ------------------------------------------------------ double precision */
+
+/* Output row i of head (b, h) computed in double precision from scratch
+ * (scores, softmax, weighted mean), written to out [d_v]; returns the row's
+ * softmax maximum and sum. For rows whose float accumulation overflowed. */
+attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
+                                        float *out);
 
 /* ------------------------------------------------------------ validation */
 
@@ -146,7 +145,7 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
 /* Threads worth starting for `units` units of `flops` total work. */
 int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops);
 
-/* 64-byte aligned allocation of n floats (or doubles: `size` bytes each). */
+/* 64-byte aligned allocation of n items of `size` bytes (free with free). */
 void *sdpa_alloc(int64_t n, size_t size);
 
 #endif /* ATTN_SDPA_H */

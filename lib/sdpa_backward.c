@@ -1,48 +1,51 @@
 /*
  * attn_sdpa_backward (Eq. 16-18), FlashAttention-2 style.
  *   q [B,H_q,n_q,d_k], k [B,H_kv,n_k,d_k], v [B,H_kv,n_k,d_v],
- *   out, dout [B,H_q,n_q,d_v], lse [B,H_q,n_q]
+ *   out, dout [B,H_q,n_q,d_v], rows [B,H_q,n_q] (softmax max and sum)
  *   -> dq [B,H_q,n_q,d_k], dk [B,H_kv,n_k,d_k], dv [B,H_kv,n_k,d_v]
+ * (in ATTN_LAYOUT_BNHD the tensors are [B, n, H, d] instead; see attn.h).
  *
- * A work unit is one key tile of one (batch, key/value head): it visits every
- * query tile of every query head that shares the key/value head, so it alone
- * writes its rows of dk and dv (the GQA sum happens inside the unit). dq
- * rows receive contributions from every key tile, so each worker adds into
- * its own copy of dq (worker 0 into dq itself) and the copies are summed at
- * the end: no locks, and O(n_q d_k) extra memory per extra worker. To keep
- * that bound when B x H is large, the (batch, key/value head) pairs are
- * processed in chunks whose dq copies fit SDPA_BWD_DQ_BUDGET bytes.
+ * A work unit owns key tiles of one (batch, key/value head) pair: for each
+ * of its tiles it packs k_t^T and v_t^T once, then visits every query tile
+ * of every query head that shares the pair, so it alone writes its rows of
+ * dk and dv (the GQA sum happens inside the unit).
+ *
+ * dq rows receive contributions from every key tile. When there are enough
+ * pairs to keep every thread busy, a unit takes all the key tiles of its
+ * pair and adds straight into dq. Otherwise each pair is split S ways (key
+ * tiles s, s + S, s + 2S, ... to split s: interleaved, so causal splits cost
+ * alike), and split s adds into its own copy of dq, summed in split order at
+ * the end. Either way which thread runs which unit changes nothing: the
+ * result is the same for a given thread count, bit for bit.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "sdpa.h"
-
-/* Extra dq copies of all workers together stay under this many bytes
- * (unless a single (batch, key/value head) pair needs more). */
-#ifndef SDPA_BWD_DQ_BUDGET
-#define SDPA_BWD_DQ_BUDGET (64 << 20)
-#endif
+#include "kern.h"
 
 typedef struct {
-    float *p, *dp; /* [SDPA_BWD_BQ, SDPA_BWD_BK] */
-    float *acc;    /* [chunk rows, d_k]: this worker's dq copy (NULL for worker 0) */
-    float *dq;     /* where this worker adds the current chunk's dq rows */
+    float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK] */
+    float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
+    void *block;
 } bwd_worker;
 
 typedef struct {
     sdpa_call call;
-    const double *lse;
+    const attn_kern *kern;
+    const attn_softmax_row *rows;
     const float *dout, *delta;
-    float *dk, *dv;
-    int64_t k_tiles;
-    int64_t pair0; /* first (batch, key/value head) pair of the current chunk */
+    float *dq, *dk, *dv;
+    float **dq_split; /* [splits]: dq itself, then the copies */
+    int64_t k_tiles, splits;
     bwd_worker *workers;
 } bwd_job;
 
-static int64_t c_group(const attn_sdpa_params *p)
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Query rows that see key tile [j0, j0 + cols) under the causal mask start here. */
+static int64_t first_query(const sdpa_call *c, int64_t j0)
 {
-    return p->heads_q / p->heads_kv;
+    return c->p->causal && j0 - c->offset > 0 ? j0 - c->offset : 0;
 }
 
 static void backward_unit(void *ctx, int64_t u, int worker)
@@ -51,85 +54,95 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     const sdpa_call *c = &job->call;
     const attn_sdpa_params *p = c->p;
     const bwd_worker *w = &job->workers[worker];
-    int64_t kt = u % job->k_tiles, bhk = job->pair0 + u / job->k_tiles;
-    int64_t chunk_row0 = job->pair0 * c->group * p->n_q;
-    int64_t b = bhk / p->heads_kv, hk = bhk % p->heads_kv;
-    sdpa_tile t = {.b = b, .j0 = kt * SDPA_BWD_BK};
-    t.cols = p->n_k - t.j0 < SDPA_BWD_BK ? p->n_k - t.j0 : SDPA_BWD_BK;
-    float *dk = job->dk + (bhk * p->n_k + t.j0) * p->d_k;
-    float *dv = job->dv + (bhk * p->n_k + t.j0) * p->d_v;
-    memset(dk, 0, (size_t)(t.cols * p->d_k) * sizeof *dk);
-    memset(dv, 0, (size_t)(t.cols * p->d_v) * sizeof *dv);
-    /* Queries above the causal diagonal see none of these keys. */
-    int64_t i_start = 0;
-    if (p->causal && t.j0 - c->offset > 0)
-        i_start = t.j0 - c->offset;
-    for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
-        int64_t bh = b * p->heads_q + t.h;
-        for (t.i0 = i_start; t.i0 < p->n_q; t.i0 += SDPA_BWD_BQ) {
-            t.rows = p->n_q - t.i0 < SDPA_BWD_BQ ? p->n_q - t.i0 : SDPA_BWD_BQ;
-            int64_t row = bh * p->n_q + t.i0;
-            sdpa_bwd_state st = {
-                .p = w->p, .dp = w->dp,
-                .lse = job->lse + row, .delta = job->delta + row,
-                .dout = job->dout + row * p->d_v,
-                .dq = w->dq + (row - chunk_row0) * p->d_k,
-                .dk = dk, .dv = dv,
-            };
-            sdpa_backward_tile(c, &t, &st);
+    const int64_t pair = u / job->splits, split = u % job->splits;
+    const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
+    float *dq = job->dq_split[split];
+    const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
+    const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
+    for (int64_t kt = split; kt < job->k_tiles; kt += job->splits) {
+        sdpa_tile t = {.b = b, .j0 = kt * KERN_BK};
+        t.cols = min64(p->n_k - t.j0, KERN_BK);
+        const float *k = c->k + k_at + t.j0 * c->ldk, *v = c->v + v_at + t.j0 * c->ldv;
+        float *dk = job->dk + k_at + t.j0 * c->ldk, *dv = job->dv + v_at + t.j0 * c->ldv;
+        for (int64_t j = 0; j < t.cols; j++) {
+            memset(dk + j * c->ldk, 0, (size_t)p->d_k * sizeof *dk);
+            memset(dv + j * c->ldv, 0, (size_t)p->d_v * sizeof *dv);
+        }
+        const int64_t i_start = first_query(c, t.j0);
+        if (i_start >= p->n_q)
+            continue;
+        job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
+        job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
+        const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
+            const int64_t bh = b * p->heads_q + t.h;
+            const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
+            const int64_t o_at = sdpa_head_o_at(c, b, t.h);
+            for (t.i0 = i_start; t.i0 < p->n_q; t.i0 += KERN_BWD_BQ) {
+                t.rows = min64(p->n_q - t.i0, KERN_BWD_BQ);
+                const int64_t row = bh * p->n_q + t.i0;
+                const sdpa_bwd_state st = {
+                    .p = w->p, .ds = w->ds,
+                    .rows = job->rows + row, .delta = job->delta + row,
+                    .dout = job->dout + o_at + t.i0 * c->ldo,
+                    .dq = dq + q_at + t.i0 * c->ldq,
+                    .dk = dk, .dv = dv,
+                };
+                job->kern->backward_tile(c, &t, &keys, &st);
+            }
         }
     }
 }
 
-/* The O(rows d) steps around the tiles, spread over the workers in blocks
- * of rows so that the other threads do not wait on them. */
-#define SDPA_BWD_ROW_BLOCK 2048
-#define SDPA_BWD_SUM_BLOCK (128 * 1024) /* floats */
+/* The O(rows d) steps around the tiles, spread over the workers in blocks. */
+#define BWD_ROW_BLOCK 2048
+#define BWD_SUM_BLOCK (64 * 1024) /* floats */
 
 typedef struct {
+    const sdpa_call *call;
     const float *dout, *out;
-    float *delta, *dq;
-    int64_t rows, d_v, d_k;
+    float *delta;
+    float **dq_split;
+    int64_t splits, rows;
 } prologue_job;
 
-/* delta [rows] = rowsum(dout * out), the softmax's correction term; and dq
- * zeroed, since worker 0 accumulates straight into it. */
+/* delta [B, H_q, n_q] = rowsum(dout * out), the softmax's correction term;
+ * and every copy of dq zeroed (rows r0 .. r1 of it, in memory order), since
+ * the units add into them. */
 static void prologue_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
     const prologue_job *j = ctx;
-    int64_t r0 = block * SDPA_BWD_ROW_BLOCK;
-    int64_t r1 = r0 + SDPA_BWD_ROW_BLOCK < j->rows ? r0 + SDPA_BWD_ROW_BLOCK : j->rows;
-    for (int64_t i = r0; i < r1; i++) {
+    const attn_sdpa_params *p = j->call->p;
+    int64_t r0 = block * BWD_ROW_BLOCK, r1 = min64(r0 + BWD_ROW_BLOCK, j->rows);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i = r % p->n_q, bh = r / p->n_q;
+        int64_t at = sdpa_head_o_at(j->call, bh / p->heads_q, bh % p->heads_q) + i * j->call->ldo;
         double s = 0.0;
-        for (int64_t c = 0; c < j->d_v; c++)
-            s += (double)j->dout[i * j->d_v + c] * j->out[i * j->d_v + c];
-        j->delta[i] = (float)s;
+        for (int64_t c = 0; c < p->d_v; c++)
+            s += (double)j->dout[at + c] * j->out[at + c];
+        j->delta[r] = (float)s;
     }
-    memset(j->dq + r0 * j->d_k, 0, (size_t)((r1 - r0) * j->d_k) * sizeof *j->dq);
+    for (int64_t s = 0; s < j->splits; s++)
+        memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
 }
 
 typedef struct {
-    float *dq;              /* the chunk's rows of dq */
-    const bwd_worker *workers;
-    int threads;
-    int64_t count;          /* floats in the chunk */
-    bool clear;             /* zero the copies for the next chunk */
+    float **dq_split;
+    int64_t splits, count;
 } reduce_job;
 
-/* dq += every other worker's copy, one block of floats at a time. */
+/* dq += the copies of splits 1 .. S-1, in that order. */
 static void reduce_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
     const reduce_job *j = ctx;
-    int64_t f0 = block * SDPA_BWD_SUM_BLOCK;
-    int64_t f1 = f0 + SDPA_BWD_SUM_BLOCK < j->count ? f0 + SDPA_BWD_SUM_BLOCK : j->count;
-    for (int w = 1; w < j->threads; w++) {
-        float *acc = j->workers[w].acc;
+    int64_t f0 = block * BWD_SUM_BLOCK, f1 = min64(f0 + BWD_SUM_BLOCK, j->count);
+    float *dq = j->dq_split[0];
+    for (int64_t s = 1; s < j->splits; s++) {
+        const float *copy = j->dq_split[s];
         for (int64_t f = f0; f < f1; f++)
-            j->dq[f] += acc[f];
-        if (j->clear)
-            memset(acc + f0, 0, (size_t)(f1 - f0) * sizeof *acc);
+            dq[f] += copy[f];
     }
 }
 
@@ -138,82 +151,96 @@ static int64_t blocks(int64_t count, int64_t per_block)
     return (count + per_block - 1) / per_block;
 }
 
+/* Splits per pair: 1 when the pairs alone give every thread two units or
+ * more; otherwise one per thread (at most one per key tile), each a copy of
+ * dq more. */
+static int64_t splits_for(int threads, int64_t pairs, int64_t k_tiles)
+{
+    if (threads <= 1 || pairs >= 2 * (int64_t)threads)
+        return 1;
+    return min64(threads, k_tiles);
+}
+
+static void free_workers(bwd_worker *w, int n)
+{
+    for (int i = 0; w != NULL && i < n; i++)
+        free(w[i].block);
+    free(w);
+}
+
+static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
+{
+    bwd_worker *w = calloc((size_t)n, sizeof *w);
+    if (w == NULL)
+        return NULL;
+    const int64_t panel_k = p->d_k * KERN_BK, panel_v = p->d_v * KERN_BK;
+    const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
+    for (int i = 0; i < n; i++) {
+        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile, sizeof(float));
+        if (b == NULL) {
+            free_workers(w, n);
+            return NULL;
+        }
+        w[i].block = b;
+        w[i].p = b;
+        w[i].ds = b + tile;
+        w[i].kt = b + 2 * tile;
+        w[i].vt = b + 2 * tile + panel_k;
+    }
+    return w;
+}
+
 attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *k, const float *v,
-                               const float *out, const double *lse,
+                               const float *out, const attn_softmax_row *rows,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err)
 {
     attn_status s = sdpa_check_params(p, false, err);
     if (s != ATTN_OK)
         return s;
-    if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL ||
+    if (q == NULL || k == NULL || v == NULL || out == NULL || rows == NULL ||
         dout == NULL || dq == NULL || dk == NULL || dv == NULL)
         return attn_fail(err, ATTN_ERR_INVALID,
-                         "q, k, v, out, lse, dout, dq, dk and dv must not be NULL");
-    attn_blas_init();
+                         "q, k, v, out, rows, dout, dq, dk and dv must not be NULL");
 
-    const int64_t rows = p->batch * p->heads_q * p->n_q;
+    const int64_t n_rows = p->batch * p->heads_q * p->n_q;
     const int64_t pairs = p->batch * p->heads_kv;
-    const int64_t pair_floats = c_group(p) * p->n_q * p->d_k; /* dq of one pair */
     bwd_job job = {
-        .call = {.p = p, .q = q, .k = k, .v = v, .group = c_group(p),
-                 .offset = p->n_k - p->n_q},
-        .lse = lse, .dout = dout, .dk = dk, .dv = dv,
-        .k_tiles = (p->n_k + SDPA_BWD_BK - 1) / SDPA_BWD_BK,
+        .call = sdpa_call_of(p, q, k, v),
+        .kern = attn_kern_get(),
+        .rows = rows, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
+        .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
     int threads = sdpa_threads(p, pairs * job.k_tiles, 2.5 * attn_sdpa_flops(p));
-    int64_t chunk = pairs;
-    if (threads > 1) {
-        int64_t fit = SDPA_BWD_DQ_BUDGET / (int64_t)sizeof(float) / (threads - 1) / pair_floats;
-        chunk = fit < 1 ? 1 : fit < pairs ? fit : pairs;
-        int64_t most = chunk * job.k_tiles; /* units per chunk */
-        if (most < threads)
-            threads = (int)most;
-    }
-    float *delta = sdpa_alloc(rows, sizeof(float));
-    bwd_worker *workers = calloc((size_t)threads, sizeof *workers);
-    bool ok = delta != NULL && workers != NULL;
-    for (int i = 0; ok && i < threads; i++) {
-        workers[i].p = sdpa_alloc((int64_t)SDPA_BWD_BQ * SDPA_BWD_BK, sizeof(float));
-        workers[i].dp = sdpa_alloc((int64_t)SDPA_BWD_BQ * SDPA_BWD_BK, sizeof(float));
-        ok = workers[i].p && workers[i].dp;
-        if (ok && i > 0) {
-            /* calloc: pages a worker never touches cost nothing. */
-            workers[i].acc = calloc((size_t)(chunk * pair_floats), sizeof(float));
-            ok = workers[i].acc != NULL;
-        }
+    job.splits = splits_for(threads, pairs, job.k_tiles);
+    float *delta = sdpa_alloc(n_rows, sizeof(float));
+    job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
+    job.workers = alloc_workers(threads, p);
+    bool ok = delta != NULL && job.dq_split != NULL && job.workers != NULL;
+    if (ok) {
+        job.dq_split[0] = dq;
+        for (int64_t i = 1; ok && i < job.splits; i++)
+            ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL;
     }
     if (ok) {
-        prologue_job pro = {.dout = dout, .out = out, .delta = delta, .dq = dq,
-                            .rows = rows, .d_v = p->d_v, .d_k = p->d_k};
-        s = attn_parallel_for(threads, blocks(rows, SDPA_BWD_ROW_BLOCK), prologue_block, &pro);
+        prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
+                            .dq_split = job.dq_split, .splits = job.splits,
+                            .rows = n_rows};
+        attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
         job.delta = delta;
-        job.workers = workers;
-        for (job.pair0 = 0; s == ATTN_OK && job.pair0 < pairs; job.pair0 += chunk) {
-            int64_t n = pairs - job.pair0 < chunk ? pairs - job.pair0 : chunk;
-            float *dq_chunk = dq + job.pair0 * pair_floats;
-            workers[0].dq = dq_chunk;
-            for (int i = 1; i < threads; i++)
-                workers[i].dq = workers[i].acc;
-            s = attn_parallel_for(threads, n * job.k_tiles, backward_unit, &job);
-            reduce_job red = {.dq = dq_chunk, .workers = workers, .threads = threads,
-                              .count = n * pair_floats, .clear = job.pair0 + chunk < pairs};
-            if (s == ATTN_OK && threads > 1)
-                s = attn_parallel_for(threads, blocks(red.count, SDPA_BWD_SUM_BLOCK),
-                                      reduce_block, &red);
-        }
+        attn_parallel_for(threads, pairs * job.splits, backward_unit, &job);
+        reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
+                          .count = n_rows * p->d_k};
+        if (job.splits > 1)
+            attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
     }
-    for (int i = 0; workers != NULL && i < threads; i++) {
-        free(workers[i].p);
-        free(workers[i].dp);
-        free(workers[i].acc);
-    }
-    free(workers);
+    for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
+        free(job.dq_split[i]);
+    free(job.dq_split);
+    free_workers(job.workers, threads);
     free(delta);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the backward pass");
-    if (s != ATTN_OK)
-        return attn_fail(err, s, "could not run the backward pass's threads");
     return ATTN_OK;
 }

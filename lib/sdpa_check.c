@@ -86,14 +86,16 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
     if (p->threads < 1)
         return attn_fail(err, ATTN_ERR_INVALID, "threads is %d; it must be >= 1",
                          p->threads);
-    /* d_k and d_v are leading dimensions of BLAS calls, which take an int. */
-    if (p->d_k > INT_MAX || p->d_v > INT_MAX)
-        return attn_fail(err, ATTN_ERR_INVALID, "d_k = %lld or d_v = %lld is too large",
-                         (long long)p->d_k, (long long)p->d_v);
+    if (p->layout != ATTN_LAYOUT_BHND && p->layout != ATTN_LAYOUT_BNHD)
+        return attn_fail(err, ATTN_ERR_INVALID, "layout %d is not a known layout",
+                         (int)p->layout);
     if (elements(p->batch, p->heads_q, p->n_q, p->d_k) < 0 ||
         elements(p->batch, p->heads_q, p->n_q, p->d_v) < 0 ||
         elements(p->batch, p->heads_kv, p->n_k, p->d_k) < 0 ||
         elements(p->batch, p->heads_kv, p->n_k, p->d_v) < 0)
+        return attn_fail(err, ATTN_ERR_INVALID, "tensor sizes overflow");
+    /* The forward's packed copy of k pads n_k to whole key tiles. */
+    if (elements(p->batch, p->heads_kv, p->n_k + 64, p->d_k) < 0)
         return attn_fail(err, ATTN_ERR_INVALID, "tensor sizes overflow");
     if (with_weights && elements(p->batch, p->heads_q, p->n_q, p->n_k) < 0)
         return attn_fail(err, ATTN_ERR_INVALID,

@@ -1,66 +1,85 @@
 /*
  * attn_sdpa_forward (Eq. 10): out = softmax(scale * q k^T + mask) v.
  *   q [B, H_q, n_q, d_k], k [B, H_kv, n_k, d_k], v [B, H_kv, n_k, d_v]
- *   -> out [B, H_q, n_q, d_v]; optional lse [B, H_q, n_q] (double),
- *      weights [B, H_q, n_q, n_k], stats.
+ *   -> out [B, H_q, n_q, d_v]; optional rows [B, H_q, n_q] (softmax max and
+ *      sum), weights [B, H_q, n_q, n_k], stats.
  *
- * A work unit is one query tile of one (batch, head): it streams the key
- * tiles past its rows (sdpa_forward_tile) and owns its output rows, so units
- * run in parallel without sharing anything but read-only inputs. Extra
- * memory is one score tile and a few rows per worker.
+ * (In ATTN_LAYOUT_BNHD the tensors are [B, n, H, d] instead; see attn.h.)
+ *
+ * First k is packed, once per key/value head, into KERN_BK-wide panels of
+ *   kt [B, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile)
+ * which every query block of every query head that reads the head shares.
+ * Then a work unit is one block of KERN_FWD_BQ query rows of one (batch,
+ * head): it streams the key tiles past its rows (the kernel's forward_tile)
+ * and owns its output rows, so units run in parallel without sharing
+ * anything but read-only inputs. Extra memory: the packed copy of k, and a
+ * few rows per worker.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sdpa.h"
+#include "kern.h"
 
 /* One worker's workspaces, carved from a single allocation (block). */
 typedef struct {
-    float *scores, *m, *row_copy;
+    float *strip, *m, *raw, *x, *tile_max;
     double *l, *ent;
-    float *tile_max; /* [bq, key tiles]: m after each tile, weights only */
-    sdpa_stats_acc stats;
     void *block;
 } fwd_worker;
 
 typedef struct {
     sdpa_call call;
+    const attn_kern *kern;
+    const float *kt; /* the packed panels */
     float *out, *weights;
-    double *lse;
-    bool want_stats;
+    attn_softmax_row *rows;
+    sdpa_stats_acc *unit_stats; /* [units], with statistics */
     int64_t q_tiles, k_tiles;
-    /* Tile extents actually needed: min(n, tile size), so that a call with
-     * n = 4 does not allocate and free a 256 KiB score tile (freeing a chunk
-     * that large also makes malloc consolidate its free lists). */
-    int64_t bq, bk;
     fwd_worker *workers;
 } fwd_job;
 
-/* P of the tile just folded in, still relative to the running maximum
- * tile_max[., kt], goes to the caller's weights; finish_weights rescales it. */
-static void keep_weights(const fwd_job *job, const sdpa_tile *t, const float *p,
-                         const float *m, float *tile_max, int64_t kt)
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* --------------------------------------------------------------- packing */
+
+typedef struct {
+    const sdpa_call *call;
+    const attn_kern *kern;
+    float *kt;
+    int64_t k_tiles;
+} pack_job;
+
+/* Unit: one key tile of one (batch, key/value head). */
+static void pack_unit(void *ctx, int64_t u, int worker)
 {
-    const int64_t n_q = job->call.p->n_q, n_k = job->call.p->n_k;
-    const int64_t bh = t->b * job->call.p->heads_q + t->h;
-    for (int64_t r = 0; r < t->rows; r++) {
-        float *w = job->weights + (bh * n_q + t->i0 + r) * n_k + t->j0;
-        memcpy(w, p + r * job->bk, (size_t)t->cols * sizeof *w);
-        tile_max[r * job->k_tiles + kt] = m[r];
-    }
+    (void)worker;
+    const pack_job *j = ctx;
+    const attn_sdpa_params *p = j->call->p;
+    int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
+    int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
+    const float *k = j->call->k +
+                     sdpa_head_at(p, pair / p->heads_kv, pair % p->heads_kv, p->heads_kv,
+                                  p->n_k, p->d_k) +
+                     j0 * j->call->ldk;
+    j->kern->pack_t(k, j->call->ldk, keys, p->d_k, j->kt + u * p->d_k * KERN_BK);
 }
 
+/* --------------------------------------------------------------- weights */
+
+/* Each tile's P went to the weights relative to the row maximum of its
+ * time (tile_max); now that the final maximum m and sum l are known, every
+ * tile is rescaled by exp(tile_max - m) / l. */
 static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_worker *w,
                            int64_t k_end)
 {
-    const int64_t n_q = job->call.p->n_q, n_k = job->call.p->n_k;
-    const int64_t bh = t->b * job->call.p->heads_q + t->h;
+    const attn_sdpa_params *p = job->call.p;
+    const int64_t bh = t->b * p->heads_q + t->h;
     for (int64_t r = 0; r < t->rows; r++) {
-        float *row = job->weights + (bh * n_q + t->i0 + r) * n_k;
+        float *row = job->weights + (bh * p->n_q + t->i0 + r) * p->n_k;
         int64_t kt = 0;
-        for (int64_t j0 = 0; j0 < k_end; j0 += SDPA_FWD_BK, kt++) {
-            int64_t cols = k_end - j0 < SDPA_FWD_BK ? k_end - j0 : SDPA_FWD_BK;
+        for (int64_t j0 = 0; j0 < k_end; j0 += KERN_BK, kt++) {
+            int64_t cols = min64(k_end - j0, KERN_BK);
             float m_t = w->tile_max[r * job->k_tiles + kt];
             float f = 0.0f;
             if (w->l[r] > 0.0 && m_t != -INFINITY)
@@ -69,9 +88,11 @@ static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_wor
                 row[j0 + j] *= f;
         }
         /* Keys past the causal end were never visited: weight 0. */
-        memset(row + k_end, 0, (size_t)(n_k - k_end) * sizeof *row);
+        memset(row + k_end, 0, (size_t)(p->n_k - k_end) * sizeof *row);
     }
 }
+
+/* ------------------------------------------------------------------ units */
 
 static void forward_unit(void *ctx, int64_t u, int worker)
 {
@@ -80,52 +101,69 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     const attn_sdpa_params *p = c->p;
     fwd_worker *w = &job->workers[worker];
     int64_t qt = u % job->q_tiles, bh = u / job->q_tiles;
-    /* Causal query tiles grow in cost with their index: hand out the
+    /* Causal query blocks grow in cost with their index: hand out the
      * expensive ones first so that the last units to finish are cheap. */
     if (p->causal)
         qt = job->q_tiles - 1 - qt;
-    sdpa_tile t = {.b = bh / p->heads_q, .h = bh % p->heads_q, .i0 = qt * SDPA_FWD_BQ};
-    t.rows = p->n_q - t.i0 < SDPA_FWD_BQ ? p->n_q - t.i0 : SDPA_FWD_BQ;
-    float *out = job->out + (bh * p->n_q + t.i0) * p->d_v;
-    memset(out, 0, (size_t)(t.rows * p->d_v) * sizeof *out);
+    sdpa_tile t = {.b = bh / p->heads_q, .h = bh % p->heads_q, .i0 = qt * KERN_FWD_BQ};
+    t.rows = min64(p->n_q - t.i0, KERN_FWD_BQ);
+    float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0;
-        if (job->want_stats)
-            w->ent[r] = 0.0;
     }
-    sdpa_fwd_state st = {.scores = w->scores, .ld = job->bk, .m = w->m, .l = w->l,
-                         .out = out,
-                         .stats = job->want_stats ? &w->stats : NULL,
-                         .ent = w->ent, .row_copy = w->row_copy};
+    sdpa_stats_acc *stats = NULL;
+    if (job->unit_stats != NULL) {
+        stats = &job->unit_stats[bh * job->q_tiles + qt];
+        sdpa_stats_init(stats);
+        memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
+    }
+    sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
+                         .weights = job->weights, .tile_max = w->tile_max,
+                         .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
+                         .raw = w->raw, .x = w->x};
+    const int64_t pair = t.b * p->heads_kv + t.h / c->group;
+    const float *v = sdpa_head_v(c, t.b, t.h);
     /* Key tiles wholly above the causal diagonal are skipped, and the last
      * one is cut at the diagonal. */
-    int64_t k_end = p->causal ? sdpa_causal_end(c, t.i0, t.rows) : p->n_k;
-    int64_t kt = 0;
-    for (t.j0 = 0; t.j0 < k_end; t.j0 += SDPA_FWD_BK, kt++) {
-        t.cols = k_end - t.j0 < SDPA_FWD_BK ? k_end - t.j0 : SDPA_FWD_BK;
-        sdpa_forward_tile(c, &t, &st);
-        if (job->weights != NULL)
-            keep_weights(job, &t, w->scores, w->m, w->tile_max, kt);
+    const int64_t k_end = p->causal ? sdpa_causal_end(c, t.i0, t.rows) : p->n_k;
+    if (k_end == 0) /* no key at all: the first tile would have written the rows */
+        for (int64_t r = 0; r < t.rows; r++)
+            memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
+    for (st.kt = 0, t.j0 = 0; t.j0 < k_end; t.j0 += KERN_BK, st.kt++) {
+        t.cols = min64(k_end - t.j0, KERN_BK);
+        kern_keys keys = {
+            .kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK,
+            .v = v + t.j0 * c->ldv,
+        };
+        job->kern->forward_tile(c, &t, &keys, &st);
     }
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
-        float *o = out + r * p->d_v;
-        if (l > 0.0) {
-            float inv = (float)(1.0 / l);
-            for (int64_t j = 0; j < p->d_v; j++)
-                o[j] *= inv;
+        float *o = out + r * c->ldo;
+        bool finite = job->kern->scale_finite(o, p->d_v, l > 0.0 ? (float)(1.0 / l) : 1.0f);
+        attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
+        bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
+        if (!sm_finite || !finite) {
+            /* The weighted sum overflowed (the row is redone in double), or
+             * the scores did (then the row's maximum and sum are redone too;
+             * otherwise they stay those the kernel's weights were made with). */
+            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o);
+            if (!sm_finite)
+                sm = exact;
         }
-        if (job->lse != NULL)
-            job->lse[bh * p->n_q + t.i0 + r] = l > 0.0 ? (double)w->m[r] + log(l) : -INFINITY;
-        if (job->want_stats && l > 0.0)
+        if (job->rows != NULL)
+            job->rows[bh * p->n_q + t.i0 + r] = sm;
+        if (stats != NULL && l > 0.0)
             /* Entropy = lse - sum_j a_j x_j = log l - sum_j a_j (x_j - m);
              * the largest weight is exp(m - lse) = 1 / l. */
-            sdpa_stats_row(&w->stats, log(l) - w->ent[r] / l, 1.0 / l);
+            sdpa_stats_row(stats, log(l) - w->ent[r] / l, 1.0 / l);
     }
     if (job->weights != NULL)
         finish_weights(job, &t, w, k_end);
 }
+
+/* ---------------------------------------------------------------- workers */
 
 static void free_workers(fwd_worker *w, int n)
 {
@@ -140,35 +178,36 @@ static size_t lines(int64_t n, size_t size)
     return ((size_t)n * size + 63) / 64 * 64;
 }
 
-static fwd_worker *alloc_workers(int n, const fwd_job *job)
+static fwd_worker *alloc_workers(int n, const fwd_job *job, bool stats)
 {
     fwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
-    const int64_t bq = job->bq, bk = job->bk;
+    const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
     const bool weights = job->weights != NULL;
-    size_t bytes = lines(bq * bk, sizeof(float)) + lines(bq, sizeof(float)) +
+    size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
                    lines(bq, sizeof(double));
-    if (job->want_stats)
-        bytes += lines(bk, sizeof(float)) + lines(bq, sizeof(double));
+    if (stats)
+        bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
         bytes += lines(bq * job->k_tiles, sizeof(float));
     for (int i = 0; i < n; i++) {
-        sdpa_stats_init(&w[i].stats);
         char *b = sdpa_alloc((int64_t)bytes, 1);
         if (b == NULL) {
             free_workers(w, n);
             return NULL;
         }
         w[i].block = b;
-        w[i].scores = (float *)(void *)b;
-        b += lines(bq * bk, sizeof(float));
+        w[i].strip = (float *)(void *)b;
+        b += lines(KERN_MR_MAX * bk, sizeof(float));
         w[i].m = (float *)(void *)b;
         b += lines(bq, sizeof(float));
         w[i].l = (double *)(void *)b;
         b += lines(bq, sizeof(double));
-        if (job->want_stats) {
-            w[i].row_copy = (float *)(void *)b;
+        if (stats) {
+            w[i].raw = (float *)(void *)b;
+            b += lines(bk, sizeof(float));
+            w[i].x = (float *)(void *)b;
             b += lines(bk, sizeof(float));
             w[i].ent = (double *)(void *)b;
             b += lines(bq, sizeof(double));
@@ -181,7 +220,7 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job)
 
 attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               const float *k, const float *v, float *out,
-                              double *lse, float *weights, attn_stats *stats,
+                              attn_softmax_row *rows, float *weights, attn_stats *stats,
                               attn_error *err)
 {
     attn_status s = sdpa_check_params(p, weights != NULL, err);
@@ -189,30 +228,38 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         return s;
     if (q == NULL || k == NULL || v == NULL || out == NULL)
         return attn_fail(err, ATTN_ERR_INVALID, "q, k, v and out must not be NULL");
-    attn_blas_init();
 
     fwd_job job = {
-        .call = {.p = p, .q = q, .k = k, .v = v, .group = p->heads_q / p->heads_kv,
-                 .offset = p->n_k - p->n_q},
-        .out = out, .lse = lse, .weights = weights, .want_stats = stats != NULL,
-        .q_tiles = (p->n_q + SDPA_FWD_BQ - 1) / SDPA_FWD_BQ,
-        .k_tiles = (p->n_k + SDPA_FWD_BK - 1) / SDPA_FWD_BK,
-        .bq = p->n_q < SDPA_FWD_BQ ? (p->n_q > 1 ? p->n_q : 1) : SDPA_FWD_BQ,
-        .bk = p->n_k < SDPA_FWD_BK ? (p->n_k > 1 ? p->n_k : 1) : SDPA_FWD_BK,
+        .call = sdpa_call_of(p, q, k, v),
+        .kern = attn_kern_get(),
+        .out = out, .rows = rows, .weights = weights,
+        .q_tiles = (p->n_q + KERN_FWD_BQ - 1) / KERN_FWD_BQ,
+        .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
-    int64_t units = p->batch * p->heads_q * job.q_tiles;
+    const int64_t units = p->batch * p->heads_q * job.q_tiles;
+    const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
     int threads = sdpa_threads(p, units, attn_sdpa_flops(p));
-    job.workers = alloc_workers(threads, &job);
-    if (job.workers == NULL)
-        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d workers' tiles", threads);
-    s = attn_parallel_for(threads, units, forward_unit, &job);
-    if (s == ATTN_OK && stats != NULL) {
-        for (int i = 1; i < threads; i++)
-            sdpa_stats_merge(&job.workers[0].stats, &job.workers[i].stats);
-        sdpa_stats_finish(&job.workers[0].stats, p->scale, stats);
+    float *kt = sdpa_alloc(panels * p->d_k * KERN_BK, sizeof(float));
+    job.kt = kt;
+    if (stats != NULL)
+        job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
+    job.workers = alloc_workers(threads, &job, stats != NULL);
+    if (kt == NULL || job.workers == NULL || (stats != NULL && job.unit_stats == NULL)) {
+        free(kt);
+        free(job.unit_stats);
+        free_workers(job.workers, threads);
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     }
+    pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
+    attn_parallel_for(threads, panels, pack_unit, &pack);
+    attn_parallel_for(threads, units, forward_unit, &job);
+    if (stats != NULL) {
+        for (int64_t u = 1; u < units; u++)
+            sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
+        sdpa_stats_finish(&job.unit_stats[0], p->scale, stats);
+    }
+    free(kt);
+    free(job.unit_stats);
     free_workers(job.workers, threads);
-    if (s != ATTN_OK)
-        return attn_fail(err, s, "could not run the forward pass's threads");
     return ATTN_OK;
 }

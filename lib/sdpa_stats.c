@@ -1,8 +1,8 @@
 /* The chapter's variance analysis (Theorem 1, Corollary 1), accumulated in
- * double per worker and merged at the end. Score moments are combined tile
- * by tile with Chan's parallel formula: each tile contributes its own mean
- * and sum of squared deviations (two passes over a tile that is in cache),
- * so the variance never comes from subtracting two large sums. */
+ * double per work unit and merged at the end. Score moments are combined row
+ * by row with Chan's parallel formula: each row of a tile contributes its own
+ * mean and sum of squared deviations (two passes over a row that is in
+ * cache), so the variance never comes from subtracting two large sums. */
 #include <math.h>
 
 #include "sdpa.h"
@@ -29,30 +29,23 @@ static void merge_moments(sdpa_stats_acc *a, int64_t n, double mean, double m2)
     a->count += n;
 }
 
-void sdpa_stats_scores(sdpa_stats_acc *a, const float *scores, int64_t ld,
-                       int64_t rows, int64_t cols)
+void sdpa_stats_scores(sdpa_stats_acc *a, const float *raw, const float *x, int64_t cols)
 {
     int64_t n = 0;
     double sum = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = scores + r * ld;
-        for (int64_t j = 0; j < cols; j++)
-            if (x[j] != -INFINITY) {
-                sum += x[j];
-                n++;
-            }
-    }
+    for (int64_t j = 0; j < cols; j++)
+        if (x[j] != -INFINITY) {
+            sum += raw[j];
+            n++;
+        }
     if (n == 0)
         return;
     double mean = sum / (double)n, m2 = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = scores + r * ld;
-        for (int64_t j = 0; j < cols; j++)
-            if (x[j] != -INFINITY) {
-                double d = x[j] - mean;
-                m2 += d * d;
-            }
-    }
+    for (int64_t j = 0; j < cols; j++)
+        if (x[j] != -INFINITY) {
+            double d = raw[j] - mean;
+            m2 += d * d;
+        }
     merge_moments(a, n, mean, m2);
 }
 

@@ -703,7 +703,7 @@ START_TEST(attention_grad_matches_finite_differences_and_libattn)
                               .scale = attn_default_scale(d), .causal = true,
                               .threads = 1};
         float out[36], dq[36], dk[24], dv[24];
-        double lse[12];
+        attn_softmax_row lse[12];
         ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, out, lse, NULL, NULL, NULL), ATTN_OK);
         ck_assert_int_eq(attn_sdpa_backward(&p, q, k, v, out, lse, dout, dq, dk, dv, NULL),
                          ATTN_OK);

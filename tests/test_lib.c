@@ -19,7 +19,7 @@
 
 #include "attn.h"
 #include "support/ref.h"
-#include "vexp.h" /* lib-private: the softmax's exp and max kernels */
+#include "kern.h" /* lib-private: the micro-kernels and their row steps */
 
 /* Forward outputs relative to the largest reference value: float32 with
  * sums over up to 513 keys stays near 1e-6; a wrong scale or a shifted
@@ -309,7 +309,8 @@ static void case_mask(sdpa_case *c, attn_mask_kind kind, int rank,
 /* What the library returned for one forward call. */
 typedef struct {
     float *out, *weights;
-    double *lse;
+    attn_softmax_row *rows;
+    double *lse; /* from rows */
     attn_stats stats;
 } lib_fwd;
 
@@ -317,21 +318,25 @@ static void lib_forward(const sdpa_case *c, const attn_sdpa_params *p,
                         lib_fwd *r, bool want_weights, bool want_stats)
 {
     r->out = nan_floats(c->n_out);
+    r->rows = xcalloc(c->n_rows, sizeof *r->rows);
     r->lse = xcalloc(c->n_rows, sizeof *r->lse);
     for (size_t i = 0; i < c->n_rows; i++)
-        r->lse[i] = NAN;
+        r->rows[i] = (attn_softmax_row){NAN, NAN};
     r->weights = want_weights ? nan_floats(c->n_w) : NULL;
     memset(&r->stats, 0, sizeof r->stats);
     attn_error err = {0};
     attn_status st =
-        attn_sdpa_forward(p, c->q, c->k, c->v, r->out, r->lse, r->weights,
+        attn_sdpa_forward(p, c->q, c->k, c->v, r->out, r->rows, r->weights,
                           want_stats ? &r->stats : NULL, &err);
     ASSERT_OK(st, err);
+    for (size_t i = 0; i < c->n_rows; i++)
+        r->lse[i] = attn_softmax_lse(r->rows[i]);
 }
 
 static void lib_fwd_free(lib_fwd *r)
 {
     free(r->out);
+    free(r->rows);
     free(r->lse);
     free(r->weights);
 }
@@ -399,7 +404,7 @@ static void lib_backward(const sdpa_case *c, const attn_sdpa_params *p,
     g->dk = nan_floats(c->n_kel);
     g->dv = nan_floats(c->n_vel);
     attn_error err = {0};
-    attn_status st = attn_sdpa_backward(p, c->q, c->k, c->v, f.out, f.lse,
+    attn_status st = attn_sdpa_backward(p, c->q, c->k, c->v, f.out, f.rows,
                                         c->dout, g->dq, g->dk, g->dv, &err);
     ASSERT_OK(st, err);
     lib_fwd_free(&f);
@@ -513,9 +518,10 @@ START_TEST(worked_example_1_two_tokens_weights_0_6698)
     const float q[4] = {1, 0, 0, 1}, k[4] = {1, 0, 0, 1};
     const float v[4] = {1, 2, 3, 4};
     float out[4], w[4];
-    double lse[2];
+    attn_softmax_row rows[2];
     attn_error err = {0};
-    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, w, NULL, &err), err);
+    ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, rows, w, NULL, &err), err);
+    const double lse[2] = {attn_softmax_lse(rows[0]), attn_softmax_lse(rows[1])};
 
     ck_assert_msg(fabs(w[0] - 0.6698) < 5e-5 && fabs(w[1] - 0.3302) < 5e-5,
                   "row 0 weights %.6f %.6f, want 0.6698 0.3302", (double)w[0],
@@ -557,9 +563,12 @@ START_TEST(worked_example_2_three_tokens_closed_form)
         }
     }
     float out[12], w[9];
-    double lse[3];
+    attn_softmax_row rows[3];
     attn_error err = {0};
-    ASSERT_OK(attn_sdpa_forward(&p, x, x, x, out, lse, w, NULL, &err), err);
+    ASSERT_OK(attn_sdpa_forward(&p, x, x, x, out, rows, w, NULL, &err), err);
+    double lse[3];
+    for (int i = 0; i < 3; i++)
+        lse[i] = attn_softmax_lse(rows[i]);
     /* e / (2e + 1) = 0.4223 for the first row's equal pair. */
     ck_assert_msg(fabs(w[0] - 0.4223) < 5e-5 && fabs(w[2] - 0.4223) < 5e-5 &&
                       fabs(w[1] - 0.1554) < 5e-5,
@@ -1402,7 +1411,7 @@ START_TEST(extreme_scores_give_exact_one_hot_weights)
     const float k[3] = {100, -100, 0};
     const float v[6] = {1, 2, 3, 4, 5, 6};
     float out[6], w[9];
-    double lse[3];
+    attn_softmax_row lse[3];
     attn_error err = {0};
     ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, w, NULL, &err), err);
     /* row 0: scores [1e4, -1e4, 0]; row 1: [-1e4, 1e4, 0]. */
@@ -1414,14 +1423,16 @@ START_TEST(extreme_scores_give_exact_one_hot_weights)
                       (double)w[3 + j]);
     }
     ck_assert_int_eq(count_nonfinite(out, 6), 0);
-    ck_assert(isfinite(lse[0]) && isfinite(lse[1]) && isfinite(lse[2]));
+    for (int i = 0; i < 3; i++)
+        ck_assert(isfinite(lse[i].max) && lse[i].sum >= 1.0f && isfinite(lse[i].sum));
     ck_assert_int_eq(count_nonfinite(w, 9), 0);
     ck_assert_msg(fabs(out[0] - 1) < 1e-6 && fabs(out[1] - 2) < 1e-6,
                   "row 0 output %g %g", (double)out[0], (double)out[1]);
     ck_assert_msg(fabs(out[2] - 3) < 1e-6 && fabs(out[3] - 4) < 1e-6,
                   "row 1 output %g %g", (double)out[2], (double)out[3]);
-    ck_assert_msg(fabs(lse[0] - 1e4) < 1e-2 && fabs(lse[1] - 1e4) < 1e-2,
-                  "lse %g %g", (double)lse[0], (double)lse[1]);
+    ck_assert_msg(fabs(attn_softmax_lse(lse[0]) - 1e4) < 1e-2 &&
+                      fabs(attn_softmax_lse(lse[1]) - 1e4) < 1e-2,
+                  "lse %g %g", attn_softmax_lse(lse[0]), attn_softmax_lse(lse[1]));
 }
 END_TEST
 
@@ -1566,12 +1577,13 @@ START_TEST(grad_size_one_everything)
     const float q[1] = {0.7f}, k[1] = {-1.3f}, v[1] = {2.5f};
     const float dout[1] = {0.25f};
     float out[1], dq[1] = {NAN}, dk[1] = {NAN}, dv[1] = {NAN};
-    double lse[1];
+    attn_softmax_row lse[1];
     attn_error err = {0};
     ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, NULL, NULL, &err),
               err);
     ck_assert_msg(out[0] == 2.5f, "output %g", (double)out[0]);
-    ck_assert_msg(fabs(lse[0] - 0.7 * -1.3) < 1e-6, "lse %g", (double)lse[0]);
+    ck_assert_msg(fabs(attn_softmax_lse(lse[0]) - 0.7 * -1.3) < 1e-6, "lse %g",
+                  attn_softmax_lse(lse[0]));
     ASSERT_OK(attn_sdpa_backward(&p, q, k, v, out, lse, dout, dq, dk, dv,
                                  &err),
               err);
@@ -1644,7 +1656,7 @@ START_TEST(grad_after_forward_with_weights_and_stats)
     float *dq = nan_floats(c.n_qel), *dk = nan_floats(c.n_kel);
     float *dv = nan_floats(c.n_vel);
     attn_error err = {0};
-    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse, c.dout,
+    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.rows, c.dout,
                                  dq, dk, dv, &err),
               err);
     double *rq = xcalloc(c.n_qel, sizeof *rq);
@@ -1698,10 +1710,10 @@ START_TEST(grad_overwrites_rather_than_accumulates)
     grad_pair_alloc(&c, dq, dk, dv);
     attn_error err = {0};
     for (int r = 0; r < 2; r++)
-        ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse,
+        ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.rows,
                                      c.dout, dq[r], dk[r], dv[r], &err),
                   err);
-    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.lse, c.dout,
+    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, f.out, f.rows, c.dout,
                                  dq[1], dk[1], dv[1], &err),
               err);
     ASSERT_ERR(float_diff(dq[0], dq[1], c.n_qel), 0.0, "dq twice");
@@ -1737,7 +1749,7 @@ START_TEST(grad_unchanged_by_a_large_constant_row_bias)
     attn_error err = {0};
     lib_fwd plain;
     lib_forward(&c, &c.lib, &plain, false, false);
-    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, plain.out, plain.lse,
+    ASSERT_OK(attn_sdpa_backward(&c.lib, c.q, c.k, c.v, plain.out, plain.rows,
                                  c.dout, dq[0], dk[0], dv[0], &err),
               err);
     for (size_t s = 0; s < sizeof shifts / sizeof shifts[0]; s++) {
@@ -1751,7 +1763,7 @@ START_TEST(grad_unchanged_by_a_large_constant_row_bias)
         ASSERT_OK(attn_mask_broadcast(&pb.mask, 2, shape, 1, 1, 6, 9, &err), err);
         lib_fwd biased;
         lib_forward(&c, &pb, &biased, false, false);
-        ASSERT_OK(attn_sdpa_backward(&pb, c.q, c.k, c.v, biased.out, biased.lse,
+        ASSERT_OK(attn_sdpa_backward(&pb, c.q, c.k, c.v, biased.out, biased.rows,
                                      c.dout, dq[1], dk[1], dv[1], &err),
                   err);
         char label[64];
@@ -1785,7 +1797,7 @@ START_TEST(grad_zero_for_exactly_one_hot_rows_at_large_scale)
     attn_sdpa_params p = sdpa_shape(1, 1, 1, 2, 3, 2, 2);
     p.scale = 1e4f;
     float out[4], dq[4], dk[6], dv[6];
-    double lse[2];
+    attn_softmax_row lse[2];
     attn_error err = {0};
     ASSERT_OK(attn_sdpa_forward(&p, q, k, v, out, lse, NULL, NULL, &err), err);
     ASSERT_OK(attn_sdpa_backward(&p, q, k, v, out, lse, dout, dq, dk, dv, &err), err);
@@ -2031,8 +2043,12 @@ static void compare_threads(sdpa_case *c, int threads, const char *what)
     lib_grads g1, gn;
     lib_backward(c, &p1, &g1);
     lib_backward(c, &pn, &gn);
+    /* With few (batch, key/value head) pairs, dq is summed in one copy per
+     * thread (key tiles split between them), then the copies are added: a
+     * different order of the same sum, a few roundings apart; a copy that
+     * did not reach the sum would be off by O(1). */
     snprintf(label, sizeof label, "%s threads=%d: dq", what, threads);
-    ASSERT_ERR(float_diff(g1.dq, gn.dq, c->n_qel), 1e-6, label);
+    ASSERT_ERR(float_diff(g1.dq, gn.dq, c->n_qel), 4e-6, label);
     snprintf(label, sizeof label, "%s threads=%d: dk", what, threads);
     ASSERT_ERR(float_diff(g1.dk, gn.dk, c->n_kel), 1e-6, label);
     snprintf(label, sizeof label, "%s threads=%d: dv", what, threads);
@@ -2139,7 +2155,7 @@ END_TEST
  * before it validates still does not crash the test. */
 #define BIG 4096
 static float g_in[BIG], g_out[BIG], g_out2[BIG], g_out3[BIG];
-static double g_lse[BIG];
+static attn_softmax_row g_lse[BIG];
 
 static attn_sdpa_params valid_params(void)
 {
@@ -2315,12 +2331,12 @@ END_TEST
 
 /* ----------------------------------------------- softmax row kernels */
 
-static const attn_vexp_kind vexp_kinds[] = {ATTN_VEXP_PORTABLE, ATTN_VEXP_AVX2,
-                                            ATTN_VEXP_AVX512};
-static const char *const vexp_names[] = {"portable", "avx2", "avx512"};
+static const attn_kernel_kind vexp_kinds[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2,
+                                              ATTN_KERNEL_AVX512};
+static const char *const vexp_names[] = {"generic", "avx2", "avx512"};
 
 /* Every version the CPU runs: exp within a few ulp of exp in double,
- * exp(0) exactly 1, arguments below ATTN_VEXP_MIN and -inf exactly 0, the
+ * exp(0) exactly 1, arguments below ATTN_EXP_MIN and -inf exactly 0, the
  * returned sum equal to the sum of the results, and nothing written past
  * the row (the vector tails use masked loads and stores). */
 START_TEST(vexp_kinds_match_exp_and_flush_below_min)
@@ -2328,7 +2344,7 @@ START_TEST(vexp_kinds_match_exp_and_flush_below_min)
     enum { MAXN = 67, GUARD = 17 };
     float x[MAXN + GUARD], arg[MAXN];
     for (size_t kd = 0; kd < 3; kd++) {
-        if (!attn_vexp_available(vexp_kinds[kd]))
+        if (attn_kern_of(vexp_kinds[kd]) == NULL)
             continue;
         double worst = 0.0;
         uint64_t seed = 4000 + kd;
@@ -2338,8 +2354,8 @@ START_TEST(vexp_kinds_match_exp_and_flush_below_min)
                 switch ((n + j) % 7) {
                 case 0: x[j] = shift; break;                   /* exp(0) */
                 case 1: x[j] = -INFINITY; break;               /* masked */
-                case 2: x[j] = shift + ATTN_VEXP_MIN - 0.01f; break;
-                case 3: x[j] = shift + ATTN_VEXP_MIN + 0.01f; break;
+                case 2: x[j] = shift + ATTN_EXP_MIN - 0.01f; break;
+                case 3: x[j] = shift + ATTN_EXP_MIN + 0.01f; break;
                 default:
                     x[j] = shift + (float)(44.0 * rng_uniform(&seed) - 43.0);
                 }
@@ -2347,11 +2363,11 @@ START_TEST(vexp_kinds_match_exp_and_flush_below_min)
             }
             for (int g = 0; g < GUARD; g++)
                 x[n + g] = 12345.0f;
-            float sum = attn_vexp_sum_kind(vexp_kinds[kd], x, n, shift);
+            float sum = attn_kern_of(vexp_kinds[kd])->exp_sum(x, n, shift);
             double total = 0.0;
             for (int64_t j = 0; j < n; j++) {
                 total += x[j];
-                if (arg[j] < ATTN_VEXP_MIN) {
+                if (arg[j] < ATTN_EXP_MIN) {
                     ck_assert_msg(x[j] == 0.0f, "%s: exp(%g) = %g, want 0",
                                   vexp_names[kd], (double)arg[j],
                                   (double)x[j]);
@@ -2388,9 +2404,9 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
     enum { MAXN = 67 };
     float x[MAXN + 16];
     for (size_t kd = 0; kd < 3; kd++) {
-        if (!attn_vexp_available(vexp_kinds[kd]))
+        if (attn_kern_of(vexp_kinds[kd]) == NULL)
             continue;
-        ck_assert_msg(attn_vmax_kind(vexp_kinds[kd], x, 0) == -INFINITY,
+        ck_assert_msg(attn_kern_of(vexp_kinds[kd])->max(x, 0) == -INFINITY,
                       "%s: max of nothing", vexp_names[kd]);
         for (int64_t n = 1; n <= MAXN; n++)
             for (int64_t at = 0; at < n; at++) {
@@ -2399,14 +2415,14 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
                 for (int g = 0; g < 16; g++)
                     x[n + g] = 1e30f; /* past the row: must not be read */
                 x[at] = -1.0f;
-                float m = attn_vmax_kind(vexp_kinds[kd], x, n);
+                float m = attn_kern_of(vexp_kinds[kd])->max(x, n);
                 ck_assert_msg(m == -1.0f, "%s: n=%lld max at %lld: got %g",
                               vexp_names[kd], (long long)n, (long long)at,
                               (double)m);
             }
         for (int64_t j = 0; j < 20; j++)
             x[j] = -INFINITY;
-        ck_assert_msg(attn_vmax_kind(vexp_kinds[kd], x, 20) == -INFINITY,
+        ck_assert_msg(attn_kern_of(vexp_kinds[kd])->max(x, 20) == -INFINITY,
                       "%s: all -inf", vexp_names[kd]);
     }
 }

@@ -1,0 +1,427 @@
+/*
+ * The body of libattn's micro-kernels, written once and compiled once per
+ * instruction set (kern_generic.c, kern_avx2.c, kern_avx512.c). The file that
+ * includes it defines, before the #include:
+ *
+ *   KF(name)        the name of this instruction set's copy of `name`
+ *   KMR, KNV        the register block: KMR rows x KNV vectors of C
+ *   VW              floats per vector
+ *   vf, vmask       a vector of VW floats, and a lane mask
+ *   vzero() vset1(x) vload(p) vstore(p, x)
+ *   vmask_first(n)  lanes 0 .. n-1 (0 <= n <= VW)
+ *   vload_m(p, m)   masked lanes read (others 0); vstore_m(p, x, m)
+ *   vadd vsub vmul vmax vfma(a, b, c) = a * b + c
+ *   vhmax(x) vhsum(x)        the largest lane, the sum of the lanes
+ *   vexp(x)         exp, within 2 ulp of expf; x < ATTN_EXP_MIN gives 0
+ *   vkeep_range(x, lo, hi)   lanes lo <= l < hi of x, -INFINITY elsewhere
+ *   vnot_one(x)     the lanes where x != 1.0f
+ *   vmasked(x, m)   x in the lanes of m, 0 elsewhere
+ *   vtranspose(src, lds, dst, ldd)  a VW x VW block, dst[c][r] = src[r][c]
+ *   vnonfinite(x)   the lanes of x that are inf or nan; vmask_none(m)
+ *
+ * Shapes (a tile is query rows i0 .. i0 + rows of head (b, h) against keys
+ * j0 .. j0 + cols, cols <= KERN_BK):
+ *   q_t [rows, d_k], k_t [cols, d_k], v_t [cols, d_v]   slices of the inputs,
+ *                                   rows at the call's strides ldq, ldk, ldv
+ *   kt  [d_k, KERN_BK], vt [d_v, KERN_BK]                packed k_t^T, v_t^T
+ *   scores [KMR, KERN_BK]                                one strip, in L1
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kern.h"
+
+#define KMIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* ------------------------------------------------------------- products */
+
+/*
+ * The register block: C[r][0 .. nv*VW) (+)= sum_p A(r, p) B[p][..] for
+ * r < rows <= KMR. Rows past `rows` repeat row 0 (their results are never
+ * stored), so the loop body is the same for every strip. The last vector
+ * reads and writes only the lanes of `last` when `masked`.
+ */
+static inline __attribute__((always_inline)) void
+KF(block)(const int nv, const bool masked, int rows, int64_t kdim, const float *a,
+          int64_t a_rs, int64_t a_cs, const float *b, int64_t ldb, float *c,
+          int64_t ldc, vmask last, bool accumulate)
+{
+    vf acc[KMR][KNV];
+    /* Row r of A at ap + off[r]: one pointer moves along p, so the loop
+     * body has one address update, not one per row. */
+    int64_t off[KMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++)
+        off[r] = (r < rows ? r : 0) * a_rs;
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+            acc[r][v] = vzero();
+            if (accumulate && r < rows)
+                acc[r][v] = masked && v == nv - 1 ? vload_m(c + r * ldc + v * VW, last)
+                                                  : vload(c + r * ldc + v * VW);
+        }
+    }
+    const float *ap = a, *bp = b;
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kdim; p++, ap += a_cs, bp += ldb) {
+        vf bv[KNV];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            bv[v] = masked && v == nv - 1 ? vload_m(bp + v * VW, last) : vload(bp + v * VW);
+#pragma GCC unroll 8
+        for (int r = 0; r < KMR; r++) {
+            vf ab = vset1(ap[off[r]]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++)
+                acc[r][v] = vfma(ab, bv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        if (r >= rows)
+            break;
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+            if (masked && v == nv - 1)
+                vstore_m(c + r * ldc + v * VW, acc[r][v], last);
+            else
+                vstore(c + r * ldc + v * VW, acc[r][v]);
+        }
+    }
+}
+
+/* One instance per (vectors, masked) pair, so that each block's loops are
+ * fully unrolled with its accumulators in registers. */
+#define KERN_BLOCK_ARGS                                                              \
+    int rows, int64_t kdim, const float *a, int64_t a_rs, int64_t a_cs, const float *b, \
+        int64_t ldb, float *c, int64_t ldc, vmask last, bool accumulate
+#define KERN_BLOCK_PASS rows, kdim, a, a_rs, a_cs, b, ldb, c, ldc, last, accumulate
+#define KERN_BLOCK_INSTANCE(name, nv, masked)                                        \
+    static void name(KERN_BLOCK_ARGS) { KF(block)(nv, masked, KERN_BLOCK_PASS); }
+
+KERN_BLOCK_INSTANCE(KF(block_1), 1, false)
+KERN_BLOCK_INSTANCE(KF(block_1m), 1, true)
+#if KNV >= 2
+KERN_BLOCK_INSTANCE(KF(block_2), 2, false)
+KERN_BLOCK_INSTANCE(KF(block_2m), 2, true)
+#endif
+#if KNV >= 3
+KERN_BLOCK_INSTANCE(KF(block_3), 3, false)
+KERN_BLOCK_INSTANCE(KF(block_3m), 3, true)
+#endif
+#if KNV >= 4
+KERN_BLOCK_INSTANCE(KF(block_4), 4, false)
+KERN_BLOCK_INSTANCE(KF(block_4m), 4, true)
+#endif
+
+typedef void (*KF(block_fn))(KERN_BLOCK_ARGS);
+
+static const KF(block_fn) KF(blocks)[KNV][2] = {
+    {KF(block_1), KF(block_1m)},
+#if KNV >= 2
+    {KF(block_2), KF(block_2m)},
+#endif
+#if KNV >= 3
+    {KF(block_3), KF(block_3m)},
+#endif
+#if KNV >= 4
+    {KF(block_4), KF(block_4m)},
+#endif
+};
+
+/* C [rows, cols] (+)= A B, in column chunks of KNV vectors. */
+static void KF(gemm)(int rows, int64_t cols, int64_t kdim, const float *a, int64_t a_rs,
+                     int64_t a_cs, const float *b, int64_t ldb, float *c, int64_t ldc,
+                     bool accumulate)
+{
+    for (int64_t c0 = 0; c0 < cols; c0 += KNV * VW) {
+        int64_t width = KMIN(cols - c0, (int64_t)(KNV * VW));
+        int nv = (int)((width + VW - 1) / VW);
+        int tail = (int)(width - (int64_t)(nv - 1) * VW);
+        KF(blocks)[nv - 1][tail < VW](rows, kdim, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc,
+                                      vmask_first(tail), accumulate);
+    }
+}
+
+/* dst [cols, KERN_BK] = src^T for src [rows, cols] (row stride lds):
+ * whole VW x VW blocks by the register transpose, the edges one by one,
+ * and columns rows .. KERN_BK of dst zero (the kernels read whole panels). */
+static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst)
+{
+    const int64_t rows_v = rows / VW * VW, cols_v = cols / VW * VW;
+    for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
+        for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
+            vtranspose(src + r0 * lds + c0, lds, dst + c0 * KERN_BK + r0, KERN_BK);
+    for (int64_t c = 0; c < cols; c++) {
+        float *d = dst + c * KERN_BK;
+        for (int64_t r = c < cols_v ? rows_v : 0; r < rows; r++)
+            d[r] = src[r * lds + c];
+        for (int64_t r = rows; r < KERN_BK; r++)
+            d[r] = 0.0f;
+    }
+}
+
+/* ----------------------------------------------------------- row steps */
+
+static float KF(max)(const float *x, int64_t n)
+{
+    vf m = vset1(-INFINITY);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW)
+        m = vmax(m, vload(x + j));
+    float best = vhmax(m);
+    for (; j < n; j++)
+        best = x[j] > best ? x[j] : best;
+    return best;
+}
+
+static float KF(exp_sum)(float *x, int64_t n, float shift)
+{
+    const vf s = vset1(shift);
+    vf acc = vzero();
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf e = vexp(vsub(vload(x + j), s));
+        vstore(x + j, e);
+        acc = vadd(acc, e);
+    }
+    if (j < n) {
+        vmask m = vmask_first((int)(n - j));
+        vf e = vexp(vsub(vload_m(x + j, m), s));
+        vstore_m(x + j, e, m);
+        acc = vadd(acc, vmasked(e, m));
+    }
+    return vhsum(acc);
+}
+
+static void KF(scale_row)(float *x, int64_t n, float f)
+{
+    const vf s = vset1(f);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vstore(x + j, vmul(vload(x + j), s));
+    for (; j < n; j++)
+        x[j] *= f;
+}
+
+/* x[0..n) *= f; false when a result is not finite (inf or nan). */
+static bool KF(scale_finite)(float *x, int64_t n, float f)
+{
+    const vf s = vset1(f);
+    vmask bad = vmask_first(0);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf y = vmul(vload(x + j), s);
+        vstore(x + j, y);
+        bad |= vnonfinite(y);
+    }
+    if (j < n) {
+        vmask tail = vmask_first((int)(n - j));
+        vf y = vmul(vload_m(x + j, tail), s);
+        vstore_m(x + j, y, tail);
+        bad |= vnonfinite(y) & tail;
+    }
+    return vmask_none(bad);
+}
+
+/*
+ * Row i of a tile's scores becomes its final scores in place:
+ *   x[j] = scale * s[j] (+ the additive mask), -inf where key j0 + j is
+ *   hidden (causal, boolean mask),
+ * and the row's largest final score is returned (-inf if none is visible).
+ */
+static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, float *x)
+{
+    const attn_sdpa_params *p = c->p;
+    const int64_t cols = t->cols;
+    const vf scale = vset1(p->scale);
+    int64_t hi = cols; /* keys j0 + hi .. are hidden (causal) */
+    if (p->causal) {
+        int64_t end = i + c->offset + 1 - t->j0;
+        hi = end < 0 ? 0 : KMIN(end, cols);
+    }
+    if (p->mask.kind == ATTN_MASK_NONE) {
+        vf m = vset1(-INFINITY);
+        int64_t j = 0;
+        for (; j + VW <= cols; j += VW) {
+            vf s = vmul(vload(x + j), scale);
+            if (j + VW > hi)
+                s = vkeep_range(s, 0, hi - j);
+            vstore(x + j, s);
+            m = vmax(m, s);
+        }
+        if (j < cols) {
+            vmask tail = vmask_first((int)(cols - j));
+            vf s = vkeep_range(vmul(vload_m(x + j, tail), scale), 0, KMIN(hi, cols) - j);
+            vstore_m(x + j, s, tail);
+            m = vmax(m, s);
+        }
+        return vhmax(m);
+    }
+    KF(scale_row)(x, cols, p->scale);
+    sdpa_mask_row(c, t->b, t->h, i, t->j0, x, cols);
+    for (int64_t j = hi; j < cols; j++)
+        x[j] = -INFINITY;
+    return KF(max)(x, cols);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/*
+ * Online softmax (FlashAttention): each row keeps its running maximum m and
+ * the running sum l of exp(x - m); when a tile raises m, the sum and the
+ * output accumulated so far are rescaled by exp(m_old - m_new). Subtracting
+ * the maximum keeps every exponent <= 0, so nothing overflows, and the row's
+ * largest score contributes exactly exp(0) = 1 (scores of +-1e4 give an
+ * exact one-hot). Normalisation by l waits until the last tile.
+ *
+ * Per strip of KMR query rows: scores = q_strip k_t^T (one register block
+ * per 64 keys), the row steps on the strip while it is in L1, then
+ * out_strip += P v_t.
+ */
+static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_keys *keys,
+                             sdpa_fwd_state *st)
+{
+    const attn_sdpa_params *p = c->p;
+    const int64_t d_k = p->d_k, d_v = p->d_v, ldq = c->ldq, ldo = c->ldo;
+    const float *q = sdpa_head_q(c, t->b, t->h) + t->i0 * ldq;
+    float *s = st->strip;
+    for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
+        const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
+        KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
+                 false);
+        for (int r = 0; r < rows; r++) {
+            const int64_t row = r0 + r, i = t->i0 + row;
+            float *x = s + r * KERN_BK;
+            if (st->stats != NULL)
+                sdpa_fwd_stats_raw(st, x, t->cols);
+            float m_old = st->m[row];
+            float m_tile = KF(score_row)(c, t, i, x);
+            float m_new = m_tile > m_old ? m_tile : m_old;
+            if (m_new == -INFINITY) {
+                /* Nothing visible in this row yet: P is 0, the state stays 0. */
+                memset(x, 0, (size_t)t->cols * sizeof *x);
+                if (st->weights != NULL)
+                    sdpa_fwd_keep_weights(c, st, t, row, x);
+                continue;
+            }
+            if (st->stats != NULL)
+                sdpa_fwd_stats_scores(st, row, x, t->cols, m_old, m_new);
+            float sum = KF(exp_sum)(x, t->cols, m_new);
+            if (m_new > m_old) {
+                /* Before anything was visible l and the output row are 0
+                 * (the row's first product overwrites it): nothing to scale. */
+                if (m_old != -INFINITY) {
+                    float shrink = expf(m_old - m_new);
+                    st->l[row] *= (double)shrink;
+                    KF(scale_row)(st->out + row * ldo, d_v, shrink);
+                }
+                st->m[row] = m_new;
+            }
+            st->l[row] += sum;
+            if (st->stats != NULL)
+                sdpa_fwd_stats_entropy(st, row, x, t->cols, m_new);
+            if (st->weights != NULL)
+                sdpa_fwd_keep_weights(c, st, t, row, x);
+        }
+        /* The first key tile writes the output rows, later ones add. */
+        KF(gemm)(rows, d_v, t->cols, s, KERN_BK, 1, keys->v, c->ldv, st->out + r0 * ldo, ldo,
+                 st->kt > 0);
+    }
+}
+
+/* --------------------------------------------------------------- backward */
+
+/*
+ * One row of the backward's elementwise step, given the row's final scores
+ * x and dP = dO v^T:
+ *   p  = exp(x - m) / l            (the weight, rebuilt as the forward made it)
+ *   ds = scale * p * (dp - delta)  (dS, times the scale both products need;
+ *                                   exactly 0 where p == 1, a one-hot row)
+ * m and l kept apart rather than as one log-sum-exp: x - m is exact for the
+ * scores near the maximum whatever the size of m, so any constant shift of
+ * the row gives the same weights and gradients.
+ */
+static void KF(softmax_grad_row)(float *x, float *dp, int64_t n, float m, float inv_l,
+                                 float delta, float scale)
+{
+    const vf vm = vset1(m), vinv = vset1(inv_l), vd = vset1(delta), vs = vset1(scale);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf pr = vmul(vexp(vsub(vload(x + j), vm)), vinv);
+        vstore(x + j, pr);
+        vf g = vmul(vmul(pr, vsub(vload(dp + j), vd)), vs);
+        vstore(dp + j, vmasked(g, vnot_one(pr)));
+    }
+    if (j < n) {
+        vmask tail = vmask_first((int)(n - j));
+        vf pr = vmul(vexp(vsub(vload_m(x + j, tail), vm)), vinv);
+        vstore_m(x + j, pr, tail);
+        vf g = vmul(vmul(pr, vsub(vload_m(dp + j, tail), vd)), vs);
+        vstore_m(dp + j, vmasked(g, vnot_one(pr)), tail);
+    }
+}
+
+/*
+ * FlashAttention-2's backward step for query rows t against key tile t,
+ * with P rebuilt from the forward's row maxima and sums:
+ *   S = q_t k_t^T, P = exp(final(S) - m) / l      [rows, cols]
+ *   dP = dO v_t^T, dS = P * (dP - delta)          [rows, cols]
+ *   dq += scale dS k_t   (strip by strip, while dS is in L1)
+ *   dv += P^T dO         dk += scale dS^T q_t     (after the last strip)
+ * A hidden score has P = 0 and contributes nothing; a fully masked row
+ * (l = 0) is zeroed outright, so its gradients stay exactly 0.
+ */
+static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
+                              const sdpa_bwd_keys *keys, const sdpa_bwd_state *st)
+{
+    const attn_sdpa_params *p = c->p;
+    const int64_t d_k = p->d_k, d_v = p->d_v, cols = t->cols;
+    const int64_t ldq = c->ldq, ldk = c->ldk, ldv = c->ldv, ldo = c->ldo;
+    const float *q = sdpa_head_q(c, t->b, t->h) + t->i0 * ldq;
+    float *P = st->p, *dS = st->ds;
+    for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
+        const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
+        float *ps = P + r0 * KERN_BK, *ds = dS + r0 * KERN_BK;
+        KF(gemm)(rows, cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, ps, KERN_BK,
+                 false);
+        KF(gemm)(rows, cols, d_v, st->dout + r0 * ldo, ldo, 1, keys->vt, KERN_BK, ds,
+                 KERN_BK, false);
+        for (int r = 0; r < rows; r++) {
+            const int64_t row = r0 + r;
+            float *x = ps + r * KERN_BK, *g = ds + r * KERN_BK;
+            const attn_softmax_row sm = st->rows[row];
+            if (!(sm.sum > 0.0f)) {
+                memset(x, 0, (size_t)cols * sizeof *x);
+                memset(g, 0, (size_t)cols * sizeof *g);
+                continue;
+            }
+            KF(score_row)(c, t, t->i0 + row, x);
+            KF(softmax_grad_row)(x, g, cols, sm.max, 1.0f / sm.sum, st->delta[row], p->scale);
+        }
+        KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq, true);
+    }
+    for (int64_t c0 = 0; c0 < cols; c0 += KMR) {
+        const int keys_n = (int)KMIN((int64_t)KMR, cols - c0);
+        KF(gemm)(keys_n, d_v, t->rows, P + c0, 1, KERN_BK, st->dout, ldo, st->dv + c0 * ldv,
+                 ldv, true);
+        KF(gemm)(keys_n, d_k, t->rows, dS + c0, 1, KERN_BK, q, ldq, st->dk + c0 * ldk, ldk,
+                 true);
+    }
+}
+
+/* ------------------------------------------------------------------ table */
+
+const attn_kern KF(attn_kern) = {
+    .kind = KERN_KIND,
+    .mr = KMR,
+    .gemm = KF(gemm),
+    .pack_t = KF(pack_t),
+    .forward_tile = KF(forward_tile),
+    .backward_tile = KF(backward_tile),
+    .exp_sum = KF(exp_sum),
+    .max = KF(max),
+    .scale_finite = KF(scale_finite),
+};

@@ -1,0 +1,73 @@
+/*
+ * One query row of the forward pass in double precision: the fallback for
+ * the rare row whose float accumulation overflowed. An output row is the
+ * weighted mean of rows of v, so it is finite whenever v is, but the
+ * unnormalised sum sum_j exp(x_j - m) v_j the kernels accumulate can pass
+ * float32's maximum on the way (v near 3e38); scores q.k can overflow too.
+ * In double neither happens for finite float inputs.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "sdpa.h"
+
+double attn_softmax_lse(attn_softmax_row row)
+{
+    return row.sum > 0.0f ? (double)row.max + log((double)row.sum) : -INFINITY;
+}
+
+/* The final score of (query i, key j) in double; false when the key is
+ * hidden from the query (causal, boolean mask). */
+static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t j,
+                        const float *q_row, double *x)
+{
+    const attn_sdpa_params *p = c->p;
+    if (p->causal && j > i + c->offset)
+        return false;
+    const attn_mask *m = &p->mask;
+    int64_t at = b * m->stride[0] + h * m->stride[1] + i * m->stride[2] + j * m->stride[3];
+    if (m->kind == ATTN_MASK_BOOL && m->allowed[at] == 0)
+        return false;
+    const float *k_row = sdpa_head_k(c, b, h) + j * c->ldk;
+    double s = 0.0;
+    for (int64_t t = 0; t < p->d_k; t++)
+        s += (double)q_row[t] * k_row[t];
+    *x = (double)p->scale * s + (m->kind == ATTN_MASK_BIAS ? (double)m->bias[at] : 0.0);
+    return true;
+}
+
+attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
+                                        float *out)
+{
+    const attn_sdpa_params *p = c->p;
+    const float *q_row = sdpa_head_q(c, b, h) + i * c->ldq;
+    const float *v = sdpa_head_v(c, b, h);
+    double m = -INFINITY, x;
+    for (int64_t j = 0; j < p->n_k; j++)
+        if (score_exact(c, b, h, i, j, q_row, &x) && x > m)
+            m = x;
+    double l = 0.0;
+    for (int64_t j = 0; j < p->n_k; j++)
+        if (score_exact(c, b, h, i, j, q_row, &x))
+            l += exp(x - m);
+    for (int64_t t = 0; t < p->d_v; t++)
+        out[t] = 0.0f;
+    if (!(l > 0.0))
+        return (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
+    /* Normalised terms: every partial sum stays within max |v|. */
+    for (int64_t t0 = 0; t0 < p->d_v; t0 += 64) {
+        double acc[64] = {0};
+        int64_t width = p->d_v - t0 < 64 ? p->d_v - t0 : 64;
+        for (int64_t j = 0; j < p->n_k; j++) {
+            if (!score_exact(c, b, h, i, j, q_row, &x))
+                continue;
+            double a = exp(x - m) / l;
+            const float *v_row = v + j * c->ldv + t0;
+            for (int64_t t = 0; t < width; t++)
+                acc[t] += a * v_row[t];
+        }
+        for (int64_t t = 0; t < width; t++)
+            out[t0 + t] = (float)acc[t];
+    }
+    return (attn_softmax_row){.max = (float)m, .sum = (float)l};
+}
