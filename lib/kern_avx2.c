@@ -64,6 +64,11 @@ static inline vf vkeep_range(vf x, int64_t lo, int64_t hi)
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(keep));
 }
 
+static inline vmask vbad(vf x)
+{
+    return _mm256_castps_si256(_mm256_or_ps(
+        _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ), _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+}
 static inline vmask vnonfinite(vf x)
 {
     return _mm256_castps_si256(

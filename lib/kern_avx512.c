@@ -50,6 +50,11 @@ static inline vf vkeep_range(vf x, int64_t lo, int64_t hi)
     return _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), keep, x);
 }
 
+static inline vmask vbad(vf x)
+{
+    return _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ) |
+           _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+}
 static inline vmask vnonfinite(vf x)
 {
     return _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_NEQ_UQ);

@@ -18,6 +18,7 @@
  *   vmasked(x, m)   x in the lanes of m, 0 elsewhere
  *   vtranspose(src, lds, dst, ldd)  a VW x VW block, dst[c][r] = src[r][c]
  *   vnonfinite(x)   the lanes of x that are inf or nan; vmask_none(m)
+ *   vbad(x)         the lanes of x that are +inf or nan
  *
  * Shapes (a tile is query rows i0 .. i0 + rows of head (b, h) against keys
  * j0 .. j0 + cols, cols <= KERN_BK):
@@ -226,11 +227,33 @@ static bool KF(scale_finite)(float *x, int64_t n, float f)
     return vmask_none(bad);
 }
 
+/* The largest of x[0..n); NaN when one is NaN or +inf (scores that
+ * overflowed float32: the row must be redone in double). */
+static float KF(max_checked)(const float *x, int64_t n)
+{
+    vf m = vset1(-INFINITY);
+    vmask bad = vmask_first(0);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf y = vload(x + j);
+        m = vmax(m, y);
+        bad |= vbad(y);
+    }
+    float best = vhmax(m);
+    bool any_bad = !vmask_none(bad);
+    for (; j < n; j++) {
+        any_bad |= x[j] != x[j] || x[j] == INFINITY;
+        best = x[j] > best ? x[j] : best;
+    }
+    return any_bad ? NAN : best;
+}
+
 /*
  * Row i of a tile's scores becomes its final scores in place:
  *   x[j] = scale * s[j] (+ the additive mask), -inf where key j0 + j is
  *   hidden (causal, boolean mask),
- * and the row's largest final score is returned (-inf if none is visible).
+ * and the row's largest final score is returned: -inf if none is visible,
+ * NaN if a visible score overflowed to +inf or NaN.
  */
 static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, float *x)
 {
@@ -244,6 +267,7 @@ static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, fl
     }
     if (p->mask.kind == ATTN_MASK_NONE) {
         vf m = vset1(-INFINITY);
+        vmask bad = vmask_first(0);
         int64_t j = 0;
         for (; j + VW <= cols; j += VW) {
             vf s = vmul(vload(x + j), scale);
@@ -251,20 +275,22 @@ static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, fl
                 s = vkeep_range(s, 0, hi - j);
             vstore(x + j, s);
             m = vmax(m, s);
+            bad |= vbad(s);
         }
         if (j < cols) {
             vmask tail = vmask_first((int)(cols - j));
             vf s = vkeep_range(vmul(vload_m(x + j, tail), scale), 0, KMIN(hi, cols) - j);
             vstore_m(x + j, s, tail);
             m = vmax(m, s);
+            bad |= vbad(s);
         }
-        return vhmax(m);
+        return vmask_none(bad) ? vhmax(m) : NAN;
     }
     KF(scale_row)(x, cols, p->scale);
     sdpa_mask_row(c, t->b, t->h, i, t->j0, x, cols);
     for (int64_t j = hi; j < cols; j++)
         x[j] = -INFINITY;
-    return KF(max)(x, cols);
+    return KF(max_checked)(x, cols);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -299,6 +325,13 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
                 sdpa_fwd_stats_raw(st, x, t->cols);
             float m_old = st->m[row];
             float m_tile = KF(score_row)(c, t, i, x);
+            if (isnan(m_tile)) {
+                /* Scores overflowed: the row is redone in double at the end
+                 * (a NaN sum says so); here it contributes nothing. */
+                st->l[row] = NAN;
+                memset(x, 0, (size_t)t->cols * sizeof *x);
+                continue;
+            }
             float m_new = m_tile > m_old ? m_tile : m_old;
             if (m_new == -INFINITY) {
                 /* Nothing visible in this row yet: P is 0, the state stays 0. */

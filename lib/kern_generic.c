@@ -40,6 +40,7 @@ static inline vf vkeep_range(vf x, int64_t lo, int64_t hi)
 {
     return lo <= 0 && 0 < hi ? x : -INFINITY;
 }
+static inline vmask vbad(vf x) { return x != x || x == INFINITY; }
 static inline vmask vnonfinite(vf x) { return !(x - x == 0.0f); }
 static inline bool vmask_none(vmask m) { return m == 0; }
 static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t ldd)

@@ -1,17 +1,27 @@
 #!/bin/sh
-# Runs each test binary (or tests/test_*.sh script) given, with ATTND_BIN pointing at this build's server,
-# and fails if any of them fails. Each libcheck suite prints its own
-# "N%: Checks: N, Failures: N, Errors: N" line.
+# Runs each test binary (or tests/test_*.sh script) given, with ATTND_BIN
+# pointing at this build's server, once per libattn kernel (ATTN_KERNEL=
+# generic, avx2, avx512; ATTN_KERNELS chooses the list), and fails if any of
+# them fails. A kernel this CPU lacks is skipped with one line saying so.
+# Each libcheck suite prints its own "N%: Checks: N, Failures: N, Errors: N" line.
 set -u
 build=$1; shift
 export ATTND_BIN="$build/attnd"
 export ATTND_TESTDATA="${ATTND_TESTDATA:-$(pwd)/tests/data}"
 status=0
-for t in "$@"; do
-    echo "== $t"
-    case "$t" in
-        *.sh) sh "$t" ;;
-        *) "$t" ;;
-    esac || { echo "FAILED: $t"; status=1; }
+for kernel in ${ATTN_KERNELS:-generic avx2 avx512}; do
+    # attnd --version names the kernel it runs: the forced one when the CPU has it.
+    if ! ATTN_KERNEL=$kernel "$ATTND_BIN" --version | grep -q "kernel $kernel,"; then
+        echo "== kernel $kernel: skipped, this CPU cannot run it"
+        continue
+    fi
+    export ATTN_KERNEL=$kernel
+    for t in "$@"; do
+        echo "== $t (kernel $kernel)"
+        case "$t" in
+            *.sh) sh "$t" ;;
+            *) "$t" ;;
+        esac || { echo "FAILED: $t (kernel $kernel)"; status=1; }
+    done
 done
 exit $status

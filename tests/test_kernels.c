@@ -1,0 +1,513 @@
+/*
+ * libattn's micro-kernels (lib/kern.h) one by one, for every kernel this CPU
+ * can run, against references computed here: the register-blocked product
+ * against a double triple loop at shapes that fill no block exactly, the
+ * packing against a plain transpose, the exponential against expf over the
+ * range the softmax uses. Then what the kernels promise as a whole: the
+ * [B, n, H, d] layout gives the same numbers as [B, H, n, d], results are
+ * the same bit for bit call after call, an output whose sum overflows
+ * float32 on the way is still right, and a constant shift of a score row
+ * changes no gradient.
+ *
+ * The suite runs once per kernel (tests/run-suites.sh sets ATTN_KERNEL);
+ * the tests of the kernel table itself walk every available kernel anyway.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "kern.h" /* lib-private: the micro-kernels */
+#include "support/ref.h"
+
+static const attn_kernel_kind KINDS[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2,
+                                         ATTN_KERNEL_AVX512};
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static double rng_uniform(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+/* A standard normal (Box-Muller). */
+static double rng_normal(uint64_t *s)
+{
+    double u = (rng_uniform(s) + 1.0) / 2.0, v = (rng_uniform(s) + 1.0) / 2.0;
+    return sqrt(-2.0 * log(u > 0 ? u : 1e-300)) * cos(6.283185307179586 * v);
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    ck_assert_msg(p != NULL, "out of memory in the test itself");
+    return p;
+}
+
+static float *random_floats(size_t n, uint64_t *seed, double amp)
+{
+    float *x = xcalloc(n, sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(amp * rng_uniform(seed));
+    return x;
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *d = xcalloc(n, sizeof *d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+/* ------------------------------------------------------------ products */
+
+/* C = A B (+ C) for every block shape a strip can have: rows 1 .. mr,
+ * widths around the vector and block widths, A read by rows and transposed;
+ * nothing outside C's rows and columns may change. */
+START_TEST(gemm_matches_double_reference_at_every_block_shape)
+{
+    const int64_t widths[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 48, 64, 65, 100, 128};
+    const int64_t depths[] = {0, 1, 2, 5, 64, 67};
+    enum { LDC = 140, ROWS = 8 };
+    uint64_t seed = 11;
+    for (size_t kd = 0; kd < 3; kd++) {
+        const attn_kern *kk = attn_kern_of(KINDS[kd]);
+        if (kk == NULL)
+            continue;
+        ck_assert(kk->mr >= 1 && kk->mr <= KERN_MR_MAX);
+        for (int rows = 1; rows <= kk->mr; rows++)
+            for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+                for (size_t di = 0; di < sizeof depths / sizeof *depths; di++)
+                    for (int layout = 0; layout < 2; layout++)
+                        for (int acc = 0; acc < 2; acc++) {
+                            int64_t cols = widths[wi], kdim = depths[di];
+                            /* A [rows, kdim] by rows (lda 70) or stored
+                             * transposed [kdim, rows] (lda 9). */
+                            int64_t a_rs = layout ? 1 : 70, a_cs = layout ? 9 : 1;
+                            float *a = random_floats(70 * 70, &seed, 1.0);
+                            float *b = random_floats((size_t)(kdim + 1) * LDC, &seed, 1.0);
+                            float *c = random_floats(ROWS * LDC, &seed, 1.0);
+                            float *c0 = xcalloc(ROWS * LDC, sizeof *c0);
+                            memcpy(c0, c, ROWS * LDC * sizeof *c);
+                            kk->gemm(rows, cols, kdim, a, a_rs, a_cs, b, LDC, c, LDC, acc);
+                            for (int r = 0; r < ROWS; r++)
+                                for (int64_t j = 0; j < LDC; j++) {
+                                    float got = c[r * LDC + j];
+                                    if (r >= rows || j >= cols) {
+                                        ck_assert_msg(got == c0[r * LDC + j],
+                                                      "%s: wrote outside C at (%d, %lld)",
+                                                      attn_kernel_kind_name(KINDS[kd]), r,
+                                                      (long long)j);
+                                        continue;
+                                    }
+                                    double want = acc ? c0[r * LDC + j] : 0.0, mag = fabs(want);
+                                    for (int64_t p = 0; p < kdim; p++) {
+                                        double t = (double)a[r * a_rs + p * a_cs] *
+                                                   b[p * LDC + j];
+                                        want += t;
+                                        mag += fabs(t);
+                                    }
+                                    ck_assert_msg(fabs(got - want) <= 1e-6 * (mag + 1.0),
+                                                  "%s rows %d cols %lld kdim %lld layout %d: "
+                                                  "C[%d][%lld] = %.9g, want %.9g",
+                                                  attn_kernel_kind_name(KINDS[kd]), rows,
+                                                  (long long)cols, (long long)kdim, layout, r,
+                                                  (long long)j, (double)got, want);
+                                }
+                            free(a);
+                            free(b);
+                            free(c);
+                            free(c0);
+                        }
+    }
+}
+END_TEST
+
+START_TEST(pack_transposes_and_zero_pads_every_shape)
+{
+    const int64_t rows_list[] = {1, 5, 7, 8, 9, 15, 16, 17, 31, 32, 48, 63, 64};
+    const int64_t cols_list[] = {1, 4, 8, 15, 16, 17, 33, 64, 70};
+    uint64_t seed = 23;
+    for (size_t kd = 0; kd < 3; kd++) {
+        const attn_kern *kk = attn_kern_of(KINDS[kd]);
+        if (kk == NULL)
+            continue;
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+            for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+                int64_t rows = rows_list[ri], cols = cols_list[ci], lds = cols + 3;
+                float *src = random_floats((size_t)(rows * lds), &seed, 1.0);
+                float *dst = xcalloc((size_t)((cols + 1) * KERN_BK), sizeof *dst);
+                for (int64_t i = 0; i < (cols + 1) * KERN_BK; i++)
+                    dst[i] = NAN;
+                kk->pack_t(src, lds, rows, cols, dst);
+                for (int64_t c = 0; c < cols; c++)
+                    for (int64_t r = 0; r < KERN_BK; r++) {
+                        float want = r < rows ? src[r * lds + c] : 0.0f;
+                        ck_assert_msg(dst[c * KERN_BK + r] == want,
+                                      "%s: %lldx%lld: dst[%lld][%lld] = %g, want %g",
+                                      attn_kernel_kind_name(KINDS[kd]), (long long)rows,
+                                      (long long)cols, (long long)c, (long long)r,
+                                      (double)dst[c * KERN_BK + r], (double)want);
+                    }
+                for (int64_t r = 0; r < KERN_BK; r++)
+                    ck_assert_msg(isnan(dst[cols * KERN_BK + r]), "wrote past the panel");
+                free(src);
+                free(dst);
+            }
+    }
+}
+END_TEST
+
+/* --------------------------------------------------------- exponential */
+
+/* Distance in units in the last place between two positive floats. */
+static int64_t ulps(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
+}
+
+/* exp(x) within 2 ulp of expf over every 61st float of [ATTN_EXP_MIN, 0]
+ * (the arguments x - max the softmax takes) and of (0, 88], exp(0) exactly
+ * 1, exactly 0 below ATTN_EXP_MIN and for -inf. */
+START_TEST(exp_within_2_ulp_of_expf_over_the_softmax_range)
+{
+    enum { N = 4096 };
+    float *x = xcalloc(N, sizeof *x), *arg = xcalloc(N, sizeof *arg);
+    for (size_t kd = 0; kd < 3; kd++) {
+        const attn_kern *kk = attn_kern_of(KINDS[kd]);
+        if (kk == NULL)
+            continue;
+        int64_t worst = 0;
+        float worst_at = 0.0f;
+        /* Negative floats ordered by bit pattern: -0 up to ATTN_EXP_MIN;
+         * then the positive ones up to 88. */
+        const float ends[2][2] = {{-0.0f, ATTN_EXP_MIN}, {0x1p-149f, 88.0f}};
+        for (int side = 0; side < 2; side++) {
+            uint32_t lo, hi;
+            memcpy(&lo, &ends[side][0], sizeof lo);
+            memcpy(&hi, &ends[side][1], sizeof hi);
+            uint32_t bits = lo;
+            while (bits <= hi) {
+                int n = 0;
+                for (; n < N && bits <= hi; n++, bits += 61) {
+                    memcpy(&arg[n], &bits, sizeof bits);
+                    x[n] = arg[n];
+                }
+                kk->exp_sum(x, n, 0.0f);
+                for (int i = 0; i < n; i++) {
+                    int64_t u = ulps(x[i], expf(arg[i]));
+                    if (u > worst) {
+                        worst = u;
+                        worst_at = arg[i];
+                    }
+                }
+            }
+        }
+        ck_assert_msg(worst <= 2, "%s: exp(%.9g) is %lld ulp from expf",
+                      attn_kernel_kind_name(KINDS[kd]), (double)worst_at, (long long)worst);
+        float edge[5] = {0.0f, -INFINITY, ATTN_EXP_MIN - 0.01f, -1000.0f, -0.0f};
+        kk->exp_sum(edge, 5, 0.0f);
+        ck_assert_msg(edge[0] == 1.0f && edge[4] == 1.0f, "%s: exp(0) = %.9g",
+                      attn_kernel_kind_name(KINDS[kd]), (double)edge[0]);
+        ck_assert_msg(edge[1] == 0.0f && edge[2] == 0.0f && edge[3] == 0.0f,
+                      "%s: exp below the minimum is not 0", attn_kernel_kind_name(KINDS[kd]));
+    }
+    free(x);
+    free(arg);
+}
+END_TEST
+
+/* The tails of the row steps: nothing read or written past n. */
+START_TEST(row_steps_stay_inside_the_row)
+{
+    enum { MAXN = 70, GUARD = 17 };
+    float x[MAXN + GUARD];
+    for (size_t kd = 0; kd < 3; kd++) {
+        const attn_kern *kk = attn_kern_of(KINDS[kd]);
+        if (kk == NULL)
+            continue;
+        for (int64_t n = 0; n <= MAXN; n++) {
+            for (int64_t j = 0; j < n; j++)
+                x[j] = (float)j - 40.0f;
+            for (int g = 0; g < GUARD; g++)
+                x[n + g] = INFINITY; /* read past the row: inf or nan shows it */
+            ck_assert(kk->scale_finite(x, n, 0.5f));
+            for (int64_t j = 0; j < n; j++)
+                ck_assert(x[j] == ((float)j - 40.0f) * 0.5f);
+            for (int g = 0; g < GUARD; g++)
+                ck_assert(x[n + g] == INFINITY);
+            if (n > 0) {
+                x[n - 1] = 3e38f;
+                ck_assert_msg(!kk->scale_finite(x, n, 4.0f), "%s: overflow at n=%lld missed",
+                              attn_kernel_kind_name(KINDS[kd]), (long long)n);
+            }
+        }
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------- layouts */
+
+/* [B, H, n, d] -> [B, n, H, d] */
+static float *to_bnhd(const float *x, int64_t B, int64_t H, int64_t n, int64_t d)
+{
+    float *y = xcalloc((size_t)(B * H * n * d), sizeof *y);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < n; i++)
+                memcpy(y + ((b * n + i) * H + h) * d, x + ((b * H + h) * n + i) * d,
+                       (size_t)d * sizeof *y);
+    return y;
+}
+
+typedef struct {
+    float *out, *dq, *dk, *dv, *weights;
+    attn_softmax_row *rows;
+} run_result;
+
+static void run_both(const attn_sdpa_params *p, const float *q, const float *k,
+                     const float *v, const float *dout, run_result *r)
+{
+    size_t nq = (size_t)(p->batch * p->heads_q * p->n_q);
+    size_t nk = (size_t)(p->batch * p->heads_kv * p->n_k);
+    r->out = xcalloc(nq * (size_t)p->d_v, sizeof(float));
+    r->dq = xcalloc(nq * (size_t)p->d_k, sizeof(float));
+    r->dk = xcalloc(nk * (size_t)p->d_k, sizeof(float));
+    r->dv = xcalloc(nk * (size_t)p->d_v, sizeof(float));
+    r->weights = xcalloc(nq * (size_t)p->n_k, sizeof(float));
+    r->rows = xcalloc(nq, sizeof *r->rows);
+    attn_error err = {0};
+    ck_assert_msg(attn_sdpa_forward(p, q, k, v, r->out, r->rows, r->weights, NULL, &err) ==
+                      ATTN_OK,
+                  "%s", err.message);
+    ck_assert_msg(attn_sdpa_backward(p, q, k, v, r->out, r->rows, dout, r->dq, r->dk, r->dv,
+                                     &err) == ATTN_OK,
+                  "%s", err.message);
+}
+
+static void run_free(run_result *r)
+{
+    free(r->out);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+    free(r->weights);
+    free(r->rows);
+}
+
+static bool same_bits(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof *a) == 0;
+}
+
+static attn_sdpa_params shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t nq, int64_t nk,
+                              int64_t dk, int64_t dv, int threads)
+{
+    attn_sdpa_params p = {.batch = B, .heads_q = Hq, .heads_kv = Hkv, .n_q = nq, .n_k = nk,
+                          .d_k = dk, .d_v = dv, .scale = attn_default_scale(dk),
+                          .threads = threads};
+    return p;
+}
+
+/* The same problem in both layouts gives the same numbers, bit for bit:
+ * the layout only moves where rows are read and written. */
+START_TEST(layout_bnhd_gives_the_numbers_of_bhnd_bit_for_bit)
+{
+    const struct { int64_t B, Hq, Hkv, nq, nk, dk, dv; bool causal; } cases[] = {
+        {2, 4, 2, 70, 130, 24, 40, false},
+        {1, 3, 1, 129, 65, 64, 64, true},
+        {2, 2, 2, 5, 200, 17, 9, true},
+    };
+    uint64_t seed = 31;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        attn_sdpa_params p = shape(cases[ci].B, cases[ci].Hq, cases[ci].Hkv, cases[ci].nq,
+                                   cases[ci].nk, cases[ci].dk, cases[ci].dv, 2);
+        p.causal = cases[ci].causal;
+        size_t nq = (size_t)(p.batch * p.heads_q * p.n_q), nk = (size_t)(p.batch * p.heads_kv * p.n_k);
+        float *q = random_floats(nq * (size_t)p.d_k, &seed, 2.0);
+        float *k = random_floats(nk * (size_t)p.d_k, &seed, 1.0);
+        float *v = random_floats(nk * (size_t)p.d_v, &seed, 1.0);
+        float *dout = random_floats(nq * (size_t)p.d_v, &seed, 1.0);
+        run_result a, b;
+        run_both(&p, q, k, v, dout, &a);
+        attn_sdpa_params pb = p;
+        pb.layout = ATTN_LAYOUT_BNHD;
+        float *qb = to_bnhd(q, p.batch, p.heads_q, p.n_q, p.d_k);
+        float *kb = to_bnhd(k, p.batch, p.heads_kv, p.n_k, p.d_k);
+        float *vb = to_bnhd(v, p.batch, p.heads_kv, p.n_k, p.d_v);
+        float *db = to_bnhd(dout, p.batch, p.heads_q, p.n_q, p.d_v);
+        run_both(&pb, qb, kb, vb, db, &b);
+        float *out = to_bnhd(a.out, p.batch, p.heads_q, p.n_q, p.d_v);
+        float *dq = to_bnhd(a.dq, p.batch, p.heads_q, p.n_q, p.d_k);
+        float *dk = to_bnhd(a.dk, p.batch, p.heads_kv, p.n_k, p.d_k);
+        float *dv = to_bnhd(a.dv, p.batch, p.heads_kv, p.n_k, p.d_v);
+        ck_assert_msg(same_bits(out, b.out, nq * (size_t)p.d_v), "case %zu: out", ci);
+        ck_assert_msg(same_bits(dq, b.dq, nq * (size_t)p.d_k), "case %zu: dq", ci);
+        ck_assert_msg(same_bits(dk, b.dk, nk * (size_t)p.d_k), "case %zu: dk", ci);
+        ck_assert_msg(same_bits(dv, b.dv, nk * (size_t)p.d_v), "case %zu: dv", ci);
+        ck_assert_msg(same_bits(a.weights, b.weights, nq * (size_t)p.n_k), "case %zu: weights", ci);
+        ck_assert_msg(memcmp(a.rows, b.rows, nq * sizeof *a.rows) == 0, "case %zu: rows", ci);
+        free(q), free(k), free(v), free(dout), free(qb), free(kb), free(vb), free(db);
+        free(out), free(dq), free(dk), free(dv);
+        run_free(&a);
+        run_free(&b);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ promises */
+
+/* Twice the same call, twice the same bits: with few (batch, head) pairs
+ * the backward splits key tiles between threads, still in a fixed order. */
+START_TEST(results_are_the_same_bits_call_after_call)
+{
+    uint64_t seed = 41;
+    for (int threads = 1; threads <= 3; threads++) {
+        attn_sdpa_params p = shape(1, 2, 1, 300, 700, 32, 32, threads);
+        p.causal = threads == 2;
+        size_t nq = 600, nk = 700;
+        float *q = random_floats(nq * 32, &seed, 2.0), *k = random_floats(nk * 32, &seed, 1.0);
+        float *v = random_floats(nk * 32, &seed, 1.0), *dout = random_floats(nq * 32, &seed, 1.0);
+        run_result a, b;
+        run_both(&p, q, k, v, dout, &a);
+        run_both(&p, q, k, v, dout, &b);
+        ck_assert(same_bits(a.out, b.out, nq * 32) && same_bits(a.dq, b.dq, nq * 32) &&
+                  same_bits(a.dk, b.dk, nk * 32) && same_bits(a.dv, b.dv, nk * 32));
+        free(q), free(k), free(v), free(dout);
+        run_free(&a);
+        run_free(&b);
+    }
+}
+END_TEST
+
+/* Values near float32's maximum: the weighted sum over the keys overflows
+ * on the way, the weighted mean does not (Issue 8: the two routes must
+ * agree; the library does it). Scores that overflow float32 too. */
+START_TEST(output_is_finite_where_the_sum_on_the_way_overflows)
+{
+    enum { NK = 100, D = 3 };
+    attn_sdpa_params p = shape(1, 1, 1, 2, NK, D, D, 1);
+    float q[2 * D] = {0.01f, 0.02f, -0.01f, 1e19f, 1e19f, 1e19f};
+    float k[NK * D], v[NK * D];
+    uint64_t seed = 5;
+    for (int j = 0; j < NK * D; j++) {
+        k[j] = (float)(1e19 * rng_uniform(&seed)) + (j % D == 0 ? 3e19f : 0.0f);
+        v[j] = (float)(3e38 * (0.9 + 0.1 * rng_uniform(&seed)));
+    }
+    float out[2 * D];
+    attn_softmax_row rows[2];
+    attn_error err = {0};
+    ck_assert_msg(attn_sdpa_forward(&p, q, k, v, out, rows, NULL, NULL, &err) == ATTN_OK, "%s",
+                  err.message);
+    double qd[2 * D], kd[NK * D], vd[NK * D], want[2 * D];
+    for (int i = 0; i < 2 * D; i++)
+        qd[i] = q[i];
+    for (int j = 0; j < NK * D; j++)
+        kd[j] = k[j], vd[j] = v[j];
+    ref_sdpa_forward(&p, qd, kd, vd, want, NULL, NULL);
+    for (int i = 0; i < 2 * D; i++)
+        ck_assert_msg(isfinite(out[i]) && fabs(out[i] - want[i]) <= 1e-6 * fabs(want[i]),
+                      "out[%d] = %g, want %g", i, (double)out[i], want[i]);
+}
+END_TEST
+
+/* The issue's example: a row shifted by -1e20 (where both scores round to
+ * the same float) must give the gradients of the shifted float scores,
+ * not zeros. */
+START_TEST(row_shift_of_minus_1e20_gives_the_gradients_of_equal_scores)
+{
+    attn_sdpa_params p = shape(1, 1, 1, 1, 2, 1, 1, 1);
+    const float q[1] = {1}, k[2] = {1, 2}, v[2] = {1, 3}, dout[1] = {1};
+    const float bias[2] = {-1e20f, -1e20f};
+    p.mask.kind = ATTN_MASK_BIAS;
+    p.mask.bias = bias;
+    const int64_t mshape[1] = {2};
+    attn_error err = {0};
+    ck_assert(attn_mask_broadcast(&p.mask, 1, mshape, 1, 1, 1, 2, &err) == ATTN_OK);
+    float out[1], dq[1], dk[2], dv[2];
+    attn_softmax_row rows[1];
+    ck_assert(attn_sdpa_forward(&p, q, k, v, out, rows, NULL, NULL, &err) == ATTN_OK);
+    ck_assert(attn_sdpa_backward(&p, q, k, v, out, rows, dout, dq, dk, dv, &err) == ATTN_OK);
+    ck_assert_msg(out[0] == 2.0f, "out %g", (double)out[0]);
+    ck_assert_msg(dv[0] == 0.5f && dv[1] == 0.5f, "dv %g %g", (double)dv[0], (double)dv[1]);
+    ck_assert_msg(dq[0] == 0.5f, "dq %g", (double)dq[0]);
+    ck_assert_msg(dk[0] == -0.5f && dk[1] == 0.5f, "dk %g %g", (double)dk[0], (double)dk[1]);
+}
+END_TEST
+
+/* Scores around 1e4 spread over several key tiles (q, k ~ N(0, 100^2),
+ * 300 x 65 against 700 x 65): the backward rebuilds each weight from the
+ * row maximum and sum, so dv is as accurate as float32 allows. */
+START_TEST(large_scores_over_many_tiles_keep_the_gradients_accurate)
+{
+    enum { NQ = 300, NK = 700, D = 65 };
+    attn_sdpa_params p = shape(1, 1, 1, NQ, NK, D, D, 2);
+    uint64_t seed = 1234;
+    float *q = xcalloc(NQ * D, sizeof *q), *k = xcalloc(NK * D, sizeof *k);
+    for (int i = 0; i < NQ * D; i++)
+        q[i] = (float)(100.0 * rng_normal(&seed));
+    for (int i = 0; i < NK * D; i++)
+        k[i] = (float)(100.0 * rng_normal(&seed));
+    float *v = random_floats(NK * D, &seed, 1.0), *dout = random_floats(NQ * D, &seed, 1.0);
+    run_result r;
+    run_both(&p, q, k, v, dout, &r);
+    double *qd = to_double(q, NQ * D), *kd = to_double(k, NK * D);
+    double *vd = to_double(v, NK * D), *dod = to_double(dout, NQ * D);
+    double *rq = xcalloc(NQ * D, sizeof *rq), *rk = xcalloc(NK * D, sizeof *rk);
+    double *rv = xcalloc(NK * D, sizeof *rv);
+    ref_sdpa_backward(&p, qd, kd, vd, dod, rq, rk, rv);
+    double worst = 0.0, big = 0.0;
+    for (int i = 0; i < NK * D; i++) {
+        worst = fmax(worst, fabs(r.dv[i] - rv[i]));
+        big = fmax(big, fabs(rv[i]));
+    }
+    ck_assert_msg(worst <= 1e-6 * big, "dv off by %.3g relative", worst / big);
+    free(q), free(k), free(v), free(dout), free(qd), free(kd), free(vd), free(dod);
+    free(rq), free(rk), free(rv);
+    run_free(&r);
+}
+END_TEST
+
+static Suite *kernels_suite(void)
+{
+    Suite *s = suite_create("kernels");
+    TCase *tc = tcase_create("micro");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, gemm_matches_double_reference_at_every_block_shape);
+    tcase_add_test(tc, pack_transposes_and_zero_pads_every_shape);
+    tcase_add_test(tc, exp_within_2_ulp_of_expf_over_the_softmax_range);
+    tcase_add_test(tc, row_steps_stay_inside_the_row);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("promises");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, layout_bnhd_gives_the_numbers_of_bhnd_bit_for_bit);
+    tcase_add_test(tc, results_are_the_same_bits_call_after_call);
+    tcase_add_test(tc, output_is_finite_where_the_sum_on_the_way_overflows);
+    tcase_add_test(tc, row_shift_of_minus_1e20_gives_the_gradients_of_equal_scores);
+    tcase_add_test(tc, large_scores_over_many_tiles_keep_the_gradients_accurate);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    printf("kernel in use: %s\n", attn_kernel_name());
+    SRunner *sr = srunner_create(kernels_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
