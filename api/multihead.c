@@ -355,9 +355,9 @@ static bool compute(multihead_call *c, api_error *err)
     /* With gradients, one call: the projections and the attention are not
      * computed twice. */
     attn_status st = c->want_grad
-                         ? attn_mha_forward_backward(p, &in, c->out, c->weights, stats,
+                         ? attn_mha_forward_backward(p, &in, c->out, NULL, c->weights, stats,
                                                      data(c, F_GRAD_OUTPUT), &g, &ae)
-                         : attn_mha_forward(p, &in, c->out, c->weights, stats, &ae);
+                         : attn_mha_forward(p, &in, c->out, NULL, c->weights, stats, &ae);
     if (st != ATTN_OK)
         return api_fail_attn(err, &ae);
     if (!api_check_finite(c->out, n_out, "the output", err) ||

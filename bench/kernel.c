@@ -282,9 +282,9 @@ static bool task_run_once(task *t)
         /* Forward and backward as a training step (and the API) runs them:
          * one call, nothing computed twice. */
         attn_status st = t->mode == MHA_FWDBWD
-                             ? attn_mha_forward_backward(&t->mha, &in, f[2], NULL, NULL, f[1],
+                             ? attn_mha_forward_backward(&t->mha, &in, f[2], NULL, NULL, NULL, f[1],
                                                          &g, &err)
-                             : attn_mha_forward(&t->mha, &in, f[2], NULL, NULL, &err);
+                             : attn_mha_forward(&t->mha, &in, f[2], NULL, NULL, NULL, &err);
         if (st != ATTN_OK)
             break;
         return true;

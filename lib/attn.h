@@ -113,6 +113,36 @@ typedef enum {
     ATTN_LAYOUT_BNHD = 1,
 } attn_layout;
 
+/*
+ * The attention variants of the field (all off when zero). Positions are
+ * aligned bottom-right, as the causal mask is: query row i sits at position
+ * p_i = i + n_k - n_q, key j at j. The final score of (i, j) is
+ *   x = softcap(scale * q_i . k_j) - slope_h * |p_i - j| + bias_ij
+ * (hidden keys: -inf), with q and k rotated first when rope_base > 0.
+ */
+typedef struct {
+    /* Sliding window (FlashAttention's window_size), when `window`: query i
+     * sees key j only if p_i - window_left <= j <= p_i + window_right; -1
+     * leaves that side unbounded. Combines with causal (which caps the
+     * right side at 0) and the masks. Key tiles wholly outside are skipped. */
+    bool window;
+    int64_t window_left, window_right;
+    /* ALiBi (FlashAttention's convention): slope_h = alibi_slopes[b *
+     * alibi_batch_stride + h] for query head h; a stride of 0 shares one
+     * slope per head across the batch ([H_q]), H_q gives [B, H_q]. NULL: none. */
+    const float *alibi_slopes;
+    int64_t alibi_batch_stride;
+    /* Logit soft-capping (Gemma 2), when > 0: the scaled score s becomes
+     * softcap * tanh(s / softcap), before ALiBi and the masks. */
+    float softcap;
+    /* Rotary position embedding, when > 0: q and k are rotated before the
+     * scores in the rotate-half convention (GPT-NeoX, Hugging Face Llama):
+     * for t < d_k/2 the pair (x_t, x_{t + d_k/2}) at position p turns by the
+     * angle p * rope_base^(-2t/d_k) (computed in double). d_k must be even.
+     * Gradients are with respect to the q and k given, before rotation. */
+    float rope_base;
+} attn_variants;
+
 typedef struct {
     int64_t batch;    /* B >= 1 */
     int64_t heads_q;  /* H_q >= 1 */
@@ -124,6 +154,7 @@ typedef struct {
     attn_mask mask; /* kind ATTN_MASK_NONE for none */
     int threads;    /* >= 1 */
     attn_layout layout;
+    attn_variants variants;
 } attn_sdpa_params;
 
 /* 1 / sqrt(d_k) (Eq. 7). */
@@ -204,6 +235,7 @@ typedef struct {
     float scale;            /* finite, > 0 */
     bool causal;
     attn_mask mask;         /* strides over [B, h, n, m] */
+    attn_variants variants; /* applied per head, after the projections */
     int threads;            /* >= 1 */
 } attn_mha_params;
 
@@ -229,12 +261,13 @@ typedef struct {
 } attn_mha_grads;
 
 /*
- * Forward: out [B, n, d_out]; optional weights [B, h, n, m] (per head) and
- * stats (over every head), as for attn_sdpa_forward.
+ * Forward: out [B, n, d_out]; optional (NULL to skip) rows [B, h, n] (each
+ * query row's softmax maximum and sum, per head), weights [B, h, n, m] (per
+ * head) and stats (over every head), as for attn_sdpa_forward.
  */
 attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in,
-                             float *out, float *weights, attn_stats *stats,
-                             attn_error *err);
+                             float *out, attn_softmax_row *rows, float *weights,
+                             attn_stats *stats, attn_error *err);
 
 /*
  * Backward: given dout [B, n, d_out], writes every non-NULL gradient in `g`.
@@ -250,9 +283,9 @@ attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *i
  * the projections and the attention twice.
  */
 attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_inputs *in,
-                                      float *out, float *weights, attn_stats *stats,
-                                      const float *dout, const attn_mha_grads *g,
-                                      attn_error *err);
+                                      float *out, attn_softmax_row *rows, float *weights,
+                                      attn_stats *stats, const float *dout,
+                                      const attn_mha_grads *g, attn_error *err);
 
 /* Nominal FLOPs of the forward pass: projections, attention, output projection. */
 double attn_mha_flops(const attn_mha_params *p);

@@ -64,6 +64,22 @@ static inline vf vkeep_range(vf x, int64_t lo, int64_t hi)
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(keep));
 }
 
+static inline vf vabs(vf x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+static inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vmask vge(vf a, vf b)
+{
+    return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_GE_OQ));
+}
+static inline vf vblend(vmask m, vf a, vf b)
+{
+    return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(m));
+}
+static inline vf vcopysign(vf x, vf s)
+{
+    const vf sign = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(sign, x), _mm256_and_ps(sign, s));
+}
+static inline vf viota(void) { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
 static inline vmask vbad(vf x)
 {
     return _mm256_castps_si256(_mm256_or_ps(

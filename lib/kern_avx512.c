@@ -50,6 +50,21 @@ static inline vf vkeep_range(vf x, int64_t lo, int64_t hi)
     return _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), keep, x);
 }
 
+static inline vf vabs(vf x) { return _mm512_abs_ps(x); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vmask vge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+static inline vf vblend(vmask m, vf a, vf b) { return _mm512_mask_blend_ps(m, b, a); }
+static inline vf vcopysign(vf x, vf s)
+{
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    return _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_andnot_si512(sign, _mm512_castps_si512(x)),
+                        _mm512_and_si512(sign, _mm512_castps_si512(s))));
+}
+static inline vf viota(void)
+{
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
 static inline vmask vbad(vf x)
 {
     return _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ) |

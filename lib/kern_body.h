@@ -19,6 +19,8 @@
  *   vtranspose(src, lds, dst, ldd)  a VW x VW block, dst[c][r] = src[r][c]
  *   vnonfinite(x)   the lanes of x that are inf or nan; vmask_none(m)
  *   vbad(x)         the lanes of x that are +inf or nan
+ *   vabs vdiv vge(a, b) (a mask) vblend(m, a, b) (a in m, b elsewhere)
+ *   vcopysign(x, s) viota() (lane l holds l)
  *
  * Shapes (a tile is query rows i0 .. i0 + rows of head (b, h) against keys
  * j0 .. j0 + cols, cols <= KERN_BK):
@@ -249,45 +251,90 @@ static float KF(max_checked)(const float *x, int64_t n)
 }
 
 /*
- * Row i of a tile's scores becomes its final scores in place:
- *   x[j] = scale * s[j] (+ the additive mask), -inf where key j0 + j is
- *   hidden (causal, boolean mask),
- * and the row's largest final score is returned: -inf if none is visible,
- * NaN if a visible score overflowed to +inf or NaN.
+ * tanh, for soft-capping. Below 1/2 its Taylor series to y^17 (each term a
+ * tenth of the one before: under half an ulp left over); above, 1 - 2 /
+ * (exp(2|y|) + 1), where the cancellation costs at most a bit, with the
+ * sign of y. Saturates to +-1 (exp's argument is capped), NaN stays NaN.
  */
-static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, float *x)
+static inline vf KF(vtanh)(vf y)
+{
+    const vf a = vabs(y), a2 = vmul(a, a);
+    vf p = vset1(6404582.0f / 10854718875.0f);
+    p = vfma(p, a2, vset1(-929569.0f / 638512875.0f));
+    p = vfma(p, a2, vset1(21844.0f / 6081075.0f));
+    p = vfma(p, a2, vset1(-1382.0f / 155925.0f));
+    p = vfma(p, a2, vset1(62.0f / 2835.0f));
+    p = vfma(p, a2, vset1(-17.0f / 315.0f));
+    p = vfma(p, a2, vset1(2.0f / 15.0f));
+    p = vfma(p, a2, vset1(-1.0f / 3.0f));
+    vf small = vfma(vmul(p, a2), a, a);
+    vf e = vexp(vadd(a, a));
+    vf large = vsub(vset1(1.0f), vdiv(vset1(2.0f), vadd(e, vset1(1.0f))));
+    return vcopysign(vblend(vge(a, vset1(0.5f)), large, small), y);
+}
+
+/*
+ * Row i of a tile's scores becomes its final scores in place:
+ *   x[j] = softcap(scale * s[j]) - slope * |p_i - j0 - j| (+ the additive
+ *   mask), -inf where key j0 + j is hidden (causal, window, boolean mask),
+ * and the row's largest final score is returned: -inf if none is visible,
+ * NaN if a visible score overflowed to +inf or NaN. With soft-capping and
+ * `capped` not NULL, capped[j] = tanh(scale * s[j] / softcap) (the backward
+ * needs its derivative).
+ */
+static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, float *x,
+                           float *capped)
 {
     const attn_sdpa_params *p = c->p;
     const int64_t cols = t->cols;
     const vf scale = vset1(p->scale);
-    int64_t hi = cols; /* keys j0 + hi .. are hidden (causal) */
-    if (p->causal) {
-        int64_t end = i + c->offset + 1 - t->j0;
-        hi = end < 0 ? 0 : KMIN(end, cols);
-    }
-    if (p->mask.kind == ATTN_MASK_NONE) {
+    int64_t lo, hi; /* the keys of the row that the causal mask and window leave */
+    sdpa_row_range(c, i, t->j0, cols, &lo, &hi);
+    if (c->plain) {
         vf m = vset1(-INFINITY);
         vmask bad = vmask_first(0);
         int64_t j = 0;
         for (; j + VW <= cols; j += VW) {
             vf s = vmul(vload(x + j), scale);
-            if (j + VW > hi)
-                s = vkeep_range(s, 0, hi - j);
+            if (j < lo || j + VW > hi)
+                s = vkeep_range(s, lo - j, hi - j);
             vstore(x + j, s);
             m = vmax(m, s);
             bad |= vbad(s);
         }
         if (j < cols) {
             vmask tail = vmask_first((int)(cols - j));
-            vf s = vkeep_range(vmul(vload_m(x + j, tail), scale), 0, KMIN(hi, cols) - j);
+            vf s = vkeep_range(vmul(vload_m(x + j, tail), scale), lo - j, KMIN(hi, cols) - j);
             vstore_m(x + j, s, tail);
             m = vmax(m, s);
             bad |= vbad(s);
         }
         return vmask_none(bad) ? vhmax(m) : NAN;
     }
-    KF(scale_row)(x, cols, p->scale);
-    sdpa_mask_row(c, t->b, t->h, i, t->j0, x, cols);
+    const float cap = p->variants.softcap;
+    const float slope = sdpa_alibi_slope(c, t->b, t->h);
+    /* ALiBi's distance |p_i - j| as (p_i - j0 - j) - lane, exact in float
+     * for positions below 2^24. */
+    const float from = (float)(i + c->offset - t->j0);
+    for (int64_t j = 0; j < cols; j += VW) {
+        vmask keep = vmask_first((int)KMIN((int64_t)VW, cols - j));
+        vf s = vmul(vload_m(x + j, keep), scale);
+        if (cap > 0.0f) {
+            vf th = KF(vtanh)(vmul(s, vset1(1.0f / cap)));
+            if (capped != NULL)
+                vstore_m(capped + j, th, keep);
+            s = vmul(th, vset1(cap));
+        }
+        if (slope != 0.0f) {
+            vf dist = vabs(vsub(vset1(from - (float)j), viota()));
+            s = vfma(vset1(-slope), dist, s);
+        }
+        vstore_m(x + j, s, keep);
+    }
+    if (p->mask.kind != ATTN_MASK_NONE)
+        sdpa_mask_row(c, t->b, t->h, i, t->j0, x, cols);
+    for (int64_t j = 0; j < lo; j++)
+        x[j] = -INFINITY;
     for (int64_t j = hi; j < cols; j++)
         x[j] = -INFINITY;
     return KF(max_checked)(x, cols);
@@ -324,7 +371,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
             if (st->stats != NULL)
                 sdpa_fwd_stats_raw(st, x, t->cols);
             float m_old = st->m[row];
-            float m_tile = KF(score_row)(c, t, i, x);
+            float m_tile = KF(score_row)(c, t, i, x, NULL);
             if (isnan(m_tile)) {
                 /* Scores overflowed: the row is redone in double at the end
                  * (a NaN sum says so); here it contributes nothing. */
@@ -361,7 +408,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
         }
         /* The first key tile writes the output rows, later ones add. */
         KF(gemm)(rows, d_v, t->cols, s, KERN_BK, 1, keys->v, c->ldv, st->out + r0 * ldo, ldo,
-                 st->kt > 0);
+                 st->accumulate);
     }
 }
 
@@ -378,22 +425,20 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
  * the row gives the same weights and gradients.
  */
 static void KF(softmax_grad_row)(float *x, float *dp, int64_t n, float m, float inv_l,
-                                 float delta, float scale)
+                                 float delta, float scale, const float *capped)
 {
     const vf vm = vset1(m), vinv = vset1(inv_l), vd = vset1(delta), vs = vset1(scale);
-    int64_t j = 0;
-    for (; j + VW <= n; j += VW) {
-        vf pr = vmul(vexp(vsub(vload(x + j), vm)), vinv);
-        vstore(x + j, pr);
-        vf g = vmul(vmul(pr, vsub(vload(dp + j), vd)), vs);
-        vstore(dp + j, vmasked(g, vnot_one(pr)));
-    }
-    if (j < n) {
-        vmask tail = vmask_first((int)(n - j));
-        vf pr = vmul(vexp(vsub(vload_m(x + j, tail), vm)), vinv);
-        vstore_m(x + j, pr, tail);
-        vf g = vmul(vmul(pr, vsub(vload_m(dp + j, tail), vd)), vs);
-        vstore_m(dp + j, vmasked(g, vnot_one(pr)), tail);
+    for (int64_t j = 0; j < n; j += VW) {
+        vmask keep = vmask_first((int)KMIN((int64_t)VW, n - j));
+        vf pr = vmul(vexp(vsub(vload_m(x + j, keep), vm)), vinv);
+        vstore_m(x + j, pr, keep);
+        vf g = vmul(vmul(pr, vsub(vload_m(dp + j, keep), vd)), vs);
+        if (capped != NULL) {
+            /* Through the soft cap: d(c tanh(s/c))/ds = 1 - tanh^2. */
+            vf th = vload_m(capped + j, keep);
+            g = vmul(g, vsub(vset1(1.0f), vmul(th, th)));
+        }
+        vstore_m(dp + j, vmasked(g, vnot_one(pr)), keep);
     }
 }
 
@@ -431,8 +476,10 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
                 memset(g, 0, (size_t)cols * sizeof *g);
                 continue;
             }
-            KF(score_row)(c, t, t->i0 + row, x);
-            KF(softmax_grad_row)(x, g, cols, sm.max, 1.0f / sm.sum, st->delta[row], p->scale);
+            float *capped = p->variants.softcap > 0.0f ? st->capped : NULL;
+            KF(score_row)(c, t, t->i0 + row, x, capped);
+            KF(softmax_grad_row)(x, g, cols, sm.max, 1.0f / sm.sum, st->delta[row], p->scale,
+                                 capped);
         }
         KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq, true);
     }

@@ -40,6 +40,12 @@ static inline vf vkeep_range(vf x, int64_t lo, int64_t hi)
 {
     return lo <= 0 && 0 < hi ? x : -INFINITY;
 }
+static inline vf vabs(vf x) { return fabsf(x); }
+static inline vf vdiv(vf a, vf b) { return a / b; }
+static inline vmask vge(vf a, vf b) { return a >= b; }
+static inline vf vblend(vmask m, vf a, vf b) { return m ? a : b; }
+static inline vf vcopysign(vf x, vf s) { return copysignf(x, s); }
+static inline vf viota(void) { return 0.0f; }
 static inline vmask vbad(vf x) { return x != x || x == INFINITY; }
 static inline vmask vnonfinite(vf x) { return !(x - x == 0.0f); }
 static inline bool vmask_none(vmask m) { return m == 0; }

@@ -253,7 +253,7 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads,
         .n_q = p->n, .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
-        .threads = p->threads, .layout = ATTN_LAYOUT_BNHD,
+        .threads = p->threads, .layout = ATTN_LAYOUT_BNHD, .variants = p->variants,
     };
     /* One decision for every product of the call, from all of them. */
     double flops = attn_mha_flops(p) - attn_sdpa_flops(&st->sdpa);
@@ -268,8 +268,8 @@ static float *alloc_floats(int64_t a, int64_t b, int64_t c)
 }
 
 attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
-                       mha_state *st, bool want_rows, float *out, float *weights,
-                       attn_stats *stats, attn_error *err)
+                       mha_state *st, bool want_rows, float *out, attn_softmax_row *rows,
+                       float *weights, attn_stats *stats, attn_error *err)
 {
     const int64_t B = p->batch, n = p->n, m = p->m;
     st->q = alloc_floats(B * n, p->heads, p->d_k);
@@ -277,9 +277,9 @@ attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
     st->v = alloc_floats(B * m, p->kv_heads, p->d_v);
     st->o_owned = in->w_o != NULL || out == NULL;
     st->o = st->o_owned ? alloc_floats(B * n, p->heads, p->d_v) : out;
-    if (want_rows)
-        st->rows = malloc((size_t)(B * p->heads * n) * sizeof *st->rows);
-    if (!st->q || !st->k || !st->v || !st->o || (want_rows && !st->rows)) {
+    st->rows_owned = rows == NULL && want_rows;
+    st->rows = st->rows_owned ? malloc((size_t)(B * p->heads * n) * sizeof *st->rows) : rows;
+    if (!st->q || !st->k || !st->v || !st->o || (st->rows_owned && !st->rows)) {
         mha_state_free(st);
         return attn_fail(err, ATTN_ERR_NOMEM,
                          "out of memory for the projections of multi-head attention");
@@ -317,7 +317,8 @@ void mha_state_free(mha_state *st)
     free(st->v);
     if (st->o_owned)
         free(st->o);
-    free(st->rows);
+    if (st->rows_owned)
+        free(st->rows);
     st->q = st->k = st->v = st->o = NULL;
     st->rows = NULL;
 }

@@ -36,6 +36,7 @@ typedef struct {
     float *o;                /* [B, n, h*d_v]: the heads concatenated */
     bool o_owned;            /* o is ours (with w_o), not the caller's out */
     attn_softmax_row *rows;  /* [B, h, n], or NULL when not wanted */
+    bool rows_owned;         /* rows is ours, not the caller's */
 } mha_state;
 
 /* Checks p and in (want_weights: the caller asks for [B,h,n,m]) and fills
@@ -43,12 +44,14 @@ typedef struct {
 attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
                         bool want_weights, mha_state *st, attn_error *err);
 
-/* Allocates st's buffers (rows when want_rows), projects q, k, v and runs
- * attn_sdpa_forward into st->o. Without w_o, st->o is `out` itself (the
- * caller's [B, n, h*d_v]) when out is not NULL. On failure st holds nothing. */
+/* Allocates st's buffers, projects q, k, v and runs attn_sdpa_forward into
+ * st->o. Without w_o, st->o is `out` itself (the caller's [B, n, h*d_v])
+ * when out is not NULL. The softmax rows go to `rows` when it is not NULL,
+ * else to a buffer of st's when want_rows (the backward needs them), else
+ * nowhere. On failure st holds nothing. */
 attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
-                       mha_state *st, bool want_rows, float *out, float *weights,
-                       attn_stats *stats, attn_error *err);
+                       mha_state *st, bool want_rows, float *out, attn_softmax_row *rows,
+                       float *weights, attn_stats *stats, attn_error *err);
 
 /* out [B, n, d_out] = o W_O + b_O (nothing to do without w_o: o is out). */
 void mha_output(const attn_mha_params *p, const attn_mha_inputs *in, const mha_state *st,

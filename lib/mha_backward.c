@@ -145,7 +145,7 @@ attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *i
         return s;
     if (!wants_inner(g) && g->w_o == NULL && g->b_o == NULL)
         return ATTN_OK;
-    s = mha_attend(p, in, &st, true, NULL, NULL, NULL, err);
+    s = mha_attend(p, in, &st, true, NULL, NULL, NULL, NULL, err);
     if (s != ATTN_OK)
         return s;
     s = mha_backward_from(p, in, &st, dout, g, err);

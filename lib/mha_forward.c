@@ -11,8 +11,8 @@
 #include "mha.h"
 
 attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in,
-                             float *out, float *weights, attn_stats *stats,
-                             attn_error *err)
+                             float *out, attn_softmax_row *rows, float *weights,
+                             attn_stats *stats, attn_error *err)
 {
     mha_state st;
     attn_status s = mha_prepare(p, in, weights != NULL, &st, err);
@@ -20,7 +20,7 @@ attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in
         return s;
     if (out == NULL)
         return attn_fail(err, ATTN_ERR_INVALID, "multi-head attention: out is required");
-    s = mha_attend(p, in, &st, false, out, weights, stats, err);
+    s = mha_attend(p, in, &st, false, out, rows, weights, stats, err);
     if (s != ATTN_OK)
         return s;
     mha_output(p, in, &st, out);
@@ -29,9 +29,9 @@ attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in
 }
 
 attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_inputs *in,
-                                      float *out, float *weights, attn_stats *stats,
-                                      const float *dout, const attn_mha_grads *g,
-                                      attn_error *err)
+                                      float *out, attn_softmax_row *rows, float *weights,
+                                      attn_stats *stats, const float *dout,
+                                      const attn_mha_grads *g, attn_error *err)
 {
     mha_state st;
     attn_status s = mha_prepare(p, in, weights != NULL, &st, err);
@@ -39,7 +39,7 @@ attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_i
         return s;
     if (out == NULL)
         return attn_fail(err, ATTN_ERR_INVALID, "multi-head attention: out is required");
-    s = mha_attend(p, in, &st, true, out, weights, stats, err);
+    s = mha_attend(p, in, &st, true, out, rows, weights, stats, err);
     if (s != ATTN_OK)
         return s;
     mha_output(p, in, &st, out);
@@ -66,7 +66,7 @@ double attn_mha_flops(const attn_mha_params *p)
         .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads,
         .n_q = p->n, .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
-        .threads = p->threads,
+        .threads = p->threads, .variants = p->variants,
     };
     return 2.0 * B * n * (double)p->d_model * h * d_k +
            2.0 * B * m * (double)p->d_ctx * h_kv * (d_k + d_v) +

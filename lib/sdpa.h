@@ -23,7 +23,15 @@ typedef struct {
     /* Row strides (in floats) of q and dq, k and dk, v and dv, out and dout:
      * d for ATTN_LAYOUT_BHND, H * d for ATTN_LAYOUT_BNHD. */
     int64_t ldq, ldk, ldv, ldo;
+    /* Causal mask and window together: query i (position p_i = i + offset)
+     * sees keys p_i - before .. p_i + after (SDPA_FAR: unbounded). */
+    int64_t before, after;
+    /* What the kernels' row step must do beyond scaling and the range. */
+    bool plain; /* no explicit mask, no ALiBi, no softcap */
 } sdpa_call;
+
+/* "Unbounded": far beyond any n, yet p_i +- SDPA_FAR cannot overflow. */
+#define SDPA_FAR ((int64_t)1 << 60)
 
 /* Query rows [i0, i0 + rows) of head h in batch b, against keys [j0, j0 + cols). */
 typedef struct {
@@ -50,8 +58,19 @@ const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h);
  * its key/value head's rows in dk and dv. */
 int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h);
 
-/* Last key column (exclusive) that any row of [i0, i0 + rows) may see. */
-int64_t sdpa_causal_end(const sdpa_call *c, int64_t i0, int64_t rows);
+/* The keys [*begin, *end) that some row of [i0, i0 + rows) may see under
+ * the causal mask and the window (empty: *begin == *end). */
+void sdpa_key_range(const sdpa_call *c, int64_t i0, int64_t rows, int64_t *begin,
+                    int64_t *end);
+/* The query rows [*begin, *end) that see some key of [j0, j0 + cols). */
+void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *begin,
+                      int64_t *end);
+/* Keys of row i visible within a tile from j0 of cols keys: [*lo, *hi),
+ * relative to j0 and clipped to [0, cols]. */
+void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int64_t *lo,
+                    int64_t *hi);
+/* slope_h of ALiBi for (b, h); 0 without. */
+float sdpa_alibi_slope(const sdpa_call *c, int64_t b, int64_t h);
 
 /* Adds the explicit mask's row (b, h, i), keys j0 .. j0 + cols, to the
  * scaled scores x: the bias, or -inf where the boolean mask hides a key. */
@@ -67,16 +86,19 @@ void sdpa_mask_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t 
 typedef struct {
     int64_t count;    /* visible scores */
     double mean, m2;  /* of the raw scores */
+    double scaled_mean, scaled_m2; /* of the scaled (and soft-capped) scores */
     int64_t rows;     /* rows not fully masked */
     double entropy_sum, entropy_min, entropy_max, max_weight_sum;
 } sdpa_stats_acc;
 
 void sdpa_stats_init(sdpa_stats_acc *a);
-/* The raw scores raw[j] of a row whose final scores x[j] are -inf where hidden. */
-void sdpa_stats_scores(sdpa_stats_acc *a, const float *raw, const float *x, int64_t cols);
+/* The raw scores raw[j] of a row whose final scores x[j] are -inf where
+ * hidden; their scaled values scale * raw[j], soft-capped when softcap > 0. */
+void sdpa_stats_scores(sdpa_stats_acc *a, const float *raw, const float *x, int64_t cols,
+                       float scale, float softcap);
 void sdpa_stats_row(sdpa_stats_acc *a, double entropy, double max_weight);
 void sdpa_stats_merge(sdpa_stats_acc *into, const sdpa_stats_acc *from);
-void sdpa_stats_finish(const sdpa_stats_acc *a, float scale, attn_stats *out);
+void sdpa_stats_finish(const sdpa_stats_acc *a, attn_stats *out);
 
 /* ------------------------------------------------------- forward state */
 
@@ -92,8 +114,10 @@ typedef struct {
     float *weights;
     float *tile_max;       /* [rows, k_tiles] */
     int64_t k_tiles, kt;   /* key tiles of a row; the current one */
+    bool accumulate;       /* false on the unit's first tile: it writes out */
     /* With statistics: */
     sdpa_stats_acc *stats; /* NULL without */
+    float scale, softcap;  /* for the scaled scores' statistics */
     double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m) */
     float *raw, *x;        /* [KERN_BK] copies of a row's raw and final scores */
 } sdpa_fwd_state;
@@ -120,6 +144,7 @@ typedef struct {
 /* A backward worker's view of one (query tile, key tile) pair. */
 typedef struct {
     float *p, *ds;                /* [KERN_BWD_BQ, KERN_BK] workspaces */
+    float *capped;                /* [KERN_BK] workspace: tanh of a row, with softcap */
     const attn_softmax_row *rows; /* [rows] from the forward pass */
     const float *delta;           /* [rows] rowsum(dO * O) */
     const float *dout;            /* [rows, d_v] (row stride ldo) */
@@ -134,6 +159,14 @@ typedef struct {
  * softmax maximum and sum. For rows whose float accumulation overflowed. */
 attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
                                         float *out);
+
+/* ------------------------------------------------------------------ RoPE */
+
+/* q_out = q rotated at the queries' positions, k_out = k at the keys' (the
+ * inverse turn when `inverse`, for gradients); either pair may be NULL;
+ * in place is fine. The layout and strides are c's. */
+attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const float *k,
+                      float *q_out, float *k_out, bool inverse);
 
 /* ------------------------------------------------------------ validation */
 

@@ -26,6 +26,7 @@
 typedef struct {
     float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK] */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
+    float *capped;  /* [KERN_BK] */
     void *block;
 } bwd_worker;
 
@@ -41,12 +42,6 @@ typedef struct {
 } bwd_job;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* Query rows that see key tile [j0, j0 + cols) under the causal mask start here. */
-static int64_t first_query(const sdpa_call *c, int64_t j0)
-{
-    return c->p->causal && j0 - c->offset > 0 ? j0 - c->offset : 0;
-}
 
 static void backward_unit(void *ctx, int64_t u, int worker)
 {
@@ -68,8 +63,9 @@ static void backward_unit(void *ctx, int64_t u, int worker)
             memset(dk + j * c->ldk, 0, (size_t)p->d_k * sizeof *dk);
             memset(dv + j * c->ldv, 0, (size_t)p->d_v * sizeof *dv);
         }
-        const int64_t i_start = first_query(c, t.j0);
-        if (i_start >= p->n_q)
+        int64_t i_start, i_end; /* the query rows that see these keys */
+        sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
+        if (i_start == i_end)
             continue;
         job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
         job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
@@ -78,11 +74,11 @@ static void backward_unit(void *ctx, int64_t u, int worker)
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
-            for (t.i0 = i_start; t.i0 < p->n_q; t.i0 += KERN_BWD_BQ) {
-                t.rows = min64(p->n_q - t.i0, KERN_BWD_BQ);
+            for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
+                t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
                 const int64_t row = bh * p->n_q + t.i0;
                 const sdpa_bwd_state st = {
-                    .p = w->p, .ds = w->ds,
+                    .p = w->p, .ds = w->ds, .capped = w->capped,
                     .rows = job->rows + row, .delta = job->delta + row,
                     .dout = job->dout + o_at + t.i0 * c->ldo,
                     .dq = dq + q_at + t.i0 * c->ldq,
@@ -176,7 +172,7 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
     const int64_t panel_k = p->d_k * KERN_BK, panel_v = p->d_v * KERN_BK;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
     for (int i = 0; i < n; i++) {
-        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile, sizeof(float));
+        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK, sizeof(float));
         if (b == NULL) {
             free_workers(w, n);
             return NULL;
@@ -186,6 +182,7 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
         w[i].ds = b + tile;
         w[i].kt = b + 2 * tile;
         w[i].vt = b + 2 * tile + panel_k;
+        w[i].capped = b + 2 * tile + panel_k + panel_v;
     }
     return w;
 }
@@ -218,6 +215,18 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
     job.workers = alloc_workers(threads, p);
     bool ok = delta != NULL && job.dq_split != NULL && job.workers != NULL;
+    /* With RoPE the scores come from rotated copies of q and k, and the
+     * gradients they give are turned back at the end. */
+    const bool rope = p->variants.rope_base > 0.0f;
+    float *q_rot = NULL, *k_rot = NULL;
+    if (ok && rope) {
+        q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
+        k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
+        ok = q_rot != NULL && k_rot != NULL &&
+             sdpa_rope(&job.call, threads, q, k, q_rot, k_rot, false) == ATTN_OK;
+        job.call.q = q_rot;
+        job.call.k = k_rot;
+    }
     if (ok) {
         job.dq_split[0] = dq;
         for (int64_t i = 1; ok && i < job.splits; i++)
@@ -234,7 +243,11 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                           .count = n_rows * p->d_k};
         if (job.splits > 1)
             attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
+        if (rope)
+            ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     }
+    free(q_rot);
+    free(k_rot);
     for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
         free(job.dq_split[i]);
     free(job.dq_split);

@@ -12,12 +12,28 @@ float attn_default_scale(int64_t d_k)
     return d_k >= 1 ? (float)(1.0 / sqrt((double)d_k)) : 1.0f;
 }
 
+/* Keys a window leaves query i, summed over the rows (causal included when
+ * a window is set: the band the kernels visit). */
+static double window_pairs(const attn_sdpa_params *p)
+{
+    sdpa_call c = sdpa_call_of(p, NULL, NULL, NULL);
+    double pairs = 0.0;
+    for (int64_t i = 0; i < p->n_q; i++) {
+        int64_t lo, hi;
+        sdpa_row_range(&c, i, 0, p->n_k, &lo, &hi);
+        pairs += (double)(hi - lo);
+    }
+    return pairs;
+}
+
 double attn_sdpa_flops(const attn_sdpa_params *p)
 {
     if (p == NULL)
         return 0.0;
-    return 2.0 * (double)p->batch * (double)p->heads_q * (double)p->n_q *
-           (double)p->n_k * (double)(p->d_k + p->d_v);
+    double pairs = p->variants.window && p->n_q > 0 && p->n_k > 0
+                       ? window_pairs(p)
+                       : (double)p->n_q * (double)p->n_k;
+    return 2.0 * (double)p->batch * (double)p->heads_q * pairs * (double)(p->d_k + p->d_v);
 }
 
 /* Elements of a tensor with these dimensions, or -1 when the count (or its
@@ -59,9 +75,44 @@ static attn_status check_mask(const attn_sdpa_params *p, attn_error *err)
     return ATTN_OK;
 }
 
+static attn_status check_variants(const attn_sdpa_params *p, attn_error *err)
+{
+    const attn_variants *v = &p->variants;
+    if (v->window && (v->window_left < -1 || v->window_right < -1))
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "window [%lld, %lld]: each side must be >= 0, or -1 for unbounded",
+                         (long long)v->window_left, (long long)v->window_right);
+    if (!isfinite(v->softcap) || v->softcap < 0.0f)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "softcap is %g; it must be finite and > 0 (0: none)", (double)v->softcap);
+    if (!isfinite(v->rope_base) || v->rope_base < 0.0f)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "rope_base is %g; it must be finite and > 0 (0: none)",
+                         (double)v->rope_base);
+    if (v->rope_base > 0.0f && p->d_k % 2 != 0)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "rotary embedding needs an even d_k (pairs of features); d_k is %lld",
+                         (long long)p->d_k);
+    if (v->alibi_slopes != NULL && v->alibi_batch_stride != 0 &&
+        v->alibi_batch_stride != p->heads_q)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "alibi_batch_stride is %lld; it must be 0 ([H_q] slopes) or H_q = %lld "
+                         "([B, H_q])",
+                         (long long)v->alibi_batch_stride, (long long)p->heads_q);
+    if (v->alibi_slopes != NULL) {
+        int64_t n = v->alibi_batch_stride == 0 ? p->heads_q : p->batch * p->heads_q;
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(v->alibi_slopes[i]))
+                return attn_fail(err, ATTN_ERR_INVALID, "ALiBi slope %lld is not finite",
+                                 (long long)i);
+    }
+    return ATTN_OK;
+}
+
 attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
                               attn_error *err)
 {
+    attn_status s;
     if (p == NULL)
         return attn_fail(err, ATTN_ERR_INVALID, "parameters are NULL");
     const struct {
@@ -89,6 +140,9 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
     if (p->layout != ATTN_LAYOUT_BHND && p->layout != ATTN_LAYOUT_BNHD)
         return attn_fail(err, ATTN_ERR_INVALID, "layout %d is not a known layout",
                          (int)p->layout);
+    s = check_variants(p, err);
+    if (s != ATTN_OK)
+        return s;
     if (elements(p->batch, p->heads_q, p->n_q, p->d_k) < 0 ||
         elements(p->batch, p->heads_q, p->n_q, p->d_v) < 0 ||
         elements(p->batch, p->heads_kv, p->n_k, p->d_k) < 0 ||

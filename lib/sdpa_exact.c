@@ -22,7 +22,8 @@ static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int
                         const float *q_row, double *x)
 {
     const attn_sdpa_params *p = c->p;
-    if (p->causal && j > i + c->offset)
+    const int64_t pos = i + c->offset;
+    if (j < pos - c->before || j > pos + c->after)
         return false;
     const attn_mask *m = &p->mask;
     int64_t at = b * m->stride[0] + h * m->stride[1] + i * m->stride[2] + j * m->stride[3];
@@ -32,7 +33,12 @@ static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int
     double s = 0.0;
     for (int64_t t = 0; t < p->d_k; t++)
         s += (double)q_row[t] * k_row[t];
-    *x = (double)p->scale * s + (m->kind == ATTN_MASK_BIAS ? (double)m->bias[at] : 0.0);
+    s *= p->scale;
+    const float cap = p->variants.softcap;
+    if (cap > 0.0f)
+        s = cap * tanh(s / cap);
+    s -= (double)sdpa_alibi_slope(c, b, h) * (double)llabs(pos - j);
+    *x = s + (m->kind == ATTN_MASK_BIAS ? (double)m->bias[at] : 0.0);
     return true;
 }
 

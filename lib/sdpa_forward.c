@@ -71,23 +71,23 @@ static void pack_unit(void *ctx, int64_t u, int worker)
  * time (tile_max); now that the final maximum m and sum l are known, every
  * tile is rescaled by exp(tile_max - m) / l. */
 static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_worker *w,
-                           int64_t k_end)
+                           int64_t k_first, int64_t k_end)
 {
     const attn_sdpa_params *p = job->call.p;
     const int64_t bh = t->b * p->heads_q + t->h;
     for (int64_t r = 0; r < t->rows; r++) {
         float *row = job->weights + (bh * p->n_q + t->i0 + r) * p->n_k;
-        int64_t kt = 0;
-        for (int64_t j0 = 0; j0 < k_end; j0 += KERN_BK, kt++) {
+        for (int64_t j0 = k_first; j0 < k_end; j0 += KERN_BK) {
             int64_t cols = min64(k_end - j0, KERN_BK);
-            float m_t = w->tile_max[r * job->k_tiles + kt];
+            float m_t = w->tile_max[r * job->k_tiles + j0 / KERN_BK];
             float f = 0.0f;
             if (w->l[r] > 0.0 && m_t != -INFINITY)
                 f = (float)(exp((double)m_t - w->m[r]) / w->l[r]);
             for (int64_t j = 0; j < cols; j++)
                 row[j0 + j] *= f;
         }
-        /* Keys past the causal end were never visited: weight 0. */
+        /* Keys outside the tiles visited (causal, window): weight 0. */
+        memset(row, 0, (size_t)k_first * sizeof *row);
         memset(row + k_end, 0, (size_t)(p->n_k - k_end) * sizeof *row);
     }
 }
@@ -121,16 +121,21 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
                          .weights = job->weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
-                         .raw = w->raw, .x = w->x};
+                         .raw = w->raw, .x = w->x, .scale = p->scale,
+                         .softcap = p->variants.softcap};
     const int64_t pair = t.b * p->heads_kv + t.h / c->group;
     const float *v = sdpa_head_v(c, t.b, t.h);
-    /* Key tiles wholly above the causal diagonal are skipped, and the last
-     * one is cut at the diagonal. */
-    const int64_t k_end = p->causal ? sdpa_causal_end(c, t.i0, t.rows) : p->n_k;
-    if (k_end == 0) /* no key at all: the first tile would have written the rows */
+    /* Key tiles wholly outside the causal diagonal and the window are
+     * skipped; the last one is cut where the block's last row stops. */
+    int64_t k_begin, k_end;
+    sdpa_key_range(c, t.i0, t.rows, &k_begin, &k_end);
+    const int64_t k_first = k_begin / KERN_BK * KERN_BK;
+    if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
-    for (st.kt = 0, t.j0 = 0; t.j0 < k_end; t.j0 += KERN_BK, st.kt++) {
+    for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        st.kt = t.j0 / KERN_BK;
+        st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
         kern_keys keys = {
             .kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK,
@@ -160,7 +165,7 @@ static void forward_unit(void *ctx, int64_t u, int worker)
             sdpa_stats_row(stats, log(l) - w->ent[r] / l, 1.0 / l);
     }
     if (job->weights != NULL)
-        finish_weights(job, &t, w, k_end);
+        finish_weights(job, &t, w, k_end > k_begin ? k_first : k_end, k_end);
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -244,8 +249,24 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     if (stats != NULL)
         job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
     job.workers = alloc_workers(threads, &job, stats != NULL);
-    if (kt == NULL || job.workers == NULL || (stats != NULL && job.unit_stats == NULL)) {
+    /* With RoPE the kernels read rotated copies of q and k. */
+    const bool rope = p->variants.rope_base > 0.0f;
+    float *q_rot = NULL, *k_rot = NULL;
+    if (rope) {
+        q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
+        k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
+    }
+    bool ok = kt != NULL && job.workers != NULL && (stats == NULL || job.unit_stats != NULL) &&
+              (!rope || (q_rot != NULL && k_rot != NULL));
+    if (ok && rope) {
+        ok = sdpa_rope(&job.call, threads, q, k, q_rot, k_rot, false) == ATTN_OK;
+        job.call.q = q_rot;
+        job.call.k = k_rot;
+    }
+    if (!ok) {
         free(kt);
+        free(q_rot);
+        free(k_rot);
         free(job.unit_stats);
         free_workers(job.workers, threads);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
@@ -256,9 +277,11 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     if (stats != NULL) {
         for (int64_t u = 1; u < units; u++)
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
-        sdpa_stats_finish(&job.unit_stats[0], p->scale, stats);
+        sdpa_stats_finish(&job.unit_stats[0], stats);
     }
     free(kt);
+    free(q_rot);
+    free(k_rot);
     free(job.unit_stats);
     free_workers(job.workers, threads);
     return ATTN_OK;

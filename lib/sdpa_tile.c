@@ -12,6 +12,14 @@ sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k
                        const float *v)
 {
     const bool bnhd = p->layout == ATTN_LAYOUT_BNHD;
+    const attn_variants *var = &p->variants;
+    int64_t before = SDPA_FAR, after = SDPA_FAR;
+    if (var->window && var->window_left >= 0)
+        before = var->window_left;
+    if (var->window && var->window_right >= 0)
+        after = var->window_right;
+    if (p->causal && after > 0)
+        after = 0;
     return (sdpa_call){
         .p = p, .q = q, .k = k, .v = v, .group = p->heads_q / p->heads_kv,
         .offset = p->n_k - p->n_q,
@@ -19,7 +27,54 @@ sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k
         .ldk = bnhd ? p->heads_kv * p->d_k : p->d_k,
         .ldv = bnhd ? p->heads_kv * p->d_v : p->d_v,
         .ldo = bnhd ? p->heads_q * p->d_v : p->d_v,
+        .before = before, .after = after,
+        .plain = p->mask.kind == ATTN_MASK_NONE && var->alibi_slopes == NULL &&
+                 !(var->softcap > 0.0f),
     };
+}
+
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+void sdpa_key_range(const sdpa_call *c, int64_t i0, int64_t rows, int64_t *begin,
+                    int64_t *end)
+{
+    const int64_t n_k = c->p->n_k;
+    /* The first row sees the earliest keys, the last row the latest. */
+    *begin = clamp64(i0 + c->offset - c->before, 0, n_k);
+    *end = clamp64(i0 + rows - 1 + c->offset + c->after + 1, 0, n_k);
+    if (*end < *begin)
+        *end = *begin;
+}
+
+void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *begin,
+                      int64_t *end)
+{
+    const int64_t n_q = c->p->n_q;
+    /* Row i sees key j iff j - after <= p_i <= j + before. */
+    *begin = clamp64(j0 - c->after - c->offset, 0, n_q);
+    *end = clamp64(j0 + cols - 1 + c->before - c->offset + 1, 0, n_q);
+    if (*end < *begin)
+        *end = *begin;
+}
+
+void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int64_t *lo,
+                    int64_t *hi)
+{
+    const int64_t pos = i + c->offset;
+    *lo = clamp64(pos - c->before - j0, 0, cols);
+    *hi = clamp64(pos + c->after + 1 - j0, 0, cols);
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+float sdpa_alibi_slope(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_variants *var = &c->p->variants;
+    return var->alibi_slopes == NULL ? 0.0f
+                                     : var->alibi_slopes[b * var->alibi_batch_stride + h];
 }
 
 int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t heads,
@@ -54,14 +109,6 @@ int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h)
     return sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_v);
 }
 
-int64_t sdpa_causal_end(const sdpa_call *c, int64_t i0, int64_t rows)
-{
-    int64_t end = i0 + rows + c->offset; /* last row sees keys < end */
-    if (end < 0)
-        return 0;
-    return end < c->p->n_k ? end : c->p->n_k;
-}
-
 /* ------------------------------------------------- the forward's hooks */
 
 void sdpa_fwd_stats_raw(sdpa_fwd_state *st, const float *s, int64_t cols)
@@ -72,7 +119,7 @@ void sdpa_fwd_stats_raw(sdpa_fwd_state *st, const float *s, int64_t cols)
 void sdpa_fwd_stats_scores(sdpa_fwd_state *st, int64_t row, const float *x, int64_t cols,
                            float m_old, float m_new)
 {
-    sdpa_stats_scores(st->stats, st->raw, x, cols);
+    sdpa_stats_scores(st->stats, st->raw, x, cols, st->scale, st->softcap);
     memcpy(st->x, x, (size_t)cols * sizeof *x);
     if (m_new > m_old) {
         /* sum p (x - m), re-centred on the new maximum (before l is). */

@@ -21,23 +21,10 @@
 #include "attn.h"
 #include "kern.h" /* lib-private: the micro-kernels */
 #include "support/ref.h"
+#include "support/sdpa_case.h"
 
 static const attn_kernel_kind KINDS[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2,
                                          ATTN_KERNEL_AVX512};
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-1, 1). */
-static double rng_uniform(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-52 - 1.0;
-}
 
 /* A standard normal (Box-Muller). */
 static double rng_normal(uint64_t *s)
@@ -46,27 +33,12 @@ static double rng_normal(uint64_t *s)
     return sqrt(-2.0 * log(u > 0 ? u : 1e-300)) * cos(6.283185307179586 * v);
 }
 
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    ck_assert_msg(p != NULL, "out of memory in the test itself");
-    return p;
-}
-
 static float *random_floats(size_t n, uint64_t *seed, double amp)
 {
     float *x = xcalloc(n, sizeof *x);
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(amp * rng_uniform(seed));
     return x;
-}
-
-static double *to_double(const float *x, size_t n)
-{
-    double *d = xcalloc(n, sizeof *d);
-    for (size_t i = 0; i < n; i++)
-        d[i] = x[i];
-    return d;
 }
 
 /* ------------------------------------------------------------ products */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "support/ref.h"
 
 /* Forward: max |impl - ref| <= FWD_TOL * max(1, max |ref|). float32 sums of a
  * few dozen terms are good to ~1e-6; a missing scale or a transposed weight
@@ -39,6 +40,7 @@ typedef struct {
     double mask_keep;      /* boolean mask: probability of true */
     int threads;
     uint64_t seed;
+    attn_variants var; /* applied per head (the reference: tests/support/ref.c) */
 } spec;
 
 typedef struct {
@@ -161,7 +163,7 @@ static attn_mha_params params_of(const problem *pr)
         .batch = s->B, .n = s->n, .m = s->m, .d_model = s->d_model, .d_ctx = s->d_ctx,
         .heads = s->h, .kv_heads = s->hk, .d_k = s->d_k, .d_v = s->d_v,
         .d_out = s->d_out, .scale = pr->scale, .causal = s->causal,
-        .threads = s->threads,
+        .threads = s->threads, .variants = s->var,
     };
     p.mask.kind = s->mask;
     if (s->mask != ATTN_MASK_NONE) {
@@ -217,6 +219,51 @@ static void ref_matmul(const double *a, const double *w, const double *bias,
         }
 }
 
+static bool has_variants(const spec *s)
+{
+    return s->var.window || s->var.alibi_slopes || s->var.softcap > 0.0f ||
+           s->var.rope_base > 0.0f;
+}
+
+/* With the variants, the heads of batch b come from the SDPA reference
+ * (which implements them from their definitions): q [n, h*d_k], k, v
+ * [m, h_kv*d] of this batch in, cat [n, h*d_v] out. No mask here. */
+static void heads_by_ref_sdpa(const problem *pr, int64_t b, const double *q, const double *k,
+                              const double *v, double *cat)
+{
+    const spec *s = &pr->s;
+    attn_sdpa_params p = {.batch = 1, .heads_q = s->h, .heads_kv = s->hk, .n_q = s->n,
+                          .n_k = s->m, .d_k = s->d_k, .d_v = s->d_v, .scale = pr->scale,
+                          .causal = s->causal, .variants = s->var, .threads = 1};
+    if (s->var.alibi_slopes != NULL && s->var.alibi_batch_stride != 0)
+        p.variants.alibi_slopes += b * s->var.alibi_batch_stride;
+    double *qh = malloc((size_t)(s->h * s->n * s->d_k) * sizeof *qh);
+    double *kh = malloc((size_t)(s->hk * s->m * s->d_k) * sizeof *kh);
+    double *vh = malloc((size_t)(s->hk * s->m * s->d_v) * sizeof *vh);
+    double *oh = malloc((size_t)(s->h * s->n * s->d_v) * sizeof *oh);
+    ck_assert(qh && kh && vh && oh);
+    for (int64_t h = 0; h < s->h; h++)
+        for (int64_t i = 0; i < s->n; i++)
+            for (int64_t t = 0; t < s->d_k; t++)
+                qh[(h * s->n + i) * s->d_k + t] = q[i * s->h * s->d_k + h * s->d_k + t];
+    for (int64_t h = 0; h < s->hk; h++)
+        for (int64_t j = 0; j < s->m; j++) {
+            for (int64_t t = 0; t < s->d_k; t++)
+                kh[(h * s->m + j) * s->d_k + t] = k[j * s->hk * s->d_k + h * s->d_k + t];
+            for (int64_t t = 0; t < s->d_v; t++)
+                vh[(h * s->m + j) * s->d_v + t] = v[j * s->hk * s->d_v + h * s->d_v + t];
+        }
+    ref_sdpa_forward(&p, qh, kh, vh, oh, NULL, NULL);
+    for (int64_t h = 0; h < s->h; h++)
+        for (int64_t i = 0; i < s->n; i++)
+            for (int64_t t = 0; t < s->d_v; t++)
+                cat[i * s->h * s->d_v + h * s->d_v + t] = oh[(h * s->n + i) * s->d_v + t];
+    free(qh);
+    free(kh);
+    free(vh);
+    free(oh);
+}
+
 /*
  * out [B, n, d_out]; weights [B, h, n, m] and stats when not NULL.
  * Plain loops over the chapter's definitions: Q = X W_Q + b_Q, head i uses
@@ -248,6 +295,10 @@ static void ref_forward(const problem *pr, double *out, double *weights, ref_sta
                    s->d_ctx, kdk, k);
         ref_matmul(ctx + b * s->m * s->d_ctx, pr->t[T_WV].d, pr->t[T_BV].d, s->m,
                    s->d_ctx, kdv, v);
+        if (has_variants(s)) {
+            heads_by_ref_sdpa(pr, b, q, k, v, cat);
+            goto output;
+        }
         for (int64_t head = 0; head < s->h; head++) {
             int64_t kvh = head / group;
             for (int64_t i = 0; i < s->n; i++) {
@@ -303,6 +354,7 @@ static void ref_forward(const problem *pr, double *out, double *weights, ref_sta
                 }
             }
         }
+    output:;
         double *ob = out + b * s->n * s->d_out;
         if (s->w_o)
             ref_matmul(cat, pr->t[T_WO].d, pr->t[T_BO].d, s->n, hdv, s->d_out, ob);
@@ -368,7 +420,7 @@ static double check_forward(const problem *pr, const char *what)
     attn_mha_params p = params_of(pr);
     attn_mha_inputs in = inputs_of(pr);
     attn_error err = {0};
-    attn_status s = attn_mha_forward(&p, &in, out, NULL, NULL, &err);
+    attn_status s = attn_mha_forward(&p, &in, out, NULL, NULL, NULL, &err);
     ck_assert_msg(s == ATTN_OK, "%s: forward failed: %s", what, err.message);
     ref_forward(pr, ref, NULL, NULL);
 
@@ -613,7 +665,7 @@ START_TEST(causal_cross_attention_is_aligned_bottom_right_when_n_lt_m)
     ck_assert(w && out);
     attn_mha_params p = params_of(&pr);
     attn_mha_inputs in = inputs_of(&pr);
-    ck_assert_int_eq(attn_mha_forward(&p, &in, out, w, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, out, NULL, w, NULL, NULL), ATTN_OK);
     for (int64_t b = 0; b < pr.s.B; b++)
         for (int64_t head = 0; head < pr.s.h; head++)
             for (int64_t i = 0; i < pr.s.n; i++)
@@ -676,11 +728,11 @@ START_TEST(batches_are_computed_independently)
     int64_t half = out_len(&pr) / 2;
     float *one = malloc((size_t)half * sizeof(float));
     ck_assert(both && one);
-    ck_assert_int_eq(attn_mha_forward(&p, &in, both, NULL, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, both, NULL, NULL, NULL, NULL), ATTN_OK);
     p.batch = 1;
     in.x += pr.s.n * pr.s.d_model;
     in.context += pr.s.m * pr.s.d_ctx;
-    ck_assert_int_eq(attn_mha_forward(&p, &in, one, NULL, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, one, NULL, NULL, NULL, NULL), ATTN_OK);
     for (int64_t i = 0; i < half; i++)
         ck_assert_float_eq_tol(one[i], both[half + i], 1e-6);
     free(both);
@@ -705,8 +757,8 @@ START_TEST(weights_rows_sum_to_one_and_match_reference)
     ck_assert(w && out && out_plain && ref_w && ref_out);
     attn_mha_params p = params_of(&pr);
     attn_mha_inputs in = inputs_of(&pr);
-    ck_assert_int_eq(attn_mha_forward(&p, &in, out, w, NULL, NULL), ATTN_OK);
-    ck_assert_int_eq(attn_mha_forward(&p, &in, out_plain, NULL, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, out, NULL, w, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, out_plain, NULL, NULL, NULL, NULL), ATTN_OK);
     ref_forward(&pr, ref_out, ref_w, NULL);
 
     for (int64_t r = 0; r < wl / pr.s.m; r++) {
@@ -748,7 +800,7 @@ START_TEST(stats_cover_every_head_and_batch)
     attn_stats st;
     memset(&st, 0xff, sizeof st);
     ref_stats rs;
-    ck_assert_int_eq(attn_mha_forward(&p, &in, out, NULL, &st, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, out, NULL, NULL, &st, NULL), ATTN_OK);
     ref_forward(&pr, ref_out, NULL, &rs);
 
     ck_assert_int_eq(st.scores_count, rs.scores_count);
@@ -789,7 +841,7 @@ START_TEST(fully_masked_query_gives_zero_heads_and_finite_grads)
     ck_assert(out);
     attn_mha_params p = params_of(&pr);
     attn_mha_inputs in = inputs_of(&pr);
-    ck_assert_int_eq(attn_mha_forward(&p, &in, out, NULL, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, out, NULL, NULL, NULL, NULL), ATTN_OK);
     for (int64_t b = 0; b < pr.s.B; b++)
         for (int64_t c = 0; c < pr.s.d_out; c++)
             ck_assert_float_eq(out[(b * pr.s.n + 2) * pr.s.d_out + c], 0.0f);
@@ -822,14 +874,14 @@ START_TEST(threads_give_the_same_answer_as_one_thread)
     ck_assert(one && many);
     attn_mha_params p = params_of(&pr);
     attn_mha_inputs in = inputs_of(&pr);
-    ck_assert_int_eq(attn_mha_forward(&p, &in, one, NULL, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, one, NULL, NULL, NULL, NULL), ATTN_OK);
     grads g1, g4;
     grads_alloc_all(&pr, &g1);
     grads_alloc_all(&pr, &g4);
     attn_mha_grads v1 = grads_view(&g1), v4 = grads_view(&g4);
     ck_assert_int_eq(attn_mha_backward(&p, &in, dout, &v1, NULL), ATTN_OK);
     p.threads = 4;
-    ck_assert_int_eq(attn_mha_forward(&p, &in, many, NULL, NULL, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_mha_forward(&p, &in, many, NULL, NULL, NULL, NULL), ATTN_OK);
     ck_assert_int_eq(attn_mha_backward(&p, &in, dout, &v4, NULL), ATTN_OK);
 
     double mag = max_abs_f(one, len);
@@ -1014,6 +1066,37 @@ END_TEST
 
 /* ----------------------------------------------------------- flops, errors */
 
+/* Issue 10: /v1/multihead applies the variants per head after the
+ * projections; with gradients through them to every input. */
+START_TEST(variants_apply_per_head_after_the_projections)
+{
+    static const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    const attn_variants vars[] = {
+        {.window = true, .window_left = 1, .window_right = 0},
+        {.alibi_slopes = slopes},
+        {.softcap = 0.8f},
+        {.rope_base = 100.0f},
+        {.window = true, .window_left = 2, .window_right = 1, .alibi_slopes = slopes,
+         .softcap = 1.5f, .rope_base = 10000.0f},
+    };
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        spec s = cross_spec();
+        s.d_k = 4; /* RoPE needs an even d_k */
+        s.hk = 2;
+        s.causal = i % 2 == 1;
+        s.var = vars[i];
+        s.seed = 60 + i;
+        problem pr;
+        problem_make(&pr, s);
+        char what[48];
+        snprintf(what, sizeof what, "variants #%zu", i);
+        check_forward(&pr, what);
+        check_all_grads(&pr, 0, what);
+        problem_free(&pr);
+    }
+}
+END_TEST
+
 START_TEST(flops_count_projections_attention_and_output)
 {
     problem pr;
@@ -1033,7 +1116,7 @@ static attn_status forward_with(const problem *pr, attn_mha_params p,
     float *out = malloc((size_t)(pr->s.B * pr->s.n * pr->s.d_out + 1024) * sizeof(float));
     ck_assert(out);
     memset(err, 0, sizeof *err);
-    attn_status s = attn_mha_forward(&p, &in, out, NULL, NULL, err);
+    attn_status s = attn_mha_forward(&p, &in, out, NULL, NULL, NULL, err);
     free(out);
     return s;
 }
@@ -1120,9 +1203,9 @@ START_TEST(bad_shapes_and_missing_inputs_are_invalid)
     expect_invalid(forward_with(&pr, p, in, &err), &err, "heads*d_k");
 
     memset(&err, 0, sizeof err);
-    ck_assert_int_eq(attn_mha_forward(&good, &in, NULL, NULL, NULL, &err), ATTN_ERR_INVALID);
+    ck_assert_int_eq(attn_mha_forward(&good, &in, NULL, NULL, NULL, NULL, &err), ATTN_ERR_INVALID);
     ck_assert(err.message[0] != '\0');
-    ck_assert_int_eq(attn_mha_forward(NULL, &in, NULL, NULL, NULL, NULL), ATTN_ERR_INVALID);
+    ck_assert_int_eq(attn_mha_forward(NULL, &in, NULL, NULL, NULL, NULL, NULL), ATTN_ERR_INVALID);
 
     /* Backward: a context gradient for self-attention, or no dout. */
     float dctx[256];
@@ -1144,6 +1227,7 @@ static Suite *mha_suite(void)
     TCase *fwd = tcase_create("forward");
     tcase_set_timeout(fwd, 120);
     tcase_add_test(fwd, self_attention_matches_reference_with_every_bias);
+    tcase_add_test(fwd, variants_apply_per_head_after_the_projections);
     tcase_add_test(fwd, cross_attention_matches_reference_when_m_ne_n_and_dctx_ne_dmodel);
     tcase_add_test(fwd, output_is_the_concatenated_heads_without_w_o);
     tcase_add_test(fwd, each_bias_is_optional);

@@ -23,31 +23,75 @@ static int64_t kv_head(const attn_sdpa_params *p, int64_t h)
     return h / (p->heads_q / p->heads_kv);
 }
 
+/* Query i's position, aligned bottom-right with the keys. */
+static int64_t q_pos(const attn_sdpa_params *p, int64_t i)
+{
+    return i + p->n_k - p->n_q;
+}
+
 bool ref_visible(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t i,
                  int64_t j, double *bias)
 {
     *bias = 0.0;
-    if (p->causal && j > i + (p->n_k - p->n_q))
+    const int64_t pos = q_pos(p, i);
+    if (p->causal && j > pos)
         return false;
+    const attn_variants *var = &p->variants;
+    if (var->window && var->window_left >= 0 && j < pos - var->window_left)
+        return false;
+    if (var->window && var->window_right >= 0 && j > pos + var->window_right)
+        return false;
+    if (var->alibi_slopes != NULL) {
+        double slope = var->alibi_slopes[b * var->alibi_batch_stride + h];
+        *bias -= slope * (double)(pos > j ? pos - j : j - pos);
+    }
     const int64_t *s = p->mask.stride;
     int64_t at = b * s[0] + h * s[1] + i * s[2] + j * s[3];
     if (p->mask.kind == ATTN_MASK_BOOL)
         return p->mask.allowed[at] != 0;
     if (p->mask.kind == ATTN_MASK_BIAS)
-        *bias = p->mask.bias[at];
+        *bias += p->mask.bias[at];
     return true;
 }
 
+/* x rotated as RoPE turns it at position pos (turn < 0: the inverse),
+ * into y: pairs (t, t + d/2) by pos * base^(-2t/d), straight from the
+ * definition. Without RoPE, y = x. */
+static void rope_turn(const attn_sdpa_params *p, const double *x, int64_t pos, int turn,
+                      double *y)
+{
+    const int64_t d = p->d_k, half = d / 2;
+    if (!(p->variants.rope_base > 0.0f)) {
+        memcpy(y, x, sizeof *y * (size_t)d);
+        return;
+    }
+    for (int64_t t = 0; t < half; t++) {
+        double angle = (double)pos * pow((double)p->variants.rope_base, -2.0 * t / (double)d);
+        double c = cos(angle), s = turn * sin(angle);
+        y[t] = x[t] * c - x[t + half] * s;
+        y[t + half] = x[t + half] * c + x[t] * s;
+    }
+}
+
+/* q . k of (b, h, i) and key j, both rotated when RoPE is on. */
 static double raw_score(const attn_sdpa_params *p, const double *q,
                         const double *k, int64_t b, int64_t h, int64_t i,
                         int64_t j)
 {
-    const double *qi = q + q_index(p, b, h, i, p->d_k);
-    const double *kj = k + kv_index(p, b, kv_head(p, h), j, p->d_k);
+    double qi[1024], kj[1024]; /* the tests keep d_k <= 1024 */
+    rope_turn(p, q + q_index(p, b, h, i, p->d_k), q_pos(p, i), 1, qi);
+    rope_turn(p, k + kv_index(p, b, kv_head(p, h), j, p->d_k), j, 1, kj);
     double s = 0.0;
     for (int64_t c = 0; c < p->d_k; c++)
         s += qi[c] * kj[c];
     return s;
+}
+
+/* The scaled score, soft-capped: the S~ of the statistics. */
+static double scaled_score(const attn_sdpa_params *p, double raw)
+{
+    double s = (double)p->scale * raw, cap = p->variants.softcap;
+    return cap > 0.0 ? cap * tanh(s / cap) : s;
 }
 
 /* The weight row of query (b, h, i) into w[n_k]; returns its log-sum-exp,
@@ -60,7 +104,7 @@ static double weight_row(const attn_sdpa_params *p, const double *q,
     for (int64_t j = 0; j < p->n_k; j++) {
         double bias;
         if (ref_visible(p, b, h, i, j, &bias)) {
-            w[j] = (double)p->scale * raw_score(p, q, k, b, h, i, j) + bias;
+            w[j] = scaled_score(p, raw_score(p, q, k, b, h, i, j)) + bias;
             if (w[j] > row_max)
                 row_max = w[j];
         } else {
@@ -146,19 +190,32 @@ void ref_sdpa_backward(const attn_sdpa_params *p, const double *q,
                     }
                     dot += w[j] * dw[j];
                 }
-                const double *qi = q + q_index(p, b, h, i, p->d_k);
-                double *dqi = dq + q_index(p, b, h, i, p->d_k);
+                /* Gradients of the rotated q_i and k_j, turned back at the
+                 * end: the rotation is linear, its transpose its inverse. */
+                double qi[1024], kj[1024], dqi[1024] = {0}, dkj[1024];
+                rope_turn(p, q + q_index(p, b, h, i, p->d_k), q_pos(p, i), 1, qi);
                 for (int64_t j = 0; j < p->n_k; j++) {
                     double ds = w[j] * (dw[j] - dot) * scale;
                     if (ds == 0.0)
                         continue;
-                    const double *kj = k + kv_index(p, b, g, j, p->d_k);
-                    double *dkj = dk + kv_index(p, b, g, j, p->d_k);
+                    if (p->variants.softcap > 0.0f) {
+                        /* through c tanh(x / c): times 1 - tanh^2 */
+                        double t = tanh(scale * raw_score(p, q, k, b, h, i, j) /
+                                        p->variants.softcap);
+                        ds *= 1.0 - t * t;
+                    }
+                    rope_turn(p, k + kv_index(p, b, g, j, p->d_k), j, 1, kj);
+                    double dk_rot[1024];
                     for (int64_t c = 0; c < p->d_k; c++) {
                         dqi[c] += ds * kj[c];
-                        dkj[c] += ds * qi[c];
+                        dk_rot[c] = ds * qi[c];
                     }
+                    rope_turn(p, dk_rot, j, -1, dkj);
+                    double *dk_row = dk + kv_index(p, b, g, j, p->d_k);
+                    for (int64_t c = 0; c < p->d_k; c++)
+                        dk_row[c] += dkj[c];
                 }
+                rope_turn(p, dqi, q_pos(p, i), -1, dq + q_index(p, b, h, i, p->d_k));
             }
         }
     free(w);
@@ -224,8 +281,7 @@ void ref_sdpa_stats(const attn_sdpa_params *p, const double *q,
                     }
                 }
     double mean = st->scores_count ? sum / (double)st->scores_count : 0.0;
-    double sq = 0.0;
-    double scale = p->scale;
+    double sq = 0.0, scaled_sum = 0.0, scaled_sq = 0.0;
     double ent_sum = 0.0, maxw_sum = 0.0;
     double ent_min = INFINITY, ent_max = -INFINITY;
     for (int64_t b = 0; b < p->batch; b++)
@@ -234,8 +290,9 @@ void ref_sdpa_stats(const attn_sdpa_params *p, const double *q,
                 for (int64_t j = 0; j < p->n_k; j++) {
                     double bias;
                     if (ref_visible(p, b, h, i, j, &bias)) {
-                        double d = raw_score(p, q, k, b, h, i, j) - mean;
-                        sq += d * d;
+                        double raw = raw_score(p, q, k, b, h, i, j);
+                        sq += (raw - mean) * (raw - mean);
+                        scaled_sum += scaled_score(p, raw);
                     }
                 }
                 if (weight_row(p, q, k, b, h, i, w) == -INFINITY)
@@ -253,12 +310,23 @@ void ref_sdpa_stats(const attn_sdpa_params *p, const double *q,
                 ent_min = ent < ent_min ? ent : ent_min;
                 ent_max = ent > ent_max ? ent : ent_max;
             }
+    double scaled_mean = st->scores_count ? scaled_sum / (double)st->scores_count : 0.0;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < p->heads_q; h++)
+            for (int64_t i = 0; i < p->n_q; i++)
+                for (int64_t j = 0; j < p->n_k; j++) {
+                    double bias;
+                    if (ref_visible(p, b, h, i, j, &bias)) {
+                        double d = scaled_score(p, raw_score(p, q, k, b, h, i, j)) - scaled_mean;
+                        scaled_sq += d * d;
+                    }
+                }
     free(w);
     if (st->scores_count) {
         st->scores_mean = mean;
         st->scores_var = sq / (double)st->scores_count;
-        st->scaled_mean = scale * mean;
-        st->scaled_var = scale * scale * st->scores_var;
+        st->scaled_mean = scaled_mean;
+        st->scaled_var = scaled_sq / (double)st->scores_count;
     }
     if (st->rows_count) {
         st->entropy_mean = ent_sum / (double)st->rows_count;

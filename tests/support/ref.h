@@ -4,7 +4,9 @@
  * no tiling, no online softmax, no BLAS. Tests compare libattn against it.
  *
  * It reads the same attn_sdpa_params as libattn (shapes, scale, causal,
- * mask strides over [B, H_q, n_q, n_k]) but takes its tensors in double:
+ * mask strides over [B, H_q, n_q, n_k], the variants: window, ALiBi,
+ * softcap, RoPE from their definitions) but takes its tensors in double,
+ * always [B, H, n, d]:
  *   q [B,H_q,n_q,d_k], k [B,H_kv,n_k,d_k], v [B,H_kv,n_k,d_v],
  *   out [B,H_q,n_q,d_v], lse [B,H_q,n_q], weights [B,H_q,n_q,n_k].
  * Only types come from attn.h; nothing here calls libattn, so the file links
@@ -19,7 +21,8 @@
 
 #include "attn.h"
 
-/* Whether query i of (b, h) may see key j, and the additive bias it gets. */
+/* Whether query i of (b, h) may see key j, and the additive bias it gets
+ * (the mask's and ALiBi's). */
 bool ref_visible(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t i,
                  int64_t j, double *bias);
 

@@ -1,0 +1,98 @@
+/*
+ * Rotary position embedding (RoPE), rotate-half convention (GPT-NeoX,
+ * Hugging Face Llama): for t < d/2 the pair (x_t, x_{t + d/2}) of a row at
+ * position p turns by the angle p * base^(-2t/d):
+ *   x_t'       = x_t cos - x_{t+d/2} sin
+ *   x_{t+d/2}' = x_{t+d/2} cos + x_t sin
+ * The gradient goes back through the inverse turn (the transpose).
+ *
+ *   q [B, H_q, n_q, d_k] at positions i + n_k - n_q, k [B, H_kv, n_k, d_k] at j
+ *   (or [B, n, H, d]: the rows at the call's strides)
+ *
+ * Angles, cosines and sines are computed in double and the turn is done in
+ * double, so a rotated value is its exact rotation rounded once to float.
+ * The table covers the positions of the call once, shared by every head:
+ * O((n_q + n_k) d) memory, like the rotated copies themselves.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "sdpa.h"
+
+typedef struct {
+    double *cs;      /* [positions, d/2, 2]: cos, sin */
+    int64_t pos0;    /* the first position */
+    int64_t half;    /* d / 2 */
+} rope_table;
+
+typedef struct {
+    const rope_table *table;
+    const attn_sdpa_params *p;
+    const float *src;
+    float *dst;
+    int64_t heads, n, ld, offset; /* rows of one head at positions row + offset */
+    bool inverse;
+} rope_job;
+
+/* Rows in blocks of this many per unit of attn_parallel_for. */
+#define ROPE_ROWS 256
+
+static void rope_block(void *ctx, int64_t u, int worker)
+{
+    (void)worker;
+    const rope_job *j = ctx;
+    const attn_sdpa_params *p = j->p;
+    const int64_t half = j->table->half, blocks = (j->n + ROPE_ROWS - 1) / ROPE_ROWS;
+    const int64_t bh = u / blocks, r0 = u % blocks * ROPE_ROWS;
+    const int64_t r1 = r0 + ROPE_ROWS < j->n ? r0 + ROPE_ROWS : j->n;
+    const int64_t at = sdpa_head_at(p, bh / j->heads, bh % j->heads, j->heads, j->n, p->d_k);
+    const double sign = j->inverse ? -1.0 : 1.0;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->src + at + r * j->ld;
+        float *y = j->dst + at + r * j->ld;
+        const double *cs = j->table->cs + (r + j->offset - j->table->pos0) * half * 2;
+        for (int64_t t = 0; t < half; t++) {
+            double c = cs[2 * t], s = sign * cs[2 * t + 1];
+            double a = x[t], b = x[t + half];
+            y[t] = (float)(a * c - b * s);
+            y[t + half] = (float)(b * c + a * s);
+        }
+    }
+}
+
+static void rope_apply(const rope_table *table, const attn_sdpa_params *p, int threads,
+                       const float *src, float *dst, int64_t heads, int64_t n, int64_t ld,
+                       int64_t offset, bool inverse)
+{
+    rope_job j = {.table = table, .p = p, .src = src, .dst = dst, .heads = heads, .n = n,
+                  .ld = ld, .offset = offset, .inverse = inverse};
+    attn_parallel_for(threads, p->batch * heads * ((n + ROPE_ROWS - 1) / ROPE_ROWS), rope_block,
+                      &j);
+}
+
+attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const float *k,
+                      float *q_out, float *k_out, bool inverse)
+{
+    const attn_sdpa_params *p = c->p;
+    /* Positions: queries offset .. offset + n_q, keys 0 .. n_k. */
+    const int64_t lo = c->offset < 0 ? c->offset : 0;
+    const int64_t hi = c->offset + p->n_q > p->n_k ? c->offset + p->n_q : p->n_k;
+    rope_table table = {.pos0 = lo, .half = p->d_k / 2};
+    table.cs = malloc((size_t)((hi - lo) * table.half * 2) * sizeof *table.cs);
+    if (table.cs == NULL)
+        return ATTN_ERR_NOMEM;
+    for (int64_t t = 0; t < table.half; t++) {
+        double freq = pow((double)p->variants.rope_base, -2.0 * (double)t / (double)p->d_k);
+        for (int64_t pos = lo; pos < hi; pos++) {
+            double angle = (double)pos * freq;
+            table.cs[((pos - lo) * table.half + t) * 2] = cos(angle);
+            table.cs[((pos - lo) * table.half + t) * 2 + 1] = sin(angle);
+        }
+    }
+    if (q != NULL)
+        rope_apply(&table, p, threads, q, q_out, p->heads_q, p->n_q, c->ldq, c->offset, inverse);
+    if (k != NULL)
+        rope_apply(&table, p, threads, k, k_out, p->heads_kv, p->n_k, c->ldk, 0, inverse);
+    free(table.cs);
+    return ATTN_OK;
+}
