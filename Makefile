@@ -49,7 +49,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 DEPS_STAMP = build/.deps-ok
 
 .PHONY: all test check run bench clean deps sanitize web-test ops-test container-test install \
-        fuzz fuzz-build fuzz-corpus reliability
+        fuzz fuzz-build fuzz-corpus reliability exhaustive
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
 all: $(BUILD)/attnd $(BUILD)/libattn.a
@@ -190,6 +190,13 @@ reliability: $(DEPS_STAMP)
 	@sh tools/deps.sh reliability
 	@$(MAKE) --no-print-directory fuzz-build build/attnd $(RELIABILITY_SUITES)
 	@FUZZ_TIME=$(FUZZ_TIME) bash tests/reliability/run.sh build
+
+# Opt-in, about an hour on two cores: every float32 printed and read back
+# (tests/float_exhaustive.c says what it checks).
+exhaustive: $(BUILD)/float_exhaustive
+	./$(BUILD)/float_exhaustive
+$(BUILD)/float_exhaustive: $(BUILD)/obj/tests/float_exhaustive.o $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
 
 clean:
 	rm -rf build

@@ -23,6 +23,7 @@
 #include "json/codec.h"
 #include "json/codec_internal.h"
 #include "json/json_string.h"
+#include "json/pow10_table.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -812,15 +813,28 @@ END_TEST
 
 /* ================================================================ numbers */
 
+/* Reads s as a number alone (its last byte the last readable one) and as
+ * the first of a row with plenty of text after it (the reader's fast path
+ * needs some), against (float)strtod. */
 static void check_number(const char *s)
 {
     float want = 0, got = 0;
     bool want_ok = ref_parse(s, &want);
     const char *stop;
-    bool ok = api_parse_number(s, s + strlen(s), &stop, &got);
+    size_t len = strlen(s);
+    bool ok = api_parse_number(s, s + len, &stop, &got);
     CHECK(ok == want_ok, "%s: finite %d, want %d", s, ok, want_ok);
-    CHECK(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
+    CHECK(stop == s + len, "%s: stopped at %td", s, stop - s);
     CHECK(!ok || same_bits(got, want), "%s: got %a want %a", s, (double)got, (double)want);
+    char row[1400];
+    if (len + 80 > sizeof row)
+        return;
+    snprintf(row, sizeof row, "%s, 0.25, 1e-3, 123456789.123456789, 7]", s);
+    ok = api_parse_number(row, row + strlen(row), &stop, &got);
+    CHECK(ok == want_ok, "%s in a row: finite %d, want %d", s, ok, want_ok);
+    CHECK(stop == row + len, "%s in a row: stopped at %td", s, stop - row);
+    CHECK(!ok || same_bits(got, want), "%s in a row: got %a want %a", s, (double)got,
+          (double)want);
 }
 
 START_TEST(parse_number_edge_cases)
@@ -884,6 +898,166 @@ START_TEST(parse_number_edge_cases)
     check_number(big);
     big[n - 1] = '0';
     check_number(big);
+}
+END_TEST
+
+/* Where the reader's quick bracket cannot decide and the exact double is
+ * needed: float32 midpoints written out in full and just off them, double
+ * ties (a 54-bit odd significand: the tie then goes to even, before the
+ * float32 rounding), and powers of ten at every exponent the table holds,
+ * with 1 to 20 digits. */
+START_TEST(parse_number_exact_where_rounding_is_close)
+{
+    char buf[160];
+    uint64_t seed = 3;
+    for (int i = 0; i < 20000; i++) {
+        uint32_t b = (uint32_t)rng_next(&seed) & 0x7f7fffffu;
+        float f, g;
+        memcpy(&f, &b, 4);
+        g = nextafterf(f, INFINITY);
+        double mid = ((double)f + (double)g) / 2; /* exact: 25 bits */
+        snprintf(buf, sizeof buf, "%.60g", mid);  /* exact decimal */
+        check_number(buf);
+        snprintf(buf, sizeof buf, "%.17g", nextafter(mid, 0));
+        check_number(buf);
+        snprintf(buf, sizeof buf, "%.17g", nextafter(mid, INFINITY));
+        check_number(buf);
+        /* the midpoint's digits, then one more non-zero one (and 19 or 20
+         * significant digits in all) */
+        snprintf(buf, sizeof buf, "%.18e", mid);
+        char *e = strchr(buf, 'e');
+        memmove(e + 1, e, strlen(e) + 1);
+        *e = (char)('1' + i % 9);
+        check_number(buf);
+    }
+    /* double ties: 2^53 + 1 and its company, written with negative
+     * exponents too (the table's entry is then rounded down) */
+    const char *ties[] = {"9007199254740993", "90071992547409930e-1", "900719925474099300e-2",
+                          "9007199254740993.0", "0.9007199254740993e16", "9007199254740995",
+                          "4503599627370497.5", "45035996273704975e-1", "18014398509481986",
+                          "18014398509481990", "1.8014398509481986e16", "-9007199254740993",
+                          "4503600164241407.5", "45036001642414075e-1"};
+    for (size_t i = 0; i < sizeof ties / sizeof *ties; i++)
+        check_number(ties[i]);
+    /* double ties next to a float32 midpoint M between c (odd) and c + 1:
+     * M - half a double unit is a tie that goes to M (even), which then
+     * goes to c + 1; rounding the tie the other way would give c. Written
+     * with at most 19 digits (M from 2^52 to 2^63), they reach the exact
+     * double's hardest case. */
+    for (int i = 0; i < 2000; i++) {
+        uint64_t c = (rng_next(&seed) & 0x7fffffu) | 0x800001u; /* odd, 24 bits */
+        int shift = 52 - 24 + (int)(rng_next(&seed) % 10);      /* M in [2^52, 2^62) */
+        long double m = (long double)(2 * c + 1) * ldexpl(1.0L, shift - 1);
+        long double half_unit = ldexpl(1.0L, shift + 24 - 53 - 1);
+        for (int side = -1; side <= 1; side += 2) {
+            snprintf(buf, sizeof buf, "%.1Lf", m + side * half_unit);
+            check_number(buf);
+            /* the same with the point moved: "...e-1" */
+            char *dot = strchr(buf, '.');
+            memmove(dot, dot + 1, strlen(dot));
+            strcat(buf, "e-1");
+            check_number(buf);
+        }
+    }
+    for (int q = -70; q <= 45; q++) {
+        const char *mantissas[] = {"1", "9", "5", "12345678", "999999999999999999",
+                                   "9999999999999999999", "18446744073709551615",
+                                   "12345678901234567890", "1.5", "0.000001"};
+        for (size_t i = 0; i < sizeof mantissas / sizeof *mantissas; i++) {
+            snprintf(buf, sizeof buf, "%se%d", mantissas[i], q);
+            check_number(buf);
+            snprintf(buf, sizeof buf, "-%se%d", mantissas[i], q);
+            check_number(buf);
+        }
+    }
+    /* float32 boundaries: the largest, the overflow point, the smallest */
+    const char *edges[] = {"3.4028234663852886e38",  "3.4028235677973362e38",
+                           "3.4028235677973366e38",  "3.402823567797336e38",
+                           "340282356779733661637539395458142568448", "1.1754943508222875e-38",
+                           "1.1754942106924411e-38", "1.401298464324817e-45",
+                           "7.006492321624085e-46",  "7.006492321624086e-46",
+                           "2.8025969286496341e-45", "4.2038953929744512e-45",
+                           "0.00000000000000000000000000000000000000000000140129846432481707"};
+    for (size_t i = 0; i < sizeof edges / sizeof *edges; i++)
+        check_number(edges[i]);
+}
+END_TEST
+
+/* ---- big integers for the checks below: little-endian 32-bit limbs */
+typedef struct {
+    uint32_t limb[40];
+} big;
+
+static void big_set(big *a, uint64_t hi, uint64_t lo)
+{
+    memset(a, 0, sizeof *a);
+    a->limb[0] = (uint32_t)lo, a->limb[1] = (uint32_t)(lo >> 32);
+    a->limb[2] = (uint32_t)hi, a->limb[3] = (uint32_t)(hi >> 32);
+}
+
+static void big_mul(big *a, uint32_t m)
+{
+    uint64_t carry = 0;
+    for (int i = 0; i < 40; i++) {
+        uint64_t x = (uint64_t)a->limb[i] * m + carry;
+        a->limb[i] = (uint32_t)x;
+        carry = x >> 32;
+    }
+    ck_assert(carry == 0);
+}
+
+static void big_add(big *a, const big *b)
+{
+    uint64_t carry = 0;
+    for (int i = 0; i < 40; i++) {
+        uint64_t x = (uint64_t)a->limb[i] + b->limb[i] + carry;
+        a->limb[i] = (uint32_t)x;
+        carry = x >> 32;
+    }
+}
+
+static int big_cmp(const big *a, const big *b)
+{
+    for (int i = 39; i >= 0; i--)
+        if (a->limb[i] != b->limb[i])
+            return a->limb[i] < b->limb[i] ? -1 : 1;
+    return 0;
+}
+
+static void big_pow2(big *a, int k)
+{
+    memset(a, 0, sizeof *a);
+    a->limb[k / 32] = 1u << (k % 32);
+}
+
+/* Every entry of the reader's table of powers of ten: 10^q = M * 2^e
+ * exactly for q >= 0, and M = floor(2^-e / 10^-q) below. */
+START_TEST(pow10_table_entries_are_right)
+{
+    for (int q = POW10_Q_MIN; q <= POW10_Q_MAX; q++) {
+        uint64_t hi = pow10_table[q - POW10_Q_MIN].hi, lo = pow10_table[q - POW10_Q_MIN].lo;
+        int e = pow10_table[q - POW10_Q_MIN].e;
+        ck_assert_msg(hi >> 63, "1e%d: not normalized", q);
+        big m, ten;
+        big_set(&m, hi, lo);
+        big_set(&ten, 0, 1);
+        for (int i = 0; i < (q < 0 ? -q : q); i++)
+            big_mul(&ten, 10);
+        if (q >= 0) { /* M = 10^q * 2^-e */
+            ck_assert(e <= 0);
+            for (int i = 0; i < -e; i++)
+                big_mul(&ten, 2);
+            ck_assert_msg(big_cmp(&m, &ten) == 0, "1e%d", q);
+        } else { /* M * 10^n <= 2^-e < (M + 1) * 10^n */
+            big lo_end = m, two;
+            for (int i = 0; i < -q; i++)
+                big_mul(&lo_end, 10);
+            big_pow2(&two, -e);
+            ck_assert_msg(big_cmp(&lo_end, &two) <= 0, "1e%d too large", q);
+            big_add(&lo_end, &ten);
+            ck_assert_msg(big_cmp(&lo_end, &two) > 0, "1e%d too small", q);
+        }
+    }
 }
 END_TEST
 
@@ -1063,6 +1237,116 @@ START_TEST(float_text_is_shortest)
         float_text(f, b);
         CHECK(significant_digits(b) <= p, "%s for %s (%d digits)", b, g, p);
     }
+}
+END_TEST
+
+/* The significant digits of a decimal text as an integer, and the power
+ * of ten of the last one: "0.0125" -> 125, -4; "1e+16" -> 1, 16. */
+static int decimal_digits(const char *s, uint64_t *digits, int *exp10)
+{
+    uint64_t d = 0;
+    int n = 0, after_point = 0;
+    bool point = false, started = false;
+    for (; *s && *s != 'e' && *s != 'E'; s++) {
+        if (*s == '.') {
+            point = true;
+            continue;
+        }
+        if (*s < '0' || *s > '9')
+            continue;
+        after_point += point;
+        started |= *s != '0';
+        if (started) {
+            d = d * 10 + (uint64_t)(*s - '0');
+            n++;
+        }
+    }
+    int e = (*s == 'e' || *s == 'E') ? atoi(s + 1) : 0;
+    e -= after_point;
+    while (n > 1 && d % 10 == 0) {
+        d /= 10;
+        n--;
+        e++;
+    }
+    *digits = d;
+    *exp10 = e;
+    return n;
+}
+
+static bool digits_read_back(uint64_t d, int exp10, float f)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%llue%d", (unsigned long long)d, exp10);
+    float back;
+    return ref_parse(buf, &back) && same_bits(back, f);
+}
+
+/* Shortest and nearest, by glibc's correctly rounded printf: with n the
+ * digits written, no text of n - 1 digits reads back (the two nearest f
+ * are within one unit of printf's), and the written digits are printf's
+ * n-digit rounding of f whenever that reads back (nearest, ties to even),
+ * else next to it. */
+static void check_shortest_and_nearest(float f)
+{
+    char text[API_FLOAT_TEXT_MAX + 1], g[64];
+    float_text(f, text);
+    uint64_t d, r;
+    int ex, rex;
+    int n = decimal_digits(text, &d, &ex);
+    if (n > 1) {
+        snprintf(g, sizeof g, "%.*e", n - 2, (double)fabsf(f));
+        decimal_digits(g, &r, &rex);
+        for (int delta = -1; delta <= 1; delta++)
+            CHECK(r + (uint64_t)delta == 0 || !digits_read_back(r + (uint64_t)delta, rex, fabsf(f)),
+                  "%s for %a: %llue%d is shorter and reads back", text, (double)f,
+                  (unsigned long long)(r + (uint64_t)delta), rex);
+    }
+    snprintf(g, sizeof g, "%.*e", n - 1, (double)fabsf(f));
+    decimal_digits(g, &r, &rex);
+    while (rex > ex) { /* the same scale */
+        r *= 10;
+        rex--;
+    }
+    while (ex > rex) {
+        d *= 10;
+        ex--;
+    }
+    float back;
+    if (ref_parse(g, &back) && same_bits(back, fabsf(f)))
+        CHECK(d == r, "%s for %a: %s is nearer", text, (double)f, g);
+    else
+        CHECK(d == r + 1 || r == d + 1, "%s for %a: not next to %s", text, (double)f, g);
+}
+
+START_TEST(float_text_is_shortest_and_nearest)
+{
+    uint64_t seed = 5;
+    for (int i = 0; i < 300000; i++) {
+        uint32_t bits = (uint32_t)rng_next(&seed);
+        if (i % 4 == 0) /* subnormals and the smallest normals */
+            bits = (bits & 0x80000000u) | (bits % 0x01800000u);
+        float f;
+        memcpy(&f, &bits, 4);
+        if (isfinite(f) && f != 0)
+            check_shortest_and_nearest(f);
+    }
+    /* powers of two (the gap below is half the gap above), powers of ten
+     * and their neighbours, the extremes */
+    for (int e = -149; e <= 127; e++) {
+        float p = ldexpf(1.0f, e);
+        check_shortest_and_nearest(p);
+        check_shortest_and_nearest(nextafterf(p, 0));
+        check_shortest_and_nearest(nextafterf(p, INFINITY));
+    }
+    for (int e = -45; e <= 38; e++) {
+        float p = (float)pow(10.0, e);
+        check_shortest_and_nearest(p);
+        check_shortest_and_nearest(nextafterf(p, 0));
+        check_shortest_and_nearest(nextafterf(p, INFINITY));
+    }
+    check_shortest_and_nearest(FLT_MAX);
+    check_shortest_and_nearest(FLT_MIN);
+    check_shortest_and_nearest(0x1p-149f);
 }
 END_TEST
 
@@ -1507,10 +1791,13 @@ Suite *codec_suite(void)
     tc = tcase(s, "numbers");
     tcase_add_test(tc, parse_number_edge_cases);
     tcase_add_test(tc, parse_number_matches_strtod_on_random_texts);
+    tcase_add_test(tc, parse_number_exact_where_rounding_is_close);
+    tcase_add_test(tc, pow10_table_entries_are_right);
     tc = tcase(s, "format");
     tcase_add_test(tc, float_text_examples);
     tcase_add_test(tc, float_text_round_trips_every_kind_of_float);
     tcase_add_test(tc, float_text_is_shortest);
+    tcase_add_test(tc, float_text_is_shortest_and_nearest);
     tc = tcase(s, "encode");
     tcase_add_test(tc, encode_forms_exact_text);
     tcase_add_test(tc, encode_decode_round_trip_bit_exact);

@@ -18,6 +18,9 @@
 #include "codec.h"
 
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* ----------------------------------------------------------------- buf.c */
 
@@ -188,15 +191,36 @@ static inline int api_leading_digits8(uint64_t x)
 {
     uint64_t bad = ((x & 0xf0f0f0f0f0f0f0f0u) ^ 0x3030303030303030u) |
                    (((x + 0x0606060606060606u) & 0xf0f0f0f0f0f0f0f0u) ^ 0x3030303030303030u);
-    return bad ? __builtin_ctzll(bad) / 8 : 8;
+    /* bad has bits only in the high nibbles; shifted down 4 and with a
+     * stop bit at 60, "no bad byte" counts as byte 8 without a branch */
+    return (__builtin_ctzll(bad >> 4 | UINT64_C(1) << 60) + 4) / 8;
 }
 
-/* The first `run` (1..8) ASCII digits of x as digit values (0..9) in the
- * last `run` bytes, i.e. with leading zeros before them. The bytes after
- * the run may borrow when '0' is subtracted; they are shifted out. */
+/* How many of the 16 bytes at p, from the first, are ASCII digits (0..16);
+ * all 16 must be readable. SSE2 is part of every x86-64 CPU, so it needs no
+ * dispatch; elsewhere two words of SWAR give the same answer. */
+static inline int api_digit_run16(const char *p)
+{
+#if defined(__SSE2__)
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    /* bytes - ('0' + 128): the digits become -128..-119, the rest above */
+    __m128i t = _mm_sub_epi8(x, _mm_set1_epi8((char)('0' + 128)));
+    unsigned digits = (unsigned)_mm_movemask_epi8(_mm_cmplt_epi8(t, _mm_set1_epi8(-128 + 10)));
+    return __builtin_ctz(~digits); /* bit 16 of ~digits is set: at most 16 */
+#else
+    int a = api_leading_digits8(api_load8(p));
+    int b = api_leading_digits8(api_load8(p + 8));
+    return a + (b & -(a == 8));
+#endif
+}
+
+/* The first `run` (0..8) ASCII digits of x as digit values (0..9) in the
+ * last `run` bytes, i.e. with leading zeros before them (0 for no digits).
+ * The bytes after the run may borrow when '0' is subtracted; they are
+ * shifted out, in two steps so that no shift is by 64. */
 static inline uint64_t api_digit_values(uint64_t x, int run)
 {
-    return (x - 0x3030303030303030u) << (8 * (8 - run));
+    return (x - 0x3030303030303030u) << (4 * (8 - run)) << (4 * (8 - run));
 }
 
 /* The number that 8 digit values spell (the first byte most significant):

@@ -1,27 +1,28 @@
 /*
  * The shortest decimal text that reads back as the same float32.
  *
- * A float32 v = m * 2^e owns the interval of reals that round to it, bounded
- * by the midpoints to its neighbours. Every decimal inside reads back as v;
- * the task is to find one with the fewest significant digits.
+ * A float32 v owns the interval of reals that read back as v; every decimal
+ * inside does, and the task is to find one with the fewest significant
+ * digits (and among those, the one nearest v). The interval is that of our
+ * own reader (number.c), which rounds like a Python client: decimal ->
+ * double -> float32. Rounding twice moves each end of the interval by half
+ * a double's unit from the midpoint between v and its neighbour (outwards
+ * when v's last bit is 0, since ties then go to v twice; inwards when it
+ * is 1). Counted in units of that half unit, 2^E, the ends and v are
+ * integers below 2^57, so every decision below is exact.
  *
- * 1. Scale: with j chosen so that v * 10^-j has 10 or 11 digits, compute
- *    exactly (integer arithmetic) floor(x * 10^-j) and whether the floor
- *    dropped anything, for x = v and for both interval ends. Call these V,
- *    L, H. One unit of that scale is at most 1e-9 of v, so a 9-digit
- *    decimal always fits: the interval spans >= 88 units.
- * 2. Candidates are multiples of 10^a units (10 - a significant digits at
- *    most). A candidate at least one unit inside both ends is certainly
- *    read back as v; the largest a that has one wins, and among its
- *    candidates the one nearest v is written.
- * 3. Readers round twice (decimal -> double -> float32, see number.c), which
- *    can move the interval ends by about 2^-53 of v: far less than a unit.
- *    So only candidates within a unit of an end are in doubt; those (rare)
- *    are settled by actually reading them back.
+ * The search is Schubfach's (R. Giulietti, "The Schubfach way to render
+ * doubles"): scaled by 10^-k so that the interval is 1 to 10 units wide, it
+ * holds at most one multiple of 10 (one digit shorter: take it), else the
+ * integer s or s+1 next to v (take the one inside, or the nearer, ties to
+ * even). No loop over digit counts, no reading back.
+ *
+ * The scaling is exact integer arithmetic: v * 10^-k is x * 5^n >> r for
+ * the usual magnitudes (one 64x64-bit product), a 192-bit product below
+ * 1e-13, and a 128-bit division above 1.3e8.
  */
 #include "codec_internal.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 __extension__ typedef unsigned __int128 u128;
@@ -49,146 +50,125 @@ static const uint64_t pow10_u64[20] = {
     10000000000000000000ULL,
 };
 
-static const double exact_pow10[23] = {
-    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
-    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+/* 5^n for n in 0..27, the powers of five that fit in 64 bits. */
+static const uint64_t pow5_u64[28] = {
+    1ULL,
+    5ULL,
+    25ULL,
+    125ULL,
+    625ULL,
+    3125ULL,
+    15625ULL,
+    78125ULL,
+    390625ULL,
+    1953125ULL,
+    9765625ULL,
+    48828125ULL,
+    244140625ULL,
+    1220703125ULL,
+    6103515625ULL,
+    30517578125ULL,
+    152587890625ULL,
+    762939453125ULL,
+    3814697265625ULL,
+    19073486328125ULL,
+    95367431640625ULL,
+    476837158203125ULL,
+    2384185791015625ULL,
+    11920928955078125ULL,
+    59604644775390625ULL,
+    298023223876953125ULL,
+    1490116119384765625ULL,
+    7450580596923828125ULL,
 };
 
 /* ---------------------------------------------------------------- scaling */
 
-/* floor(mant * 2^e2 * 10^t) and whether it was inexact, for mant < 2^27 and
- * exponents for which the result has about 10 digits. */
+/* floor(x * 2^e2 * 10^-k) and whether that is exact. */
 typedef struct {
     uint64_t floor;
-    bool inexact;
+    bool exact;
 } scaled;
 
-/* mant * 10^t >> shift with t large: a little 256-bit integer in 32-bit
- * limbs (mant < 2^27, 10^t < 2^180 for float32, so < 2^207). */
-__attribute__((noinline, cold)) static scaled scale_wide(uint64_t mant, int t, int shift)
+/* floor(p / 2^r) of the 192-bit p = p2:p1:p0, 64 <= r < 192, when it fits
+ * in 64 bits. */
+static scaled shift192(uint64_t p2, uint64_t p1, uint64_t p0, int r)
 {
-    uint32_t limb[8] = {(uint32_t)mant, (uint32_t)(mant >> 32)};
-    while (t > 0) {
-        int step = t > 9 ? 9 : t;
-        uint64_t f = pow10_u64[step], carry = 0;
-        for (int i = 0; i < 8; i++) {
-            uint64_t x = (uint64_t)limb[i] * f + carry;
-            limb[i] = (uint32_t)x;
-            carry = x >> 32;
-        }
-        t -= step;
-    }
-    scaled r = {0, false};
-    int whole = shift / 32, bits = shift % 32;
-    for (int i = 0; i < whole && i < 8; i++)
-        r.inexact |= limb[i] != 0;
-    if (bits && whole < 8)
-        r.inexact |= (limb[whole] & ((1u << bits) - 1)) != 0;
-    /* the result is below 2^40, so three limbs from `whole` on hold it */
-    u128 x = 0;
-    for (int i = 2; i >= 0; i--)
-        x = (x << 32) | (whole + i < 8 ? limb[whole + i] : 0);
-    r.floor = (uint64_t)(x >> bits);
-    return r;
+    u128 hi = (u128)p2 << 64 | p1;
+    int s = r - 64; /* 0 <= s < 128 */
+    scaled out = {(uint64_t)(hi >> s), p0 == 0};
+    if (s)
+        out.exact &= (u128)(hi << (128 - s)) == 0;
+    return out;
 }
 
-static inline scaled scale(uint64_t mant, int e2, int t)
+/* floor(p / 2^r) and whether it is exact, 0 < r < 128, in 64-bit halves
+ * (a 128-bit shift by a variable count costs several branches). */
+static inline scaled shift_right(u128 p, int r)
 {
-    scaled r = {0, false};
-    if (t >= 0) {
-        if (e2 >= 0) {
-            /* v >= 2^25 here, so floor(log10 v) >= 7 and t <= 2 */
-            r.floor = (uint64_t)(((u128)mant * pow10_u64[t]) << e2);
-            return r;
-        }
-        int shift = -e2;
-        if (t <= 19 && shift < 128) {
-            u128 x = (u128)mant * pow10_u64[t];
-            r.floor = (uint64_t)(x >> shift);
-            r.inexact = (u128)r.floor << shift != x;
-            return r;
-        }
-        return scale_wide(mant, t, shift);
-    }
-    /* t < 0 means v >= 10^10, hence e2 > 0 and mant << e2 < 2^128 */
-    u128 x = (u128)mant << e2;
-    int j = -t;
-    u128 d = j <= 19 ? (u128)pow10_u64[j] : (u128)pow10_u64[19] * pow10_u64[j - 19];
-    r.floor = (uint64_t)(x / d);
-    r.inexact = x % d != 0;
-    return r;
-}
-
-/* floor(x / 2^shift) and whether that dropped anything (0 < shift < 128). */
-static inline scaled floor_shift(u128 x, int shift)
-{
-    scaled r;
-    uint64_t lo = (uint64_t)x, hi = (uint64_t)(x >> 64);
-    if (shift < 64) { /* |v| above ~1e-11: two 64-bit halves, no u128 shifts */
-        r.floor = lo >> shift | hi << 1 << (63 - shift);
-        r.inexact = lo << 1 << (63 - shift) != 0;
+    uint64_t lo = (uint64_t)p, hi = (uint64_t)(p >> 64);
+    scaled out;
+    if (r < 64) { /* |v| above about 6e-8 */
+        out.floor = lo >> r | hi << 1 << (63 - r);
+        out.exact = lo << 1 << (63 - r) == 0;
     } else {
-        r.floor = hi >> (shift - 64);
-        r.inexact = lo != 0 || hi << 1 << (127 - shift) != 0;
+        out.floor = hi >> (r - 64);
+        out.exact = lo == 0 && hi << 1 << (127 - r) == 0;
     }
-    return r;
+    return out;
 }
 
-/* x / 10^a with a constant divisor per case, so that the compiler turns
- * each into a multiplication instead of a (slow) hardware division. */
-static inline uint64_t div_pow10(uint64_t x, int a)
+/* x * 5^n >> r for n > 27 (|v| < 2^-89): x * 5^27 * 5^(n-27), a 192-bit
+ * product. */
+__attribute__((noinline)) static scaled scale_tiny(uint64_t x, int n, int r)
 {
-    switch (a) {
-    case 0: return x;
-    case 1: return x / 10;
-    case 2: return x / 100;
-    case 3: return x / 1000;
-    case 4: return x / 10000;
-    case 5: return x / 100000;
-    case 6: return x / 1000000;
-    case 7: return x / 10000000;
-    case 8: return x / 100000000;
-    case 9: return x / 1000000000;
-    case 10: return x / 10000000000ULL;
-    default: return x / 100000000000ULL;
-    }
+    u128 a = (u128)x * pow5_u64[27];
+    uint64_t m = pow5_u64[n - 27];
+    u128 lo = (u128)(uint64_t)a * m, hi = (u128)(uint64_t)(a >> 64) * m;
+    hi += lo >> 64;
+    return shift192((uint64_t)(hi >> 64), (uint64_t)hi, (uint64_t)lo, r);
 }
 
-/* floor(n * log10(2)), exactly for |n| <= 200 (78913 / 2^18 is log10(2)
- * to 7 digits), which covers every float32 exponent. */
-static int floor_log10_pow2(int n)
+/* x * 2^(e2-k) / 5^k for k > 0 (|v| >= 2^27): one 128-bit division. */
+__attribute__((noinline)) static scaled scale_large(uint64_t x, int e2, int k)
 {
-    return n >= 0 ? (n * 78913) >> 18 : -((-n * 78913 + (1 << 18) - 1) >> 18);
+    u128 num = x, den = k <= 27 ? pow5_u64[k] : (u128)pow5_u64[27] * pow5_u64[k - 27];
+    if (e2 >= k)
+        num <<= e2 - k;
+    else
+        den <<= k - e2;
+    scaled out = {(uint64_t)(num / den), num % den == 0};
+    return out;
 }
 
-/* ---------------------------------------------------------- reading back */
-
-/* Does digits * 10^exp10 read back (decimal -> double -> float32) as f? */
-static bool reads_back(uint64_t digits, int exp10, float f)
+/*
+ * floor(x * 2^e2 * 10^-k) for x < 2^57, where the result has at most 10
+ * digits (k was chosen so), exactly.
+ *   k <= 0: x * 5^n * 2^(e2+n) with n = -k; e2 + n < 0 for every float32.
+ *   k > 0:  x * 2^(e2-k) / 5^k, as one 128-bit division (v >= 2^27).
+ */
+static inline scaled scale(uint64_t x, int e2, int k)
 {
-    double d;
-    if (digits <= (UINT64_C(1) << 53) && exp10 >= -22 && exp10 <= 22) {
-        d = (double)digits;
-        d = exp10 < 0 ? d / exact_pow10[-exp10] : d * exact_pow10[exp10];
-    } else {
-        char buf[48];
-        char *w = buf + sizeof buf;
-        *--w = '\0';
-        unsigned ue = exp10 < 0 ? (unsigned)-exp10 : (unsigned)exp10;
-        do
-            *--w = (char)('0' + ue % 10);
-        while (ue /= 10);
-        if (exp10 < 0)
-            *--w = '-';
-        *--w = 'e';
-        do
-            *--w = (char)('0' + digits % 10);
-        while (digits /= 10);
-        d = strtod(w, NULL);
+    if (k <= 0) {
+        int n = -k, r = -(e2 + n);
+        if (n <= 27) /* r < 128 here: |v| >= 2^-89 */
+            return shift_right((u128)x * pow5_u64[n], r);
+        return scale_tiny(x, n, r);
     }
-    if (d >= 0x1.ffffffp127)
-        return false;
-    return (float)d == f;
+    return scale_large(x, e2, k);
+}
+
+/* floor(n * log10(2)) and floor(n * log10(2) + log10(3/4)), exactly for
+ * |n| <= 200 (78913 / 2^18 is log10(2) to 7 digits, 32752 / 2^18 is
+ * -log10(3/4) to 5), which covers every float32 exponent. */
+static inline int floor_log10_pow2(int n)
+{
+    return (n * 78913) >> 18; /* >> of a negative int: arithmetic (gcc, clang) */
+}
+
+static inline int floor_log10_three_quarters_pow2(int n)
+{
+    return (n * 78913 - 32752) >> 18;
 }
 
 /* ------------------------------------------------------------ formatting */
@@ -223,7 +203,7 @@ static inline uint64_t ascii8(uint32_t x)
 /* The n decimal digits of x (x < 10^n <= 10^9) at w[0..n). Writes up to 9
  * bytes whatever n is: callers have API_FLOAT_TEXT_MAX bytes of room and
  * overwrite what lies past the digits. */
-static void put_digits(char *w, uint32_t x, int n)
+__attribute__((always_inline)) static inline void put_digits(char *w, uint32_t x, int n)
 {
     if (n == 9) {
         *w++ = (char)('0' + x / 100000000);
@@ -252,40 +232,37 @@ static int count_digits(uint32_t x)
 static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
 {
     int sci = exp10 + n - 1; /* exponent in d.ddd x 10^sci */
-    if (sci >= -4 && sci < 16) {
-        if (sci < 0) { /* 0.000ddd */
-            memcpy(w, "0.000000", 8); /* then keep 2 + (-sci - 1) bytes */
-            w += 1 - sci;
-            put_digits(w, digits, n);
-            return w + n;
-        }
-        int whole = sci + 1;
-        if (n <= whole) { /* ddd000.0 */
-            put_digits(w, digits, n);
-            w += n;
-            for (int i = n; i < whole; i++)
-                *w++ = '0';
-            memcpy(w, ".0", 2);
-            return w + 2;
-        }
-        /* dd.ddd: the digits one place right, then the point moves in */
-        put_digits(w + 1, digits, n);
-        if (whole < 8) {
-            /* in one word: the first `whole` digits from one place right,
-             * the point, the rest from where they are */
+    if (sci >= -4 && sci < 16 && n > sci + 1) {
+        /* 0.000ddd and dd.ddd in one way, since values on either side of
+         * 1 alternate at random: z zeros and the digits at w + 1, then the
+         * first p of them one place left and the point after them */
+        int neg = sci >> 31; /* -1 below 1, else 0: no branch */
+        int z = -sci & neg, p = (1 & neg) | ((sci + 1) & ~neg);
+        memcpy(w + 1, "0000", 4);
+        put_digits(w + 1 + z, digits, n);
+        if (p < 8) {
+            /* in one word: the first p bytes from one place right, the
+             * point, the rest where they are */
             uint64_t right = api_load8(w + 1), here = api_load8(w);
-            uint64_t keep = (UINT64_C(1) << (8 * whole)) - 1;
-            uint64_t word = (right & keep) | (uint64_t)'.' << (8 * whole) | (here & ~keep << 8);
+            uint64_t keep = (UINT64_C(1) << (8 * p)) - 1;
+            uint64_t word = (right & keep) | (uint64_t)'.' << (8 * p) | (here & ~keep << 8);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
             word = __builtin_bswap64(word);
 #endif
             memcpy(w, &word, 8);
         } else {
-            for (int i = 0; i < whole; i++)
-                w[i] = w[i + 1];
-            w[whole] = '.';
+            memmove(w, w + 1, 8);
+            w[8] = '.';
         }
-        return w + n + 1;
+        return w + z + n + 1;
+    }
+    if (sci >= 0 && sci < 16) { /* ddd000.0 */
+        put_digits(w, digits, n);
+        w += n;
+        for (int i = n; i <= sci; i++)
+            *w++ = '0';
+        memcpy(w, ".0", 2);
+        return w + 2;
     }
     put_digits(w + 1, digits, n); /* d.ddde+XX */
     w[0] = w[1];
@@ -303,37 +280,91 @@ static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
 
 /* ------------------------------------------------------------- the search */
 
-/* Doubtful candidates sit within a unit of an end: L (on the lower end
- * when it is exact, else just below it), L+1, H and, when the upper end
- * is not exact, H+1. Only one ending in 0 can be shorter than the safe
- * choice (*digits * 10^*exp10, *nd digits); reading it back decides
- * (reads_back applies the tie rule). */
-static void shorter_by_reading_back(scaled L, scaled H, int j, float mag, uint64_t *digits,
-                                    int *exp10, int *nd)
+/* ------------------------------------------------------------- the search */
+
+/* The ends of what reads back as v, in units of 2^e2, and whether each
+ * end itself does. */
+typedef struct {
+    uint64_t lo, v2, hi; /* v2: twice v, so that "nearer" is exact too */
+    int e2;
+    bool inclusive;      /* both ends read back as v (its last bit is 0) */
+    bool irregular;      /* v is a power of two: the gap below is half */
+} interval;
+
+static interval interval_of(uint32_t c, int q, bool irregular)
 {
-    uint64_t doubt[2];
-    int n_doubt = 0;
-    uint64_t lr = L.floor % 10, hr = H.floor % 10;
-    if (lr == 0 || lr == 9)
-        doubt[n_doubt++] = L.floor + (lr == 9);
-    if (hr == 0 || (hr == 9 && H.inexact))
-        doubt[n_doubt++] = H.floor + (hr == 9);
-    for (int i = 0; i < n_doubt; i++) {
-        uint64_t x = doubt[i];
-        int tz = 0;
-        while (x % 10 == 0) {
-            x /= 10;
-            tz++;
-        }
-        if (x >= 1000000000)
-            continue; /* 10 digits or more: never shorter */
-        int nx = count_digits((uint32_t)x);
-        if (nx < *nd && reads_back(x, j + tz, mag)) {
-            *digits = x;
-            *exp10 = j + tz;
-            *nd = nx;
-        }
+    interval iv;
+    iv.inclusive = (c & 1) == 0;
+    iv.irregular = irregular;
+    if (c >= 0x800000u && !irregular) {
+        /* a normal float not a power of two, nearly every one: both
+         * midpoints have 25 bits, so half a double's unit is 2^(q-30) */
+        iv.e2 = q - 30;
+        /* +-1 as arithmetic: the last bit is a coin toss for a branch */
+        iv.lo = (((uint64_t)c * 2 - 1) << 29) + 1 - 2 * (uint64_t)iv.inclusive;
+        iv.hi = (((uint64_t)c * 2 + 1) << 29) - 1 + 2 * (uint64_t)iv.inclusive;
+        iv.v2 = (uint64_t)c << 31;
+        return iv;
     }
+    /* the midpoints to the neighbours: m_lo * 2^e_lo and (2c+1) * 2^(q-1) */
+    uint64_t m_lo = irregular ? 4 * (uint64_t)c - 1 : 2 * (uint64_t)c - 1;
+    int e_lo = irregular ? q - 2 : q - 1;
+    uint64_t m_hi = 2 * (uint64_t)c + 1;
+    int b_lo = 64 - __builtin_clzll(m_lo), b_hi = 64 - __builtin_clzll(m_hi);
+    /* half a double's unit at the lower midpoint (the finer of the two) */
+    int e2 = b_lo - 1 + e_lo - 53;
+    uint64_t mid_lo = m_lo << (e_lo - e2), mid_hi = m_hi << (q - 1 - e2);
+    uint64_t half_hi = UINT64_C(1) << (b_hi - 1 + q - 1 - 53 - e2);
+    iv.lo = iv.inclusive ? mid_lo - 1 : mid_lo + 1;
+    iv.hi = iv.inclusive ? mid_hi + half_hi : mid_hi - half_hi;
+    iv.v2 = (uint64_t)c << (q - e2 + 1);
+    iv.e2 = e2;
+    return iv;
+}
+
+/* The integers inside the scaled interval [L, H] (or (L, H)): first..last. */
+typedef struct {
+    uint64_t first, last;
+} integers;
+
+static inline integers integers_inside(scaled L, scaled H, bool inclusive)
+{
+    integers in = {L.floor + !(L.exact && inclusive), H.floor - (H.exact && !inclusive)};
+    return in;
+}
+
+static inline bool inside(uint64_t x, integers in)
+{
+    return x - in.first <= in.last - in.first; /* in.first <= x <= in.last */
+}
+
+/* The shortest decimal digits * 10^*exp10 inside iv, nearest v among
+ * those; digits has at most 9 digits and no trailing zero. */
+static uint32_t shortest(const interval *iv, int q, int *exp10)
+{
+    int k = iv->irregular ? floor_log10_three_quarters_pow2(q) : floor_log10_pow2(q);
+    scaled L = scale(iv->lo, iv->e2, k), H = scale(iv->hi, iv->e2, k);
+    scaled V2 = scale(iv->v2, iv->e2, k);
+    integers in = integers_inside(L, H, iv->inclusive);
+    /* the interval is 1 to 10 units wide: at most one multiple of 10 */
+    uint64_t s = V2.floor >> 1, sp10 = s / 10 * 10, tp10 = sp10 + 10, d;
+    bool sp_in = inside(sp10, in), tp_in = inside(tp10, in);
+    bool s_in = inside(s, in), t_in = inside(s + 1, in);
+    /* both s and s+1 inside: the nearer, by the bit of 2v below s (ties to
+     * even); s+1 then ends in no 0, or it would be tp10 */
+    uint64_t up = t_in & ((uint64_t)!s_in | ((V2.floor & 1) & ((uint64_t)!V2.exact | (s & 1))));
+    /* which of the two cases is a coin toss: selected, not branched */
+    bool shorter = sp_in | tp_in;
+    uint64_t short_d = (sp_in ? sp10 : tp10) / 10, full_d = s + up;
+    uint64_t pick = -(uint64_t)shorter; /* all ones or zero */
+    d = (short_d & pick) | (full_d & ~pick);
+    k += shorter;
+    while (d % 10 == 0) { /* v is a short decimal itself, 0.5 or 3.0 */
+        d /= 10;
+        k++;
+    }
+    *exp10 = k;
+    return (uint32_t)d;
 }
 
 char *api_float_text(float f, char *out)
@@ -353,63 +384,10 @@ char *api_float_text(float f, char *out)
         memcpy(w, "0.0", 3);
         return w + 3;
     }
-    float mag = f < 0 ? -f : f;
-    uint64_t m = biased ? frac | 0x800000u : frac;
-    int e = biased ? (int)biased - 150 : -149;
-
-    /* In units of 2^(e-2): v = 4m, the ends 4m +- 2, except that just above
-     * a power of two the gap below is half as wide. */
-    int e2 = e - 2;
-    uint64_t mv = 4 * m, mhi = mv + 2, mlo = mv - (frac == 0 && biased > 1 ? 1 : 2);
-
-    /* v is in [2^n, 2^(n+1)) with n = top + e, so floor(log10 v) is
-     * floor(n log10 2) or one more: with j from the former, V has 10 or 11
-     * digits. Either is fine: a unit stays between 1e-11 and 1e-9 of v. */
-    int top = 63 - __builtin_clzll(m);
-    int j = floor_log10_pow2(top + e) - 9, t = -j;
-    scaled V, L, H;
-    if (e2 < 0 && t >= 0 && t <= 19 && -e2 < 128) {
-        /* the usual case, |v| from about 1e-19 to 1e7: one product, the
-         * ends are v's product -+ a multiple of 10^t */
-        u128 p10 = pow10_u64[t], x = (u128)mv * p10;
-        V = floor_shift(x, -e2);
-        L = floor_shift(x - (mv - mlo) * p10, -e2);
-        H = floor_shift(x + 2 * p10, -e2);
-    } else {
-        V = scale(mv, e2, t);
-        L = scale(mlo, e2, t);
-        H = scale(mhi, e2, t);
-    }
-
-    /* Safe candidates C: C >= L+2 (over a unit above the lower end) and
-     * C <= H-1 (at least a unit below the upper end). Any run of 10^a
-     * consecutive integers holds a multiple of 10^a, so the widest such
-     * step that fits the safe range surely has a candidate; a coarser step
-     * has one only by luck, which is tested. */
-    uint64_t safe_lo = L.floor + 2, safe_hi = H.floor - 1;
-    uint64_t width = safe_hi - safe_lo + 1; /* < 2^32: about 2^-23 of V */
-    int a = count_digits((uint32_t)width) - 1;
-    while (a < 11 && div_pow10(safe_hi, a + 1) * pow10_u64[a + 1] >= safe_lo)
-        a++;
-    uint64_t q = pow10_u64[a];
-    /* the candidate nearest v (half to even), moved inside if needed: the
-     * multiples next to it are then safe, since one exists at all */
-    uint64_t c = div_pow10(V.floor, a), r = V.floor - c * q;
-    c += 2 * r > q || (2 * r == q && (V.inexact || (c & 1)));
-    if (c * q < safe_lo)
-        c++;
-    else if (c * q > safe_hi)
-        c--;
-    /* at most 9 digits: the safe range spans >= 85 units below 10^10 and
-     * >= 850 above, so a >= 1, or a >= 2 when C has 11 digits */
-    uint64_t digits = c;
-    int exp10 = j + a;
-    while (digits % 10 == 0) { /* C was a power of ten */
-        digits /= 10;
-        exp10++;
-    }
-    int nd = count_digits((uint32_t)digits);
-
-    shorter_by_reading_back(L, H, j, mag, &digits, &exp10, &nd);
-    return put_decimal(w, (uint32_t)digits, nd, exp10);
+    uint32_t c = biased ? frac | 0x800000u : frac;
+    int q = biased ? (int)biased - 150 : -149;
+    interval iv = interval_of(c, q, frac == 0 && biased > 1);
+    int exp10;
+    uint32_t digits = shortest(&iv, q, &exp10);
+    return put_decimal(w, digits, count_digits(digits), exp10);
 }

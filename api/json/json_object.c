@@ -48,6 +48,23 @@ static cursor skip_container(cursor p, cursor end)
 {
     long depth = 0;
     while (p < end) {
+#if defined(__SSE2__)
+        /* 16 bytes a step: '"' and, as bytes | 0x20, '{' for '[' and '{',
+         * '}' for ']' and '}' */
+        if (end - p >= 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+            __m128i lower = _mm_or_si128(x, _mm_set1_epi8(0x20));
+            __m128i hit = _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')),
+                                       _mm_or_si128(_mm_cmpeq_epi8(lower, _mm_set1_epi8('{')),
+                                                    _mm_cmpeq_epi8(lower, _mm_set1_epi8('}'))));
+            unsigned mask = (unsigned)_mm_movemask_epi8(hit);
+            if (!mask) {
+                p += 16;
+                continue;
+            }
+            p += __builtin_ctz(mask);
+        }
+#endif
         if (end - p >= 8 && !may_be_structural(api_load8(p))) {
             p += 8;
             continue;

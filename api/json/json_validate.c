@@ -128,6 +128,22 @@ static cursor check_string(walk *w, cursor p, cursor end)
 
 /* ------------------------------------------------------- numbers, literals */
 
+/* The byte after the run of digits at p: 16 at a time (a tensor's
+ * numbers carry 8 to 17), so that the end of the run costs no mispredicted
+ * loop exit. */
+static inline cursor skip_digits(cursor p, cursor end)
+{
+    while (end - p >= 16) {
+        int run = api_digit_run16(p);
+        p += run;
+        if (run < 16)
+            return p;
+    }
+    while (p < end && is_digit(*p))
+        p++;
+    return p;
+}
+
 /* Checks the number at p (at '-' or a digit); NULL with the failure in w. */
 __attribute__((always_inline)) static inline cursor check_number(walk *w, cursor p, cursor end)
 {
@@ -140,29 +156,13 @@ __attribute__((always_inline)) static inline cursor check_number(walk *w, cursor
         p++;
         /* a leading zero is followed by no digit: the caller then sees the
          * digit where a ',' or the end belongs */
-    } else {
-        while (end - p >= 8 && api_all_digits8(api_load8(p)))
-            p += 8;
-        while (p < end && is_digit(*p))
-            p++;
-    }
+    } else
+        p = skip_digits(p, end);
     if (p < end && *p == '.') {
         p++;
         if (p == end || !is_digit(*p))
             return fail_at(w, "invalid number (digits must follow '.')", start), NULL;
-        /* fractions carry most digits: a run of up to 8 per step, so that
-         * the end of the run costs no mispredicted loop exit */
-        for (;;) {
-            if (end - p < 8) {
-                while (p < end && is_digit(*p))
-                    p++;
-                break;
-            }
-            int run = api_leading_digits8(api_load8(p));
-            p += run;
-            if (run < 8)
-                break;
-        }
+        p = skip_digits(p, end);
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
@@ -186,6 +186,14 @@ static state check_number_row(walk *w)
         p = check_number(w, p, end);
         if (!p)
             return FAILED;
+        /* Python's separator ", " (or a bare ','), then a number: the usual */
+        if (end - p >= 3 && p[0] == ',') {
+            cursor next = p + 1 + (p[1] == ' ');
+            if (*next == '-' || is_digit(*next)) {
+                p = next;
+                continue;
+            }
+        }
         p = json_skip_ws(p, end);
         if (p == end || *p != ',')
             break;

@@ -2,50 +2,34 @@
  * Reading one JSON number into float32 the way a Python client means it:
  * float(text) (correctly rounded to double), then converted to float32.
  * Rounding twice is not the same as rounding once to float32, so the double
- * step is kept on purpose: the result is exactly (float)strtod(text).
+ * step is kept on purpose: the result is exactly (float)strtod(text), which
+ * is also what the writer (float_text.c) counts on.
  *
- * Three paths, fastest first:
- *  1. Clinger's exact case: at most 2^53 for the digits and |exponent| <= 22,
- *     so the digits and the power of ten are exact doubles and one IEEE
- *     multiply or divide is the correctly rounded double.
- *  2. An approximation with an error bound: the first 19 significant digits
- *     times a power of ten is within a few units in the last place of the
- *     double. Rounding to float32 is monotone, so when both ends of that
- *     error interval round to the same float32, so does the true double.
- *     This misses only values within ~2^-49 of a float32 rounding boundary.
- *  3. strtod on a NUL-terminated copy. strtod follows LC_NUMERIC; attnd never
- *     calls setlocale, so the "C" locale (decimal point '.') holds.
+ * 1. The digits: up to 19 significant ones make an exact 64-bit integer w,
+ *    read 8 at a time, and the number is w * 10^q.
+ * 2. The float32: w * 10^q in double arithmetic, with an error bound; when
+ *    both ends of the bound round (to double, then to float32) alike, that
+ *    is the answer. Otherwise (within ~2^-49 of a float32 rounding
+ *    boundary) the exact double, by Eisel and Lemire's method (D. Lemire,
+ *    "Number Parsing at a Gigabyte per Second", 2021): w times a 128-bit
+ *    truncation of 10^q from a table; the top 54 bits of the product and
+ *    what lies below them decide the correctly rounded double, except when
+ *    the truncation leaves that undecided, about once in 2^60 inputs.
+ *    (float)double is then the second rounding.
+ * 3. What the fast paths leave: more than 19 significant digits (the value
+ *    lies between w * 10^q and (w + 1) * 10^q, and when both read as the
+ *    same float32 so does it), and the undecided cases: strtod on a
+ *    NUL-terminated copy. strtod follows LC_NUMERIC; attnd never calls
+ *    setlocale, so the "C" locale (decimal point '.') holds.
  */
 #include "codec_internal.h"
 
-#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Exact powers of ten as doubles (10^22 is the last exact one). */
-static const double exact_pow10[23] = {
-    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
-    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
-};
+#include "pow10_table.h"
 
-/* 10^k for k in [POW10_MIN, POW10_MAX], each the correctly rounded double
- * (the compiler rounds decimal literals correctly). Outside this range a
- * number of at most 19 digits is 0 or infinite as a float32. */
-#define POW10_MIN (-66)
-#define POW10_MAX 40
-static const double approx_pow10[POW10_MAX - POW10_MIN + 1] = {
-    1e-66, 1e-65, 1e-64, 1e-63, 1e-62, 1e-61, 1e-60, 1e-59, 1e-58, 1e-57,
-    1e-56, 1e-55, 1e-54, 1e-53, 1e-52, 1e-51, 1e-50, 1e-49, 1e-48, 1e-47,
-    1e-46, 1e-45, 1e-44, 1e-43, 1e-42, 1e-41, 1e-40, 1e-39, 1e-38, 1e-37,
-    1e-36, 1e-35, 1e-34, 1e-33, 1e-32, 1e-31, 1e-30, 1e-29, 1e-28, 1e-27,
-    1e-26, 1e-25, 1e-24, 1e-23, 1e-22, 1e-21, 1e-20, 1e-19, 1e-18, 1e-17,
-    1e-16, 1e-15, 1e-14, 1e-13, 1e-12, 1e-11, 1e-10, 1e-9,  1e-8,  1e-7,
-    1e-6,  1e-5,  1e-4,  1e-3,  1e-2,  1e-1,  1e0,   1e1,   1e2,   1e3,
-    1e4,   1e5,   1e6,   1e7,   1e8,   1e9,   1e10,  1e11,  1e12,  1e13,
-    1e14,  1e15,  1e16,  1e17,  1e18,  1e19,  1e20,  1e21,  1e22,  1e23,
-    1e24,  1e25,  1e26,  1e27,  1e28,  1e29,  1e30,  1e31,  1e32,  1e33,
-    1e34,  1e35,  1e36,  1e37,  1e38,  1e39,  1e40,
-};
+__extension__ typedef unsigned __int128 u128;
 
 /* Doubles at or above this round to infinity as float32: FLT_MAX plus half
  * its unit in the last place (the tie goes to the even neighbour, 2^128). */
@@ -58,6 +42,14 @@ static const double approx_pow10[POW10_MAX - POW10_MIN + 1] = {
 static inline bool is_digit(char c)
 {
     return (unsigned char)(c - '0') < 10;
+}
+
+/* '-' or a digit, without a branch on which: the characters '-' to '9'
+ * are 13 in a row, and a mask picks '-' and the ten digits. */
+static inline bool starts_number(char c)
+{
+    unsigned u = (unsigned)(unsigned char)c - '-';
+    return (u < 13) & (0x1ff9u >> (u & 15));
 }
 
 /* Reads an optional exponent part ("e-7", "E+12") at *s and returns its
@@ -79,33 +71,24 @@ static inline long read_exponent(const char **s, const char *end)
     return neg ? -e : e;
 }
 
-static bool double_to_f32(double d, float *out)
-{
-    if (d >= F32_OVERFLOW || d <= -F32_OVERFLOW)
-        return false;
-    *out = (float)d;
-    return true;
-}
+/* ---------------------------------------------------------------- slow path */
 
 /*
- * Path 3. Copies the number into a canonical "DIGITSeEXP" form for strtod:
- * the significant digits without the point, the exponent adjusted. Correct
+ * strtod on a canonical copy "DIGITSeEXP" of the number at p: the
+ * significant digits without the point, the exponent adjusted. Correct
  * rounding to double needs at most ~770 significant digits (the longest
  * exact midpoint between doubles); beyond SLOW_DIGITS the rest only matters
  * as "something non-zero follows", which a trailing 1 says.
  */
 #define SLOW_DIGITS 800
-__attribute__((noinline)) static bool parse_slow(const char *p, const char *end, bool neg,
-                                                 float *out)
+__attribute__((noinline, cold)) static double strtod_of(const char *p, const char *end)
 {
     char buf[SLOW_DIGITS + 40];
     size_t n = 0;
     long exp10 = 0;
     bool sticky = false;
-    buf[n++] = neg ? '-' : '+';
     const char *s = p;
-    if (s < end && *s == '-')
-        s++;
+    buf[n++] = '+';
     for (; s < end && is_digit(*s); s++) {
         if (n == 1 && *s == '0')
             continue; /* leading zero */
@@ -130,15 +113,11 @@ __attribute__((noinline)) static bool parse_slow(const char *p, const char *end,
         }
     }
     exp10 += read_exponent(&s, end);
-    if (n == 1) { /* all digits were zero */
-        *out = neg ? -0.0f : 0.0f;
-        return true;
-    }
+    if (n == 1) /* all digits were zero */
+        return 0.0;
     if (sticky)
         buf[n++] = '1', exp10--;
     buf[n++] = 'e';
-    /* exp10 is bounded by EXP_CLAMP + SLOW_DIGITS-ish and the length of
-     * the text; a long is plenty, and 30 bytes hold it. */
     char tmp[24];
     int t = 0;
     unsigned long ue = exp10 < 0 ? (unsigned long)(-exp10) : (unsigned long)exp10;
@@ -151,123 +130,312 @@ __attribute__((noinline)) static bool parse_slow(const char *p, const char *end,
     while (t)
         buf[n++] = tmp[--t];
     buf[n] = '\0';
-    return double_to_f32(strtod(buf, NULL), out);
+    return strtod(buf, NULL);
 }
 
-/* The digits after the point at s into the significand w (nd significant
- * digits so far, at most 19 kept; k the power of ten), as in parse_one;
- * returns the byte after them. */
-static inline const char *read_fraction(const char *s, const char *end, uint64_t *w_, int *nd_,
-                                        long *k_, bool *truncated)
+/* --------------------------------------------------------------- the double */
+
+/*
+ * The double nearest w * 10^q (w > 0, POW10_Q_MIN <= q <= POW10_Q_MAX), or
+ * false when the table's truncation leaves the rounding undecided.
+ *
+ * With w shifted to have its top bit set (wn) and 10^q ~ M * 2^e, the
+ * product wn * M is 192 bits; its top 64 (hi) hold the double's 53 bits,
+ * the bit that rounds them, and 9 or 10 bits below. The truncation of M
+ * (q < 0) makes the product too small by less than one unit of its low
+ * 64 bits, so only a run of ones just below the rounding bit, or an exact
+ * tie, need a closer look.
+ */
+static inline bool eisel_lemire(uint64_t w, int q, double *out)
 {
-    uint64_t w = *w_;
-    int nd = *nd_;
-    long k = *k_;
-    /* Fractions are where client numbers keep their digits ("0.123456789"):
-     * a whole run of up to 8 per step while w has room (19 digits), so that
-     * no loop exit depends on the digit count. */
-    static const uint32_t pow10_run[9] = {1,      10,      100,      1000,     10000,
-                                          100000, 1000000, 10000000, 100000000};
-    while (nd <= 11 && end - s >= 8) {
+    int lz = __builtin_clzll(w);
+    uint64_t wn = w << lz;
+    const uint64_t m_hi = pow10_table[q - POW10_Q_MIN].hi, m_lo = pow10_table[q - POW10_Q_MIN].lo;
+    u128 top = (u128)wn * m_hi, low = (u128)wn * m_lo;
+    top += (uint64_t)(low >> 64);
+    uint64_t hi = (uint64_t)(top >> 64), mid = (uint64_t)top, bottom = (uint64_t)low;
+    bool exact = q >= 0; /* M is 10^q itself then */
+    int upper = (int)(hi >> 63); /* hi is in [2^62, 2^64) */
+    int r = 9 + upper;           /* the rounding bit */
+    uint64_t below = hi & ((UINT64_C(1) << r) - 1), round = hi >> r & 1;
+    uint64_t mant = hi >> (r + 1); /* 53 bits */
+    /* (bitwise, not &&: the rounding bit is a coin toss for the branch
+     * predictor) */
+    if (__builtin_expect((round == 0) & (below == (UINT64_C(1) << r) - 1) & (mid == UINT64_MAX) &
+                             (exact == 0), 0))
+        return false; /* just below a tie: the lost bits may reach it */
+    /* above a tie, or on one and odd */
+    mant += round & (uint64_t)(((below | mid | bottom) != 0) | (exact == 0) | (mant & 1));
+    int e2 = r + 1 + 128 + pow10_table[q - POW10_Q_MIN].e - lz;
+    if (mant >> 53) { /* rounding carried into a new bit */
+        mant >>= 1;
+        e2++;
+    }
+    uint64_t bits = (uint64_t)(e2 + 1075) << 52 | (mant & ((UINT64_C(1) << 52) - 1));
+    memcpy(out, &bits, sizeof bits);
+    return true;
+}
+
+/* 10^q as the nearest double, for q in the table's range (the compiler
+ * rounds decimal literals correctly). */
+static const double pow10_double[POW10_Q_MAX - POW10_Q_MIN + 1] = {
+    1e-65, 1e-64, 1e-63, 1e-62, 1e-61, 1e-60, 1e-59, 1e-58, 1e-57, 1e-56, 1e-55, 1e-54, 1e-53,
+    1e-52, 1e-51, 1e-50, 1e-49, 1e-48, 1e-47, 1e-46, 1e-45, 1e-44, 1e-43, 1e-42, 1e-41, 1e-40,
+    1e-39, 1e-38, 1e-37, 1e-36, 1e-35, 1e-34, 1e-33, 1e-32, 1e-31, 1e-30, 1e-29, 1e-28, 1e-27,
+    1e-26, 1e-25, 1e-24, 1e-23, 1e-22, 1e-21, 1e-20, 1e-19, 1e-18, 1e-17, 1e-16, 1e-15, 1e-14,
+    1e-13, 1e-12, 1e-11, 1e-10, 1e-9,  1e-8,  1e-7,  1e-6,  1e-5,  1e-4,  1e-3,  1e-2,  1e-1,
+    1e0,   1e1,   1e2,   1e3,   1e4,   1e5,   1e6,   1e7,   1e8,   1e9,   1e10,  1e11,  1e12,
+    1e13,  1e14,  1e15,  1e16,  1e17,  1e18,  1e19,  1e20,  1e21,  1e22,  1e23,  1e24,  1e25,
+    1e26,  1e27,  1e28,  1e29,  1e30,  1e31,  1e32,  1e33,  1e34,  1e35,  1e36,  1e37,  1e38,
+};
+
+/* The double nearest w * 10^q, by Eisel-Lemire or, when that cannot
+ * decide, strtod on the text. */
+__attribute__((noinline)) static double exact_double(uint64_t w, int q, const char *p,
+                                                     const char *end)
+{
+    double d;
+    if (!eisel_lemire(w, q, &d))
+        d = strtod_of(p, end);
+    return d;
+}
+
+/* The float32 of w * 10^q (w > 0), rounded via double; false when it is not
+ * finite. */
+static inline bool to_float(uint64_t w, long q, bool neg, const char *p, const char *end,
+                            float *out)
+{
+    /* below 10^-46 even 19 digits are under half the smallest subnormal
+     * (7e-46): zero; from 10^39 on, infinite */
+    if (q < POW10_Q_MIN) {
+        *out = neg ? -0.0f : 0.0f;
+        return true;
+    }
+    if (q > POW10_Q_MAX)
+        return false;
+    /* First a bracket: w and 10^q as doubles and their product are each
+     * within half a unit (2^-53) of the truth, so the true value lies
+     * within 2^-49 of x. Rounding (to double, then to float32) is monotone:
+     * when both ends of the bracket give the same float32, so does the
+     * true value, whatever its double is. Only values within ~2^-49 of a
+     * float32 rounding boundary go on to the exact double. */
+    double x = (double)w * pow10_double[q - POW10_Q_MIN], margin = x * 0x1p-49;
+    double lo = x - margin, hi = x + margin;
+    float f;
+    if (__builtin_expect(hi < F32_OVERFLOW && (float)lo == (float)hi, 1))
+        f = (float)lo;
+    else {
+        double d = exact_double(w, (int)q, p, end);
+        if (d >= F32_OVERFLOW)
+            return false;
+        f = (float)d;
+    }
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits |= (uint32_t)neg << 31; /* the sign without a branch */
+    memcpy(out, &bits, 4);
+    return true;
+}
+
+/* ----------------------------------------------------------------- digits */
+
+/*
+ * More than 19 digits: the first 19 significant ones (w) and whether a
+ * non-zero digit was dropped after them; *q gets the power of ten of w's
+ * last digit before the exponent part.
+ */
+__attribute__((noinline, cold)) static uint64_t first_19_digits(const char *s, const char *end,
+                                                                 long *q, bool *dropped)
+{
+    uint64_t w = 0;
+    int nd = 0;
+    long k = 0;
+    *dropped = false;
+    for (; s < end && is_digit(*s); s++) {
+        if (nd < 19) {
+            w = w * 10 + (unsigned)(*s - '0');
+            nd += w != 0;
+        } else {
+            k++;
+            *dropped |= *s != '0';
+        }
+    }
+    if (s < end && *s == '.')
+        for (s++; s < end && is_digit(*s); s++) {
+            if (nd < 19) {
+                w = w * 10 + (unsigned)(*s - '0');
+                nd += w != 0;
+                k--;
+            } else
+                *dropped |= *s != '0';
+        }
+    *q = k;
+    return w;
+}
+
+/* Leading zeros of the digits at s (the point skipped): they do not count
+ * as significant. */
+__attribute__((noinline, cold)) static int leading_zeros(const char *s, const char *end)
+{
+    int n = 0;
+    for (; s < end && (*s == '0' || *s == '.'); s++)
+        n += *s == '0';
+    return n;
+}
+
+static const uint32_t pow10_run[9] = {1,      10,      100,      1000,     10000,
+                                      100000, 1000000, 10000000, 100000000};
+
+/* The digits at s into w (w * 10 + d per digit, modulo 2^64: exact while
+ * there are at most 19 significant ones); returns the byte after them. A
+ * run of up to 8 per step where 8 bytes can be read, so that the number of
+ * digits costs no mispredicted loop exit. */
+__attribute__((always_inline)) static inline const char *read_digits(const char *s,
+                                                                      const char *end,
+                                                                      uint64_t *w)
+{
+    uint64_t v = *w;
+    for (;;) {
+        if (end - s < 8) {
+            for (; s < end && is_digit(*s); s++)
+                v = v * 10 + (unsigned)(*s - '0');
+            break;
+        }
         uint64_t x = api_load8(s);
         int run = api_leading_digits8(x);
-        if (run == 0)
-            break;
-        uint64_t d = api_digit_values(x, run);
-        if (w)
-            nd += run;
-        else /* leading zeros are not significant: the zero bytes below
-              * the first non-zero digit */
-            nd = d ? 8 - __builtin_ctzll(d) / 8 : 0;
-        w = w * pow10_run[run] + api_digits8_value(d);
-        k -= run;
+        v = v * pow10_run[run] + api_digits8_value(api_digit_values(x, run));
         s += run;
         if (run < 8)
             break;
     }
-    for (; s < end && is_digit(*s); s++) {
-        unsigned d = (unsigned)(*s - '0');
-        if (nd < 19) {
-            w = w * 10 + d;
-            nd += w != 0;
-            k--;
-        } else
-            *truncated |= d != 0;
-    }
-    *w_ = w;
-    *nd_ = nd;
-    *k_ = k;
+    *w = v;
     return s;
+}
+
+/* More than 19 significant digits, text [digits, end) before the exponent
+ * part e: x lies in [w, w + 1) * 10^q for the first 19 digits w, and
+ * float32(double(.)) is monotone, so when both ends give the same float32
+ * so does x. */
+__attribute__((noinline, cold)) static bool parse_long(const char *digits, const char *end,
+                                                       long e, bool neg, const char *text_end,
+                                                       float *out)
+{
+    bool dropped;
+    long k;
+    uint64_t w = first_19_digits(digits, end, &k, &dropped);
+    float lo, hi;
+    bool lo_ok = to_float(w, k + e, neg, digits, text_end, &lo);
+    if (!dropped) {
+        *out = lo;
+        return lo_ok;
+    }
+    bool hi_ok = to_float(w + 1, k + e, neg, digits, text_end, &hi);
+    if (lo_ok && hi_ok && lo == hi) {
+        *out = lo;
+        return true;
+    }
+    double d = strtod_of(digits, text_end);
+    if (d >= F32_OVERFLOW)
+        return false;
+    *out = neg ? -(float)d : (float)d;
+    return true;
+}
+
+/* The value of the n (0..16) digits at s, 16 bytes at s readable: two
+ * words whatever n is, so that the digit count costs no branch. */
+static inline uint64_t value16(const char *s, int n)
+{
+    int a = n < 8 ? n : 8, b = n - a;
+    uint64_t hi = api_digits8_value(api_digit_values(api_load8(s), a));
+    uint64_t lo = api_digits8_value(api_digit_values(api_load8(s + 8), b));
+    return hi * pow10_run[b] + lo;
+}
+
+static const uint64_t pow10_u64[20] = {
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL,
+    1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+    100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL,
+    1000000000000000000ULL, 10000000000000000000ULL,
+};
+
+/* Bytes the fast path may read from the start of a number: sign, up to 8
+ * whole digits, the point, 16 fraction digits and 3 more, a little slack. */
+#define FAST_READ 40
+
+/*
+ * The usual number, read where FAST_READ bytes are readable: 1 to 8 digits
+ * before the point, at most 19 in all and no exponent part, the run of
+ * fraction digits found 16 bytes at a time (SSE2). False when the number is
+ * not of that kind (nothing is written then); *ok says whether it is finite
+ * as a float32.
+ */
+__attribute__((always_inline)) static inline bool parse_fast(const char *p, const char **stop, float *out, bool *ok)
+{
+    bool neg = *p == '-';
+    const char *digits = p + neg, *s = digits;
+    int n_whole = api_digit_run16(s);
+    uint64_t w;
+    if (n_whole == 1) /* the usual: |x| < 10 */
+        w = (unsigned)(*s - '0');
+    else if (n_whole >= 2 && n_whole <= 8)
+        w = api_digits8_value(api_digit_values(api_load8(s), n_whole));
+    else
+        return false;
+    s += n_whole;
+    int n_frac = 0;
+    if (*s == '.') {
+        const char *frac = s + 1;
+        n_frac = api_digit_run16(frac);
+        uint64_t f = value16(frac, n_frac);
+        s = frac + n_frac;
+        if (n_frac == 16) /* a float32 printed as a double: 17 digits */
+            for (; is_digit(*s) && n_frac < 19; s++, n_frac++)
+                f = f * 10 + (unsigned)(*s - '0');
+        if (n_whole + n_frac > 19 || is_digit(*s))
+            return false;
+        w = w * pow10_u64[n_frac] + f;
+    }
+    if (*s == 'e' || *s == 'E')
+        return false;
+    *stop = s;
+    if (w == 0) {
+        *out = neg ? -0.0f : 0.0f;
+        *ok = true;
+        return true;
+    }
+    *ok = to_float(w, -n_frac, neg, digits, s, out);
+    return true;
 }
 
 __attribute__((always_inline)) static inline bool parse_one(const char *p, const char *end,
                                                          const char **stop, float *out)
 {
-    const char *s = p;
-    bool neg = false;
-    if (s < end && *s == '-') {
-        neg = true;
-        s++;
-    }
-    /* w: the first 19 significant digits; k: the power of ten that goes
-     * with them; truncated: non-zero digits were dropped after the 19th. */
+    bool ok;
+    if (end - p >= FAST_READ && parse_fast(p, stop, out, &ok))
+        return ok;
+    bool neg = p < end && *p == '-';
+    const char *digits = p + neg, *s = digits;
     uint64_t w = 0;
-    int nd = 0;
-    long k = 0;
-    bool truncated = false;
-    for (; s < end && is_digit(*s); s++) {
-        unsigned d = (unsigned)(*s - '0');
-        if (nd < 19) {
-            w = w * 10 + d;
-            nd += w != 0;
-        } else {
-            k++;
-            truncated |= d != 0;
-        }
+    /* the whole part: one digit, mostly */
+    for (; s < end && is_digit(*s); s++)
+        w = w * 10 + (unsigned)(*s - '0');
+    long n_digits = s - digits, n_frac = 0;
+    if (s < end && *s == '.') {
+        const char *frac = s + 1;
+        s = read_digits(frac, end, &w);
+        n_frac = s - frac;
+        n_digits += n_frac;
     }
-    if (s < end && *s == '.')
-        s = read_fraction(s + 1, end, &w, &nd, &k, &truncated);
-    k += read_exponent(&s, end);
+    const char *digits_end = s;
+    long e = read_exponent(&s, end);
     *stop = s;
-
+    if (__builtin_expect(n_digits > 19, 0) && n_digits - leading_zeros(digits, digits_end) > 19)
+        return parse_long(digits, digits_end, e, neg, s, out);
     if (w == 0) {
         *out = neg ? -0.0f : 0.0f;
         return true;
     }
-    /* Path 1 */
-    if (!truncated && w <= (UINT64_C(1) << 53) && k >= -22 && k <= 22) {
-        double d = (double)w;
-        d = k < 0 ? d / exact_pow10[-k] : d * exact_pow10[k];
-        *out = neg ? -(float)d : (float)d;
-        return true;
-    }
-    /* The value lies in [10^(k+nd-1), 10^(k+nd)). Below 10^-46 it is less
-     * than half the smallest float32 subnormal (1.4e-45) even after the
-     * double rounding: zero. From 10^39 on it is infinite. */
-    if (k + nd <= -46) {
-        *out = neg ? -0.0f : 0.0f;
-        return true;
-    }
-    if (k + nd - 1 >= 39)
-        return false;
-    /* Path 2. k is now within the table: k + nd > -46 with nd <= 19 gives
-     * k >= -64, and k <= 38. */
-    double x = (double)w * approx_pow10[k - POW10_MIN];
-    /* The error of x against the exact value, counting the rounding of w,
-     * of the table entry, of the product and the dropped digits, is below
-     * 4 units in the last place of x; the margin is 16. */
-    double margin = x * 0x1p-49;
-    double lo = x - margin, hi = x + margin;
-    if (lo >= F32_OVERFLOW)
-        return false;
-    if (hi < F32_OVERFLOW) {
-        float flo = (float)lo, fhi = (float)hi;
-        if (flo == fhi) {
-            *out = neg ? -flo : flo;
-            return true;
-        }
-    }
-    return parse_slow(p, s, neg, out);
+    return to_float(w, e - n_frac, neg, digits, s, out);
 }
 
 bool api_parse_number(const char *p, const char *end, const char **stop,
@@ -289,12 +457,21 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
             return n;
         }
         n++;
+        /* Python's separator ", " (or a bare ','), then a number: the usual */
+        if (end - after >= 3 && after[0] == ',') {
+            const char *next = after + 1 + (after[1] == ' ');
+            if (starts_number(*next)) {
+                *stop = after;
+                p = next;
+                continue;
+            }
+        }
         p = json_skip_ws(after, end);
         *stop = p;
         if (p == end || *p != ',')
             return n;
         const char *next = json_skip_ws(p + 1, end);
-        if (next == end || !(*next == '-' || is_digit(*next)))
+        if (next == end || !starts_number(*next))
             return n; /* *stop stays at the ',' */
         p = next;
     }
