@@ -22,7 +22,7 @@
 
 enum {
     F_Q, F_K, F_V, F_CAUSAL, F_MASK, F_SCALE, F_RETURN_WEIGHTS, F_RETURN_STATS,
-    F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_COUNT
+    F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_COUNT
 };
 
 const api_field api_attention_fields[] = {
@@ -36,6 +36,7 @@ const api_field api_attention_fields[] = {
     [F_RETURN_STATS] = {"return_stats", API_FIELD_BOOL, false},
     [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_TENSOR, false},
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
+    [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
 };
 const size_t api_attention_nfields = F_COUNT;
 
@@ -192,8 +193,8 @@ static bool validate(attention_call *c, const api_limits *lim, api_error *err)
     c->want_weights = c->f[F_RETURN_WEIGHTS].present && c->f[F_RETURN_WEIGHTS].flag;
     c->want_stats = c->f[F_RETURN_STATS].present && c->f[F_RETURN_STATS].flag;
     c->want_grad = c->f[F_GRAD_OUTPUT].present;
-    c->enc = c->f[F_OUTPUT_ENCODING].present ? c->f[F_OUTPUT_ENCODING].encoding
-                                             : API_ENC_NESTED;
+    if (!api_output_encoding(&c->f[F_OUTPUT_ENCODING], &c->f[F_OUTPUT_DTYPE], &c->enc, err))
+        return false;
     if (c->want_grad &&
         !api_check_shape(&c->f[F_GRAD_OUTPUT].tensor, "grad_output", r,
                          c->out_shape, "the output [..., n_q, d_v]", err))
@@ -220,9 +221,9 @@ static bool compute(attention_call *c, api_error *err)
     if (attn_sdpa_forward(p, q, k, v, c->out, c->rows, c->weights,
                           c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
-    if (!api_check_finite(c->out, rows * p->d_v, "the output", err) ||
+    if (!api_check_output(c->out, rows * p->d_v, "the output", c->enc, err) ||
         (c->weights &&
-         !api_check_finite(c->weights, rows * p->n_k, "the weights", err)))
+         !api_check_output(c->weights, rows * p->n_k, "the weights", c->enc, err)))
         return false;
     if (c->want_stats) {
         double s[] = {c->stats.scores_mean, c->stats.scores_var,
@@ -248,9 +249,9 @@ static bool compute(attention_call *c, api_error *err)
         return api_fail_attn(err, &ae);
     free(c->rows);
     c->rows = NULL;
-    return api_check_finite(c->dq, c->f[F_Q].tensor.count, "the gradient of q", err) &&
-           api_check_finite(c->dk, c->f[F_K].tensor.count, "the gradient of k", err) &&
-           api_check_finite(c->dv, c->f[F_V].tensor.count, "the gradient of v", err);
+    return api_check_output(c->dq, c->f[F_Q].tensor.count, "the gradient of q", c->enc, err) &&
+           api_check_output(c->dk, c->f[F_K].tensor.count, "the gradient of k", c->enc, err) &&
+           api_check_output(c->dv, c->f[F_V].tensor.count, "the gradient of v", c->enc, err);
 }
 
 /* Writes one result and frees it: the text now holds it. */

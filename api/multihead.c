@@ -23,7 +23,7 @@ enum {
     F_X, F_CONTEXT, F_W_Q, F_W_K, F_W_V, F_W_O, F_B_Q, F_B_K, F_B_V, F_B_O,
     N_INPUTS,
     F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
-    F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_COUNT
+    F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_COUNT
 };
 
 const api_field api_multihead_fields[] = {
@@ -46,6 +46,7 @@ const api_field api_multihead_fields[] = {
     [F_RETURN_STATS] = {"return_stats", API_FIELD_BOOL, false},
     [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_TENSOR, false},
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
+    [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
 };
 const size_t api_multihead_nfields = F_COUNT;
 
@@ -284,8 +285,8 @@ static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
     c->want_mean = c->want_weights && c->f[F_RETURN_WEIGHTS].mean;
     c->want_stats = c->f[F_RETURN_STATS].present && c->f[F_RETURN_STATS].flag;
     c->want_grad = c->f[F_GRAD_OUTPUT].present;
-    c->enc = c->f[F_OUTPUT_ENCODING].present ? c->f[F_OUTPUT_ENCODING].encoding
-                                             : API_ENC_NESTED;
+    if (!api_output_encoding(&c->f[F_OUTPUT_ENCODING], &c->f[F_OUTPUT_DTYPE], &c->enc, err))
+        return false;
     int64_t out_shape[3] = {p->batch, p->n, p->d_out};
     int r = c->rank;
     if (c->want_grad &&
@@ -360,8 +361,8 @@ static bool compute(multihead_call *c, api_error *err)
                          : attn_mha_forward(p, &in, c->out, NULL, c->weights, stats, &ae);
     if (st != ATTN_OK)
         return api_fail_attn(err, &ae);
-    if (!api_check_finite(c->out, n_out, "the output", err) ||
-        (c->weights && !api_check_finite(c->weights, n_weights, "the weights", err)))
+    if (!api_check_output(c->out, n_out, "the output", c->enc, err) ||
+        (c->weights && !api_check_output(c->weights, n_weights, "the weights", c->enc, err)))
         return false;
     if (c->want_stats && !(isfinite(c->stats.scores_mean) &&
                            isfinite(c->stats.scores_var) &&
@@ -383,7 +384,7 @@ static bool compute(multihead_call *c, api_error *err)
             continue;
         char what[64];
         snprintf(what, sizeof what, "the gradient of %s", api_multihead_fields[i].name);
-        if (!api_check_finite(c->grad[i], c->f[i].tensor.count, what, err))
+        if (!api_check_output(c->grad[i], c->f[i].tensor.count, what, c->enc, err))
             return false;
     }
     return true;

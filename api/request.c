@@ -91,6 +91,8 @@ static bool unknown_field(const json_member *m, const api_field *schema,
                           const char *other_route, api_error *err)
 {
     const char *shown = m->key_too_long ? "..." : "";
+    char key[80]; /* the whole key, escaped: "q\u0000x" is not cut at its NUL */
+    json_member_key_shown(m, key, sizeof key);
     if (!m->key_too_long && has_field(m->key, other, n_other))
         return api_fail(err, 400, "unknown_field", m->key,
                         "unknown field \"%s\" (it belongs to %s)", m->key,
@@ -111,8 +113,7 @@ static bool unknown_field(const json_member *m, const api_field *schema,
     snprintf(field, sizeof field, "%.*s%s", (int)(sizeof field - 1 - strlen(shown)), m->key,
              shown);
     return api_fail(err, 400, "unknown_field", field,
-                    "unknown field \"%s%s\"; the fields are %s", m->key, shown,
-                    names);
+                    "unknown field \"%s\"; the fields are %s", key, names);
 }
 
 /* A string value, decoded into text[0..cap) and NUL-terminated (a longer
@@ -230,6 +231,41 @@ static bool read_encoding(const api_field *f, const json_member *m,
     return ok;
 }
 
+static bool read_dtype(const api_field *f, const json_member *m, api_value *v,
+                       api_error *err)
+{
+    if (*m->value != '"')
+        return wrong_type(f, m, "one of \"float32\", \"float16\", \"bfloat16\"", err);
+    char s[64];
+    if (!string_value(m, s, sizeof s))
+        return out_of_memory(f, err);
+    static const api_dtype dtypes[] = {API_F32, API_F16, API_BF16};
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (strcmp(s, api_dtype_name(dtypes[i])) == 0) {
+            v->dtype = dtypes[i];
+            return true;
+        }
+    return api_fail(err, 422, "invalid_value", f->name,
+                    "%s must be one of \"float32\", \"float16\", \"bfloat16\", got \"%.40s\"",
+                    f->name, s);
+}
+
+bool api_output_encoding(const api_value *encoding, const api_value *dtype, api_encoding *out,
+                         api_error *err)
+{
+    *out = encoding->present ? encoding->encoding : API_ENC_NESTED;
+    if (!dtype->present)
+        return true;
+    if (*out != API_ENC_BASE64)
+        return api_fail(err, 422, "invalid_value", "output_dtype",
+                        "output_dtype is the dtype of base64 outputs; it needs "
+                        "\"output_encoding\": \"base64\" (the numbers of nested and flat "
+                        "outputs are float32 already)");
+    *out = dtype->dtype == API_F16 ? API_ENC_BASE64_F16
+         : dtype->dtype == API_BF16 ? API_ENC_BASE64_BF16 : API_ENC_BASE64;
+    return true;
+}
+
 static bool read_weights_mode(const api_field *f, const json_member *m,
                               api_value *v, api_error *err)
 {
@@ -294,6 +330,7 @@ static bool read_value(const api_field *f, const json_member *m, api_value *v,
     case API_FIELD_INTEGER: return read_integer(f, m, v, err);
     case API_FIELD_ENCODING: return read_encoding(f, m, v, err);
     case API_FIELD_WEIGHTS: return read_weights_mode(f, m, v, err);
+    case API_FIELD_DTYPE: return read_dtype(f, m, v, err);
     }
     return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
 }

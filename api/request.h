@@ -27,6 +27,7 @@ typedef enum {
     API_FIELD_INTEGER,  /* a number with no fractional part */
     API_FIELD_ENCODING, /* "nested" | "flat" | "base64" */
     API_FIELD_WEIGHTS,  /* false | true | "mean" (multi-head return_weights) */
+    API_FIELD_DTYPE,    /* "float32" | "float16" | "bfloat16" (output_dtype) */
 } api_field_kind;
 
 typedef struct {
@@ -45,6 +46,7 @@ typedef struct {
     float number;          /* NUMBER */
     int64_t integer;       /* INTEGER */
     api_encoding encoding; /* ENCODING */
+    api_dtype dtype;       /* DTYPE */
 } api_value;
 
 /* The most members a body may have; more is 400 too_many_fields. */
@@ -67,6 +69,13 @@ bool api_read_fields(const char *body, size_t len, const api_field *schema,
                      api_error *err);
 
 void api_values_free(api_value *values, size_t n_fields);
+
+/* The encoding of the response's tensors from the output_encoding and
+ * output_dtype fields (each may be absent): nested by default, base64 in
+ * the dtype asked for. output_dtype with another encoding is a 422
+ * invalid_value (it would change nothing). */
+bool api_output_encoding(const api_value *encoding, const api_value *dtype, api_encoding *out,
+                         api_error *err);
 
 /* -------------------------------------------------------- shape checks */
 
@@ -114,8 +123,9 @@ bool api_fail_attn(api_error *err, const attn_error *ae);
  * valid 1-float block so that NULL always means failure). */
 float *api_alloc_floats(int64_t count);
 
-/* 422 numerical_overflow when any of the `count` floats is not finite. */
-bool api_check_finite(const float *x, int64_t count, const char *what,
+/* 422 numerical_overflow when any of the `count` floats of an output is
+ * not finite, or would not be in the encoding's dtype (float16 past 65504). */
+bool api_check_output(const float *x, int64_t count, const char *what, api_encoding enc,
                       api_error *err);
 
 /* Largest Euclidean norm of the `rows` rows of x [rows, cols], in double. */

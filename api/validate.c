@@ -118,7 +118,7 @@ float *api_alloc_floats(int64_t count)
     return malloc((count ? (size_t)count : 1) * sizeof(float));
 }
 
-bool api_check_finite(const float *x, int64_t count, const char *what,
+bool api_check_output(const float *x, int64_t count, const char *what, api_encoding enc,
                       api_error *err)
 {
     for (int64_t i = 0; i < count; i++)
@@ -127,6 +127,16 @@ bool api_check_finite(const float *x, int64_t count, const char *what,
                             "%s overflows float32 (a non-finite value at element "
                             "%lld); the inputs are too large in magnitude, scale "
                             "them down", what, (long long)i);
+    /* A 2-byte output dtype would turn values past its range into
+     * infinities (as PyTorch's .to() does); the API sends no infinities. */
+    api_dtype dtype = api_encoding_dtype(enc);
+    size_t at;
+    if (dtype != API_F32 && count > 0 && !api_half_fits(dtype, x, (size_t)count, &at))
+        return api_fail(err, 422, "numerical_overflow", "output_dtype",
+                        "%s does not fit %s: element %zu (row-major) is %g, beyond its "
+                        "largest finite value (%s); ask for a wider output_dtype", what,
+                        api_dtype_name(dtype), at, (double)x[at],
+                        dtype == API_F16 ? "65504" : "3.3895e38");
     return true;
 }
 

@@ -1293,6 +1293,162 @@ START_TEST(error_duplicate_key)
 }
 END_TEST
 
+/* Issue 8: the class of an error does not depend on which fault comes
+ * first in the text: every 400 (types, numbers, base64 text) before any 422
+ * (shapes). */
+START_TEST(error_type_comes_before_shape)
+{
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1],null],\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "wrong_type", "q");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1],[2]],\"k\":[[1],[2,3],[\"a\"]],\"v\":[[1]]}", 400,
+                 "wrong_type", "k");
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1]],\"k\":[[1]],\"v\":[[1]],\"mask\":[[true],[1,2]]}",
+                 400, "wrong_type", "mask");
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":{\"shape\":[1,1],\"base64\":\"!!!!\"},\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "invalid_base64", "q.base64");
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":{\"shape\":[1,1],\"base64\":\"AA=A\"},\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "invalid_base64", "q.base64");
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":{\"shape\":[1,-1],\"base64\":\"AA=A\"},\"k\":[[1]],\"v\":[[1]]}", 400,
+                 "invalid_base64", "q.base64");
+    expect_error(API_OP_MULTIHEAD,
+                 "{\"x\":[[1,2],null],\"w_q\":[[1]],\"w_k\":[[1]],\"w_v\":[[1]],\"num_heads\":1}",
+                 400, "wrong_type", "x");
+    /* shapes alone are still 422 */
+    expect_error(API_OP_ATTENTION, "{\"q\":[[1],2],\"k\":[[1]],\"v\":[[1]]}", 422,
+                 "ragged_array", "q");
+    expect_error(API_OP_ATTENTION,
+                 "{\"q\":{\"shape\":[2,1],\"base64\":\"AACAPw==\"},\"k\":[[1]],\"v\":[[1]]}", 422,
+                 "shape_mismatch", "q.base64");
+    /* a key with an escaped NUL is quoted whole in the message */
+    const char *body = "{" QKV ",\"q\\u0000x\":1}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 400);
+    ck_assert_msg(strstr(error_message(j), "\"q\\u0000x\"") != NULL, "%s", error_message(j));
+    json_decref(j);
+}
+END_TEST
+
+/* The value of a float16 from its definition, for the checks below. */
+static double half_value(unsigned h)
+{
+    unsigned e = h >> 10 & 31, m = h & 1023;
+    double v = e ? ldexp(1024 + m, (int)e - 25) : ldexp(m, -24);
+    return h & 0x8000 ? -v : v;
+}
+
+static uint16_t *decode_half_output(json_t *t, const char *dtype, size_t *n)
+{
+    ck_assert_str_eq(json_string_value(json_object_get(t, "dtype")), dtype);
+    const char *b64 = json_string_value(json_object_get(t, "base64"));
+    size_t len = strlen(b64);
+    uint16_t *h = malloc(len);
+    size_t k = 0;
+    for (size_t i = 0; i + 3 < len; i += 4) {
+        unsigned v = (unsigned)b64_value(b64[i]) << 18 | (unsigned)b64_value(b64[i + 1]) << 12;
+        if (b64[i + 2] != '=')
+            v |= (unsigned)b64_value(b64[i + 2]) << 6;
+        if (b64[i + 3] != '=')
+            v |= (unsigned)b64_value(b64[i + 3]);
+        unsigned char bytes[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+        int nb = b64[i + 2] == '=' ? 1 : b64[i + 3] == '=' ? 2 : 3;
+        for (int b = 0; b < nb; b++, k++)
+            ((unsigned char *)h)[k] = bytes[b];
+    }
+    *n = k / 2;
+    return h;
+}
+
+/* Issue 10: output_dtype picks the dtype of base64 outputs; each value is
+ * the float32 answer rounded to it (within half its unit), on both routes;
+ * float16 and bfloat16 inputs are read as the float32 values they are. */
+START_TEST(output_dtype_half_precision)
+{
+    const char *qkv = "\"q\":[[0.3,-1.2],[2.5,0.7]],\"k\":[[1,0.5],[-0.25,2]],"
+                      "\"v\":[[1.5,-3.25],[0.125,7.75]],\"grad_output\":[[1,-1],[0.5,2]]";
+    char body[512];
+    snprintf(body, sizeof body, "{%s,\"output_encoding\":\"flat\"}", qkv);
+    json_t *ref = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    snprintf(body, sizeof body, "{%s,\"output_encoding\":\"base64\",\"output_dtype\":\"float16\"}",
+             qkv);
+    json_t *half = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    const char *names[] = {"output", "q", "k", "v"};
+    for (int i = 0; i < 4; i++) {
+        json_t *r = i ? json_object_get(json_object_get(ref, "grad"), names[i])
+                      : json_object_get(ref, "output");
+        json_t *h = i ? json_object_get(json_object_get(half, "grad"), names[i])
+                      : json_object_get(half, "output");
+        size_t n;
+        uint16_t *got = decode_half_output(h, "float16", &n);
+        json_t *data = json_object_get(r, "data");
+        ck_assert_uint_eq(n, json_array_size(data));
+        for (size_t k = 0; k < n; k++) {
+            double want = json_number_value(json_array_get(data, k));
+            double unit = ldexp(1.0, (int)floor(log2(fabs(want) > 0x1p-14 ? fabs(want) : 0x1p-14)) - 10);
+            ck_assert_msg(fabs(half_value(got[k]) - want) <= unit / 2, "%s[%zu]: %g vs %g",
+                          names[i], k, half_value(got[k]), want);
+        }
+        free(got);
+    }
+    json_decref(ref);
+    json_decref(half);
+    /* bfloat16 on the multi-head route */
+    const char *mha = "{" MHA ",\"num_heads\":1,\"output_encoding\":\"base64\",\"output_dtype\":\"bfloat16\"}";
+    json_t *j = call(API_OP_MULTIHEAD, mha, strlen(mha), &LIM, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "output"), "dtype")),
+                     "bfloat16");
+    json_decref(j);
+    /* float16 inputs: 1.5 = 0x3e00, 0.5 = 0x3800, -2 = 0xc000, 1 = 0x3c00 */
+    const char *h_in = "{\"q\":{\"shape\":[1,2],\"dtype\":\"float16\",\"base64\":\"AD4AOA==\"},"
+                       "\"k\":{\"shape\":[1,2],\"dtype\":\"bfloat16\",\"base64\":\"wD8APw==\"},"
+                       "\"v\":{\"shape\":[1,2],\"dtype\":\"float16\",\"base64\":\"AMAAPA==\"},"
+                       "\"output_encoding\":\"flat\"}";
+    const char *f_in = "{\"q\":[[1.5,0.5]],\"k\":[[1.5,0.5]],\"v\":[[-2,1]],\"output_encoding\":\"flat\"}";
+    json_t *a = call(API_OP_ATTENTION, h_in, strlen(h_in), &LIM, 200);
+    json_t *b = call(API_OP_ATTENTION, f_in, strlen(f_in), &LIM, 200);
+    ck_assert(json_equal(json_object_get(a, "output"), json_object_get(b, "output")));
+    json_decref(a);
+    json_decref(b);
+}
+END_TEST
+
+START_TEST(output_dtype_errors)
+{
+    /* only for base64 outputs */
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_dtype\":\"float16\"}", 422, "invalid_value",
+                 "output_dtype");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":\"flat\",\"output_dtype\":\"float32\"}",
+                 422, "invalid_value", "output_dtype");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"output_dtype\":\"bfloat16\"}", 422,
+                 "invalid_value", "output_dtype");
+    expect_error(API_OP_ATTENTION,
+                 "{" QKV ",\"output_encoding\":\"base64\",\"output_dtype\":\"float64\"}", 422,
+                 "invalid_value", "output_dtype");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"output_encoding\":\"base64\",\"output_dtype\":16}",
+                 400, "wrong_type", "output_dtype");
+    /* null is the default (float32) */
+    const char *ok = "{" QKV ",\"output_encoding\":\"base64\",\"output_dtype\":null}";
+    json_t *j = call(API_OP_ATTENTION, ok, strlen(ok), &LIM, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "output"), "dtype")),
+                     "float32");
+    json_decref(j);
+    /* a value past float16's range is refused, not sent as an infinity;
+     * bfloat16 holds it */
+    const char *big = "{\"q\":[[1]],\"k\":[[1]],\"v\":[[70000]],\"output_encoding\":\"base64\","
+                      "\"output_dtype\":\"float16\"}";
+    expect_error(API_OP_ATTENTION, big, 422, "numerical_overflow", "output_dtype");
+    const char *big_bf = "{\"q\":[[1]],\"k\":[[1]],\"v\":[[70000]],\"output_encoding\":\"base64\","
+                         "\"output_dtype\":\"bfloat16\"}";
+    j = call(API_OP_ATTENTION, big_bf, strlen(big_bf), &LIM, 200);
+    json_decref(j);
+    /* a gradient past it too */
+    const char *grad = "{\"q\":[[1]],\"k\":[[1]],\"v\":[[1]],\"grad_output\":[[70000]],"
+                       "\"output_encoding\":\"base64\",\"output_dtype\":\"float16\"}";
+    expect_error(API_OP_ATTENTION, grad, 422, "numerical_overflow", "output_dtype");
+}
+END_TEST
+
 START_TEST(error_unknown_field_casual_suggests_causal)
 {
     const char *body = "{" QKV ",\"casual\":true}";
@@ -1898,6 +2054,9 @@ static Suite *api_suite(void)
     tcase_add_test(er, error_body_not_an_object);
     tcase_add_test(er, error_duplicate_key);
     tcase_add_test(er, error_unknown_field_casual_suggests_causal);
+    tcase_add_test(er, error_type_comes_before_shape);
+    tcase_add_test(er, output_dtype_half_precision);
+    tcase_add_test(er, output_dtype_errors);
     tcase_add_test(er, error_missing_required_field);
     tcase_add_test(er, error_wrong_types);
     tcase_add_test(er, error_number_not_finite_as_float32);

@@ -1635,6 +1635,322 @@ START_TEST(escape_text_examples)
 }
 END_TEST
 
+/* ======================================================= classes of error */
+
+/* Every 400 (a wrong type, a number not finite, text that is not base64)
+ * before any 422 (a shape that does not fit): the class does not depend on
+ * which of two faults comes first in the text. */
+START_TEST(decode_type_errors_come_before_shape_errors)
+{
+    /* a non-number where a row belongs: the type decides */
+    expect_error("[[1],null]", false, 400, "wrong_type", "q");
+    expect_error("[[1],\"a\"]", false, 400, "wrong_type", "q");
+    expect_error("[[1],{}]", false, 400, "wrong_type", "q");
+    expect_error("[[1],true]", false, 400, "wrong_type", "q");
+    expect_error("[[1],false]", true, 400, "wrong_type", "q"); /* mixes in a mask */
+    expect_error("[null,[1]]", false, 400, "wrong_type", "q");
+    /* a ragged row first, a wrong type after it */
+    expect_error("[[1,2],[3],[\"x\",4]]", false, 400, "wrong_type", "q");
+    expect_error("[[1,2],[3],[1e39,4]]", false, 400, "invalid_number", "q");
+    expect_error("[[[1]],[2],[[null]]]", false, 400, "wrong_type", "q");
+    expect_error("[[true],[false,true],[1]]", true, 400, "wrong_type", "q");
+    expect_error("[[[[[[[[[\"deep\"]]]]]]]]]", false, 400, "wrong_type", "q");
+    /* only shape faults: still a 422 */
+    expect_error("[[1],2]", false, 422, "ragged_array", "q");
+    expect_error("[[1,2],[3]]", false, 422, "ragged_array", "q");
+    expect_error("[1,[2]]", false, 422, "ragged_array", "q");
+    expect_error("[[[[[[[[[1]]]]]]]]]", false, 422, "invalid_shape", "q");
+    expect_error("[[true],[false,true]]", true, 422, "ragged_array", "q");
+    /* base64: the text first, then the values, then the shape */
+    expect_error("{\"shape\":[2],\"base64\":\"!!!!\"}", false, 400, "invalid_base64", "q.base64");
+    expect_error("{\"shape\":[2],\"base64\":\"AA=A\"}", false, 400, "invalid_base64", "q.base64");
+    expect_error("{\"shape\":[5],\"base64\":\"AAAA=AAA\"}", false, 400, "invalid_base64", "q.base64");
+    expect_error("{\"shape\":[-1],\"base64\":\"!!!!\"}", false, 400, "invalid_base64", "q.base64");
+    expect_error("{\"shape\":[2.5],\"base64\":\"AA=A\"}", false, 400, "invalid_base64", "q.base64");
+    expect_error("{\"shape\":[3],\"base64\":\"AACAfw==\"}", false, 400, "invalid_number", "q.base64");
+    expect_error("{\"shape\":[-1],\"base64\":\"AACAPw==\"}", false, 422, "invalid_shape", "q.shape");
+    expect_error("{\"shape\":[3],\"base64\":\"AACAPw==\"}", false, 422, "shape_mismatch", "q.base64");
+    expect_error("{\"shape\":[2],\"dtype\":\"bool\",\"base64\":\"AgE=\"}", true, 422, "invalid_value", "q.base64");
+    expect_error("{\"shape\":[3],\"dtype\":\"bool\",\"base64\":\"AgE=\"}", true, 422, "shape_mismatch", "q.base64");
+    /* flat data: its elements first, then the shape */
+    expect_error("{\"shape\":[3],\"data\":[1,null]}", false, 400, "wrong_type", "q.data");
+    expect_error("{\"shape\":[-3],\"data\":[1,\"x\"]}", false, 400, "wrong_type", "q.data");
+    expect_error("{\"shape\":[-3],\"data\":[1,2]}", false, 422, "invalid_shape", "q.shape");
+    expect_error("{\"shape\":[\"2\"],\"data\":[1,2]}", false, 400, "wrong_type", "q.shape");
+    expect_error("{\"shape\":[3],\"data\":[1,2]}", false, 422, "shape_mismatch", "q.data");
+}
+END_TEST
+
+/* Keys are quoted in messages as JSON writes them: an escaped NUL shows
+ * as \u0000 and the rest of the key follows it. */
+START_TEST(messages_quote_keys_whole_and_escaped)
+{
+    api_error e;
+    json_member m[4];
+    size_t n;
+    const char *dup = "{\"a\\u0000b\":1,\"a\\u0000b\":2}";
+    ck_assert(valid(dup));
+    ck_assert(!json_text_members(dup, dup + strlen(dup), m, 4, &n, "", &e));
+    ck_assert_str_eq(e.code, "duplicate_key");
+    ck_assert_msg(strstr(e.message, "\"a\\u0000b\"") != NULL, "%s", e.message);
+    const char *key = "{\"shape\":[1],\"data\":[1],\"x\\u0000y\\\"z\":1}";
+    expect_error(key, false, 400, "unknown_field", "q....");
+    api_tensor t;
+    ck_assert(!decode(key, false, &t, &e));
+    ck_assert_msg(strstr(e.message, "\"x\\u0000y\\\"z\"") != NULL, "%s", e.message);
+    /* a long key is cut at a character, with "..." */
+    char longkey[400];
+    int w = sprintf(longkey, "{\"");
+    for (int i = 0; i < 100; i++)
+        w += sprintf(longkey + w, "\xc3\xa9");
+    sprintf(longkey + w, "\":1,\"shape\":[1],\"data\":[1]}");
+    ck_assert(!decode(longkey, false, &t, &e));
+    ck_assert_str_eq(e.code, "unknown_field");
+    char *dots = strstr(e.message, "...\"");
+    ck_assert_msg(dots != NULL, "%s", e.message);
+    ck_assert_msg((unsigned char)dots[-1] == 0xa9 && (unsigned char)dots[-2] == 0xc3, "%s", e.message);
+}
+END_TEST
+
+/* ======================================================== half precision */
+
+/* The references, from the definitions: a float16 is (-1)^s 2^(e-15)
+ * (1 + m/1024), or m 2^-24 when e = 0; a bfloat16 is (-1)^s 2^(e-127)
+ * (1 + m/128), or m 2^-133. Rounding to them: the value in units of the
+ * grid where it lies, rounded by nearbyint (ties to even). */
+static float ref_from_half(uint16_t h, bool bf16)
+{
+    int ebits = bf16 ? 8 : 5, mbits = bf16 ? 7 : 10, bias = bf16 ? 127 : 15;
+    unsigned e = (h >> mbits) & ((1u << ebits) - 1), m = h & ((1u << mbits) - 1);
+    double sign = h & 0x8000 ? -1.0 : 1.0;
+    if (e == (1u << ebits) - 1)
+        return m ? NAN : (float)(sign * INFINITY);
+    if (e == 0)
+        return (float)(sign * ldexp(m, 1 - bias - mbits));
+    return (float)(sign * ldexp(1.0 + ldexp(m, -mbits), (int)e - bias));
+}
+
+static uint16_t ref_to_half(float f, bool bf16)
+{
+    int mbits = bf16 ? 7 : 10, bias = bf16 ? 127 : 15, emax = bf16 ? 127 : 15;
+    uint16_t sign = signbit(f) ? 0x8000 : 0;
+    double a = fabs((double)f);
+    int e;
+    frexp(a, &e); /* a = frac * 2^e, frac in [0.5, 1) */
+    e -= 1;       /* a in [2^e, 2^(e+1)) */
+    if (e < 1 - bias)
+        e = 1 - bias; /* subnormal grid */
+    double unit = ldexp(1.0, e - mbits);
+    double q = nearbyint(a / unit) * unit; /* a / unit is exact: 24 bits */
+    if (q >= ldexp(1.0, emax + 1))
+        return sign | (uint16_t)(((1u << (bf16 ? 8 : 5)) - 1) << mbits); /* infinity */
+    /* the bits of q: find them by comparing with ref_from_half */
+    int qe;
+    frexp(q, &qe);
+    qe -= 1;
+    if (q == 0)
+        return sign;
+    if (qe < 1 - bias) /* subnormal */
+        return sign | (uint16_t)(q / ldexp(1.0, 1 - bias - mbits));
+    unsigned m = (unsigned)((q / ldexp(1.0, qe) - 1.0) * (1u << mbits));
+    return sign | (uint16_t)((unsigned)(qe + bias) << mbits | m);
+}
+
+static const char *const PATH_NAME[] = {"portable", "f16c", "avx512", "avx512_bf16"};
+
+START_TEST(half_widening_exact_for_every_pattern_and_path)
+{
+    uint8_t in[2 * 65536];
+    for (unsigned h = 0; h < 65536; h++)
+        in[2 * h] = (uint8_t)h, in[2 * h + 1] = (uint8_t)(h >> 8);
+    static float out[65536];
+    int paths = 0;
+    for (api_half_path p = API_HALF_PORTABLE; p <= API_HALF_AVX512_BF16; p++) {
+        if (!api_half_path_supported(p)) {
+            printf("half precision: the %s path is not supported by this CPU; skipped\n",
+                   PATH_NAME[p]);
+            continue;
+        }
+        paths++;
+        for (int bf = 0; bf <= 1; bf++) {
+            api_dtype dt = bf ? API_BF16 : API_F16;
+            /* odd lengths and offsets reach every tail */
+            api_half_to_f32(dt, in, out, 65536, p);
+            api_half_to_f32(dt, in + 2, out + 1, 7, p);
+            for (unsigned h = 0; h < 65536; h++) {
+                float want = ref_from_half((uint16_t)h, bf);
+                CHECK(isnan(want) ? isnan(out[h]) : same_bits(out[h], want),
+                      "%s %s %04x: %a, want %a", PATH_NAME[p], bf ? "bf16" : "f16", h,
+                      (double)out[h], (double)want);
+                /* and back, exactly */
+                if (!isnan(want)) {
+                    uint16_t back = bf ? api_f32_to_bf16_one(want) : api_f32_to_f16_one(want);
+                    CHECK(back == h, "%04x -> %a -> %04x", h, (double)want, back);
+                }
+            }
+        }
+    }
+    ck_assert_int_ge(paths, 1);
+}
+END_TEST
+
+START_TEST(half_narrowing_rounds_to_nearest_even_on_every_path)
+{
+    /* every float32 whose low bits sit at a rounding case for float16
+     * (13 bits dropped) or bfloat16 (16 dropped): exact, just below, on
+     * and just above the tie; all exponents and signs */
+    static const uint32_t low16[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000,
+                                     0x7fff, 0x8000, 0x8001, 0xffff, 0x3000, 0x5fff, 0xa000};
+    enum { N = 65536 * (sizeof low16 / sizeof *low16) };
+    float *x = malloc(N * sizeof(float));
+    uint8_t *out = malloc(2 * N), *portable = malloc(2 * N);
+    ck_assert(x && out && portable);
+    size_t n = 0;
+    for (uint32_t hi = 0; hi < 65536; hi++)
+        for (size_t k = 0; k < sizeof low16 / sizeof *low16; k++) {
+            uint32_t u = hi << 16 | low16[k];
+            memcpy(&x[n++], &u, 4);
+        }
+    for (int bf = 0; bf <= 1; bf++) {
+        api_dtype dt = bf ? API_BF16 : API_F16;
+        api_f32_to_half(dt, x, portable, n, API_HALF_PORTABLE);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t got = (uint16_t)(portable[2 * i] | portable[2 * i + 1] << 8);
+            if (isnan(x[i])) {
+                CHECK(isnan(ref_from_half(got, bf)), "NaN %a became %04x", (double)x[i], got);
+                continue;
+            }
+            uint16_t want = ref_to_half(x[i], bf);
+            uint32_t bits;
+            memcpy(&bits, &x[i], 4);
+            CHECK(got == want, "%s %08x (%a): %04x, want %04x", bf ? "bf16" : "f16",
+                  (unsigned)bits, (double)x[i], got, want);
+        }
+        for (api_half_path p = API_HALF_F16C; p <= API_HALF_AVX512_BF16; p++) {
+            if (!api_half_path_supported(p))
+                continue;
+            api_f32_to_half(dt, x, out, n, p);
+            CHECK(memcmp(out, portable, 2 * n) == 0, "%s path differs from portable (%s)",
+                  PATH_NAME[p], bf ? "bf16" : "f16");
+            /* a short tail */
+            api_f32_to_half(dt, x + 3, out, 37, p);
+            CHECK(memcmp(out, portable + 6, 74) == 0, "%s path tail", PATH_NAME[p]);
+        }
+    }
+    /* every float32 subnormal, where vcvtne2ps2bf16 reads zero */
+    for (uint32_t u = 0; u < 0x800000; u += 0x800000 / 65536 - 1) {
+        float f;
+        memcpy(&f, &u, 4);
+        uint8_t a[64], b[64];
+        float xs[32];
+        for (int i = 0; i < 32; i++)
+            xs[i] = i == 5 ? f : 1.0f + (float)i;
+        api_f32_to_half(API_BF16, xs, a, 32, API_HALF_PORTABLE);
+        for (api_half_path p = API_HALF_F16C; p <= API_HALF_AVX512_BF16; p++)
+            if (api_half_path_supported(p)) {
+                api_f32_to_half(API_BF16, xs, b, 32, p);
+                CHECK(memcmp(a, b, 64) == 0, "%s: subnormal %08x", PATH_NAME[p], u);
+            }
+        CHECK((uint16_t)(a[10] | a[11] << 8) == ref_to_half(f, true), "subnormal %08x", u);
+    }
+    ck_assert_uint_eq(api_f32_to_f16_one(65504.0f), 0x7bff);
+    ck_assert_uint_eq(api_f32_to_f16_one(65519.99f), 0x7bff);
+    ck_assert_uint_eq(api_f32_to_f16_one(65520.0f), 0x7c00);
+    ck_assert_uint_eq(api_f32_to_f16_one(0x1p-25f), 0x0000);
+    ck_assert_uint_eq(api_f32_to_f16_one(0x1.000002p-25f), 0x0001);
+    ck_assert_uint_eq(api_f32_to_bf16_one(FLT_MAX), 0x7f80);
+    free(x);
+    free(out);
+    free(portable);
+}
+END_TEST
+
+/* base64 text of little-endian 2-byte elements */
+static void half_base64(const uint16_t *h, size_t n, char *out)
+{
+    uint8_t bytes[64];
+    for (size_t i = 0; i < n; i++)
+        bytes[2 * i] = (uint8_t)h[i], bytes[2 * i + 1] = (uint8_t)(h[i] >> 8);
+    *api_base64_encode(bytes, 2 * n, out) = '\0';
+}
+
+START_TEST(decode_half_base64_tensors)
+{
+    /* 1, -2, 65504, the smallest subnormal, 0.1 (rounded), -0 */
+    const uint16_t f16[] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x2e66, 0x8000};
+    const uint16_t bf16[] = {0x3f80, 0xc000, 0x7f7f, 0x0001, 0x3dcd, 0x8000};
+    char b64[64], text[256];
+    api_tensor t;
+    api_error e;
+    for (int bf = 0; bf <= 1; bf++) {
+        const uint16_t *h = bf ? bf16 : f16;
+        half_base64(h, 6, b64);
+        snprintf(text, sizeof text, "{\"shape\":[2,3],\"dtype\":\"%s\",\"base64\":\"%s\"}",
+                 bf ? "bfloat16" : "float16", b64);
+        ck_assert_msg(decode(text, false, &t, &e), "%s: %s", text, e.message);
+        ck_assert(t.dtype == API_F32 && t.rank == 2 && t.count == 6);
+        for (int i = 0; i < 6; i++)
+            ck_assert_msg(same_bits(t.f32[i], ref_from_half(h[i], bf)), "%s [%d]", text, i);
+        api_tensor_free(&t);
+        /* in a mask too (a numeric bias) */
+        ck_assert(decode(text, true, &t, &e));
+        api_tensor_free(&t);
+        /* 6 elements of 2 bytes: shape [4] needs 8 */
+        snprintf(text, sizeof text, "{\"shape\":[4],\"dtype\":\"%s\",\"base64\":\"%s\"}",
+                 bf ? "bfloat16" : "float16", b64);
+        expect_error(text, false, 422, "shape_mismatch", "q.base64");
+        /* infinities and NaNs are refused as float32 ones are */
+        const uint16_t bad[][2] = {{0x7c00, 0x7e00}, {0x7f80, 0x7fc1}};
+        for (int k = 0; k < 2; k++) {
+            uint16_t v[2] = {0x3c00, bad[bf][k]};
+            half_base64(v, 2, b64);
+            snprintf(text, sizeof text, "{\"shape\":[3],\"dtype\":\"%s\",\"base64\":\"%s\"}",
+                     bf ? "bfloat16" : "float16", b64);
+            expect_error(text, false, 400, "invalid_number", "q.base64");
+        }
+        /* the dtype is for base64: JSON numbers are float32 */
+        snprintf(text, sizeof text, "{\"shape\":[1],\"dtype\":\"%s\",\"data\":[1]}",
+                 bf ? "bfloat16" : "float16");
+        expect_error(text, false, 400, "wrong_type", "q.dtype");
+    }
+    expect_error("{\"shape\":[1],\"dtype\":\"float64\",\"base64\":\"AAAAAAAA8D8=\"}", false, 400,
+                 "wrong_type", "q.dtype");
+}
+END_TEST
+
+START_TEST(encode_half_base64_rounds_to_nearest_even)
+{
+    const float x[] = {1.0f, -2.0f, 0.1f, 65504.0f, 1e-8f, -0.0f, 3.14159265f, 1.0009765625f};
+    int64_t shape[] = {2, 4};
+    for (int bf = 0; bf <= 1; bf++) {
+        char *text = encode_text(x, 2, shape, bf ? API_ENC_BASE64_BF16 : API_ENC_BASE64_F16);
+        uint16_t want[8];
+        for (int i = 0; i < 8; i++)
+            want[i] = ref_to_half(x[i], bf);
+        char b64[64], expect[200];
+        half_base64(want, 8, b64);
+        snprintf(expect, sizeof expect, "{\"shape\":[2,4],\"dtype\":\"%s\",\"base64\":\"%s\"}",
+                 bf ? "bfloat16" : "float16", b64);
+        ck_assert_str_eq(text, expect);
+        /* and it reads back as the rounded values */
+        api_tensor t;
+        api_error e;
+        ck_assert(decode(text, false, &t, &e));
+        for (int i = 0; i < 8; i++)
+            ck_assert(same_bits(t.f32[i], ref_from_half(want[i], bf)));
+        api_tensor_free(&t);
+        free(text);
+    }
+    size_t at;
+    const float big[] = {1, 65519, -65520};
+    ck_assert(!api_half_fits(API_F16, big, 3, &at) && at == 2);
+    ck_assert(api_half_fits(API_F16, big, 2, &at));
+    ck_assert(api_half_fits(API_BF16, big, 3, &at));
+    const float huge[] = {3.3895e38f, -FLT_MAX};
+    ck_assert(!api_half_fits(API_BF16, huge, 2, &at) && at == 1);
+}
+END_TEST
+
 /* ======================================================== buf, base64 */
 
 START_TEST(buf_grows_and_formats)
@@ -1788,6 +2104,13 @@ Suite *codec_suite(void)
     tcase_add_test(tc, decode_object_form_errors);
     tcase_add_test(tc, decode_base64_errors);
     tcase_add_test(tc, decode_checks_declared_shape_before_allocating);
+    tcase_add_test(tc, decode_type_errors_come_before_shape_errors);
+    tcase_add_test(tc, messages_quote_keys_whole_and_escaped);
+    tc = tcase(s, "half");
+    tcase_add_test(tc, half_widening_exact_for_every_pattern_and_path);
+    tcase_add_test(tc, half_narrowing_rounds_to_nearest_even_on_every_path);
+    tcase_add_test(tc, decode_half_base64_tensors);
+    tcase_add_test(tc, encode_half_base64_rounds_to_nearest_even);
     tc = tcase(s, "numbers");
     tcase_add_test(tc, parse_number_edge_cases);
     tcase_add_test(tc, parse_number_matches_strtod_on_random_texts);

@@ -42,7 +42,9 @@ const char *json_text_skip(const char *p, const char *end);
 
 typedef struct {
     char key[64];           /* decoded (escapes resolved), NUL-terminated */
-    bool key_too_long;      /* the decoded key did not fit (it is then no known field) */
+    bool key_too_long;      /* the decoded key did not fit, or holds a NUL (it is
+                             * then no known field; json_member_key_shown shows it) */
+    const char *key_text;   /* the key's opening quote in the text */
     const char *value;      /* first byte of the value */
     const char *value_end;  /* byte after the value */
 } json_member;
@@ -61,7 +63,10 @@ bool json_text_members(const char *p, const char *end, json_member *out,
 
 /* ------------------------- tensors (tensor_decode.c, tensor_encode.c) */
 
-typedef enum { API_F32 = 0, API_BOOL = 1 } api_dtype;
+/* Element types. A decoded tensor is API_F32 or API_BOOL; API_F16 and
+ * API_BF16 (IEEE binary16 and bfloat16) exist only as base64 data, read
+ * into float32 exactly, and as the dtype of base64 outputs. */
+typedef enum { API_F32 = 0, API_BOOL = 1, API_F16 = 2, API_BF16 = 3 } api_dtype;
 
 typedef struct {
     api_dtype dtype;
@@ -77,20 +82,24 @@ typedef struct {
  *   nested arrays          [[1, 2], [3, 4]]
  *   flat object            {"shape": [2, 2], "data": [1, 2, 3, 4]}
  *   base64 object          {"shape": [2, 2], "dtype": "float32", "base64": "..."}
- *                          ("dtype": "bool": one byte per element, 0 or 1)
+ *                          ("dtype": "float16" or "bfloat16": 2 bytes per
+ *                          element, widened to float32 exactly; "bool": one
+ *                          byte per element, 0 or 1)
  * Numbers are read as JSON numbers are by Python and then converted to
  * float32 (correctly rounded to double, then to float32), as a client that
  * builds torch.tensor(json.loads(body)) would get.
  * accept_bool: true for masks, where true/false (or dtype "bool") give API_BOOL.
  * Errors (field = `field`): 400 "wrong_type" (not one of the three forms,
- * strings or nulls as elements, booleans where numbers are wanted, numbers
- * mixed with booleans), 400 "unknown_field" / "missing_field" in the object
- * forms, 400 "invalid_number" (not finite as a float32, e.g. 1e39),
- * 400 "invalid_base64", 422 "ragged_array", 422 "shape_mismatch" (data or
- * base64 length does not match shape), 422 "invalid_shape" (negative,
- * non-integer or too many dimensions, overflowing product). A declared shape
- * is checked against the data before anything of its size is allocated.
- * On failure *t holds nothing to free.
+ * strings, nulls or objects as elements, booleans where numbers are wanted,
+ * numbers mixed with booleans), 400 "unknown_field" / "missing_field" in
+ * the object forms, 400 "invalid_number" (not finite as a float32, e.g.
+ * 1e39, or a NaN or infinity in base64), 400 "invalid_base64", 422
+ * "ragged_array", 422 "shape_mismatch" (data or base64 length does not match
+ * shape), 422 "invalid_shape" (negative, non-integer or too many dimensions,
+ * overflowing product). Every 400 comes before any 422: a tensor with a
+ * wrong type anywhere is a 400 even when its shape is wrong too. A declared
+ * shape is checked against the data before anything of its size is
+ * allocated. On failure *t holds nothing to free.
  */
 bool api_tensor_decode(const char *p, const char *end, const char *field,
                        bool accept_bool, api_tensor *t, api_error *err);
@@ -127,13 +136,32 @@ void api_buf_free(api_buf *b);
 void api_buf_float(api_buf *b, float f);
 
 typedef enum {
-    API_ENC_NESTED = 0, /* [[...], ...] */
-    API_ENC_FLAT = 1,   /* {"shape": [...], "data": [...]} */
-    API_ENC_BASE64 = 2, /* {"shape": [...], "dtype": "float32", "base64": "..."} */
+    API_ENC_NESTED = 0,      /* [[...], ...] */
+    API_ENC_FLAT = 1,        /* {"shape": [...], "data": [...]} */
+    API_ENC_BASE64 = 2,      /* {"shape": [...], "dtype": "float32", "base64": "..."} */
+    API_ENC_BASE64_F16 = 3,  /* the same with "dtype": "float16" (2 bytes each) */
+    API_ENC_BASE64_BF16 = 4, /* the same with "dtype": "bfloat16" */
 } api_encoding;
 
-/* Appends the JSON text of a float32 tensor of `rank` (>= 1) dims `shape`. */
+/* The dtype of an encoding's elements: API_F32, API_F16 or API_BF16. */
+api_dtype api_encoding_dtype(api_encoding enc);
+
+/* Appends the JSON text of a float32 tensor of `rank` (>= 1) dims `shape`.
+ * The 2-byte base64 encodings round to nearest even; values they cannot
+ * hold become infinite: check with api_half_fits first. */
 void api_tensor_encode(api_buf *b, const float *data, int rank,
                        const int64_t *shape, api_encoding enc);
+
+/* Do all n values of x stay finite when rounded to `dtype` (API_F16 or
+ * API_BF16)? If not, *at is the first that does not. */
+bool api_half_fits(api_dtype dtype, const float *x, size_t n, size_t *at);
+
+/* The dtype's name in the API ("float32", "float16", "bfloat16", "bool"). */
+const char *api_dtype_name(api_dtype dtype);
+
+/* A json_member's key as a message may quote it: escaped as in a JSON
+ * string (an escaped NUL shows as \u0000, not as the end of the key), cut
+ * with "..." to fit cap; returns out. */
+const char *json_member_key_shown(const json_member *m, char *out, size_t cap);
 
 #endif /* API_CODEC_H */

@@ -10,6 +10,7 @@
  *   tensor_encode.c  tensors out, in the three forms
  *   number.c         decimal text -> float32
  *   float_text.c     float32 -> shortest decimal text
+ *   half.c           float16 and bfloat16 <-> float32
  *   base64.c, buf.c  base64; the growing output buffer
  */
 #ifndef API_CODEC_INTERNAL_H
@@ -161,6 +162,33 @@ void tensor_store_to_tensor(tensor_store *s, int rank, const int64_t *shape, api
 bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_bool,
                         int max_depth, tensor_store *s, int *rank, int64_t *shape,
                         cursor *after, api_error *err);
+
+/* -------------------------------------------------------------- half.c */
+
+/* The conversion paths of half.c, for the tests to hold each to the
+ * portable one; the codec uses api_half_best_path(). */
+typedef enum {
+    API_HALF_PORTABLE,
+    API_HALF_F16C,        /* AVX + F16C: float16, 8 lanes */
+    API_HALF_AVX512,      /* AVX-512F: float16 and bfloat16 widening, 16 lanes */
+    API_HALF_AVX512_BF16, /* and AVX512_BF16's vcvtne2ps2bf16 for narrowing */
+} api_half_path;
+
+bool api_half_path_supported(api_half_path path);
+api_half_path api_half_best_path(void);
+
+/* n little-endian 2-byte elements of dtype (API_F16 or API_BF16) at in,
+ * widened into out; and back, rounded to nearest even. */
+void api_half_to_f32(api_dtype dtype, const uint8_t *in, float *out, size_t n,
+                     api_half_path path);
+void api_f32_to_half(api_dtype dtype, const float *in, uint8_t *out, size_t n,
+                     api_half_path path);
+
+/* One element each way, the portable reference. */
+float api_f16_to_f32_one(uint16_t h);
+uint16_t api_f32_to_f16_one(float f);
+float api_bf16_to_f32_one(uint16_t h);
+uint16_t api_f32_to_bf16_one(float f);
 
 /* ------------------------------------------- eight digits at a time (SWAR) */
 

@@ -4,6 +4,7 @@
  * trust the validator for the grammar but still never read past `end`.
  */
 #include "codec_internal.h"
+#include "json_string.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -132,6 +133,7 @@ static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor 
 static cursor read_key(cursor p, cursor end, json_member *m)
 {
     cursor after;
+    m->key_text = p;
     size_t klen = json_string_decode(p, end, m->key, sizeof m->key - 1, &after);
     bool whole = klen < sizeof m->key && memchr(m->key, '\0', klen) == NULL;
     m->key[klen < sizeof m->key ? klen : sizeof m->key - 1] = '\0';
@@ -164,13 +166,14 @@ bool json_text_members(const char *start, const char *end, json_member *out,
         m->value = p;
         m->value_end = json_text_skip(p, end);
         if (seen_before(out, n, key_text, start, end)) {
-            char field[sizeof err->field];
+            char field[sizeof err->field], shown[80];
             if (where[0])
                 snprintf(field, sizeof field, "%s.%s", where, m->key);
             else
                 snprintf(field, sizeof field, "%s", m->key);
             return api_fail(err, 400, "duplicate_key", field, "the key \"%s\" appears twice in %s",
-                            m->key, where[0] ? where : "the request body");
+                            json_member_key_shown(m, shown, sizeof shown),
+                            where[0] ? where : "the request body");
         }
         *count = ++n;
         p = json_skip_ws(m->value_end, end);
@@ -179,4 +182,21 @@ bool json_text_members(const char *start, const char *end, json_member *out,
         p = json_skip_ws(p + 1, end);
     }
     return true;
+}
+
+const char *json_member_key_shown(const json_member *m, char *out, size_t cap)
+{
+    /* the key decoded (its closing quote lies before the value), then
+     * escaped; a key longer than the buffer is cut at a character */
+    char key[256];
+    size_t n = json_string_decode(m->key_text, m->value, key, sizeof key, NULL);
+    bool cut = n > sizeof key;
+    if (cut)
+        n = json_utf8_uncut(key, sizeof key);
+    size_t need = json_escape_text(out, cap > 3 ? cap - 3 : cap, key, n, 0);
+    if (cut || need >= cap - 3) {
+        size_t w = strlen(out);
+        memcpy(out + w, "...", 4);
+    }
+    return out;
 }

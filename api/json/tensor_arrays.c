@@ -97,8 +97,9 @@ typedef struct {
     const char *field;
     bool accept_bool;
     int max_depth;       /* API_MAX_RANK for a tensor, 1 for "data" */
+    bool types_only;     /* the second walk after a shape error, see below */
     tensor_store *s;
-    int64_t idx[API_MAX_RANK + 1]; /* elements so far in each open array */
+    int64_t idx[API_MAX_DEPTH + 1]; /* elements so far in each open array */
     int64_t *shape;      /* -1 until an array of that depth closes */
     int depth, rank;     /* rank: -1 until the first element or empty array */
     api_error *err;
@@ -122,6 +123,13 @@ static array_state not_json(array_walk *a)
 /* At '[': one level deeper, unless that is too deep or ragged. */
 static array_state open_array(array_walk *a)
 {
+    if (a->types_only) {
+        if (a->depth == API_MAX_DEPTH) /* only in text the validator refused */
+            return DONE;
+        a->idx[a->depth++] = 0;
+        a->p = json_skip_ws(a->p + 1, a->end);
+        return a->p < a->end && *a->p == ']' ? CLOSE : ELEMENT;
+    }
     if (a->depth == a->max_depth) {
         if (a->max_depth == 1)
             api_fail(a->err, 400, "wrong_type", a->field,
@@ -169,11 +177,17 @@ static array_state read_numbers(array_walk *a)
     tensor_store *s = a->s;
     if (!settle_dtype(a, API_F32))
         return FAILED;
-    if (s->n == s->cap && !store_grow(s, a->err, a->field))
-        return FAILED;
     cursor stop, bad;
-    size_t got = api_parse_number_row(a->p, a->end, s->f32 + s->n, s->cap - s->n, &stop, &bad);
-    s->n += got;
+    size_t got;
+    if (a->types_only) { /* read for their finiteness only */
+        float scratch[64];
+        got = api_parse_number_row(a->p, a->end, scratch, 64, &stop, &bad);
+    } else {
+        if (s->n == s->cap && !store_grow(s, a->err, a->field))
+            return FAILED;
+        got = api_parse_number_row(a->p, a->end, s->f32 + s->n, s->cap - s->n, &stop, &bad);
+        s->n += got;
+    }
     a->idx[a->depth - 1] += (int64_t)got;
     if (bad) {
         int len = (int)(stop - bad) > 40 ? 40 : (int)(stop - bad);
@@ -200,9 +214,11 @@ static array_state read_boolean(array_walk *a)
     size_t n = v ? 4 : 5;
     if ((size_t)(a->end - a->p) < n || memcmp(a->p, v ? "true" : "false", n) != 0)
         return not_json(a);
-    if (a->s->n == a->s->cap && !store_grow(a->s, a->err, a->field))
-        return FAILED;
-    a->s->b8[a->s->n++] = v;
+    if (!a->types_only) {
+        if (a->s->n == a->s->cap && !store_grow(a->s, a->err, a->field))
+            return FAILED;
+        a->s->b8[a->s->n++] = v;
+    }
     a->idx[a->depth - 1]++;
     a->p += n;
     return AFTER_ELEMENT;
@@ -216,7 +232,9 @@ static array_state read_element(array_walk *a)
     char c = *a->p;
     if (c == '[')
         return OPEN;
-    if (a->rank < 0)
+    if (a->types_only)
+        ; /* shapes were judged in the first walk */
+    else if (a->rank < 0)
         a->rank = a->depth;
     else if (a->depth != a->rank) {
         api_fail(a->err, 422, "ragged_array", a->field,
@@ -246,11 +264,22 @@ static array_state after_element(array_walk *a)
     return *a->p == ']' ? CLOSE : not_json(a);
 }
 
+/* One level up: the array just closed was an element of the one around. */
+static array_state close_level(array_walk *a)
+{
+    if (--a->depth == 0)
+        return DONE;
+    a->idx[a->depth - 1]++;
+    return AFTER_ELEMENT;
+}
+
 /* At ']': the array's length must be the one its siblings had. */
 static array_state close_array(array_walk *a)
 {
     a->p++;
     int d = a->depth - 1;
+    if (a->types_only)
+        return close_level(a);
     if (a->rank < 0) /* an empty innermost array decides the rank */
         a->rank = a->depth;
     if (a->shape[d] < 0)
@@ -266,10 +295,22 @@ static array_state close_array(array_walk *a)
                      (long long)a->idx[d], (long long)a->shape[d]);
         return FAILED;
     }
-    if (--a->depth == 0)
-        return DONE;
-    a->idx[a->depth - 1]++;
-    return AFTER_ELEMENT;
+    return close_level(a);
+}
+
+static array_state walk(array_walk *a)
+{
+    array_state st = OPEN;
+    while (st != DONE && st != FAILED) {
+        switch (st) {
+        case OPEN: st = open_array(a); break;
+        case ELEMENT: st = read_element(a); break;
+        case AFTER_ELEMENT: st = after_element(a); break;
+        case CLOSE: st = close_array(a); break;
+        default: break;
+        }
+    }
+    return st;
 }
 
 bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_bool,
@@ -280,19 +321,24 @@ bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_boo
                     .max_depth = max_depth, .s = s, .shape = shape, .rank = -1, .err = err};
     for (int i = 0; i < API_MAX_RANK; i++)
         shape[i] = -1;
-    array_state st = OPEN;
-    while (st != DONE && st != FAILED) {
-        switch (st) {
-        case OPEN: st = open_array(&a); break;
-        case ELEMENT: st = read_element(&a); break;
-        case AFTER_ELEMENT: st = after_element(&a); break;
-        case CLOSE: st = close_array(&a); break;
-        default: break;
-        }
+    if (walk(&a) == DONE) {
+        *rank = a.rank;
+        *after = a.p;
+        return true;
     }
-    if (st == FAILED)
+    if (err->status != 422)
         return false;
-    *rank = a.rank;
-    *after = a.p;
-    return true;
+    /* A shape error (422) stands only when no element has the wrong type
+     * (400): the classes are checked in that order, as they are for every
+     * field, so [[1], null] is a null where a number belongs, not a ragged
+     * array. The text after the shape error is walked again for types. */
+    tensor_store types = {.dtype = s->declared ? s->dtype : API_F32, .typed = s->declared,
+                          .declared = s->declared};
+    api_error type_err;
+    array_walk b = {.p = p, .end = end, .field = field, .accept_bool = accept_bool,
+                    .max_depth = max_depth, .types_only = true, .s = &types,
+                    .shape = shape, .rank = -1, .err = &type_err};
+    if (walk(&b) == FAILED)
+        *err = type_err;
+    return false;
 }

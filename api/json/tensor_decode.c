@@ -8,6 +8,7 @@
  * ask for a large buffer.
  */
 #include "codec_internal.h"
+#include "json_string.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,7 +229,8 @@ static bool string_span(cursor p, cursor end, cursor *s, cursor *s_end, bool *es
     return true;
 }
 
-/* "dtype": "float32" (the default) or, for masks, "bool". */
+/* "dtype": "float32" (the default), "float16" or "bfloat16" (base64 only)
+ * or, for masks, "bool". */
 static bool read_dtype(const json_member *m, const char *field, bool accept_bool,
                        api_dtype *dtype, api_error *err)
 {
@@ -237,19 +239,37 @@ static bool read_dtype(const json_member *m, const char *field, bool accept_bool
     cursor s, s_end;
     bool escaped;
     char name[16] = "";
+    const char *choices = accept_bool ? "\"float32\", \"float16\", \"bfloat16\" or \"bool\""
+                                      : "\"float32\", \"float16\" or \"bfloat16\"";
     if (!string_span(m->value, m->value_end, &s, &s_end, &escaped))
-        return api_fail(err, 400, "wrong_type", sub, "%s must be a string (\"float32\"%s)", sub,
-                        accept_bool ? " or \"bool\"" : "");
+        return api_fail(err, 400, "wrong_type", sub, "%s must be a string (%s)", sub, choices);
     size_t nlen = json_string_decode(s - 1, m->value_end, name, sizeof name - 1, NULL);
     name[nlen < sizeof name ? nlen : sizeof name - 1] = '\0';
-    if (nlen == 7 && strcmp(name, "float32") == 0)
-        *dtype = API_F32;
-    else if (nlen == 4 && strcmp(name, "bool") == 0 && accept_bool)
-        *dtype = API_BOOL;
-    else
-        return api_fail(err, 400, "wrong_type", sub, "%s is \"%s\"; %s", sub, name,
-                        accept_bool ? "use \"float32\" or \"bool\"" : "use \"float32\"");
-    return true;
+    static const api_dtype known[] = {API_F32, API_F16, API_BF16, API_BOOL};
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (strlen(api_dtype_name(known[i])) == nlen && strcmp(name, api_dtype_name(known[i])) == 0 &&
+            (known[i] != API_BOOL || accept_bool)) {
+            *dtype = known[i];
+            return true;
+        }
+    char shown[80];
+    json_escape_text(shown, sizeof shown, name, nlen < sizeof name ? nlen : sizeof name - 1, 0);
+    return api_fail(err, 400, "wrong_type", sub, "%s is \"%s\"; use %s", sub, shown, choices);
+}
+
+/* A declared shape, or the 422 that reading it gave: that is reported only
+ * once the data's types are known to be right (400s come first). */
+typedef struct {
+    int rank;
+    int64_t dims[API_MAX_RANK];
+    int64_t count;
+    bool bad;
+    api_error err;
+} declared_shape;
+
+static size_t dtype_size(api_dtype dtype)
+{
+    return dtype == API_F32 ? 4 : dtype == API_BOOL ? 1 : 2;
 }
 
 /* ------------------------------------------------------------- base64 form */
@@ -280,20 +300,29 @@ static bool base64_text(const json_member *m, const char *sub, cursor *s, size_t
     return true;
 }
 
-/* Float32 elements must be finite, as numbers in the text must be. */
-static bool check_finite(const uint8_t *bytes, int64_t count, const char *sub, api_error *err)
+/* Elements must be finite, as numbers in the text must be: float32, or
+ * float16 / bfloat16 (an exponent of all ones is an infinity or a NaN). */
+static bool check_finite(const uint8_t *bytes, size_t n, api_dtype dtype, const char *sub,
+                         api_error *err)
 {
-    for (int64_t i = 0; i < count; i++) {
-        uint32_t u;
-        memcpy(&u, bytes + 4 * i, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        u = __builtin_bswap32(u);
-        memcpy((uint8_t *)bytes + 4 * i, &u, 4);
-#endif
-        if ((u & 0x7f800000u) == 0x7f800000u)
-            return api_fail(err, 400, "invalid_number", sub,
-                            "%s element %lld is %s; values must be finite", sub, (long long)i,
-                            (u & 0x7fffffu) ? "NaN" : "infinite");
+    for (size_t i = 0; i < n; i++) {
+        bool nan;
+        if (dtype == API_F32) {
+            uint32_t u = (uint32_t)bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 |
+                         (uint32_t)bytes[4 * i + 2] << 16 | (uint32_t)bytes[4 * i + 3] << 24;
+            if ((u & 0x7f800000u) != 0x7f800000u)
+                continue;
+            nan = (u & 0x7fffffu) != 0;
+        } else {
+            unsigned h = (unsigned)bytes[2 * i] | (unsigned)bytes[2 * i + 1] << 8;
+            unsigned exponent = dtype == API_F16 ? 0x7c00 : 0x7f80;
+            if ((h & exponent) != exponent)
+                continue;
+            nan = (h & ~(exponent | 0x8000u)) != 0;
+        }
+        return api_fail(err, 400, "invalid_number", sub,
+                        "%s element %zu is %s; values must be finite", sub, i,
+                        nan ? "NaN" : "infinite");
     }
     return true;
 }
@@ -309,23 +338,16 @@ static bool check_bool_bytes(const uint8_t *bytes, int64_t count, const char *su
     return true;
 }
 
-/* The elements of base64 text s[0..len) into a malloc'd *bytes of `need`. */
-static bool base64_bytes(cursor s, size_t len, const char *sub, api_dtype dtype, int rank,
-                         const int64_t *shape, size_t need, uint8_t **bytes, api_error *err)
+/* The bytes of base64 text s[0..len) into a malloc'd *bytes (*have of
+ * them: sized by the text, never by a declared shape). */
+static bool base64_bytes(cursor s, size_t len, const char *sub, uint8_t **bytes, size_t *have,
+                         api_error *err)
 {
-    size_t have;
-    if (!api_base64_decoded_len(s, len, &have))
+    if (!api_base64_decoded_len(s, len, have))
         return api_fail(err, 400, "invalid_base64", sub,
                         "%s is not base64: its length (%zu) is not a multiple of 4 or it has "
                         "more than two '=' (standard alphabet, padded, no whitespace)", sub, len);
-    if (have != need) {
-        char st[160];
-        shape_text(st, sizeof st, shape, rank);
-        return api_fail(err, 422, "shape_mismatch", sub,
-                        "%s holds %zu bytes but shape %s of %s needs %zu", sub, have, st,
-                        dtype == API_F32 ? "float32" : "bool", need);
-    }
-    *bytes = malloc(need ? need : 1);
+    *bytes = malloc(*have ? *have : 1);
     if (!*bytes)
         return api_fail(err, 500, "out_of_memory", sub, "out of memory while reading %s", sub);
     size_t bad;
@@ -339,51 +361,101 @@ static bool base64_bytes(cursor s, size_t len, const char *sub, api_dtype dtype,
     return true;
 }
 
+/* The decoded bytes as the tensor's elements: float32 in place (swapped on
+ * a big-endian machine), float16 / bfloat16 widened into a new buffer,
+ * bools as they are. Takes bytes over (freed or kept). */
+static bool bytes_to_tensor(uint8_t *bytes, const char *sub, api_dtype dtype,
+                            const declared_shape *ds, api_tensor *t, api_error *err)
+{
+    size_t count = (size_t)ds->count;
+    t->dtype = dtype == API_BOOL ? API_BOOL : API_F32;
+    t->rank = ds->rank;
+    memcpy(t->shape, ds->dims, (size_t)ds->rank * sizeof ds->dims[0]);
+    t->count = ds->count;
+    if (count == 0) {
+        free(bytes);
+        return true;
+    }
+    if (dtype == API_BOOL) {
+        t->b8 = bytes;
+        return true;
+    }
+    if (dtype == API_F32) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        for (size_t i = 0; i < count; i++) {
+            uint32_t u;
+            memcpy(&u, bytes + 4 * i, 4);
+            u = __builtin_bswap32(u);
+            memcpy(bytes + 4 * i, &u, 4);
+        }
+#endif
+        t->f32 = (float *)(void *)bytes;
+        return true;
+    }
+    t->f32 = malloc(count * sizeof(float));
+    if (!t->f32) {
+        free(bytes);
+        return api_fail(err, 500, "out_of_memory", sub, "out of memory while reading %s", sub);
+    }
+    api_half_to_f32(dtype, bytes, t->f32, count, api_half_best_path());
+    free(bytes);
+    return true;
+}
+
+/* The order of the checks: the text is base64 (400), its elements are
+ * finite (400), the shape was valid (422, deferred), the byte count fits
+ * the shape (422), bools are 0 or 1 (422). */
 static bool decode_base64_form(const json_member *m_b64, const char *field, api_dtype dtype,
-                               int rank, const int64_t *shape, int64_t count, api_tensor *t,
-                               api_error *err)
+                               const declared_shape *ds, api_tensor *t, api_error *err)
 {
     char sub[64];
     join(sub, sizeof sub, field, "base64");
     cursor s;
-    size_t len = 0;
+    size_t len = 0, have = 0;
     char *copy;
     if (!base64_text(m_b64, sub, &s, &len, &copy, err))
         return false;
-    size_t elem = dtype == API_F32 ? sizeof(float) : 1;
-    size_t need = (size_t)count * elem; /* read_shape bounded count by INT64_MAX / 8 */
     uint8_t *bytes = NULL;
-    bool ok = base64_bytes(s, len, sub, dtype, rank, shape, need, &bytes, err) &&
-              (dtype == API_F32 ? check_finite(bytes, count, sub, err)
-                                : check_bool_bytes(bytes, count, sub, err));
+    size_t elem = dtype_size(dtype);
+    bool ok = base64_bytes(s, len, sub, &bytes, &have, err) &&
+              (dtype == API_BOOL || check_finite(bytes, have / elem, dtype, sub, err));
     free(copy);
-    if (!ok || count == 0) {
-        free(bytes);
-        bytes = NULL;
+    if (ok && ds->bad) {
+        *err = ds->err;
+        ok = false;
     }
-    if (!ok)
+    /* read_shape bounded count by INT64_MAX / 8 */
+    if (ok && have != (size_t)ds->count * elem) {
+        char st[160];
+        shape_text(st, sizeof st, ds->dims, ds->rank);
+        ok = api_fail(err, 422, "shape_mismatch", sub, "%s holds %zu bytes but shape %s of %s needs %zu",
+                      sub, have, st, api_dtype_name(dtype), (size_t)ds->count * elem);
+    }
+    if (ok && dtype == API_BOOL)
+        ok = check_bool_bytes(bytes, ds->count, sub, err);
+    if (!ok) {
+        free(bytes);
         return false;
-    t->dtype = dtype;
-    t->rank = rank;
-    memcpy(t->shape, shape, (size_t)rank * sizeof shape[0]);
-    t->count = count;
-    if (dtype == API_F32)
-        t->f32 = (float *)(void *)bytes;
-    else
-        t->b8 = bytes;
-    return true;
+    }
+    return bytes_to_tensor(bytes, sub, dtype, ds, t, err);
 }
 
 /* --------------------------------------------------------------- flat form */
 
-/* The data array is read (its size bounded by the text), then held against
- * the declared shape. */
+/* The data array is read (its size bounded by the text; its types are
+ * the 400s), then held against the declared shape (the 422s). */
 static bool decode_flat_form(const json_member *m_data, const char *field, bool accept_bool,
-                             api_dtype dtype, bool declared, int rank, const int64_t *shape,
-                             int64_t count, api_tensor *t, api_error *err)
+                             api_dtype dtype, bool declared, const declared_shape *ds,
+                             api_tensor *t, api_error *err)
 {
     char sub[64];
     join(sub, sizeof sub, field, "data");
+    if (dtype == API_F16 || dtype == API_BF16) {
+        join(sub, sizeof sub, field, "dtype");
+        return api_fail(err, 400, "wrong_type", sub,
+                        "%s is \"%s\", which is for base64 data; \"data\" holds JSON numbers "
+                        "(use \"float32\" or no dtype)", sub, api_dtype_name(dtype));
+    }
     cursor d = json_skip_ws(m_data->value, m_data->value_end);
     if (d == m_data->value_end || *d != '[')
         return api_fail(err, 400, "wrong_type", sub, "%s must be an array of %s; it is %s", sub,
@@ -399,15 +471,20 @@ static bool decode_flat_form(const json_member *m_data, const char *field, bool 
         tensor_store_free(&s);
         return false;
     }
-    if ((int64_t)s.n != count) {
+    if (ds->bad) {
+        tensor_store_free(&s);
+        *err = ds->err;
+        return false;
+    }
+    if ((int64_t)s.n != ds->count) {
         char st[160];
-        shape_text(st, sizeof st, shape, rank);
+        shape_text(st, sizeof st, ds->dims, ds->rank);
         tensor_store_free(&s);
         return api_fail(err, 422, "shape_mismatch", sub,
                         "%s has %lld elements but shape %s needs %lld", sub,
-                        (long long)data_shape[0], st, (long long)count);
+                        (long long)data_shape[0], st, (long long)ds->count);
     }
-    tensor_store_to_tensor(&s, rank, shape, t);
+    tensor_store_to_tensor(&s, ds->rank, ds->dims, t);
     return true;
 }
 
@@ -442,10 +519,12 @@ static bool find_members(cursor p, cursor end, const char *field, json_member *m
         else if (strcmp(k, "base64") == 0)
             tm->base64 = &m[i];
         else {
-            join(sub, sizeof sub, field, m[i].key);
+            char shown[80];
+            join(sub, sizeof sub, field, m[i].key_too_long ? "..." : m[i].key);
             return api_fail(err, 400, "unknown_field", sub,
                             "%s has an unknown field \"%s\"; a tensor object has \"shape\" and "
-                            "\"data\", or \"shape\", \"dtype\" and \"base64\"", field, m[i].key);
+                            "\"data\", or \"shape\", \"dtype\" and \"base64\"", field,
+                            json_member_key_shown(&m[i], shown, sizeof shown));
         }
     }
     if (tm->data && tm->base64) {
@@ -475,14 +554,18 @@ static bool decode_object(cursor p, cursor end, const char *field, bool accept_b
     api_dtype dtype = API_F32;
     if (tm.dtype && !read_dtype(tm.dtype, field, accept_bool, &dtype, err))
         return false;
-    int rank = 0;
-    int64_t shape[API_MAX_RANK], count = 0;
-    if (!read_shape(tm.shape->value, tm.shape->value_end, field, &rank, shape, &count, err))
-        return false;
+    declared_shape ds = {0};
+    if (!read_shape(tm.shape->value, tm.shape->value_end, field, &ds.rank, ds.dims, &ds.count,
+                    &ds.err)) {
+        if (ds.err.status != 422) { /* not even an array of numbers: a 400 now */
+            *err = ds.err;
+            return false;
+        }
+        ds.bad = true;
+    }
     if (tm.base64)
-        return decode_base64_form(tm.base64, field, dtype, rank, shape, count, t, err);
-    return decode_flat_form(tm.data, field, accept_bool, dtype, tm.dtype != NULL, rank, shape,
-                            count, t, err);
+        return decode_base64_form(tm.base64, field, dtype, &ds, t, err);
+    return decode_flat_form(tm.data, field, accept_bool, dtype, tm.dtype != NULL, &ds, t, err);
 }
 
 /* ------------------------------------------------------------ interface */

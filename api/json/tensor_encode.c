@@ -60,6 +60,56 @@ static void put_nested(api_buf *b, const float *x, int rank, const int64_t *shap
     api_buf_append(b, "]", 1);
 }
 
+const char *api_dtype_name(api_dtype dtype)
+{
+    switch (dtype) {
+    case API_F16: return "float16";
+    case API_BF16: return "bfloat16";
+    case API_BOOL: return "bool";
+    default: return "float32";
+    }
+}
+
+/* The base64 of n floats as little-endian `dtype` elements, in chunks of
+ * 3 * 1024 elements (a multiple of 3 bytes, so that only the last chunk has
+ * padding) through a buffer on the stack. */
+static void put_base64(api_buf *b, const float *data, size_t n, api_dtype dtype)
+{
+    enum { CHUNK = 3 * 1024 };
+    uint8_t le[CHUNK * 4];
+    size_t elem = dtype == API_F32 ? 4 : 2;
+    api_half_path path = api_half_best_path();
+    for (size_t done = 0; done < n && !b->failed;) {
+        size_t k = n - done < CHUNK ? n - done : CHUNK;
+        const uint8_t *src = le;
+        if (dtype != API_F32)
+            api_f32_to_half(dtype, data + done, le, k, path);
+        else {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            for (size_t i = 0; i < k; i++) {
+                uint32_t u;
+                memcpy(&u, data + done + i, 4);
+                u = __builtin_bswap32(u);
+                memcpy(le + 4 * i, &u, 4);
+            }
+#else
+            src = (const uint8_t *)(data + done);
+#endif
+        }
+        char *w = api_buf_reserve(b, api_base64_encoded_len(k * elem));
+        if (!w)
+            return;
+        char *e = api_base64_encode(src, k * elem, w);
+        b->len += (size_t)(e - w);
+        done += k;
+    }
+}
+
+api_dtype api_encoding_dtype(api_encoding enc)
+{
+    return enc == API_ENC_BASE64_F16 ? API_F16 : enc == API_ENC_BASE64_BF16 ? API_BF16 : API_F32;
+}
+
 void api_tensor_encode(api_buf *b, const float *data, int rank, const int64_t *shape,
                        api_encoding enc)
 {
@@ -85,30 +135,8 @@ void api_tensor_encode(api_buf *b, const float *data, int rank, const int64_t *s
         api_buf_append(b, "]}", 2);
         return;
     }
-    api_buf_puts(b, ",\"dtype\":\"float32\",\"base64\":\"");
-    /* little-endian float32, in chunks of 3 * 4096 floats (a multiple of 3
-     * bytes, so that only the last chunk has padding) */
-    const size_t chunk = 3 * 4096;
-    size_t total = (size_t)count * 4, done = 0;
-    while (done < total && !b->failed) {
-        size_t nbytes = total - done < chunk * 4 ? total - done : chunk * 4;
-        const uint8_t *src = (const uint8_t *)data + done;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        static _Thread_local uint8_t le[3 * 4096 * 4];
-        for (size_t i = 0; i < nbytes; i += 4) {
-            uint32_t u;
-            memcpy(&u, src + i, 4);
-            u = __builtin_bswap32(u);
-            memcpy(le + i, &u, 4);
-        }
-        src = le;
-#endif
-        char *w = api_buf_reserve(b, api_base64_encoded_len(nbytes));
-        if (!w)
-            return;
-        char *e = api_base64_encode(src, nbytes, w);
-        b->len += (size_t)(e - w);
-        done += nbytes;
-    }
+    api_dtype dtype = api_encoding_dtype(enc);
+    api_buf_printf(b, ",\"dtype\":\"%s\",\"base64\":\"", api_dtype_name(dtype));
+    put_base64(b, data, (size_t)count, dtype);
     api_buf_append(b, "\"}", 2);
 }
