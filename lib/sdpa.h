@@ -155,10 +155,11 @@ typedef struct {
 /* ------------------------------------------------------ double precision */
 
 /* Output row i of head (b, h) computed in double precision from scratch
- * (scores, softmax, weighted mean), written to out [d_v]; returns the row's
- * softmax maximum and sum. For rows whose float accumulation overflowed. */
+ * (scores, softmax, weighted mean), written to out [d_v], and its weights
+ * to weights [n_k] when not NULL; returns the row's softmax maximum and
+ * sum. For rows whose float accumulation overflowed. */
 attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
-                                        float *out);
+                                        float *out, float *weights);
 
 /* ------------------------------------------------------------------ RoPE */
 

@@ -43,7 +43,7 @@ static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int
 }
 
 attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
-                                        float *out)
+                                        float *out, float *weights)
 {
     const attn_sdpa_params *p = c->p;
     const float *q_row = sdpa_head_q(c, b, h) + i * c->ldq;
@@ -58,6 +58,9 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
             l += exp(x - m);
     for (int64_t t = 0; t < p->d_v; t++)
         out[t] = 0.0f;
+    for (int64_t j = 0; weights != NULL && j < p->n_k; j++)
+        weights[j] = l > 0.0 && score_exact(c, b, h, i, j, q_row, &x) ? (float)(exp(x - m) / l)
+                                                                      : 0.0f;
     if (!(l > 0.0))
         return (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
     /* Normalised terms: every partial sum stays within max |v|. */

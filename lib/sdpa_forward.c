@@ -143,6 +143,8 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         };
         job->kern->forward_tile(c, &t, &keys, &st);
     }
+    if (job->weights != NULL)
+        finish_weights(job, &t, w, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
@@ -153,7 +155,10 @@ static void forward_unit(void *ctx, int64_t u, int worker)
             /* The weighted sum overflowed (the row is redone in double), or
              * the scores did (then the row's maximum and sum are redone too;
              * otherwise they stay those the kernel's weights were made with). */
-            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o);
+            float *weights = job->weights == NULL || sm_finite
+                                 ? NULL
+                                 : job->weights + ((bh * p->n_q) + t.i0 + r) * p->n_k;
+            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o, weights);
             if (!sm_finite)
                 sm = exact;
         }
@@ -164,8 +169,6 @@ static void forward_unit(void *ctx, int64_t u, int worker)
              * the largest weight is exp(m - lse) = 1 / l. */
             sdpa_stats_row(stats, log(l) - w->ent[r] / l, 1.0 / l);
     }
-    if (job->weights != NULL)
-        finish_weights(job, &t, w, k_end > k_begin ? k_first : k_end, k_end);
 }
 
 /* ---------------------------------------------------------------- workers */

@@ -379,20 +379,24 @@ START_TEST(output_is_finite_where_the_sum_on_the_way_overflows)
         k[j] = (float)(1e19 * rng_uniform(&seed)) + (j % D == 0 ? 3e19f : 0.0f);
         v[j] = (float)(3e38 * (0.9 + 0.1 * rng_uniform(&seed)));
     }
-    float out[2 * D];
+    float out[2 * D], w[2 * NK];
     attn_softmax_row rows[2];
     attn_error err = {0};
-    ck_assert_msg(attn_sdpa_forward(&p, q, k, v, out, rows, NULL, NULL, &err) == ATTN_OK, "%s",
+    ck_assert_msg(attn_sdpa_forward(&p, q, k, v, out, rows, w, NULL, &err) == ATTN_OK, "%s",
                   err.message);
-    double qd[2 * D], kd[NK * D], vd[NK * D], want[2 * D];
+    double qd[2 * D], kd[NK * D], vd[NK * D], want[2 * D], want_w[2 * NK];
     for (int i = 0; i < 2 * D; i++)
         qd[i] = q[i];
     for (int j = 0; j < NK * D; j++)
         kd[j] = k[j], vd[j] = v[j];
-    ref_sdpa_forward(&p, qd, kd, vd, want, NULL, NULL);
+    ref_sdpa_forward(&p, qd, kd, vd, want, NULL, want_w);
     for (int i = 0; i < 2 * D; i++)
         ck_assert_msg(isfinite(out[i]) && fabs(out[i] - want[i]) <= 1e-6 * fabs(want[i]),
                       "out[%d] = %g, want %g", i, (double)out[i], want[i]);
+    /* The weights of the row whose scores overflowed come from double too. */
+    for (int j = 0; j < 2 * NK; j++)
+        ck_assert_msg(fabs(w[j] - want_w[j]) <= 1e-6, "weight %d = %g, want %g", j,
+                      (double)w[j], want_w[j]);
 }
 END_TEST
 
