@@ -366,6 +366,9 @@ echo
 if [ "${OPENBLAS_CORETYPE+set}" = set ]; then coretype="OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"; else coretype="OPENBLAS_CORETYPE unset"; fi
 echo "Machine: $CPU, $CORES cores ($FLAGS); OpenBLAS runs its $CORENAME kernels in this environment ($coretype; $BLASCONF); libattn kernel $ATTNKERNEL"
 echo "Load average (1 min) at the start: $LOAD_START, at the end: $(cut -d' ' -f1 /proc/loadavg) (other work on the machine makes every figure noisier)"
+# Under load OpenBLAS's threaded sgemm loses more than libattn (its threads
+# wait for each other at every block, spinning), which flatters the kernel rows.
+gt "$LOAD_START" 1.0 && echo "**The machine was busy when the run started: the ratios against the machine's limit read high; compare runs made on a quiet machine.**"
 echo
 echo "| measurement | value | absolute figures | bar | result |"
 echo "| --- | --- | --- | --- | --- |"
