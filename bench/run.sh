@@ -391,7 +391,8 @@ w=$(get kern_fwd_blas_wide_gflops); wl=$(get kern_fwd_blas_wide_core)
 [ -n "$wl" ] && row "forward with OpenBLAS's $wl kernels / forward in this environment" \
     "$(ratio "$w" "$f" %.2f)" "${w:-$(get kern_fwd_blas_wide_failed)} GFLOP/s (child, OPENBLAS_CORETYPE=$wl) / ${f:-?} GFLOP/s"
 for k in generic avx2 avx512; do
-    label="forward with ATTN_KERNEL=$k / machine's limit, $sz, d=64"
+    h=$(get "kern_fwd_kernel_${k}_heads")
+    label="forward with ATTN_KERNEL=$k / machine's limit, B=1, H=${h:-8}, n=4096, d=64"
     if [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
         printf '| %s | n/a | not run: the CPU lacks it | | info |\n' "$label"
         continue
