@@ -584,8 +584,23 @@ void http_quiesce(srv_server *srv)
      * then being reset: a load balancer moves on to another replica. Open
      * keep-alive connections still get 503 shutting_down from /readyz. */
     MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
-    if (fd != MHD_INVALID_SOCKET)
-        close(fd);
+    if (fd == MHD_INVALID_SOCKET)
+        return;
+    /* Connections the kernel completed before now wait in the backlog, and
+     * their clients may already have sent a request: closing the socket
+     * would reset them. They are accepted here and handed to the daemon,
+     * which answers them like any open connection (503 shutting_down). */
+    for (;;) {
+        struct sockaddr_storage addr;
+        socklen_t len = sizeof addr;
+        int c = accept4(fd, (struct sockaddr *)&addr, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0 && errno == EINTR)
+            continue;
+        if (c < 0)
+            break; /* EAGAIN: the backlog is empty (the socket is non-blocking) */
+        MHD_add_connection(srv->daemon, c, (struct sockaddr *)&addr, len); /* closes c on failure */
+    }
+    close(fd);
 }
 
 bool http_draining(const srv_server *srv)

@@ -1364,6 +1364,43 @@ START_TEST(sigterm_answers_a_request_sent_just_after_the_last_one_finished)
 }
 END_TEST
 
+/* Connections the kernel completed while attnd could not yet accept them
+ * (here: stopped) are in the listen backlog when SIGTERM closes the
+ * listening socket. Their requests are still answered, not reset. */
+START_TEST(sigterm_answers_connections_waiting_in_the_backlog)
+{
+    server s = start_server("--threads", "1", "--max-conns-per-ip", "0");
+    usleep(200000); /* start_server's probe connection is gone */
+    kill(s.pid, SIGSTOP);
+    /* Enough that the I/O threads, woken with the main thread, cannot
+     * accept them all before the listening socket is closed. */
+    enum { N = 300 };
+    int fd[N];
+    for (int i = 0; i < N; i++) {
+        fd[i] = connect_port(s.port);
+        ck_assert_int_ge(fd[i], 0);
+        send_all(fd[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    kill(s.pid, SIGTERM);
+    kill(s.pid, SIGCONT);
+    int answered = 0;
+    for (int i = 0; i < N; i++) {
+        char buf[512];
+        bool closed;
+        read_until_close(fd[i], buf, sizeof buf, 5, &closed);
+        close(fd[i]);
+        answered += !strncmp(buf, "HTTP/1.1 200", 12) && closed;
+    }
+    ck_assert_msg(answered == N, "%d of %d connections from the backlog answered", answered, N);
+    int st = 0;
+    double end = now_s() + 10;
+    while (waitpid(s.pid, &st, WNOHANG) == 0 && now_s() < end)
+        usleep(10000);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "attnd exit status %d", st);
+    unlink(s.log);
+}
+END_TEST
+
 /* ----------------------------------------------------- flags and config */
 
 static int run_attnd(const char *const *args, const char *env, char *out, size_t cap)
@@ -1900,6 +1937,7 @@ static Suite *server_suite(void)
     tcase_add_test(life, queued_requests_wait_and_succeed);
     tcase_add_test(life, sigterm_lets_in_flight_request_finish_and_exits_0);
     tcase_add_test(life, sigterm_answers_a_request_sent_just_after_the_last_one_finished);
+    tcase_add_test(life, sigterm_answers_connections_waiting_in_the_backlog);
     tcase_add_test(life, bad_flag_values_exit_2_with_a_message);
     tcase_add_test(life, help_and_version_exit_0);
     tcase_add_test(life, environment_variables_configure_the_server);
