@@ -165,7 +165,7 @@ install: $(BUILD)/attnd $(BUILD)/libattn.a
 FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -fsanitize=fuzzer-no-link
 $(BUILD)/fuzz_api: $(BUILD)/obj/tests/fuzz/fuzz_api.o $(BUILD)/obj/tests/support/api_invariants.o \
-                   $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+                   $(BUILD)/obj/tests/support/ref.o $(BUILD)/libattnapi.a $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
 $(BUILD)/capture_test_api: $(BUILD)/obj/tests/test_api.o $(BUILD)/obj/tests/fuzz/capture.o \
                            $(SUPPORT_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libattn.a

@@ -2,14 +2,23 @@
  * The properties of api_handle()'s answers that hold for any body (see
  * api_invariants.h). jansson is the independent judge of what is JSON: the
  * API has its own strict validator and writers, so the check does not ask
- * the code under test whether its own output is well formed.
+ * the code under test whether its own output is well formed. Answers are
+ * also checked against each other (the same request in another output
+ * encoding must give the same float32 values bit for bit) and, for
+ * /v1/attention without a mask, against tests/support/ref.c's
+ * double-precision reference.
  */
 #include "api_invariants.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "ref.h"
 
 /* 2e5 FLOPs: shapes up to about n = d = 16, under a millisecond each. */
 const api_limits api_invariants_limits = {.max_work = 2e5, .threads = 1};
@@ -53,7 +62,334 @@ static bool check_error(json_t *doc, int status, char *why, size_t cap)
     return true;
 }
 
-static bool check_one(api_op op, const char *body, size_t len, bool body_is_object,
+/* ------------------------------------------------------------- tensors */
+
+/* A tensor read back from JSON in any of the three encodings. */
+typedef struct {
+    int rank;
+    int64_t shape[8];
+    int64_t count;
+    float *x;
+    bool has_null; /* a null element (lse of a fully masked row) */
+} tensor;
+
+static void tensor_free(tensor *t)
+{
+    free(t->x);
+    memset(t, 0, sizeof *t);
+}
+
+static bool push(tensor *t, json_t *v, int64_t *cap)
+{
+    if (t->count == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        float *p = realloc(t->x, (size_t)*cap * sizeof *p);
+        if (!p)
+            return false;
+        t->x = p;
+    }
+    if (json_is_null(v)) {
+        t->has_null = true;
+        t->x[t->count++] = NAN;
+        return true;
+    }
+    if (!json_is_number(v))
+        return false;
+    t->x[t->count++] = (float)json_number_value(v);
+    return true;
+}
+
+/* Nested arrays: the shape from the first element at each depth, every
+ * row checked against it. */
+static bool read_nested(json_t *a, tensor *t, int depth, int64_t *cap)
+{
+    if (!json_is_array(a))
+        return depth == t->rank && push(t, a, cap);
+    if (depth >= 8)
+        return false;
+    int64_t n = (int64_t)json_array_size(a);
+    if (depth == t->rank) {
+        t->shape[t->rank++] = n;
+    } else if (t->shape[depth] != n) {
+        return false;
+    }
+    for (size_t i = 0; i < json_array_size(a); i++)
+        if (!read_nested(json_array_get(a, i), t, depth + 1, cap))
+            return false;
+    return n > 0;
+}
+
+static int b64_value(char c)
+{
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* Little-endian float32s from standard base64 with padding. */
+static bool read_base64(const char *s, size_t len, tensor *t)
+{
+    if (len % 4)
+        return false;
+    unsigned char *bytes = malloc(len / 4 * 3 + 1);
+    size_t n = 0;
+    for (size_t i = 0; bytes && i < len; i += 4) {
+        int v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = s[i + j] == '=' ? 0 : b64_value(s[i + j]);
+        if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0) {
+            free(bytes);
+            return false;
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
+                     (uint32_t)v[3];
+        bytes[n++] = (unsigned char)(w >> 16);
+        if (s[i + 2] != '=')
+            bytes[n++] = (unsigned char)(w >> 8);
+        if (s[i + 3] != '=')
+            bytes[n++] = (unsigned char)w;
+    }
+    if (!bytes || n % 4) {
+        free(bytes);
+        return false;
+    }
+    t->count = (int64_t)(n / 4);
+    t->x = malloc(n + 4);
+    if (t->x)
+        memcpy(t->x, bytes, n); /* the x86 and arm64 Linux targets are little-endian */
+    free(bytes);
+    return t->x != NULL;
+}
+
+/* Any encoding of a float32 tensor; false for anything else (booleans, a
+ * dtype other than float32, a shape that does not match its data). */
+static bool read_tensor(json_t *v, tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    int64_t cap = 0;
+    if (json_is_array(v)) {
+        if (read_nested(v, t, 0, &cap))
+            return true;
+        tensor_free(t);
+        return false;
+    }
+    json_t *shape = json_object_get(v, "shape"), *dtype = json_object_get(v, "dtype");
+    if (!json_is_array(shape) || json_array_size(shape) > 8 ||
+        (dtype && !json_is_null(dtype) &&
+         strcmp(json_string_value(dtype) ? json_string_value(dtype) : "", "float32")))
+        return false;
+    int64_t want = 1;
+    t->rank = (int)json_array_size(shape);
+    for (int i = 0; i < t->rank; i++) {
+        json_t *d = json_array_get(shape, (size_t)i);
+        if (!json_is_number(d) || json_number_value(d) < 0 || json_number_value(d) > 1e9)
+            return false;
+        t->shape[i] = (int64_t)json_number_value(d);
+        want *= t->shape[i];
+    }
+    json_t *data = json_object_get(v, "data"), *b64 = json_object_get(v, "base64");
+    bool ok = false;
+    if (json_is_array(data)) {
+        ok = true;
+        for (size_t i = 0; ok && i < json_array_size(data); i++)
+            ok = push(t, json_array_get(data, i), &cap);
+    } else if (json_is_string(b64)) {
+        ok = read_base64(json_string_value(b64), json_string_length(b64), t);
+    }
+    if (!ok || t->count != want) {
+        tensor_free(t);
+        return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------- the same answer, re-encoded */
+
+static bool same_tensor(json_t *a, json_t *b, const char *name, char *why, size_t cap)
+{
+    if (!a && !b)
+        return true;
+    tensor ta, tb;
+    if (!read_tensor(a, &ta))
+        return fail(why, cap, "\"%s\" is not a float32 tensor", name);
+    if (!read_tensor(b, &tb)) {
+        tensor_free(&ta);
+        return fail(why, cap, "\"%s\" in the other encoding is not a float32 tensor", name);
+    }
+    bool ok = ta.rank == tb.rank && ta.count == tb.count &&
+              !memcmp(ta.shape, tb.shape, (size_t)ta.rank * sizeof ta.shape[0]);
+    if (!ok)
+        fail(why, cap, "\"%s\" has another shape in the other encoding", name);
+    for (int64_t i = 0; ok && !ta.has_null && !tb.has_null && i < ta.count; i++)
+        if (memcmp(&ta.x[i], &tb.x[i], sizeof(float)) != 0)
+            ok = fail(why, cap, "\"%s\"[%lld] is %.9g in one output encoding, %.9g in the other",
+                      name, (long long)i, ta.x[i], tb.x[i]);
+    tensor_free(&ta);
+    tensor_free(&tb);
+    return ok;
+}
+
+/* The request again with the other output encoding (base64, or nested when
+ * it was base64): the same float32 values, bit for bit, and the same
+ * statistics (libattn on one thread is deterministic). */
+static bool check_encodings(api_op op, json_t *req, json_t *answer, char *why, size_t cap)
+{
+    if (json_object_get(req, "output_dtype"))
+        return true; /* base64 outputs in float16 / bfloat16 are not the same values */
+    const char *enc = json_string_value(json_object_get(req, "output_encoding"));
+    json_t *again = json_deep_copy(req);
+    json_object_set_new(again, "output_encoding",
+                        json_string(enc && !strcmp(enc, "base64") ? "nested" : "base64"));
+    char *text = json_dumps(again, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(again);
+    if (!text)
+        return true; /* out of memory in the test itself */
+    api_response res;
+    api_handle(op, text, strlen(text), &api_invariants_limits, &res);
+    free(text);
+    json_t *doc = res.status == 200
+        ? json_loadb(res.body, res.body_len, JSON_DECODE_INT_AS_REAL, NULL) : NULL;
+    bool ok = doc != NULL;
+    if (!ok)
+        fail(why, cap, "200 in one output encoding, %d in the other: %.120s", res.status,
+             res.body ? res.body : "");
+    static const char *const tensors[] = {"output", "weights", "lse"};
+    for (size_t i = 0; ok && i < sizeof tensors / sizeof *tensors; i++)
+        ok = same_tensor(json_object_get(answer, tensors[i]), json_object_get(doc, tensors[i]),
+                         tensors[i], why, cap);
+    json_t *grad = json_object_get(answer, "grad"), *grad2 = json_object_get(doc, "grad");
+    const char *key;
+    json_t *value;
+    if (ok && json_object_size(grad) != json_object_size(grad2))
+        ok = fail(why, cap, "\"grad\" has other members in the other output encoding");
+    json_object_foreach(grad, key, value) {
+        if (ok)
+            ok = same_tensor(value, json_object_get(grad2, key), key, why, cap);
+    }
+    json_t *stats = json_object_get(answer, "stats"), *stats2 = json_object_get(doc, "stats");
+    if (ok && (stats || stats2) && !json_equal(stats, stats2)) /* json_equal(NULL, NULL) is 0 */
+        ok = fail(why, cap, "\"stats\" differ between output encodings");
+    json_decref(doc);
+    api_response_free(&res);
+    return ok;
+}
+
+/* --------------------------------------- /v1/attention against ref.c */
+
+static double *to_double(const tensor *t)
+{
+    double *d = malloc((size_t)(t->count ? t->count : 1) * sizeof *d);
+    for (int64_t i = 0; d && i < t->count; i++)
+        d[i] = t->x[i];
+    return d;
+}
+
+/* When q, k, v are all there is to the request (and causal, scale and
+ * what to return), its output and weights must match the double-precision
+ * reference within what float32 scores allow. Other requests (masks, the
+ * variants) are left to the other checks. */
+static bool check_reference(json_t *req, json_t *answer, char *why, size_t cap)
+{
+    static const char *const plain[] = {"q", "k", "v", "causal", "scale", "return_weights",
+                                        "return_stats", "grad_output", "output_encoding",
+                                        "mask"};
+    const char *key;
+    json_t *value;
+    json_object_foreach(req, key, value) {
+        size_t i = 0;
+        while (i < sizeof plain / sizeof *plain && strcmp(key, plain[i]))
+            i++;
+        if (i == sizeof plain / sizeof *plain || (!strcmp(key, "mask") && !json_is_null(value)))
+            return true;
+    }
+    tensor q, k, v, out;
+    bool have = read_tensor(json_object_get(req, "q"), &q);
+    have = read_tensor(json_object_get(req, "k"), &k) && have;
+    have = read_tensor(json_object_get(req, "v"), &v) && have;
+    bool ok = read_tensor(json_object_get(answer, "output"), &out);
+    int r = q.rank;
+    if (!ok)
+        fail(why, cap, "a 200 whose output is not a float32 tensor");
+    /* Inputs this reader does not know (another dtype) are not compared. */
+    if (!ok || !have || q.has_null || k.has_null || v.has_null || r < 2 || r > 4 ||
+        k.rank != r || v.rank != r)
+        goto done;
+    attn_sdpa_params p = {
+        .batch = r == 4 ? q.shape[0] : 1,
+        .heads_q = r >= 3 ? q.shape[r - 3] : 1,
+        .heads_kv = r >= 3 ? k.shape[r - 3] : 1,
+        .n_q = q.shape[r - 2], .n_k = k.shape[r - 2],
+        .d_k = q.shape[r - 1], .d_v = v.shape[r - 1],
+        .causal = json_is_true(json_object_get(req, "causal")),
+        .threads = 1,
+    };
+    json_t *scale = json_object_get(req, "scale");
+    p.scale = json_is_number(scale) ? (float)json_number_value(scale)
+                                    : (float)(1.0 / sqrt((double)p.d_k));
+    int64_t n_out = p.batch * p.heads_q * p.n_q * p.d_v;
+    int64_t n_w = p.batch * p.heads_q * p.n_q * p.n_k;
+    if (out.count != n_out) {
+        ok = fail(why, cap, "output has %lld numbers, the shapes give %lld",
+                  (long long)out.count, (long long)n_out);
+        goto done;
+    }
+    double *qd = to_double(&q), *kd = to_double(&k), *vd = to_double(&v);
+    double *ref = malloc((size_t)n_out * sizeof *ref), *ref_w = malloc((size_t)n_w * sizeof *ref_w);
+    if (qd && kd && vd && ref && ref_w) {
+        ref_sdpa_forward(&p, qd, kd, vd, ref, NULL, ref_w);
+        /* What float32 arithmetic may cost: a score is off by about
+         * (d_k + 2) eps times the sum of |q||k| it adds up, a weight by about
+         * that much relatively, an output by that times the largest |v|
+         * plus the rounding of its n_k terms. */
+        const double eps = 0x1p-24;
+        int64_t group = p.heads_q / p.heads_kv;
+        double s_abs = 0, v_max = 0;
+        for (int64_t b = 0; b < p.batch; b++)
+            for (int64_t h = 0; h < p.heads_q; h++)
+                for (int64_t i = 0; i < p.n_q; i++)
+                    for (int64_t j = 0; j < p.n_k; j++) {
+                        const double *qi = qd + ((b * p.heads_q + h) * p.n_q + i) * p.d_k;
+                        const double *kj = kd + ((b * p.heads_kv + h / group) * p.n_k + j) * p.d_k;
+                        double s = 0;
+                        for (int64_t c = 0; c < p.d_k; c++)
+                            s += fabs(qi[c] * kj[c]);
+                        s_abs = fmax(s_abs, s * p.scale);
+                    }
+        for (int64_t i = 0; i < v.count; i++)
+            v_max = fmax(v_max, fabs(vd[i]));
+        double w_tol = 4 * (double)(p.d_k + 2) * eps * s_abs + 4 * (double)(p.n_k + 4) * eps + 2e-6;
+        double o_tol = v_max * w_tol + 1e-37;
+        for (int64_t i = 0; ok && i < n_out; i++)
+            if (!(fabs(out.x[i] - ref[i]) <= o_tol))
+                ok = fail(why, cap, "output[%lld] is %.9g, the reference %.9g (tolerance %.3g)",
+                          (long long)i, out.x[i], ref[i], o_tol);
+        tensor w;
+        if (ok && read_tensor(json_object_get(answer, "weights"), &w)) {
+            for (int64_t i = 0; ok && w.count == n_w && i < n_w; i++)
+                if (!(fabs(w.x[i] - ref_w[i]) <= w_tol))
+                    ok = fail(why, cap, "weights[%lld] is %.9g, the reference %.9g", (long long)i,
+                              w.x[i], ref_w[i]);
+            if (ok && w.count != n_w)
+                ok = fail(why, cap, "weights has %lld numbers, the shapes give %lld",
+                          (long long)w.count, (long long)n_w);
+            tensor_free(&w);
+        }
+    }
+    free(qd);
+    free(kd);
+    free(vd);
+    free(ref);
+    free(ref_w);
+done:
+    tensor_free(&q);
+    tensor_free(&k);
+    tensor_free(&v);
+    tensor_free(&out);
+    return ok;
+}
+
+static bool check_one(api_op op, const char *body, size_t len, json_t *req,
                       char *why, size_t cap)
 {
     const char *route = op == API_OP_ATTENTION ? "attention" : "multihead";
@@ -68,7 +404,7 @@ static bool check_one(api_op op, const char *body, size_t len, bool body_is_obje
     } else if (strlen(res.body) != res.body_len) {
         ok = fail(inner, sizeof inner, "body_len %zu but the body has a NUL at %zu",
                   res.body_len, strlen(res.body));
-    } else if (res.status == 200 && !body_is_object) {
+    } else if (res.status == 200 && !json_is_object(req)) {
         ok = fail(inner, sizeof inner, "200 for a body that is not one strict JSON object");
     } else {
         json_error_t jerr;
@@ -81,6 +417,9 @@ static bool check_one(api_op op, const char *body, size_t len, bool body_is_obje
             ok = check_error(doc, res.status, inner, sizeof inner);
         else if (!json_object_get(doc, "output") || !json_is_object(json_object_get(doc, "meta")))
             ok = fail(inner, sizeof inner, "200 without \"output\" and \"meta\"");
+        else
+            ok = check_encodings(op, req, doc, inner, sizeof inner) &&
+                 (op != API_OP_ATTENTION || check_reference(req, doc, inner, sizeof inner));
         json_decref(doc);
     }
     api_response_free(&res);
@@ -97,8 +436,8 @@ bool api_invariants_check(const char *body, size_t len, char *why, size_t cap)
     json_t *req = json_loadb(body, len,
                              JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL,
                              &jerr);
-    bool body_is_object = json_is_object(req);
+    bool ok = check_one(API_OP_ATTENTION, body, len, req, why, cap) &&
+              check_one(API_OP_MULTIHEAD, body, len, req, why, cap);
     json_decref(req);
-    return check_one(API_OP_ATTENTION, body, len, body_is_object, why, cap) &&
-           check_one(API_OP_MULTIHEAD, body, len, body_is_object, why, cap);
+    return ok;
 }
