@@ -298,9 +298,9 @@ if want valgrind; then
         cases=$(valgrind_cases "$suite")
         for c in $cases; do
             out=$work/valgrind-$suite-$c.out
-            run_case=$c
-            [ "$c" = all ] && run_case=
-            CK_FORK=no CK_RUN_CASE=$run_case ATTND_TESTDATA="$PWD/tests/data" \
+            # An empty CK_RUN_CASE would select no case at all.
+            if [ "$c" = all ]; then unset CK_RUN_CASE; else export CK_RUN_CASE=$c; fi
+            CK_FORK=no ATTND_TESTDATA="$PWD/tests/data" \
                 valgrind --error-exitcode=1 --leak-check=full \
                 --errors-for-leak-kinds=definite,indirect "$build/test_$suite" >"$out" 2>&1
             rc=$?
@@ -314,6 +314,7 @@ if want valgrind; then
                     "$out" | head -20 >&2
             fi
         done
+        unset CK_RUN_CASE
         what=$suite
         [ "$cases" = all ] || what="$suite ($(echo $cases | tr ' ' ','))"
         figure="$figure${figure:+; }$what: $checks checks, $errors errors, $(( $(date +%s) - start )) s"
