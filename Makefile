@@ -185,7 +185,8 @@ fuzz-corpus: fuzz-build
 # issue 8's table: fuzzing, soak, overload, slow clients, fail-over, drain,
 # valgrind. Durations: FUZZ_TIME, RELIABILITY_SECONDS and the others that
 # tests/reliability/run.sh lists.
-RELIABILITY_SUITES = build/test_api build/test_codec build/test_lib build/test_mha
+RELIABILITY_SUITES = build/test_api build/test_codec build/test_lib build/test_mha \
+                     build/test_kernels build/test_variants
 reliability: $(DEPS_STAMP)
 	@sh tools/deps.sh reliability
 	@$(MAKE) --no-print-directory fuzz-build build/attnd $(RELIABILITY_SUITES)

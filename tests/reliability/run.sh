@@ -12,7 +12,7 @@
 #   RELIABILITY_FAILOVER_SECONDS  wrk through nginx, a replica killed halfway (default 10)
 #   RELIABILITY_DRAIN_SECONDS     wrk before the SIGTERM (default 5)
 #   RELIABILITY_ONLY              a subset of: fuzz soak overload slow failover drain valgrind
-#   RELIABILITY_VALGRIND          full (every case, the default) or quick (see below)
+#   RELIABILITY_VALGRIND          quick (the default) or full (every case; see below)
 # Every server runs on a free loopback port; everything started here is
 # stopped here, by pid.
 set -u
@@ -272,26 +272,30 @@ if want drain; then
 fi
 
 # ----------------------------------------------------------------- valgrind
-# Every case of the api, codec, lib and mha suites (RELIABILITY_VALGRIND=full,
-# the default: about 25 minutes on 2 cores), or, with "quick", every suite
-# with the cases that run fastest under valgrind (a few minutes): those
-# left out are the million-case number and float-printing properties, the
-# tile-boundary sweeps, the thread-count comparisons and the multi-head
-# backward, whose code paths the kept cases also reach on smaller shapes.
+# The api suites (api, codec) and the lib suites (lib, mha, kernels,
+# variants). RELIABILITY_VALGRIND=quick (the default: a few minutes) runs
+# every suite with the cases that run fastest under valgrind (~50 times
+# slower than native); left out are the million-case number, string and
+# float-printing properties, the tile-boundary sweeps, the thread-count
+# comparisons, the multi-head backward, every kernel's exhaustive products
+# and each variant's sweep, whose code the kept cases also reach on smaller
+# shapes. RELIABILITY_VALGRIND=full runs every case (hours on 2 cores).
 valgrind_cases() {
     case "$valgrind_mode:$1" in
         quick:api) echo "attention multihead errors" ;;
         quick:codec) echo "validator objects decode encode robustness" ;;
-        quick:lib) echo "functions chapter causal masks gqa extremes gradients stats kernels invalid" ;;
+        quick:lib) echo "functions chapter causal masks gqa extremes gradients stats kernels blas invalid" ;;
         quick:mha) echo "forward contract" ;;
+        quick:kernels) echo "promises" ;;
+        quick:variants) echo "promises" ;;
         *) echo "all" ;;
     esac
 }
 if want valgrind; then
-    valgrind_mode=${RELIABILITY_VALGRIND:-full}
+    valgrind_mode=${RELIABILITY_VALGRIND:-quick}
     result=PASS
     figure=""
-    for suite in api codec lib mha; do
+    for suite in api codec lib mha kernels variants; do
         start=$(date +%s)
         checks=0
         errors=0
