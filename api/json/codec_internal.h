@@ -190,6 +190,20 @@ uint16_t api_f32_to_f16_one(float f);
 float api_bf16_to_f32_one(uint16_t h);
 uint16_t api_f32_to_bf16_one(float f);
 
+/* ----------------------------------------------------- starting a number */
+
+/* '-' or a digit: one load and no branch on which, since in a tensor row
+ * the sign is a coin toss for a branch predictor. */
+static const bool api_number_start[256] = {
+    ['-'] = true, ['0'] = true, ['1'] = true, ['2'] = true, ['3'] = true,
+    ['4'] = true, ['5'] = true, ['6'] = true, ['7'] = true, ['8'] = true, ['9'] = true,
+};
+
+static inline bool api_starts_number(char c)
+{
+    return api_number_start[(unsigned char)c];
+}
+
 /* ------------------------------------------- eight digits at a time (SWAR) */
 
 /* The 8 bytes at p as one word, first byte lowest. */

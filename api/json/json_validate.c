@@ -176,6 +176,28 @@ __attribute__((always_inline)) static inline cursor check_number(walk *w, cursor
     return p;
 }
 
+/* The usual number of a tensor row, where 64 bytes can be read:
+ * -?D+(.D+)? with no leading zero, up to 15 digits before the point and
+ * 32 after it, and no exponent part. Returns the byte after it, or NULL
+ * for anything else (check_number then decides). */
+static inline cursor check_usual_number(cursor p)
+{
+    cursor s = p + (*p == '-');
+    int n = api_digit_run16(s);
+    if (n == 0 || n == 16 || (n > 1 && *s == '0'))
+        return NULL;
+    s += n;
+    if (*s == '.') {
+        int f = api_digit_run16(s + 1);
+        if (f == 16) /* a float32 written as a double: 17 digits */
+            f += api_digit_run16(s + 17);
+        if (f == 0 || f == 32)
+            return NULL;
+        s += 1 + f;
+    }
+    return (*s | 0x20) == 'e' ? NULL : s;
+}
+
 /* Inside an array, numbers tend to follow numbers (a tensor row): checks
  * ", <number>" in a tight loop after the number at w->p, before the general
  * path takes over at whatever else comes. */
@@ -183,13 +205,14 @@ static state check_number_row(walk *w)
 {
     cursor p = w->p, end = w->end;
     for (;;) {
-        p = check_number(w, p, end);
+        cursor usual = end - p >= 64 ? check_usual_number(p) : NULL;
+        p = usual ? usual : check_number(w, p, end);
         if (!p)
             return FAILED;
         /* Python's separator ", " (or a bare ','), then a number: the usual */
         if (end - p >= 3 && p[0] == ',') {
             cursor next = p + 1 + (p[1] == ' ');
-            if (*next == '-' || is_digit(*next)) {
+            if (api_starts_number(*next)) {
                 p = next;
                 continue;
             }
@@ -198,7 +221,7 @@ static state check_number_row(walk *w)
         if (p == end || *p != ',')
             break;
         cursor next = json_skip_ws(p + 1, end);
-        if (next == end || !(*next == '-' || is_digit(*next))) {
+        if (next == end || !api_starts_number(*next)) {
             w->p = next;
             return VALUE;
         }

@@ -44,14 +44,6 @@ static inline bool is_digit(char c)
     return (unsigned char)(c - '0') < 10;
 }
 
-/* '-' or a digit, without a branch on which: the characters '-' to '9'
- * are 13 in a row, and a mask picks '-' and the ten digits. */
-static inline bool starts_number(char c)
-{
-    unsigned u = (unsigned)(unsigned char)c - '-';
-    return (u < 13) & (0x1ff9u >> (u & 15));
-}
-
 /* Reads an optional exponent part ("e-7", "E+12") at *s and returns its
  * value, clamped so that a thousand-digit exponent cannot overflow. */
 static inline long read_exponent(const char **s, const char *end)
@@ -219,7 +211,10 @@ static inline bool to_float(uint64_t w, long q, bool neg, const char *p, const c
      * when both ends of the bracket give the same float32, so does the
      * true value, whatever its double is. Only values within ~2^-49 of a
      * float32 rounding boundary go on to the exact double. */
-    double x = (double)w * pow10_double[q - POW10_Q_MIN], margin = x * 0x1p-49;
+    /* (w below 2^63, nearly always: the signed conversion is one
+     * instruction, the unsigned one a sequence) */
+    double dw = w >> 63 ? (double)w : (double)(int64_t)w;
+    double x = dw * pow10_double[q - POW10_Q_MIN], margin = x * 0x1p-49;
     double lo = x - margin, hi = x + margin;
     float f;
     if (__builtin_expect(hi < F32_OVERFLOW && (float)lo == (float)hi, 1))
@@ -460,7 +455,7 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
         /* Python's separator ", " (or a bare ','), then a number: the usual */
         if (end - after >= 3 && after[0] == ',') {
             const char *next = after + 1 + (after[1] == ' ');
-            if (starts_number(*next)) {
+            if (api_starts_number(*next)) {
                 *stop = after;
                 p = next;
                 continue;
@@ -471,7 +466,7 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
         if (p == end || *p != ',')
             return n;
         const char *next = json_skip_ws(p + 1, end);
-        if (next == end || !starts_number(*next))
+        if (next == end || !api_starts_number(*next))
             return n; /* *stop stays at the ',' */
         p = next;
     }
