@@ -40,25 +40,69 @@ typedef enum {
 
 /* Per-request limits and resources, decided by the server. */
 typedef struct {
-    double max_work; /* FLOPs; a request needing more is a 422 (work_limit) */
-    int threads;     /* libattn threads for this request (>= 1) */
+    double max_work;     /* work units (api_cost.work); more is a 422 work_limit;
+                          * <= 0: no limit */
+    double max_response; /* bytes; an answer that could be larger is a 422
+                          * response_too_large; <= 0: no limit */
+    int threads;         /* libattn threads for this request (>= 1) */
 } api_limits;
+
+/*
+ * What a request costs, judged from its shapes before anything is computed.
+ *
+ * `work` is in FLOP-equivalents: the nominal FLOPs of the products, plus
+ * every other cost that grows with the request (each (batch, head) pair and
+ * each query row, each score's exponential and mask, the statistics, the
+ * materialised weights, the projections' product calls, the decoding of the
+ * body and the encoding of the answer), each priced as the FLOPs libattn's
+ * attention kernel does in the same time (api/cost.c has the prices and how
+ * they were measured). So --max-work bounds time, whatever the shapes.
+ */
+typedef struct {
+    double flops;          /* nominal FLOPs of the products (meta.flops) */
+    double work;           /* everything, in FLOP-equivalents (meta.work) */
+    double response_bytes; /* the most bytes the answer can take */
+} api_cost;
 
 typedef struct {
     int status;       /* 200, or the error's status */
     char *body;       /* malloc'd JSON (the answer or the error object) */
     size_t body_len;
+    size_t body_cap;  /* bytes the body holds in memory (>= body_len + 1) */
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
 } api_response;
 
 /*
- * Handles one request body of `len` bytes (not NUL-terminated) for `op`.
- * Always fills `res` (a 200 answer or an error body); never aborts. On an
- * allocation failure the answer is a 500 with code "out_of_memory" (or, if
- * even that cannot be built, body == NULL and status 500).
- * meta.timing_ms.total in the body is decode + compute + encode; the server
- * adds its own time in the Server-Timing header.
+ * A request in two halves, so that the server can decide what to do with
+ * it (compute it at once, queue it, or refuse it) from its cost:
+ *
+ *   api_prepare   decode, validate, cost: reads the body (which it no longer
+ *                 needs afterwards) into a call, or fills `res` with the
+ *                 error answer (400, 422 ...) and returns NULL. Nothing is
+ *                 computed; the work limit and the response limit of `lim`
+ *                 are applied here.
+ *   api_execute   compute, encode: always fills `res` (the 200 answer or an
+ *                 error body) and frees the call. `threads` is the number of
+ *                 libattn threads it may use (>= 1).
+ *
+ * A prepared call that will not be executed is freed by api_call_free.
+ * Neither aborts; on an allocation failure the answer is a 500 with code
+ * "out_of_memory" (or, if even that cannot be built, body == NULL and status
+ * 500). meta.timing_ms.total in the body is decode + compute + encode; the
+ * server adds its own time in the Server-Timing header.
  */
+typedef struct api_call api_call;
+
+api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits *lim,
+                      api_cost *cost, api_response *res);
+void api_execute(api_call *call, int threads, api_response *res);
+void api_call_free(api_call *call);
+
+/* The work of decoding a body of `len` bytes, known before it is read: the
+ * part of api_cost.work that api_prepare itself spends. */
+double api_decode_work(size_t len);
+
+/* Both halves at once, with lim->threads. */
 void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
                 api_response *res);
 

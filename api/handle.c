@@ -1,10 +1,17 @@
 /*
- * api_handle: the entry the server calls. Checks that the body is strict
- * JSON and an object, hands it to the operation, and turns the outcome into
- * a response (the answer, or the one error body), timing each step.
+ * The one handler both compute routes share: decode -> validate -> cost ->
+ * compute -> encode. An operation (attention.c, multihead.c) brings its
+ * field table and the steps that differ; the sequence, the limits, the
+ * results' allocation and finiteness, the statistics' overflow, the release
+ * of the inputs and the writing of the answer are here, once.
+ *
+ * api_prepare runs the first three steps and api_execute the last two, so
+ * that the server can decide from the cost whether to compute a request at
+ * once, queue it, or refuse it.
  */
 #include "request.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,17 +46,13 @@ static bool check_body(const char *body, size_t len, api_error *err)
     return true;
 }
 
-/* The first block of the answer's buffer: a small answer (n = d = 4 is
- * about 450 bytes) fits it without growing; larger tensors reserve their
- * room in one step when they are written. */
-#define FIRST_BLOCK 1024
-
 static void respond_error(api_response *res, api_error *err)
 {
     if (err->status < 400 || err->status > 599 || !err->code[0])
         api_fail(err, 500, "internal", "", "internal error (no error recorded)");
     res->status = err->status;
     res->body = api_error_json(err, &res->body_len);
+    res->body_cap = res->body ? res->body_len + 1 : 0;
     if (!res->body) {
         /* Not even the error object could be built: say so in the status. */
         res->status = 500;
@@ -57,52 +60,264 @@ static void respond_error(api_response *res, api_error *err)
     }
 }
 
-void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
-                api_response *res)
+static void timings(api_response *res, const api_timing *t)
+{
+    res->decode_ms = t->decode_ms;
+    res->compute_ms = t->compute_ms;
+    res->encode_ms = t->encode_ms;
+}
+
+/* ---------------------------------------------------------------- plans */
+
+int api_plan(api_call *c, const char *name, bool in_grad, const char *what, int rank,
+             const int64_t *shape)
+{
+    api_result *r = &c->results[c->n_results];
+    *r = (api_result){.name = name, .in_grad = in_grad, .what = what, .rank = rank,
+                      .count = 1};
+    for (int i = 0; i < rank; i++) {
+        r->shape[i] = shape[i];
+        r->count *= shape[i];
+    }
+    return c->n_results++;
+}
+
+const float *api_field_data(const api_call *c, int field)
+{
+    return c->f[field].present ? c->f[field].tensor.f32 : NULL;
+}
+
+void api_call_free(api_call *c)
+{
+    if (!c)
+        return;
+    if (c->op->release)
+        c->op->release(c);
+    api_values_free(c->f, c->op->n_fields);
+    for (int i = 0; i < c->n_results; i++)
+        free(c->results[i].data);
+    free(c->state);
+    free(c);
+}
+
+/* ------------------------------------------------------ decode .. cost */
+
+/* The stats and meta objects and the keys of the answer: under this. */
+#define ANSWER_FRAME_BYTES 2048
+
+static bool check_cost(api_call *c, size_t body_len, api_error *err)
+{
+    const api_limits *lim = &c->lim;
+    api_cost_terms terms = {0};
+    c->op->cost(c, &terms);
+    double numbers = 0, bytes = ANSWER_FRAME_BYTES;
+    for (int i = 0; i < c->n_results; i++) {
+        const api_result *r = &c->results[i];
+        numbers += (double)r->count;
+        bytes += api_encoded_bytes(r->rank, r->shape, c->enc) + 8 + strlen(r->name);
+    }
+    /* The backward pass does five products to the forward's two. */
+    c->cost = (api_cost){
+        .flops = terms.flops * (c->want_grad ? 3.5 : 1.0),
+        .work = api_compute_work(&terms, c->want_stats, c->want_grad) +
+                api_encode_work(numbers, c->enc) + api_decode_work(body_len),
+        .response_bytes = bytes,
+    };
+    if (lim->max_work > 0 && c->cost.work > lim->max_work)
+        return api_fail(err, 422, "work_limit", "",
+                        "this request needs %.4g units of work (%.4g FLOPs of products, "
+                        "the rest for its heads, rows, scores and the numbers of its "
+                        "answer), more than this server's limit of %.4g (--max-work); "
+                        "send smaller tensors or split the batch",
+                        c->cost.work, c->cost.flops, lim->max_work);
+    if (lim->max_response > 0 && bytes > lim->max_response)
+        return api_fail(err, 422, "response_too_large", "",
+                        "the answer could take %.4g bytes (%.4g numbers), more than this "
+                        "server's limit of %.4g bytes for one response (--max-response); "
+                        "ask for less (without return_weights, a smaller batch) or use "
+                        "\"output_encoding\": \"base64\"",
+                        bytes, numbers, lim->max_response);
+    const char *blame = "the inputs";
+    double bound = c->op->score_bound(c, &blame);
+    return api_check_score_bound(bound, blame, err);
+}
+
+static const api_operation *operation(api_op op)
+{
+    switch (op) {
+    case API_OP_ATTENTION: return &api_attention_op;
+    case API_OP_MULTIHEAD: return &api_multihead_op;
+    }
+    return NULL;
+}
+
+api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits *lim,
+                      api_cost *cost, api_response *res)
 {
     memset(res, 0, sizeof *res);
     api_error err = {0};
     api_timing t = {.mark = api_now_ms()};
-    api_buf out = {.data = malloc(FIRST_BLOCK)};
+    const api_operation *o = operation(op);
+    api_call *c = o ? calloc(1, sizeof *c) : NULL;
+    if (c) {
+        c->op = o;
+        c->lim = *lim;
+        c->state = calloc(1, o->state_size);
+    }
+    bool ok;
+    if (!o)
+        ok = api_fail(&err, 404, "not_found", "", "unknown operation %d", (int)op);
+    else if (!c || !c->state)
+        ok = api_fail(&err, 500, "out_of_memory", "", "out of memory for this request");
+    else if (!body && len > 0)
+        ok = api_fail(&err, 500, "internal", "", "no request body given");
+    else
+        ok = check_body(body ? body : "", len, &err) &&
+             api_read_fields(body, len, o->fields, o->n_fields, o->other->fields,
+                             o->other->n_fields, o->other->route, c->f, &err);
+    if (ok) {
+        c->want_stats = c->f[o->f_return_stats].present && c->f[o->f_return_stats].flag;
+        c->want_grad = c->f[o->f_grad_output].present;
+        ok = api_output_encoding(&c->f[o->f_output_encoding], &c->f[o->f_output_dtype],
+                                 &c->enc, &err) &&
+             o->validate(c, &err) && check_cost(c, len, &err);
+    }
+    api_lap(&t, &t.decode_ms);
+    if (!ok) {
+        if (c && c->state)
+            api_call_free(c);
+        else if (c)
+            free(c);
+        timings(res, &t);
+        respond_error(res, &err);
+        return NULL;
+    }
+    c->t = t;
+    if (cost)
+        *cost = c->cost;
+    return c;
+}
+
+/* ------------------------------------------------------ compute, encode */
+
+/* The first block of the answer's buffer: a small answer (n = d = 4 is
+ * about 450 bytes) fits it without growing; larger tensors reserve their
+ * room in one step when they are written. */
+#define FIRST_BLOCK 1024
+
+static bool compute(api_call *c, int threads, api_error *err)
+{
+    for (int i = 0; i < c->n_results; i++)
+        if (!(c->results[i].data = api_alloc_floats(c->results[i].count)))
+            return api_fail(err, 500, "out_of_memory", "",
+                            "out of memory for %s of this request", c->results[i].what);
+    if (!c->op->compute(c, threads < 1 ? 1 : threads, err))
+        return false;
+    for (int i = 0; i < c->n_results; i++)
+        if (!api_check_output(c->results[i].data, c->results[i].count, c->results[i].what,
+                              c->enc, err))
+            return false;
+    const attn_stats *s = &c->stats;
+    if (c->want_stats && !(isfinite(s->scores_mean) && isfinite(s->scores_var) &&
+                           isfinite(s->scaled_mean) && isfinite(s->scaled_var)))
+        return api_fail(err, 422, "numerical_overflow", "",
+                        "the score statistics overflow; the inputs are too large in "
+                        "magnitude, scale them down");
+    return true;
+}
+
+/* Writes `"name":tensor` and frees the tensor: the text now holds it. */
+static void emit(api_buf *b, api_result *r, api_encoding enc, bool first)
+{
+    if (!first)
+        api_buf_append(b, ",", 1);
+    api_buf_append(b, "\"", 1);
+    api_buf_puts(b, r->name);
+    api_buf_append(b, "\":", 2);
+    api_tensor_encode(b, r->data, r->rank, r->shape, enc);
+    free(r->data);
+    r->data = NULL;
+}
+
+static void encode(api_call *c, api_buf *b)
+{
+    api_buf_puts(b, "{");
+    bool first = true, grads = false;
+    for (int i = 0; i < c->n_results; i++) {
+        if (c->results[i].in_grad) {
+            grads = true;
+            continue;
+        }
+        emit(b, &c->results[i], c->enc, first);
+        first = false;
+    }
+    if (grads) {
+        api_buf_puts(b, ",\"grad\":{");
+        first = true;
+        for (int i = 0; i < c->n_results; i++)
+            if (c->results[i].in_grad) {
+                emit(b, &c->results[i], c->enc, first);
+                first = false;
+            }
+        api_buf_puts(b, "}");
+    }
+    if (c->want_stats)
+        api_write_stats(b, &c->stats);
+    api_dim dims[16];
+    size_t n_dims = c->op->dims(c, dims);
+    api_write_meta(b, dims, n_dims, &c->cost, &c->t);
+    api_buf_puts(b, "}");
+}
+
+void api_execute(api_call *c, int threads, api_response *res)
+{
+    memset(res, 0, sizeof *res);
+    api_error err = {0};
+    c->t.mark = api_now_ms();
+    bool ok = compute(c, threads, &err);
+    /* The inputs are not needed any more: only the answer is held now. */
+    if (c->op->release)
+        c->op->release(c);
+    api_values_free(c->f, c->op->n_fields);
+    api_lap(&c->t, &c->t.compute_ms);
+    api_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
     if (out.data) {
         out.cap = FIRST_BLOCK;
         out.data[0] = '\0';
+        encode(c, &out);
+        api_buf_append(&out, "", 1); /* a NUL after the body, for callers that want a C string */
     }
-    bool ok = body != NULL || len == 0;
-    if (!ok)
-        api_fail(&err, 500, "internal", "", "no request body given");
-    ok = ok && check_body(body ? body : "", len, &err);
-    if (ok) {
-        switch (op) {
-        case API_OP_ATTENTION:
-            ok = api_attention(body, len, lim, &t, &out, &err);
-            break;
-        case API_OP_MULTIHEAD:
-            ok = api_multihead(body, len, lim, &t, &out, &err);
-            break;
-        default:
-            ok = api_fail(&err, 404, "not_found", "", "unknown operation %d",
-                          (int)op);
-        }
-    } else {
-        api_lap(&t, &t.decode_ms);
-    }
-    if (ok) /* a NUL after the body, for callers that want a C string */
-        api_buf_append(&out, "", 1);
-    if (ok && out.failed)
+    if (ok && (!out.data || out.failed))
         ok = api_fail(&err, 500, "out_of_memory", "",
                       "out of memory while writing the response");
-    res->decode_ms = t.decode_ms;
-    res->compute_ms = t.compute_ms;
-    res->encode_ms = t.encode_ms;
-    if (ok) {
-        res->status = 200;
-        res->body = out.data;
-        res->body_len = out.len - 1;
+    timings(res, &c->t);
+    api_call_free(c);
+    if (!ok) {
+        api_buf_free(&out);
+        respond_error(res, &err);
         return;
     }
-    api_buf_free(&out);
-    respond_error(res, &err);
+    /* The doubling growth may have left up to half the buffer unused; the
+     * answer may wait a while for a slow client, so hand back the rest. */
+    if (out.cap > out.len + out.len / 8) {
+        char *fit = realloc(out.data, out.len);
+        if (fit) {
+            out.data = fit;
+            out.cap = out.len;
+        }
+    }
+    res->status = 200;
+    res->body = out.data;
+    res->body_len = out.len - 1;
+    res->body_cap = out.cap;
+}
+
+void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
+                api_response *res)
+{
+    api_call *c = api_prepare(op, body, len, lim, NULL, res);
+    if (c)
+        api_execute(c, lim->threads, res);
 }
 
 void api_response_free(api_response *res)
@@ -112,4 +327,5 @@ void api_response_free(api_response *res)
     free(res->body);
     res->body = NULL;
     res->body_len = 0;
+    res->body_cap = 0;
 }

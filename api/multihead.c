@@ -23,10 +23,11 @@ enum {
     F_X, F_CONTEXT, F_W_Q, F_W_K, F_W_V, F_W_O, F_B_Q, F_B_K, F_B_V, F_B_O,
     N_INPUTS,
     F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
-    F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_COUNT
+    F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE,
+    F_COUNT
 };
 
-const api_field api_multihead_fields[] = {
+static const api_field api_multihead_fields[] = {
     [F_X] = {"x", API_FIELD_TENSOR, true},
     [F_CONTEXT] = {"context", API_FIELD_TENSOR, false},
     [F_W_Q] = {"w_q", API_FIELD_TENSOR, true},
@@ -48,41 +49,33 @@ const api_field api_multihead_fields[] = {
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
     [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
 };
-const size_t api_multihead_nfields = F_COUNT;
+
+/* For messages about the gradients, in the order of the inputs. */
+static const char *const grad_what[N_INPUTS] = {
+    "the gradient of x",   "the gradient of context", "the gradient of w_q",
+    "the gradient of w_k", "the gradient of w_v",     "the gradient of w_o",
+    "the gradient of b_q", "the gradient of b_k",     "the gradient of b_v",
+    "the gradient of b_o",
+};
 
 typedef struct {
-    api_value f[F_COUNT];
-    int rank;                     /* of x (and context): 2 or 3 */
-    int64_t shape[N_INPUTS][API_MAX_RANK]; /* of each input, for its gradient */
-    int input_rank[N_INPUTS];
     attn_mha_params p;
-    double flops;
-    api_encoding enc;
-    bool want_weights, want_mean, want_stats, want_grad;
-    float *out, *weights;
-    float *grad[N_INPUTS];
-    attn_stats stats;
-} multihead_call;
+    int rank;               /* of x (and context): 2 or 3 */
+    bool want_mean;         /* return_weights: "mean" */
+    int out, weights;       /* the planned results, -1 when not asked */
+    int grad[N_INPUTS];     /* the planned gradients, -1 for inputs not given */
+    float *per_head;        /* [B, h, n, m] weights before their head mean */
+} multihead_state;
 
-static void release_inputs(multihead_call *c)
+static multihead_state *state(const api_call *c)
 {
-    api_values_free(c->f, F_COUNT);
-    c->p.mask = (attn_mask){0};
-}
-
-static void release(multihead_call *c)
-{
-    release_inputs(c);
-    free(c->out);
-    free(c->weights);
-    for (int i = 0; i < N_INPUTS; i++)
-        free(c->grad[i]);
+    return c->state;
 }
 
 #define MISMATCH(field, ...) api_fail(err, 422, "shape_mismatch", field, __VA_ARGS__)
 #define LL(x) ((long long)(x))
 
-static const api_tensor *given(const multihead_call *c, int f)
+static const api_tensor *given(const api_call *c, int f)
 {
     return c->f[f].present ? &c->f[f].tensor : NULL;
 }
@@ -119,13 +112,13 @@ static bool check_bias(const api_tensor *b, const char *field, int64_t len,
 }
 
 /* x and context: ranks, batch, and the sizes n, m, d_model, d_ctx. */
-static bool validate_sequences(multihead_call *c, api_error *err)
+static bool validate_sequences(api_call *c, api_error *err)
 {
     const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
     if (!api_check_rank(x, "x", 2, 3, "[n, d_model] or [batch, n, d_model]", err))
         return false;
-    int r = c->rank = x->rank;
-    attn_mha_params *p = &c->p;
+    int r = state(c)->rank = x->rank;
+    attn_mha_params *p = &state(c)->p;
     p->batch = r == 3 ? x->shape[0] : 1;
     p->n = x->shape[r - 2];
     p->d_model = x->shape[r - 1];
@@ -146,9 +139,9 @@ static bool validate_sequences(multihead_call *c, api_error *err)
     return true;
 }
 
-static bool validate_heads(multihead_call *c, api_error *err)
+static bool validate_heads(api_call *c, api_error *err)
 {
-    attn_mha_params *p = &c->p;
+    attn_mha_params *p = &state(c)->p;
     p->heads = c->f[F_NUM_HEADS].integer;
     p->kv_heads = c->f[F_NUM_KV_HEADS].present ? c->f[F_NUM_KV_HEADS].integer
                                                : p->heads;
@@ -167,9 +160,9 @@ static bool validate_heads(multihead_call *c, api_error *err)
 }
 
 /* The projections fix d_k, d_v and d_out. */
-static bool validate_weights(multihead_call *c, api_error *err)
+static bool validate_weights(api_call *c, api_error *err)
 {
-    attn_mha_params *p = &c->p;
+    attn_mha_params *p = &state(c)->p;
     /* what fixes the rows of each weight, for messages */
     const char *rows_q = "x has d_model=";
     const char *rows_kv = given(c, F_CONTEXT) ? "context has d_ctx=" : "x has d_model=";
@@ -217,10 +210,11 @@ static bool validate_weights(multihead_call *c, api_error *err)
 }
 
 /* An upper bound of |scale * q.k + bias| over every score: each projected
- * row is at most |input row| * |W|_F + |b| (Cauchy-Schwarz per column). */
-static double score_bound(const multihead_call *c)
+ * row is at most |input row| * |W|_F + |b| (Cauchy-Schwarz per column). An
+ * additive mask that large is blamed on itself. */
+static double score_bound(const api_call *c, const char **blame)
 {
-    const attn_mha_params *p = &c->p;
+    const attn_mha_params *p = &state(c)->p;
     const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
     const api_tensor *kv_in = ctx ? ctx : x;
     const api_tensor *b_q = given(c, F_B_Q), *b_k = given(c, F_B_K);
@@ -233,41 +227,53 @@ static double score_bound(const multihead_call *c)
     double bias = p->mask.kind == ATTN_MASK_BIAS
                       ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
                       : 0;
-    return fmax(p->scale, 1.0) * q * k + bias;
+    double qk = fmax(p->scale, 1.0) * q * k;
+    *blame = bias > qk ? "the additive mask's values" : "x, context and the projections";
+    return qk + bias;
 }
 
-/* The work, the size of the answer and the range of the scores, all judged
- * before anything is allocated or computed. */
-static bool check_cost(multihead_call *c, const api_limits *lim, api_error *err)
+/* Rows per block of a projection product in libattn (lib/mha.c). */
+#define PRODUCT_ROWS 128.0
+
+static double blocks(int64_t n)
 {
-    const attn_mha_params *p = &c->p;
-    /* The backward pass is 2.5 forwards, so forward + backward is 3.5. */
+    return ceil((double)n / PRODUCT_ROWS);
+}
+
+/* The attention over [B, h, n, m], and the projections around it: one
+ * product call per (batch, head, block of rows) of each projection, and for
+ * the output projection one per (batch, block of rows, block of columns,
+ * head). */
+static void cost(const api_call *c, api_cost_terms *t)
+{
+    const multihead_state *st = state(c);
+    const attn_mha_params *p = &st->p;
+    double B = (double)p->batch, h = (double)p->heads, h_kv = (double)p->kv_heads;
     double forward = attn_mha_flops(p);
     /* attn_mha_flops counts an output projection; without w_o there is none. */
-    if (!given(c, F_W_O))
-        forward -= 2.0 * (double)p->batch * (double)p->n * (double)p->heads *
-                   (double)p->d_v * (double)p->d_out;
-    c->flops = forward * (c->want_grad ? 3.5 : 1.0);
-    /* In double: with no FLOP limit the products could overflow int64. */
-    double rows = (double)p->batch * (double)p->n;
-    double numbers = rows * (double)p->d_out;
-    if (c->want_weights) /* computed per head even when only the mean is sent */
-        numbers += rows * (double)p->heads * (double)p->m;
-    for (int i = 0; c->want_grad && i < N_INPUTS; i++)
-        numbers += (double)c->f[i].tensor.count;
-    if (!api_check_work(c->flops, lim, err) ||
-        !api_check_response_size(numbers, err))
-        return false;
-    return api_check_score_bound(score_bound(c), "x, context and the projections", err);
+    bool w_o = given(c, F_W_O) != NULL;
+    if (!w_o)
+        forward -= 2.0 * B * (double)p->n * h * (double)p->d_v * (double)p->d_out;
+    t->flops = forward;
+    t->pairs = B * h;
+    t->rows = B * h * (double)p->n;
+    t->scores = t->rows * (double)p->m;
+    t->masked = p->mask.kind != ATTN_MASK_NONE;
+    t->products = B * h * blocks(p->n) + 2 * B * h_kv * blocks(p->m) +
+                  B * blocks(p->n) * h * (w_o ? blocks(p->d_out) : 1);
+    /* computed per head even when only the mean is sent */
+    t->weights = st->weights >= 0 ? t->scores : 0;
+    t->averaged = st->want_mean ? t->scores : 0;
 }
 
-static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
+static bool validate(api_call *c, api_error *err)
 {
+    multihead_state *st = state(c);
     if (!validate_sequences(c, err) || !validate_heads(c, err) ||
         !validate_weights(c, err))
         return false;
-    attn_mha_params *p = &c->p;
-    p->threads = api_threads(lim);
+    attn_mha_params *p = &st->p;
+    p->threads = 1;
     p->causal = c->f[F_CAUSAL].present && c->f[F_CAUSAL].flag;
     p->scale = c->f[F_SCALE].present ? c->f[F_SCALE].number
                                      : attn_default_scale(p->d_k);
@@ -281,37 +287,45 @@ static bool validate(multihead_call *c, const api_limits *lim, api_error *err)
                         p->n, p->m, &p->mask, err))
         return false;
 
-    c->want_weights = c->f[F_RETURN_WEIGHTS].present && c->f[F_RETURN_WEIGHTS].flag;
-    c->want_mean = c->want_weights && c->f[F_RETURN_WEIGHTS].mean;
-    c->want_stats = c->f[F_RETURN_STATS].present && c->f[F_RETURN_STATS].flag;
-    c->want_grad = c->f[F_GRAD_OUTPUT].present;
-    if (!api_output_encoding(&c->f[F_OUTPUT_ENCODING], &c->f[F_OUTPUT_DTYPE], &c->enc, err))
-        return false;
+    int r = st->rank, lead = r == 3; /* whether B is shown */
     int64_t out_shape[3] = {p->batch, p->n, p->d_out};
-    int r = c->rank;
     if (c->want_grad &&
         !api_check_shape(&c->f[F_GRAD_OUTPUT].tensor, "grad_output", r,
-                         out_shape + (3 - r), "the output [batch?, n, d_out]", err))
+                         out_shape + !lead, "the output [batch?, n, d_out]", err))
         return false;
-    for (int i = 0; i < N_INPUTS; i++) {
-        c->input_rank[i] = c->f[i].tensor.rank;
-        memcpy(c->shape[i], c->f[i].tensor.shape, sizeof c->shape[i]);
-    }
-    return check_cost(c, lim, err);
+
+    bool want_weights = c->f[F_RETURN_WEIGHTS].present && c->f[F_RETURN_WEIGHTS].flag;
+    st->want_mean = want_weights && c->f[F_RETURN_WEIGHTS].mean;
+    int64_t heads_shape[4] = {p->batch, p->heads, p->n, p->m};
+    int64_t mean_shape[3] = {p->batch, p->n, p->m};
+    st->out = api_plan(c, "output", false, "the output", r, out_shape + !lead);
+    st->weights = !want_weights ? -1
+                  : st->want_mean ? api_plan(c, "weights", false, "the weights", r,
+                                             mean_shape + !lead)
+                                  : api_plan(c, "weights", false, "the weights", r + 1,
+                                             heads_shape + !lead);
+    for (int i = 0; i < N_INPUTS; i++)
+        st->grad[i] = c->want_grad && c->f[i].present
+                          ? api_plan(c, api_multihead_fields[i].name, true, grad_what[i],
+                                     c->f[i].tensor.rank, c->f[i].tensor.shape)
+                          : -1;
+    return true;
 }
 
-static const float *data(const multihead_call *c, int f)
+static const float *data(const api_call *c, int f)
 {
-    return c->f[f].present ? c->f[f].tensor.f32 : NULL;
+    return api_field_data(c, f);
 }
 
-/* The head average of weights [B, h, n, m] into [B, n, m]. */
-static float *head_mean(const float *w, const attn_mha_params *p)
+static float *result(api_call *c, int index)
+{
+    return index >= 0 ? c->results[index].data : NULL;
+}
+
+/* The head average of weights [B, h, n, m] into mean [B, n, m]. */
+static void head_mean(const float *w, const attn_mha_params *p, float *mean)
 {
     int64_t plane = p->n * p->m;
-    float *mean = api_alloc_floats(p->batch * plane);
-    if (!mean)
-        return NULL;
     for (int64_t b = 0; b < p->batch; b++) {
         float *dst = mean + b * plane;
         for (int64_t e = 0; e < plane; e++) {
@@ -321,141 +335,87 @@ static float *head_mean(const float *w, const attn_mha_params *p)
             dst[e] = (float)(sum / (double)p->heads);
         }
     }
-    return mean;
 }
 
-static bool compute(multihead_call *c, api_error *err)
+static bool compute(api_call *c, int threads, api_error *err)
 {
-    const attn_mha_params *p = &c->p;
-    int64_t n_out = p->batch * p->n * p->d_out;
-    int64_t n_weights = p->batch * p->heads * p->n * p->m;
-    c->out = api_alloc_floats(n_out);
-    if (c->want_weights)
-        c->weights = api_alloc_floats(n_weights);
-    if (!c->out || (c->want_weights && !c->weights))
-        return api_fail(err, 500, "out_of_memory", "",
-                        "out of memory for the output of this request");
+    multihead_state *st = state(c);
+    attn_mha_params *p = &st->p;
+    p->threads = threads;
+    float *weights = result(c, st->weights);
+    if (st->want_mean) {
+        st->per_head = api_alloc_floats(p->batch * p->heads * p->n * p->m);
+        if (!st->per_head)
+            return api_fail(err, 500, "out_of_memory", "",
+                            "out of memory for the weights of this request");
+        weights = st->per_head;
+    }
     attn_mha_inputs in = {
         .x = data(c, F_X), .context = data(c, F_CONTEXT),
         .w_q = data(c, F_W_Q), .w_k = data(c, F_W_K), .w_v = data(c, F_W_V),
         .w_o = data(c, F_W_O), .b_q = data(c, F_B_Q), .b_k = data(c, F_B_K),
         .b_v = data(c, F_B_V), .b_o = data(c, F_B_O),
     };
-    for (int i = 0; c->want_grad && i < N_INPUTS; i++)
-        if (c->f[i].present && !(c->grad[i] = api_alloc_floats(c->f[i].tensor.count)))
-            return api_fail(err, 500, "out_of_memory", "",
-                            "out of memory for the gradients of this request");
     attn_mha_grads g = {
-        .x = c->grad[F_X], .context = c->grad[F_CONTEXT],
-        .w_q = c->grad[F_W_Q], .w_k = c->grad[F_W_K], .w_v = c->grad[F_W_V],
-        .w_o = c->grad[F_W_O], .b_q = c->grad[F_B_Q], .b_k = c->grad[F_B_K],
-        .b_v = c->grad[F_B_V], .b_o = c->grad[F_B_O],
+        .x = result(c, st->grad[F_X]), .context = result(c, st->grad[F_CONTEXT]),
+        .w_q = result(c, st->grad[F_W_Q]), .w_k = result(c, st->grad[F_W_K]),
+        .w_v = result(c, st->grad[F_W_V]), .w_o = result(c, st->grad[F_W_O]),
+        .b_q = result(c, st->grad[F_B_Q]), .b_k = result(c, st->grad[F_B_K]),
+        .b_v = result(c, st->grad[F_B_V]), .b_o = result(c, st->grad[F_B_O]),
     };
     attn_error ae = {0};
     attn_stats *stats = c->want_stats ? &c->stats : NULL;
     /* With gradients, one call: the projections and the attention are not
      * computed twice. */
-    attn_status st = c->want_grad
-                         ? attn_mha_forward_backward(p, &in, c->out, NULL, c->weights, stats,
-                                                     data(c, F_GRAD_OUTPUT), &g, &ae)
-                         : attn_mha_forward(p, &in, c->out, NULL, c->weights, stats, &ae);
-    if (st != ATTN_OK)
+    attn_status s = c->want_grad
+                        ? attn_mha_forward_backward(p, &in, result(c, st->out), NULL, weights,
+                                                    stats, data(c, F_GRAD_OUTPUT), &g, &ae)
+                        : attn_mha_forward(p, &in, result(c, st->out), NULL, weights, stats,
+                                           &ae);
+    if (s != ATTN_OK)
         return api_fail_attn(err, &ae);
-    if (!api_check_output(c->out, n_out, "the output", c->enc, err) ||
-        (c->weights && !api_check_output(c->weights, n_weights, "the weights", c->enc, err)))
-        return false;
-    if (c->want_stats && !(isfinite(c->stats.scores_mean) &&
-                           isfinite(c->stats.scores_var) &&
-                           isfinite(c->stats.scaled_mean) &&
-                           isfinite(c->stats.scaled_var)))
-        return api_fail(err, 422, "numerical_overflow", "",
-                        "the score statistics overflow; the inputs are too large "
-                        "in magnitude, scale them down");
-    if (c->want_mean) {
-        float *mean = head_mean(c->weights, p);
-        if (!mean)
-            return api_fail(err, 500, "out_of_memory", "",
-                            "out of memory for the averaged weights");
-        free(c->weights);
-        c->weights = mean;
-    }
-    for (int i = 0; i < N_INPUTS; i++) {
-        if (!c->grad[i])
-            continue;
-        char what[64];
-        snprintf(what, sizeof what, "the gradient of %s", api_multihead_fields[i].name);
-        if (!api_check_output(c->grad[i], c->f[i].tensor.count, what, c->enc, err))
-            return false;
+    if (st->want_mean) {
+        head_mean(st->per_head, p, result(c, st->weights));
+        free(st->per_head);
+        st->per_head = NULL;
     }
     return true;
 }
 
-/* Writes one result and frees it: the text now holds it. */
-static void emit(api_buf *b, const char *name, float **buf, int rank,
-                 const int64_t *shape, api_encoding enc, bool first)
+static size_t meta_dims(const api_call *c, api_dim *d)
 {
-    api_out_tensor t = {.name = name, .data = *buf, .rank = rank};
-    memcpy(t.shape, shape, (size_t)rank * sizeof *shape);
-    api_write_tensor(b, &t, enc, first);
-    free(*buf);
-    *buf = NULL;
-}
-
-static void encode(multihead_call *c, api_buf *b, api_timing *t)
-{
-    const attn_mha_params *p = &c->p;
-    api_encoding enc = c->enc;
-    int r = c->rank, lead = r == 3; /* whether B is shown */
-    int64_t out_shape[3] = {p->batch, p->n, p->d_out};
-    int64_t heads_shape[4] = {p->batch, p->heads, p->n, p->m};
-    int64_t mean_shape[3] = {p->batch, p->n, p->m};
-    api_buf_puts(b, "{");
-    emit(b, "output", &c->out, r, out_shape + !lead, enc, true);
-    if (c->want_mean)
-        emit(b, "weights", &c->weights, r, mean_shape + !lead, enc, false);
-    else if (c->want_weights)
-        emit(b, "weights", &c->weights, r + 1, heads_shape + !lead, enc, false);
-    if (c->want_grad) {
-        api_buf_puts(b, ",\"grad\":{");
-        bool first = true;
-        for (int i = 0; i < N_INPUTS; i++) {
-            if (!c->grad[i])
-                continue;
-            emit(b, api_multihead_fields[i].name, &c->grad[i], c->input_rank[i],
-                 c->shape[i], enc, first);
-            first = false;
-        }
-        api_buf_puts(b, "}");
-    }
-    if (c->want_stats)
-        api_write_stats(b, &c->stats);
+    const attn_mha_params *p = &state(c)->p;
     const api_dim shape[] = {
         {"batch", p->batch}, {"n", p->n}, {"m", p->m}, {"d_model", p->d_model},
         {"d_ctx", p->d_ctx}, {"heads", p->heads}, {"kv_heads", p->kv_heads},
         {"d_k", p->d_k}, {"d_v", p->d_v}, {"d_out", p->d_out},
     };
-    api_write_meta(b, shape, sizeof shape / sizeof *shape, c->flops, t);
-    api_buf_puts(b, "}");
+    memcpy(d, shape, sizeof shape);
+    return sizeof shape / sizeof *shape;
 }
 
-bool api_multihead(const char *body, size_t len, const api_limits *lim,
-                   api_timing *t, api_buf *out, api_error *err)
+static void release(api_call *c)
 {
-    multihead_call c = {0};
-    bool ok = api_read_fields(body, len, api_multihead_fields, F_COUNT,
-                              api_attention_fields, api_attention_nfields,
-                              "/v1/attention", c.f, err) &&
-              validate(&c, lim, err);
-    api_lap(t, &t->decode_ms);
-    if (!ok) {
-        release(&c);
-        return false;
-    }
-    ok = compute(&c, err);
-    release_inputs(&c);
-    api_lap(t, &t->compute_ms);
-    if (ok)
-        encode(&c, out, t);
-    release(&c);
-    return ok;
+    multihead_state *st = state(c);
+    free(st->per_head);
+    st->per_head = NULL;
+    st->p.mask = (attn_mask){0}; /* it pointed into the mask field */
 }
+
+const api_operation api_multihead_op = {
+    .route = "/v1/multihead",
+    .fields = api_multihead_fields,
+    .n_fields = F_COUNT,
+    .other = &api_attention_op,
+    .f_output_encoding = F_OUTPUT_ENCODING,
+    .f_output_dtype = F_OUTPUT_DTYPE,
+    .f_return_stats = F_RETURN_STATS,
+    .f_grad_output = F_GRAD_OUTPUT,
+    .state_size = sizeof(multihead_state),
+    .validate = validate,
+    .cost = cost,
+    .score_bound = score_bound,
+    .compute = compute,
+    .dims = meta_dims,
+    .release = release,
+};

@@ -101,20 +101,6 @@ bool api_mask_setup(const api_tensor *t, int score_rank,
                     int64_t n_q, int64_t n_k, attn_mask *mask,
                     api_error *err);
 
-/* 422 work_limit when `flops` exceeds lim->max_work (a limit <= 0 is none). */
-bool api_check_work(double flops, const api_limits *lim, api_error *err);
-
-/* The most numbers one response may carry. The FLOP limit bounds the work,
- * not the answer: q [n, 1] against one key is cheap yet its weights or
- * output can dwarf the request, and an answer that cannot be held in memory
- * must be refused, not attempted. 2^26 floats are 256 MiB, up to ~1 GiB as
- * text. */
-#define API_MAX_RESPONSE_NUMBERS ((int64_t)1 << 26)
-
-/* 422 work_limit when the response would carry more than
- * API_MAX_RESPONSE_NUMBERS numbers. */
-bool api_check_response_size(double numbers, api_error *err);
-
 /* Turns a libattn error into an api_error: ATTN_ERR_NOMEM -> 500
  * out_of_memory, anything else -> 422 invalid_value with lib's message. */
 bool api_fail_attn(api_error *err, const attn_error *ae);
@@ -164,18 +150,6 @@ void api_lap(api_timing *t, double *step);
 
 /* ----------------------------------------------------------- response */
 
-/* A response tensor: its data (not owned) and the shape the client sees. */
-typedef struct {
-    const char *name;
-    const float *data;
-    int rank;
-    int64_t shape[API_MAX_RANK];
-} api_out_tensor;
-
-/* Appends `"name": <tensor>` (with a leading comma unless first). */
-void api_write_tensor(api_buf *b, const api_out_tensor *t, api_encoding enc,
-                      bool first);
-
 /* Appends `,"stats": {...}`, nulls where a count is 0. */
 void api_write_stats(api_buf *b, const attn_stats *s);
 
@@ -186,24 +160,109 @@ typedef struct {
 } api_dim;
 
 /* Appends `,"meta": {...}` from the `n_dims` named dimensions in `shape`,
- * the flops, and the timings, after closing the encode step (the meta's own
- * few bytes are not timed). */
+ * the flops, the work, and the timings, after closing the encode step (the
+ * meta's own few bytes are not timed). */
 void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
-                    double flops, api_timing *t);
+                    const api_cost *cost, api_timing *t);
 
-/* ---------------------------------------------------------- operations */
+/* ---------------------------------------------------------------- cost */
 
-/* Each reads the members of `body` (a validated JSON object), computes and
- * appends the whole answer object to `out`; on failure fills err. */
-bool api_attention(const char *body, size_t len, const api_limits *lim,
-                   api_timing *t, api_buf *out, api_error *err);
-bool api_multihead(const char *body, size_t len, const api_limits *lim,
-                   api_timing *t, api_buf *out, api_error *err);
+/*
+ * What an operation's shapes say about its cost, counted in the units the
+ * prices of api/cost.c are for. Everything is for the forward pass; the
+ * skeleton multiplies by the backward's factor when gradients are asked for.
+ */
+typedef struct {
+    double flops;      /* nominal FLOPs of every product */
+    double pairs;      /* (batch, query head) pairs attended: B * H_q */
+    double rows;       /* query rows over every pair: B * H_q * n_q */
+    double scores;     /* (query, key) scores: B * H_q * n_q * n_k */
+    double products;   /* separate matrix-product calls of the projections */
+    double weights;    /* weights materialised (0 unless asked for) */
+    double averaged;   /* weights summed into a head average */
+    bool masked;       /* an explicit mask is read for every score */
+} api_cost_terms;
 
-/* The field tables, for cross-route hints. */
-extern const api_field api_attention_fields[];
-extern const size_t api_attention_nfields;
-extern const api_field api_multihead_fields[];
-extern const size_t api_multihead_nfields;
+/* The work of terms (backward: with the gradients), without the decoding
+ * of the body and the encoding of the answer. */
+double api_compute_work(const api_cost_terms *terms, bool stats, bool backward);
+
+/* The work of encoding `numbers` numbers in `enc`. */
+double api_encode_work(double numbers, api_encoding enc);
+
+/* The most bytes api_tensor_encode writes for a tensor of this shape. */
+double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc);
+
+/* ------------------------------------------------------------- skeleton */
+
+/*
+ * Both compute routes are one sequence of steps (api/handle.c): decode the
+ * fields, validate, cost, compute, encode. An operation supplies its field
+ * table and the steps that differ; everything else (the work and response
+ * limits, the allocation of the results, their finiteness, the statistics'
+ * overflow, the release of the inputs, writing the answer) is the
+ * skeleton's, written once.
+ */
+
+/* A tensor of the answer, planned by validate (name, shape) and allocated
+ * by the skeleton before compute writes it; freed once written. */
+typedef struct {
+    const char *name;  /* its key in the answer */
+    bool in_grad;      /* under "grad" rather than at the top */
+    const char *what;  /* for messages: "the output", "the gradient of q" */
+    int rank;
+    int64_t shape[API_MAX_RANK];
+    int64_t count;
+    float *data;
+} api_result;
+
+#define API_MAX_RESULTS 16
+
+typedef struct api_operation api_operation;
+
+struct api_call {
+    const api_operation *op;
+    api_value f[API_MAX_FIELDS]; /* the fields, in the op's table order */
+    api_limits lim;
+    api_timing t;
+    api_cost cost;
+    api_encoding enc;
+    bool want_stats, want_grad;
+    attn_stats stats;
+    api_result results[API_MAX_RESULTS];
+    int n_results;
+    void *state; /* the operation's own (state_size bytes, zeroed) */
+};
+
+struct api_operation {
+    const char *route;                /* "/v1/attention" */
+    const api_field *fields;
+    size_t n_fields;
+    const api_operation *other;       /* the other route, for "belongs to" hints */
+    int f_output_encoding, f_output_dtype, f_return_stats, f_grad_output; /* in fields */
+    size_t state_size;
+    /* Checks the shapes and options and plans the results (api_plan). */
+    bool (*validate)(api_call *c, api_error *err);
+    /* The cost terms of the validated call. */
+    void (*cost)(const api_call *c, api_cost_terms *terms);
+    /* An upper bound of |scaled score + bias|, and what to blame when it
+     * is beyond float32 (api_check_score_bound). */
+    double (*score_bound)(const api_call *c, const char **blame);
+    /* Fills the planned results (and c->stats) with `threads` threads. */
+    bool (*compute)(api_call *c, int threads, api_error *err);
+    /* meta.shape: its dimensions into dims (at most 16); returns how many. */
+    size_t (*dims)(const api_call *c, api_dim *dims);
+    void (*release)(api_call *c); /* the state's own allocations; may be NULL */
+};
+
+/* Plans a result of the answer, in the order it will be written; returns
+ * its index. */
+int api_plan(api_call *c, const char *name, bool in_grad, const char *what, int rank,
+             const int64_t *shape);
+
+/* The fields' tensor data, NULL for a field absent. */
+const float *api_field_data(const api_call *c, int field);
+
+extern const api_operation api_attention_op, api_multihead_op;
 
 #endif /* API_REQUEST_H */

@@ -16,17 +16,6 @@
 #include <stdio.h>
 #include <string.h>
 
-void api_write_tensor(api_buf *b, const api_out_tensor *t, api_encoding enc,
-                      bool first)
-{
-    if (!first)
-        api_buf_append(b, ",", 1);
-    api_buf_append(b, "\"", 1);
-    api_buf_puts(b, t->name);
-    api_buf_append(b, "\":", 2);
-    api_tensor_encode(b, t->data, t->rank, t->shape, enc);
-}
-
 static char *put_text(char *p, const char *s)
 {
     if (!p)
@@ -198,12 +187,12 @@ void api_write_stats(api_buf *b, const attn_stats *s)
 #define META_NAME_MAX 16
 
 void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
-                    double flops, api_timing *t)
+                    const api_cost *cost, api_timing *t)
 {
     api_lap(t, &t->encode_ms);
     double total = t->decode_ms + t->compute_ms + t->encode_ms;
-    /* the dimensions, then under 300 bytes of keys and five numbers */
-    char text[META_DIMS_MAX * (META_NAME_MAX + 24) + 400], *p = text;
+    /* the dimensions, then under 300 bytes of keys and six numbers */
+    char text[META_DIMS_MAX * (META_NAME_MAX + 24) + 480], *p = text;
     if (n_dims > META_DIMS_MAX)
         p = NULL;
     p = put_text(p, ",\"meta\":{\"shape\":{");
@@ -213,10 +202,13 @@ void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
         p = put_key(p, shape[i].name, i == 0);
         p = put_int(p, shape[i].value);
     }
-    /* FLOPs are a whole number (exact as an integer below 2^53); timings
-     * need microseconds, not 17 digits. */
+    /* FLOPs are a whole number (exact as an integer below 2^53), and so is
+     * the work, rounded up; timings need microseconds, not 17 digits. */
+    double flops = cost->flops, work = ceil(cost->work);
     p = put_text(p, "},\"flops\":");
     p = flops < 9e15 ? put_int(p, (int64_t)flops) : put_real(p, flops, 17);
+    p = put_text(p, ",\"work\":");
+    p = work < 9e15 ? put_int(p, (int64_t)work) : put_real(p, work, 17);
     p = put_text(p, ",\"algorithm\":\"tiled\",\"timing_ms\":{\"decode\":");
     p = put_real6(p, t->decode_ms);
     p = put_text(p, ",\"compute\":");

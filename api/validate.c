@@ -1,7 +1,7 @@
 /*
  * The checks every handler shares once its fields are decoded: ranks, exact
- * shapes, mask broadcasting, the work limit, finite results, and turning a
- * libattn error into an API error.
+ * shapes, mask broadcasting, finite results, the range of the scores, and
+ * turning a libattn error into an API error.
  */
 #include "request.h"
 
@@ -80,26 +80,6 @@ bool api_mask_setup(const api_tensor *t, int score_rank,
         mask->bias = t->f32;
     }
     return true;
-}
-
-bool api_check_work(double flops, const api_limits *lim, api_error *err)
-{
-    if (!lim || !(lim->max_work > 0) || flops <= lim->max_work)
-        return true;
-    return api_fail(err, 422, "work_limit", "",
-                    "this request needs %.4g FLOPs, more than this server's limit "
-                    "of %.4g (--max-work); send smaller tensors or split the batch",
-                    flops, lim->max_work);
-}
-
-bool api_check_response_size(double numbers, api_error *err)
-{
-    if (numbers <= (double)API_MAX_RESPONSE_NUMBERS)
-        return true;
-    return api_fail(err, 422, "work_limit", "",
-                    "the response would carry %.4g numbers, more than the limit "
-                    "of %lld; ask for less (without return_weights, or a smaller "
-                    "batch)", numbers, (long long)API_MAX_RESPONSE_NUMBERS);
 }
 
 bool api_fail_attn(api_error *err, const attn_error *ae)

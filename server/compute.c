@@ -3,16 +3,30 @@
  * at most `queue` more wait for a slot; beyond that a request is refused at
  * once (503 overloaded) rather than left to time out.
  *
- * Small bodies are computed inline on the I/O thread that read them when a
- * slot is free and nobody waits: their work is microseconds, and handing them
- * to a worker would cost two thread wake-ups and the suspend/resume of the
- * connection, more than the attention itself. Everything else is handed to a
- * worker and the connection is suspended until the answer is ready, so the
- * I/O threads keep serving /healthz, /metrics and other connections while a
- * large request computes.
+ * What runs where is decided by the request's estimated work (api_cost.work,
+ * from its shapes), never by the size of its body: the I/O threads must
+ * answer /healthz, /readyz and /metrics within milliseconds whatever the
+ * compute requests ask for (a 4 KB multi-head body can ask for seconds).
+ *   - A body whose decoding is itself tiny work is decoded and costed on
+ *     the I/O thread that read it. If the whole request is tiny too
+ *     (INLINE_MAX_WORK, about a tenth of a millisecond) and a slot is free
+ *     with nobody waiting, it is computed right there: handing microseconds
+ *     of work to a worker would cost two thread wake-ups and the suspension
+ *     of the connection, more than the attention itself. It takes a slot
+ *     like any other, so it counts against --threads and --queue.
+ *   - Everything else waits in the queue for a worker with its connection
+ *     suspended (decoded already, or still a body that the worker decodes).
  *
- * Cores: libattn runs each call on lim.threads threads of its own. A request
- * that starts while nothing else computes or waits gets every core (the
+ * Answers hold memory until the client has read them, after the slot is
+ * released; the bytes of every answer in flight are counted against
+ * --max-response. An answer's room is reserved (its estimate, an upper
+ * bound) before it is computed, settled to what the finished body holds,
+ * and returned when the request completes. One that does not fit beside the
+ * others is refused with 503 and Retry-After; one that could not fit even
+ * alone is the API's 422 response_too_large.
+ *
+ * Cores: libattn runs each call on threads of its own. A request that
+ * starts while nothing else computes or waits gets every core (the
  * configured `threads`); one that starts beside others gets one, so that a
  * busy server runs about one thread per core instead of threads^2.
  */
@@ -21,20 +35,85 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-/* Bodies up to this size are computed inline (see above): at most a few
- * thousand numbers, typically microseconds of attention. A small body can
- * still ask for more (many heads over a long x in /v1/multihead); then one
- * I/O thread is busy for that long while the others keep serving, and
- * --max-work bounds it. Measured on 2 cores, inline saves ~40% of the CPU
- * time of a tiny request (10 us instead of 16-20 us). */
-#define INLINE_MAX_BODY 4096
+/* Work (FLOP-equivalents, ~1e10 a second on one core of the development
+ * machine) that may run on an I/O thread: ~0.1 ms. A tiny request (n = d =
+ * 4) is ~3e4; inline it takes ~10 us of CPU instead of 16-20 us. */
+#define INLINE_MAX_WORK 1e6
 
+static api_limits limits(const srv_server *srv, int threads)
+{
+    return (api_limits){.max_work = srv->cfg->max_work,
+                        .max_response = (double)srv->cfg->max_response,
+                        .threads = threads};
+}
+
+/* Reserves the room of an answer in the budget; false when it is spent. */
+static bool reserve(srv_request *r, double bytes)
+{
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    bool ok = q->response_pending + bytes <= q->response_budget;
+    if (ok)
+        q->response_pending += bytes;
+    pthread_mutex_unlock(&q->lock);
+    if (ok)
+        r->reserved = bytes;
+    return ok;
+}
+
+/* After the answer is built: its reservation becomes what it holds. */
+static void settle(srv_request *r)
+{
+    double held = r->res.body ? (double)r->res.body_cap : 0;
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    q->response_pending += held - r->reserved;
+    pthread_mutex_unlock(&q->lock);
+    r->reserved = held;
+}
+
+void compute_release(srv_request *r)
+{
+    if (r->call) { /* prepared but never computed (the drain, a refusal) */
+        api_call_free(r->call);
+        r->call = NULL;
+    }
+    if (r->reserved == 0)
+        return;
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    q->response_pending -= r->reserved;
+    pthread_mutex_unlock(&q->lock);
+    r->reserved = 0;
+}
+
+/* Decodes and costs r's body into r->call; false when the answer is known
+ * already (an error in r->res, or the budget's refusal). */
+static bool prepare(srv_request *r, int threads)
+{
+    api_limits lim = limits(r->srv, threads);
+    api_cost cost;
+    r->call = api_prepare(r->route->op, r->body, r->body_len, &lim, &cost, &r->res);
+    if (!r->call)
+        return false;
+    if (!reserve(r, cost.response_bytes)) {
+        api_call_free(r->call);
+        r->call = NULL;
+        r->refusal = STOCK_RESPONSES_PENDING;
+        return false;
+    }
+    return true;
+}
+
+/* Computes a prepared (or still raw) request; r->res is its answer. */
 static void run(srv_request *r, int others)
 {
-    const srv_server *srv = r->srv;
-    api_limits lim = {.max_work = srv->cfg->max_work,
-                      .threads = others == 0 ? srv->compute.slots : 1};
-    api_handle(r->route->op, r->body, r->body_len, &lim, &r->res);
+    int threads = others == 0 ? r->srv->compute.slots : 1;
+    if (!r->call && !prepare(r, threads))
+        return;
+    api_execute(r->call, threads, &r->res);
+    r->call = NULL;
+    settle(r);
 }
 
 static void *worker_main(void *arg)
@@ -79,6 +158,8 @@ bool compute_start(srv_server *srv)
     q->running = q->waiting = 0;
     q->head = q->tail = NULL;
     q->stopping = false;
+    q->response_budget = (double)srv->cfg->max_response;
+    q->response_pending = 0;
     q->workers = calloc((size_t)q->slots, sizeof *q->workers);
     if (!q->workers)
         return false;
@@ -91,8 +172,26 @@ bool compute_start(srv_server *srv)
 compute_result compute_submit(srv_request *r)
 {
     srv_compute *q = &r->srv->compute;
+    r->refusal = -1;
+    /* Decoding a small body is tiny work: do it here and know the cost. A
+     * refusal (400, 422, the budget) is then answered without a queue. */
+    double work = 0;
+    if (api_decode_work(r->body_len) <= INLINE_MAX_WORK / 2) {
+        api_limits lim = limits(r->srv, 1);
+        api_cost cost;
+        r->call = api_prepare(r->route->op, r->body, r->body_len, &lim, &cost, &r->res);
+        if (!r->call)
+            return COMPUTE_DONE;
+        if (!reserve(r, cost.response_bytes)) {
+            compute_release(r);
+            r->refusal = STOCK_RESPONSES_PENDING;
+            return COMPUTE_DONE;
+        }
+        work = cost.work;
+    }
+
     pthread_mutex_lock(&q->lock);
-    if (q->running < q->slots && q->waiting == 0 && r->body_len <= INLINE_MAX_BODY) {
+    if (r->call && work <= INLINE_MAX_WORK && q->running < q->slots && q->waiting == 0) {
         int others = q->running++;
         pthread_mutex_unlock(&q->lock);
         run(r, others);
@@ -105,6 +204,7 @@ compute_result compute_submit(srv_request *r)
     }
     if (q->running + q->waiting >= q->slots + q->queue_max) {
         pthread_mutex_unlock(&q->lock);
+        compute_release(r);
         return COMPUTE_OVERLOADED;
     }
     q->waiting++; /* the place is taken now; the request joins the list below */
@@ -140,6 +240,15 @@ int compute_running(srv_server *srv)
     srv_compute *q = &srv->compute;
     pthread_mutex_lock(&q->lock);
     int n = q->running;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+double compute_response_pending(srv_server *srv)
+{
+    srv_compute *q = &srv->compute;
+    pthread_mutex_lock(&q->lock);
+    double n = q->response_pending;
     pthread_mutex_unlock(&q->lock);
     return n;
 }

@@ -60,7 +60,15 @@ static const opt_row options[] = {
      .help = "larger request bodies get 413 (suffixes KiB, MiB, GiB)"},
     {.name = "max-work", .metavar = "FLOPS", .type = OPT_NUMBER, .offset = OFF(max_work),
      .def = "1e12", .min = 1, .max = 1e18, .limit = true,
-     .help = "requests needing more floating-point operations get 422"},
+     .help = "requests needing more work get 422: FLOPs, and every other cost "
+             "(heads, rows, scores, answer bytes) as the FLOPs it takes the time of"},
+    /* 256 MiB: an answer of 13M numbers as text, 50M in base64; the bytes
+     * that clients slow to read can make the server hold. */
+    {.name = "max-response", .metavar = "BYTES", .type = OPT_BYTES,
+     .offset = OFF(max_response), .def = "256MiB", .min = 65536, .max = 1099511627776.0,
+     .limit = true,
+     .help = "bytes that the answers in flight may hold together: one that could be "
+             "larger gets 422, one that does not fit beside the others 503"},
     {.name = "queue", .metavar = "N", .type = OPT_INT, .offset = OFF(queue), .def = "64",
      .min = 0, .max = 100000, .limit = true,
      .help = "requests that may wait for a compute slot; beyond that 503"},

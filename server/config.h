@@ -24,7 +24,8 @@ typedef struct {
     int port;            /* 0: any free port */
     int threads;         /* requests computing at once, and the core budget */
     int64_t max_body;    /* bytes; a larger body is a 413 */
-    double max_work;     /* FLOPs; a request needing more is a 422 */
+    double max_work;     /* work units (FLOP-equivalents); a request needing more is a 422 */
+    int64_t max_response; /* bytes all answers in flight may hold; one larger is a 422 */
     int queue;           /* requests that may wait for a compute slot */
     int timeout;         /* seconds a connection may stay idle */
     int max_conns_per_ip; /* connections one client address may hold; 0: any */

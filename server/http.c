@@ -294,6 +294,9 @@ static void begin_request(srv_request *r, struct MHD_Connection *c, const char *
     r->status = 0;
     r->bytes_out = 0;
     atomic_store_explicit(&r->computed, false, memory_order_relaxed);
+    r->call = NULL;
+    r->reserved = 0;
+    r->refusal = -1;
     r->res = (api_response){0};
     r->in_flight = true;
     metrics_request_start(&r->srv->metrics);
@@ -392,6 +395,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
             r->status = 499;
     }
     log_request(&r->srv->log, r, seconds);
+    compute_release(r); /* the answer's bytes, now sent or abandoned */
     api_response_free(&r->res);
     r->res = (api_response){0};
     if (r->body_cap > KEEP_BODY_BUFFER) {
@@ -488,6 +492,12 @@ static bool build_stock(srv_server *srv)
         "the server ran out of memory for this request; try a smaller one", NULL, NULL);
     stock[STOCK_OVERLOADED] = canned_error(srv, 503, "overloaded",
         "every compute slot is busy and the queue is full; retry shortly",
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    snprintf(msg, sizeof msg,
+             "the answers waiting to be sent already hold most of this server's %lld "
+             "bytes for them (--max-response); retry shortly",
+             (long long)srv->cfg->max_response);
+    stock[STOCK_RESPONSES_PENDING] = canned_error(srv, 503, "overloaded", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
     stock[STOCK_SHUTTING_DOWN] = canned_error(srv, 503, "shutting_down",
         "this server is shutting down; retry on another replica",

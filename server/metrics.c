@@ -152,6 +152,10 @@ char *metrics_render(srv_server *srv, size_t *len)
     put(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
             "# TYPE attnd_computing_requests gauge\n"
             "attnd_computing_requests %d\n", compute_running(srv));
+    put(&t, "# HELP attnd_response_bytes_pending Bytes held by answers computed or "
+            "being computed and not yet sent (bounded by --max-response).\n"
+            "# TYPE attnd_response_bytes_pending gauge\n"
+            "attnd_response_bytes_pending %.0f\n", compute_response_pending(srv));
     put(&t, "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
             "(stderr) was full.\n"
             "# TYPE attnd_log_dropped_total counter\n"

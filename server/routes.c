@@ -126,6 +126,10 @@ static char *put_timing(char *p, const char *name, unsigned long long us)
 void routes_compute_done(srv_request *r)
 {
     api_response *res = &r->res;
+    if (r->refusal >= 0) {
+        http_reply_stock(r, (stock_error)r->refusal);
+        return;
+    }
     if (!res->body) {
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
         return;

@@ -68,6 +68,9 @@ struct srv_request {
 
     /* compute routes */
     atomic_bool computed;    /* set by a worker before it resumes the connection */
+    api_call *call;          /* prepared (decoded, costed), not computed yet */
+    double reserved;         /* answer bytes held against --max-response */
+    int refusal;             /* a stock_error to answer instead of res, or -1 */
     api_response res;
     srv_request *next;       /* compute queue link */
 };
@@ -100,7 +103,8 @@ typedef enum {
     STOCK_BODY_TOO_LARGE,     /* 413 */
     STOCK_UNSUPPORTED_MEDIA,  /* 415 */
     STOCK_OUT_OF_MEMORY,      /* 500 */
-    STOCK_OVERLOADED,         /* 503 + Retry-After */
+    STOCK_OVERLOADED,         /* 503 + Retry-After: the compute queue is full */
+    STOCK_RESPONSES_PENDING,  /* 503 + Retry-After: --max-response is spent */
     STOCK_SHUTTING_DOWN,      /* 503 + Retry-After */
     STOCK_TOO_MANY_CONNECTIONS, /* 503 + Retry-After, past --max-conns-per-ip */
     N_STOCK
@@ -146,22 +150,35 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t work;
     int slots, queue_max;
-    int running;             /* computing now */
+    int running;             /* computing now, inline or on a worker */
     int waiting;             /* admitted, not computing yet */
     srv_request *head, *tail;
     bool stopping;
     pthread_t *workers;
     int n_workers;
+    double response_budget;  /* --max-response */
+    double response_pending; /* bytes reserved by answers in flight */
 } srv_compute;
 
-typedef enum { COMPUTE_DONE, COMPUTE_QUEUED, COMPUTE_OVERLOADED } compute_result;
+typedef enum {
+    COMPUTE_DONE,       /* r->res (or r->refusal) is the answer */
+    COMPUTE_QUEUED,     /* suspended; a worker resumes the connection */
+    COMPUTE_OVERLOADED, /* the slots and the queue are full: 503 */
+} compute_result;
 
 bool compute_start(srv_server *srv);
-/* Computes r (r->route->op on r->body) now, or queues it and suspends the
- * connection, or refuses when `threads` compute and `queue` wait. */
+/* Decides by the request's estimated work: computes it now on this thread
+ * when the work is tiny and a slot is free, queues it (suspending the
+ * connection) otherwise, or refuses it when `threads` compute and `queue`
+ * wait. A request whose answer does not fit the response budget is refused
+ * (r->refusal). */
 compute_result compute_submit(srv_request *r);
+/* The request's answer is gone (sent or abandoned): its bytes return to
+ * the response budget. */
+void compute_release(srv_request *r);
 int compute_queue_depth(srv_server *srv); /* waiting for a slot */
 int compute_running(srv_server *srv);     /* computing now */
+double compute_response_pending(srv_server *srv); /* bytes */
 void compute_stop(srv_server *srv);
 
 /* ---------------------------------------------------------- metrics.c */

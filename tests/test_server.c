@@ -1227,15 +1227,204 @@ END_TEST
 
 START_TEST(work_beyond_max_work_is_422_work_limit)
 {
-    server s = start_server("--max-work", "1000");
-    char *body = slow_attention_body(1, 64, 16, false); /* 2*64*64*32 = 262144 FLOPs */
+    server s = start_server("--max-work", "1e5");
+    /* 2*64*64*32 = 262144 FLOPs, and 64 rows, 4096 scores, 1024 numbers */
+    char *body = slow_attention_body(1, 64, 16, false);
     reply r = post_json(s.port, "/v1/attention", body);
     ck_assert_error(r, 422, "work_limit");
     reply_free(&r);
-    r = post_json(s.port, "/v1/attention", tiny_attention); /* 32 FLOPs */
+    /* 32 FLOPs; its whole cost (meta.work) is under the limit too */
+    r = post_json(s.port, "/v1/attention", tiny_attention);
     ck_assert_int_eq(r.status, 200);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    json_t *meta = json_object_get(j, "meta");
+    ck_assert_int_eq(json_integer_value(json_object_get(meta, "flops")), 32);
+    ck_assert(json_integer_value(json_object_get(meta, "work")) <= 100000);
+    json_decref(j);
     reply_free(&r);
     free(body);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* A multi-head body of about 3 KB that asks for seconds of work: 128 heads
+ * of width 1 over 1300 positions (issue 8's "long work on the I/O threads"). */
+static char *small_heavy_body(void)
+{
+    char *body = NULL;
+    size_t len = 0;
+    const char *head = "{\"x\":{\"shape\":[1300,1],\"data\":[";
+    append(&body, &len, head, strlen(head));
+    for (int i = 0; i < 1300; i++)
+        append(&body, &len, i ? ",1" : "1", i ? 2 : 1);
+    append(&body, &len, "]}", 2);
+    const char *w[] = {"w_q", "w_k", "w_v"};
+    for (int t = 0; t < 3; t++) {
+        char key[32];
+        int k = snprintf(key, sizeof key, ",\"%s\":[[", w[t]);
+        append(&body, &len, key, (size_t)k);
+        for (int i = 0; i < 128; i++)
+            append(&body, &len, i ? ",1" : "1", i ? 2 : 1);
+        append(&body, &len, "]]", 2);
+    }
+    const char *tail = ",\"num_heads\":128}";
+    append(&body, &len, tail, strlen(tail));
+    return body;
+}
+
+typedef struct {
+    int port;
+    const char *path, *body;
+    reply r;
+} async_req;
+
+static void *async_post_thread(void *arg)
+{
+    async_req *a = arg;
+    a->r = post_json(a->port, a->path, a->body);
+    return NULL;
+}
+
+/* The operational routes answer within milliseconds while every compute
+ * slot is busy with small bodies that ask for long work: such work is
+ * queued for the workers, never computed on the I/O threads. */
+START_TEST(health_answers_at_once_while_small_heavy_bodies_compute)
+{
+    /* As many slots as requests: each could start at once, on whichever
+     * thread read it. */
+    server s = start_server("--threads", "6");
+    char *body = small_heavy_body();
+    ck_assert_uint_le(strlen(body), 4096);
+    async_req a[6];
+    pthread_t t[6];
+    /* One after another, so that whichever thread is free reads the next. */
+    for (int i = 0; i < 6; i++) {
+        a[i] = (async_req){s.port, "/v1/multihead", body, {0}};
+        pthread_create(&t[i], NULL, async_post_thread, &a[i]);
+        usleep(50000);
+    }
+    /* No waiting on /metrics here: every probe is timed. */
+    usleep(200000);
+    double worst = 0;
+    const char *paths[] = {"/healthz", "/readyz", "/metrics"};
+    for (int i = 0; i < 15; i++) {
+        double t0 = now_s();
+        reply r = get(s.port, paths[i % 3]);
+        double took = now_s() - t0;
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+        if (took > worst)
+            worst = took;
+        usleep(20000);
+    }
+    double busy = metric(s.port, "attnd_computing_requests");
+    for (int i = 0; i < 6; i++) {
+        pthread_join(t[i], NULL);
+        ck_assert_msg(a[i].r.status == 200, "heavy request %d: %ld", i, a[i].r.status);
+        reply_free(&a[i].r);
+    }
+    free(body);
+    ck_assert_int_eq(stop_server(&s), 0);
+    /* Seconds when computed on the I/O threads; a scheduling slice here. */
+    ck_assert_msg(worst < 0.5, "an operational route took %.0f ms", worst * 1e3);
+    ck_assert_msg(busy >= 1, "the heavy requests were done before the probes ended");
+}
+END_TEST
+
+/* One answer that could exceed --max-response is refused before it is
+ * computed; issue 8's example (939 MB of weights from a 49 KB body). */
+START_TEST(answer_beyond_max_response_is_422_at_once)
+{
+    server s = start_server("--max-response", "64MiB");
+    char *body = NULL;
+    size_t len = 0;
+    const char *heads[] = {"{\"return_weights\":true,\"q\":{\"shape\":[8191,1],\"data\":[0",
+                           "]},\"k\":{\"shape\":[8192,1],\"data\":[0",
+                           "]},\"v\":{\"shape\":[8192,1],\"data\":[0"};
+    for (int t = 0; t < 3; t++) {
+        append(&body, &len, heads[t], strlen(heads[t]));
+        for (int i = 1; i < (t ? 8192 : 8191); i++)
+            append(&body, &len, ",0", 2);
+    }
+    append(&body, &len, "]}}", 3);
+    double t0 = now_s();
+    reply r = post_json(s.port, "/v1/attention", body);
+    double took = now_s() - t0;
+    ck_assert_error(r, 422, "response_too_large");
+    reply_free(&r);
+    free(body);
+    ck_assert_msg(took < 2, "the refusal took %.1f s", took);
+    ck_assert(metric(s.port, "attnd_response_bytes_pending") == 0);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* A client that sends a request and never reads (a tiny receive buffer, so
+ * the kernel holds little of the answer for it). */
+static int send_and_never_read(int port, const char *body)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    char head[256];
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n", strlen(body));
+    send_all(fd, head);
+    send_all(fd, body);
+    return fd;
+}
+
+/* Answers that clients do not read hold memory after their compute slot is
+ * free: their bytes are counted against --max-response, a request that does
+ * not fit beside them is turned away (503, Retry-After), and the bytes come
+ * back when the connections go. */
+START_TEST(answers_not_read_spend_the_response_budget)
+{
+    server s = start_server("--max-response", "8MiB", "--threads", "1");
+    /* weights [512, 512] as text: about 3.5 MB, up to 5.3 MB */
+    char *big = slow_attention_body(1, 512, 1, false);
+    char *p = strstr(big, "\"output_encoding\": \"base64\"");
+    ck_assert_ptr_nonnull(p);
+    memcpy(p, "\"return_weights\": true     ", 27); /* and nested, the default */
+    int fd = send_and_never_read(s.port, big);
+    ck_assert_int_ge(fd, 0);
+    double end = now_s() + 20, pending = 0;
+    while (now_s() < end && !((pending = metric(s.port, "attnd_response_bytes_pending")) > 0 &&
+                              metric(s.port, "attnd_computing_requests") == 0))
+        usleep(20000);
+    ck_assert_msg(pending > 2e6 && pending < 8.0 * 1024 * 1024,
+                  "%g bytes pending for the unread answer", pending);
+
+    /* Another one does not fit beside it: 503 at once, with Retry-After. */
+    reply r = post_json(s.port, "/v1/attention", big);
+    ck_assert_error(r, 503, "overloaded");
+    char ra[32];
+    ck_assert_ptr_nonnull(header(&r, "Retry-After", ra, sizeof ra));
+    ck_assert_ptr_nonnull(strstr(r.body, "--max-response"));
+    reply_free(&r);
+    /* Small answers still fit. */
+    r = post_json(s.port, "/v1/attention", tiny_attention);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+
+    /* The client goes: its bytes return, and the big request is served. */
+    close(fd);
+    end = now_s() + 10;
+    while (now_s() < end && metric(s.port, "attnd_response_bytes_pending") > 0)
+        usleep(20000);
+    ck_assert(metric(s.port, "attnd_response_bytes_pending") == 0);
+    r = post_json(s.port, "/v1/attention", big);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    ck_assert(metric_reaching(s.port, "attnd_response_bytes_pending", 0) == 0);
+    free(big);
     ck_assert_int_eq(stop_server(&s), 0);
 }
 END_TEST
@@ -1934,6 +2123,9 @@ static Suite *server_suite(void)
     tcase_set_timeout(life, 40);
     tcase_add_test(life, burst_beyond_queue_gets_503_with_retry_after);
     tcase_add_test(life, work_beyond_max_work_is_422_work_limit);
+    tcase_add_test(life, health_answers_at_once_while_small_heavy_bodies_compute);
+    tcase_add_test(life, answer_beyond_max_response_is_422_at_once);
+    tcase_add_test(life, answers_not_read_spend_the_response_budget);
     tcase_add_test(life, queued_requests_wait_and_succeed);
     tcase_add_test(life, sigterm_lets_in_flight_request_finish_and_exits_0);
     tcase_add_test(life, sigterm_answers_a_request_sent_just_after_the_last_one_finished);
