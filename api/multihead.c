@@ -240,10 +240,13 @@ static double blocks(int64_t n)
     return ceil((double)n / PRODUCT_ROWS);
 }
 
-/* The attention over [B, h, n, m], and the projections around it: one
- * product call per (batch, head, block of rows) of each projection, and for
- * the output projection one per (batch, block of rows, block of columns,
- * head). */
+/* The attention over [B, h, n, m], and the projections around it as
+ * lib/mha.c runs them: one product call per (batch, head, block of rows) of
+ * each projection, and for a join (the output projection; in the backward
+ * pass also the input projections' gradients) one per (batch, block of
+ * rows, block of columns, head). Without w_o the join concatenates the
+ * heads, passing over every head for each block of 128 output columns:
+ * B * blocks(n) * blocks(h * d_v) * h passes, quadratic in the heads. */
 static void cost(const api_call *c, api_cost_terms *t)
 {
     const multihead_state *st = state(c);
@@ -260,7 +263,11 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->scores = t->rows * (double)p->m;
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     t->products = B * h * blocks(p->n) + 2 * B * h_kv * blocks(p->m) +
-                  B * blocks(p->n) * h * (w_o ? blocks(p->d_out) : 1);
+                  (w_o ? B * blocks(p->n) * blocks(p->d_out) * h : 0);
+    if (c->want_grad)
+        t->products += B * blocks(p->n) * blocks(p->d_model) * h +
+                       2 * B * blocks(p->m) * blocks(p->d_ctx) * h_kv;
+    t->visits = w_o ? 0 : B * blocks(p->n) * blocks(p->heads * p->d_v) * h;
     /* computed per head even when only the mean is sent */
     t->weights = st->weights >= 0 ? t->scores : 0;
     t->averaged = st->want_mean ? t->scores : 0;
