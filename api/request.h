@@ -177,8 +177,6 @@ typedef struct {
     double pairs;      /* (batch, query head) pairs attended: B * H_q */
     double rows;       /* query rows over every pair: B * H_q * n_q */
     double scores;     /* (query, key) scores: B * H_q * n_q * n_k */
-    double products;   /* separate matrix-product calls of the projections */
-    double visits;     /* head blocks a concatenating join passes over */
     double weights;    /* weights materialised (0 unless asked for) */
     double averaged;   /* weights summed into a head average */
     bool masked;       /* an explicit mask is read for every score */

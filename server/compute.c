@@ -35,10 +35,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-/* Work (FLOP-equivalents, ~1e10 a second on one core of the development
+/* Work (FLOP-equivalents, ~2e10 a second on one core of the development
  * machine) that may run on an I/O thread: ~0.1 ms. A tiny request (n = d =
- * 4) is ~3e4; inline it takes ~10 us of CPU instead of 16-20 us. */
-#define INLINE_MAX_WORK 1e6
+ * 4) is ~6e4; inline it takes ~10 us of CPU instead of 16-20 us. */
+#define INLINE_MAX_WORK 2e6
 
 static api_limits limits(const srv_server *srv, int threads)
 {

@@ -220,7 +220,7 @@ static bool reserve(srv_request *r, size_t need)
 /* Checks what the headers promise before a byte of the body is read, so an
  * oversized or unreadable upload is refused without being received. Returns
  * false when a response was queued. */
-static bool expect_body(srv_request *r)
+static bool expect_body(srv_request *r, uint64_t length, bool has_length)
 {
     if (http_draining(r->srv)) {
         http_reply_stock(r, STOCK_SHUTTING_DOWN);
@@ -232,17 +232,13 @@ static bool expect_body(srv_request *r)
         http_reply_stock(r, STOCK_UNSUPPORTED_MEDIA);
         return false;
     }
-    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (cl) {
-        errno = 0;
-        unsigned long long n = strtoull(cl, NULL, 10);
-        if (errno || n > (unsigned long long)r->srv->cfg->max_body) {
+    if (has_length) {
+        if (length > (uint64_t)r->srv->cfg->max_body) {
             http_reply_stock(r, STOCK_BODY_TOO_LARGE);
             return false;
         }
         /* One allocation of the announced size instead of a doubling series. */
-        if (!reserve(r, n ? (size_t)n : 1))
+        if (!reserve(r, length ? (size_t)length : 1))
             r->out_of_memory = true;
     }
     return true;
@@ -305,19 +301,25 @@ static void begin_request(srv_request *r, struct MHD_Connection *c, const char *
     r->origin = cors_allowed(&r->srv->cors, origin);
 }
 
-/* The first call for a request: only the headers are known. A compute
- * request whose headers already doom it (too large, not JSON, draining) is
- * answered now, which makes libmicrohttpd skip its body and close the
- * connection. Everything else is answered on the last call, after the body:
+/* The first call for a request: only the headers are known. A request
+ * whose headers already doom it (its framing, too large, not JSON,
+ * draining) is answered now, which makes libmicrohttpd skip its body and
+ * close the connection. Everything else is answered on the last call, after the body:
  * an answer queued this early would cost the client its keep-alive. */
 static void on_headers(srv_request *r)
 {
     bool path_known = false;
     r->route = routes_match(r->srv, r->method, r->path, &path_known, &r->label);
-    if (r->over_limit)
+    if (r->over_limit) {
         refuse_over_limit(r);
-    else if (r->route && r->route->has_body)
-        expect_body(r);
+        return;
+    }
+    uint64_t length = 0;
+    bool has_length = false;
+    if (framing_check(r, &length, &has_length) == FRAMING_REFUSED)
+        return;
+    if (r->route && r->route->has_body)
+        expect_body(r, length, has_length);
 }
 
 /* The last call: the whole body is in (or was discarded). */
@@ -428,6 +430,25 @@ static void client_address(struct MHD_Connection *c, char *buf, size_t cap)
                   (socklen_t)cap);
 }
 
+/* The request whose request line this I/O thread read last: the one its
+ * next libmicrohttpd message is about (framing.c). */
+static _Thread_local srv_request *reading;
+static _Thread_local const char *reading_uri;
+
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    reading = info ? info->socket_context : NULL;
+    reading_uri = uri;
+    if (reading && !reading->in_flight) {
+        reading->conn = c;
+        reading->target_len = strlen(uri);
+    }
+    return NULL; /* the access handler's context stays unset until its first call */
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
@@ -450,6 +471,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         *socket_context = r;
     } else {
         srv_request *r = *socket_context;
+        if (r && reading == r)
+            reading = NULL;
         if (r) {
             conn_limit_close(&srv->conn_limit, r->client);
             free(r->body);
@@ -472,6 +495,13 @@ static void on_mhd_error(void *cls, const char *fmt, va_list ap)
     char msg[400];
     vsnprintf(msg, sizeof msg, fmt, ap);
     log_event(&srv->log, "warn", "libmicrohttpd: %s", msg);
+    /* libmicrohttpd 0.9.75's words when it refuses a request's
+     * Content-Length itself (see framing.c). */
+    if (reading && (!strncmp(msg, "Failed to parse `Content-Length' header", 39) ||
+                    !strncmp(msg, "Too large value of 'Content-Length' header", 42))) {
+        framing_malformed_length(reading, reading_uri);
+        reading = NULL;
+    }
 }
 
 /* ------------------------------------------------------------- lifecycle */
@@ -569,6 +599,7 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+        MHD_OPTION_URI_LOG_CALLBACK, on_request_line, srv,
         MHD_OPTION_END);
     if (!srv->daemon) {
         snprintf(err, err_len, "cannot listen on %s port %d: %s", cfg->bind, cfg->port,

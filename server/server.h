@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <microhttpd.h>
 
@@ -48,6 +49,7 @@ struct srv_request {
     const srv_route *route;  /* NULL when no route matched */
     int label;               /* metrics route label (metrics_label) */
     const char *method, *path; /* MHD's strings, valid until completion */
+    size_t target_len;       /* the request target's length, query included */
     const char *origin;      /* the Origin to echo back, or NULL */
     double t_start;          /* monotonic seconds at the first callback */
     char remote[46];         /* client address for the log (INET6_ADDRSTRLEN),
@@ -116,6 +118,23 @@ void http_reply_stock(srv_request *r, stock_error e);
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
 void http_resume(srv_request *r); /* from a compute worker */
+
+/* ---------------------------------------------------------- framing.c */
+
+typedef enum {
+    FRAMING_OK,      /* the body's length is known (or there is none) */
+    FRAMING_REFUSED, /* a JSON error is queued */
+} framing_result;
+
+/* Checks the request's target and header sizes and its body framing
+ * (Transfer-Encoding, Content-Length) before any body is read; *length is
+ * the Content-Length when *has_length. */
+framing_result framing_check(srv_request *r, uint64_t *length, bool *has_length);
+
+/* libmicrohttpd refuses the request just read on this connection for its
+ * malformed Content-Length (r's connection, uri its target): answers it
+ * with JSON on the socket itself (framing.c says why). */
+void framing_malformed_length(srv_request *r, const char *uri);
 
 /* ----------------------------------------------------------- routes.c */
 

@@ -1110,6 +1110,194 @@ START_TEST(truncated_and_slow_clients_never_kill_the_server)
 }
 END_TEST
 
+/* ------------------------------------------------------------ framing */
+
+/* Sends `raw` on a new connection and reads until the server closes it or
+ * `seconds` pass; returns what came (malloc'd, NUL-terminated) and sets
+ * *closed when the server closed the connection. */
+static char *raw_exchange(int port, const char *raw, size_t raw_len, double seconds,
+                          bool *closed)
+{
+    int fd = connect_port(port);
+    ck_assert_int_ge(fd, 0);
+    size_t off = 0;
+    while (off < raw_len) {
+        ssize_t w = send(fd, raw + off, raw_len - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    char *out = NULL;
+    size_t len = 0;
+    append(&out, &len, "", 0);
+    *closed = false;
+    double end = now_s() + seconds;
+    while (now_s() < end) {
+        struct timeval tv = {0, 100000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char buf[4096];
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n > 0) {
+            append(&out, &len, buf, (size_t)n);
+        } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+            *closed = true;
+            break;
+        }
+    }
+    close(fd);
+    return out;
+}
+
+static int count_of_text(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* One well-formed HTTP response and nothing after it: its status, a JSON
+ * error body of exactly Content-Length bytes with the code wanted. */
+static void expect_one_json_error(const char *what, const char *resp, int status,
+                                  const char *code)
+{
+    ck_assert_msg(count_of_text(resp, "HTTP/1.") == 1, "%s: not one response: %.300s", what,
+                  resp);
+    int got = 0;
+    ck_assert_msg(sscanf(resp, "HTTP/1.1 %d", &got) == 1 && got == status,
+                  "%s: status %d, want %d: %.200s", what, got, status, resp);
+    const char *end = strstr(resp, "\r\n\r\n");
+    ck_assert_msg(end != NULL, "%s: no end of headers", what);
+    const char *cl = strcasestr(resp, "\r\nContent-Length:");
+    ck_assert_msg(cl && cl < end, "%s: no Content-Length", what);
+    const char *ct = strcasestr(resp, "\r\nContent-Type: application/json");
+    ck_assert_msg(ct && ct < end, "%s: not JSON: %.300s", what, resp);
+    size_t body_len = strlen(end + 4);
+    ck_assert_msg(strtoul(cl + 17, NULL, 10) == body_len, "%s: Content-Length %lu, body %zu",
+                  what, strtoul(cl + 17, NULL, 10), body_len);
+    json_error_t je;
+    json_t *j = json_loads(end + 4, 0, &je);
+    ck_assert_msg(j != NULL, "%s: body not JSON: %s", what, end + 4);
+    json_t *e = json_object_get(j, "error");
+    ck_assert_int_eq(json_integer_value(json_object_get(e, "status")), status);
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
+    json_decref(j);
+}
+
+START_TEST(transfer_encoding_other_than_chunked_is_501_at_once)
+{
+    const char *codings[] = {"gzip", "gzip, chunked", "chunked, gzip", "identity"};
+    for (size_t i = 0; i < sizeof codings / sizeof *codings; i++) {
+        char req[256];
+        int n = snprintf(req, sizeof req,
+                         "POST /v1/attention HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n"
+                         "Content-Type: application/json\r\n\r\n", codings[i]);
+        bool closed;
+        double t0 = now_s();
+        char *resp = raw_exchange(shared.port, req, (size_t)n, 5, &closed);
+        double took = now_s() - t0;
+        expect_one_json_error(codings[i], resp, 501, "not_implemented");
+        ck_assert_msg(closed && took < 3, "%s: answered in %.1f s, closed %d", codings[i],
+                      took, closed);
+        free(resp);
+    }
+    /* Chunked alone still works (chunked_body_within_limit_is_computed). */
+}
+END_TEST
+
+START_TEST(malformed_content_length_is_one_json_400)
+{
+    const char *values[] = {"abc", "-1", "18446744073709551616", "99999999999999999999999",
+                            "5, 5", "0x10", "+5", ""};
+    for (size_t i = 0; i < sizeof values / sizeof *values; i++) {
+        char req[256];
+        int n = snprintf(req, sizeof req,
+                         "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n"
+                         "Content-Type: application/json\r\n\r\n", values[i]);
+        bool closed;
+        char *resp = raw_exchange(shared.port, req, (size_t)n, 5, &closed);
+        expect_one_json_error(values[i], resp, 400, "invalid_framing");
+        ck_assert_msg(closed, "%s: the connection stayed open", values[i]);
+        free(resp);
+    }
+    /* The largest uint64 is a well-formed length, only too large: 413. */
+    const char *max = "POST /v1/attention HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Length: 18446744073709551615\r\n\r\n";
+    bool closed;
+    char *resp = raw_exchange(shared.port, max, strlen(max), 5, &closed);
+    expect_one_json_error("2^64-1", resp, 413, "body_too_large");
+    free(resp);
+    ck_assert(alive(&shared));
+}
+END_TEST
+
+START_TEST(conflicting_content_lengths_are_400)
+{
+    const char *cases[][2] = {
+        {"Content-Length: 2\r\nContent-Length: 3\r\n", "invalid_framing"},
+        {"Content-Length: 2\r\nContent-Length: abc\r\n", "invalid_framing"},
+        {"Transfer-Encoding: chunked\r\nContent-Length: 2\r\n", "invalid_framing"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char req[256];
+        int n = snprintf(req, sizeof req,
+                         "POST /v1/attention HTTP/1.1\r\nHost: x\r\n%s"
+                         "Content-Type: application/json\r\n\r\n{}", cases[i][0]);
+        bool closed;
+        char *resp = raw_exchange(shared.port, req, (size_t)n, 5, &closed);
+        expect_one_json_error(cases[i][0], resp, 400, cases[i][1]);
+        free(resp);
+    }
+    /* The same length twice is one length (RFC 9112 6.3): read as usual. */
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     strlen(tiny_attention), strlen(tiny_attention), tiny_attention);
+    bool closed;
+    char *resp = raw_exchange(shared.port, req, (size_t)n, 5, &closed);
+    ck_assert_msg(!strncmp(resp, "HTTP/1.1 200", 12), "%.200s", resp);
+    free(resp);
+}
+END_TEST
+
+START_TEST(long_target_is_414_and_big_headers_431_in_json)
+{
+    size_t n = 11000;
+    char *req = malloc(n + 200);
+    int k = snprintf(req, n + 200, "GET /healthz?x=");
+    memset(req + k, 'a', n);
+    snprintf(req + k + n, 200, " HTTP/1.1\r\nHost: x\r\n\r\n");
+    bool closed;
+    char *resp = raw_exchange(shared.port, req, strlen(req), 5, &closed);
+    expect_one_json_error("11000-byte target", resp, 414, "uri_too_long");
+    free(resp);
+    free(req);
+    n = 13000;
+    req = malloc(n + 200);
+    k = snprintf(req, n + 200, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    memset(req + k, 'a', n);
+    snprintf(req + k + n, 200, "\r\n\r\n");
+    resp = raw_exchange(shared.port, req, strlen(req), 5, &closed);
+    expect_one_json_error("13 KB of headers", resp, 431, "header_too_large");
+    free(resp);
+    /* Past the 16 KiB buffer libmicrohttpd answers (or closes) itself:
+     * still never more than one response. */
+    free(req);
+    n = 40000;
+    req = malloc(n + 200);
+    k = snprintf(req, n + 200, "GET /healthz?x=");
+    memset(req + k, 'a', n);
+    snprintf(req + k + n, 200, " HTTP/1.1\r\nHost: x\r\n\r\n");
+    resp = raw_exchange(shared.port, req, strlen(req), 5, &closed);
+    ck_assert_int_le(count_of_text(resp, "HTTP/1."), 1);
+    ck_assert(closed);
+    free(resp);
+    free(req);
+    ck_assert(alive(&shared));
+}
+END_TEST
+
 /* Clients that hang up halfway through a body must not stay counted as in
  * flight (which would also hold up a drain until the idle timeout). */
 START_TEST(clients_closing_mid_body_are_not_left_in_flight)
@@ -1247,9 +1435,18 @@ START_TEST(work_beyond_max_work_is_422_work_limit)
 }
 END_TEST
 
-/* A multi-head body of about 3 KB that asks for seconds of work: 128 heads
- * of width 1 over 1300 positions (issue 8's "long work on the I/O threads"). */
-static char *small_heavy_body(void)
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+
+/* A multi-head body of about 2 KB that asks for a second or more of work:
+ * `heads` heads of width 1 over 1300 positions (issue 8's "long work on the
+ * I/O threads"). */
+static char *small_heavy_body(int heads)
 {
     char *body = NULL;
     size_t len = 0;
@@ -1263,12 +1460,13 @@ static char *small_heavy_body(void)
         char key[32];
         int k = snprintf(key, sizeof key, ",\"%s\":[[", w[t]);
         append(&body, &len, key, (size_t)k);
-        for (int i = 0; i < 128; i++)
+        for (int i = 0; i < heads; i++)
             append(&body, &len, i ? ",1" : "1", i ? 2 : 1);
         append(&body, &len, "]]", 2);
     }
-    const char *tail = ",\"num_heads\":128}";
-    append(&body, &len, tail, strlen(tail));
+    char tail[40];
+    int k = snprintf(tail, sizeof tail, ",\"num_heads\":%d}", heads);
+    append(&body, &len, tail, (size_t)k);
     return body;
 }
 
@@ -1276,58 +1474,77 @@ typedef struct {
     int port;
     const char *path, *body;
     reply r;
+    double seconds;
 } async_req;
 
 static void *async_post_thread(void *arg)
 {
     async_req *a = arg;
+    double t0 = now_s();
     a->r = post_json(a->port, a->path, a->body);
+    a->seconds = now_s() - t0;
     return NULL;
 }
 
-/* The operational routes answer within milliseconds while every compute
- * slot is busy with small bodies that ask for long work: such work is
- * queued for the workers, never computed on the I/O threads. */
+/* The operational routes answer at once while every compute slot is busy
+ * with small bodies that ask for long work: such work is queued for the
+ * workers, never computed on the I/O threads (where a probe would wait for
+ * a heavy request to end). "At once" is judged against the heavy requests'
+ * own time, so that a slow build or a loaded machine does not change the
+ * verdict: the slowest probe must take under a quarter of the quickest
+ * heavy request. */
 START_TEST(health_answers_at_once_while_small_heavy_bodies_compute)
 {
+    enum { N = 4 };
     /* As many slots as requests: each could start at once, on whichever
      * thread read it. */
-    server s = start_server("--threads", "6");
-    char *body = small_heavy_body();
+    server s = start_server("--threads", "4");
+#ifdef SANITIZED
+    char *body = small_heavy_body(8);
+#else
+    char *body = small_heavy_body(48);
+#endif
     ck_assert_uint_le(strlen(body), 4096);
-    async_req a[6];
-    pthread_t t[6];
-    /* One after another, so that whichever thread is free reads the next. */
-    for (int i = 0; i < 6; i++) {
-        a[i] = (async_req){s.port, "/v1/multihead", body, {0}};
+    async_req a[N];
+    pthread_t t[N];
+    /* One after another, so that whichever I/O thread is free reads the
+     * next: each of them gets one. */
+    for (int i = 0; i < N; i++) {
+        a[i] = (async_req){s.port, "/v1/multihead", body, {0}, 0};
         pthread_create(&t[i], NULL, async_post_thread, &a[i]);
         usleep(50000);
     }
     /* No waiting on /metrics here: every probe is timed. */
-    usleep(200000);
+    usleep(100000);
     double worst = 0;
+    int ok = 0;
     const char *paths[] = {"/healthz", "/readyz", "/metrics"};
-    for (int i = 0; i < 15; i++) {
+    for (int i = 0; i < 9; i++) {
         double t0 = now_s();
         reply r = get(s.port, paths[i % 3]);
         double took = now_s() - t0;
-        ck_assert_int_eq(r.status, 200);
+        ok += r.status == 200;
         reply_free(&r);
         if (took > worst)
             worst = took;
-        usleep(20000);
+        usleep(10000);
     }
-    double busy = metric(s.port, "attnd_computing_requests");
-    for (int i = 0; i < 6; i++) {
+    double quickest = 1e9;
+    int heavy_ok = 0;
+    for (int i = 0; i < N; i++) {
         pthread_join(t[i], NULL);
-        ck_assert_msg(a[i].r.status == 200, "heavy request %d: %ld", i, a[i].r.status);
+        heavy_ok += a[i].r.status == 200;
+        if (a[i].seconds < quickest)
+            quickest = a[i].seconds;
         reply_free(&a[i].r);
     }
     free(body);
     ck_assert_int_eq(stop_server(&s), 0);
-    /* Seconds when computed on the I/O threads; a scheduling slice here. */
-    ck_assert_msg(worst < 0.5, "an operational route took %.0f ms", worst * 1e3);
-    ck_assert_msg(busy >= 1, "the heavy requests were done before the probes ended");
+    ck_assert_int_eq(ok, 9);
+    ck_assert_int_eq(heavy_ok, N);
+    ck_assert_msg(worst < quickest / 4,
+                  "an operational route took %.0f ms while the heavy requests took %.0f ms "
+                  "and more", worst * 1e3, quickest * 1e3);
 }
 END_TEST
 
@@ -2116,6 +2333,10 @@ static Suite *server_suite(void)
     tcase_add_test(robust, random_garbage_bodies_never_kill_the_server);
     tcase_add_test(robust, truncated_and_slow_clients_never_kill_the_server);
     tcase_add_test(robust, clients_closing_mid_body_are_not_left_in_flight);
+    tcase_add_test(robust, transfer_encoding_other_than_chunked_is_501_at_once);
+    tcase_add_test(robust, malformed_content_length_is_one_json_400);
+    tcase_add_test(robust, conflicting_content_lengths_are_400);
+    tcase_add_test(robust, long_target_is_414_and_big_headers_431_in_json);
     tcase_add_test(robust, idle_connection_is_closed_after_timeout);
     suite_add_tcase(s, robust);
 
