@@ -20,6 +20,7 @@ typedef enum {
     OPT_NUMBER,  /* finite number (1e12) within [min, max] */
     OPT_CHOICE,  /* one of `choices`, stored as its index */
     OPT_ORIGINS, /* repeatable / comma-separated list of CORS origins */
+    OPT_PATH,    /* a file name ("" for none) */
     OPT_ACTION,  /* --help, --version: no value */
 } opt_type;
 
@@ -88,6 +89,14 @@ static const opt_row options[] = {
      .offset = OFF(n_origins), .def = "*",
      .help = "allow cross-origin requests from ORIGIN (repeatable, comma-separated; "
              "* for any, \"\" for none)"},
+    {.name = "api-key-file", .metavar = "PATH", .type = OPT_PATH,
+     .offset = OFF(api_key_file), .def = "",
+     .help = "require Authorization: Bearer KEY on every route but /healthz and /readyz, "
+             "KEY one of the lines of PATH (re-read on SIGHUP)"},
+    {.name = "tls-cert", .metavar = "PATH", .type = OPT_PATH, .offset = OFF(tls_cert),
+     .def = "", .help = "serve HTTPS with this PEM certificate (chain), with --tls-key"},
+    {.name = "tls-key", .metavar = "PATH", .type = OPT_PATH, .offset = OFF(tls_key),
+     .def = "", .help = "the PEM private key of --tls-cert"},
     {.name = "log-format", .metavar = "text|json", .type = OPT_CHOICE,
      .offset = OFF(log_format), .def = "text", .choices = log_formats,
      .help = "access log format on stderr"},
@@ -229,6 +238,12 @@ static bool set_value(attnd_config *cfg, const opt_row *o, const char *value,
         return fail(err, len, "%s: \"%s\" is not one of %s", who, value, o->metavar);
     case OPT_ORIGINS:
         return add_origins(cfg, value, who, err, len);
+    case OPT_PATH:
+        if (strlen(value) >= CFG_MAX_PATH)
+            return fail(err, len, "%s: the file name is longer than %d bytes", who,
+                        CFG_MAX_PATH - 1);
+        strcpy(field, value);
+        return true;
     case OPT_ACTION:
         break;
     }

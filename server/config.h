@@ -16,6 +16,7 @@
 
 #define ATTND_VERSION "1.0.0"
 #define CFG_MAX_ORIGINS 16
+#define CFG_MAX_PATH 1024
 
 typedef enum { LOG_TEXT = 0, LOG_JSON = 1 } log_format;
 
@@ -32,6 +33,9 @@ typedef struct {
     int log_format;      /* log_format */
     int n_origins;       /* allowed CORS origins ("*" allows any) */
     char origins[CFG_MAX_ORIGINS][256];
+    char api_key_file[CFG_MAX_PATH]; /* "" : no key needed */
+    char tls_cert[CFG_MAX_PATH];     /* PEM; "" : plain HTTP */
+    char tls_key[CFG_MAX_PATH];
 } attnd_config;
 
 typedef enum {

@@ -47,14 +47,15 @@ static bool header_name_char(char c)
 }
 
 /* The headers a preflight asks for are echoed when they are plain header
- * names; anything odd falls back to the one header a JSON client needs. */
+ * names (Authorization among them, for --api-key-file); anything odd falls
+ * back to the two headers a JSON client needs. */
 static const char *allowed_headers(const char *requested)
 {
     if (!requested || !*requested || strlen(requested) > 512)
-        return "Content-Type";
+        return "Content-Type, Authorization";
     for (const char *p = requested; *p; p++)
         if (!header_name_char(*p))
-            return "Content-Type";
+            return "Content-Type, Authorization";
     return requested;
 }
 

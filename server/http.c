@@ -318,6 +318,19 @@ static void on_headers(srv_request *r)
     bool has_length = false;
     if (framing_check(r, &length, &has_length) == FRAMING_REFUSED)
         return;
+    /* The key before anything else about the request: a client without one
+     * learns nothing (not even which paths exist). Preflights carry no
+     * credentials (Fetch standard), and the health routes are for probes. */
+    bool preflight = !r->route && path_known && !strcmp(r->method, MHD_HTTP_METHOD_OPTIONS);
+    if (!(r->route && r->route->open) && !preflight) {
+        srv_auth_result a = auth_check(&r->srv->auth,
+            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                        MHD_HTTP_HEADER_AUTHORIZATION));
+        if (a != AUTH_OK) {
+            http_reply_stock(r, a == AUTH_MISSING ? STOCK_NO_KEY : STOCK_WRONG_KEY);
+            return;
+        }
+    }
     if (r->route && r->route->has_body)
         expect_body(r, length, has_length);
 }
@@ -537,6 +550,14 @@ static bool build_stock(srv_server *srv)
              "reuse or close one, then retry", srv->cfg->max_conns_per_ip);
     stock[STOCK_TOO_MANY_CONNECTIONS] = canned_error(srv, 503, "too_many_connections", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    /* RFC 6750 section 3: the challenge, and error="invalid_token" when a
+     * token was presented but is not one of the keys. */
+    stock[STOCK_NO_KEY] = canned_error(srv, 401, "unauthorized",
+        "this server needs an API key: send Authorization: Bearer <key>",
+        MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
+    stock[STOCK_WRONG_KEY] = canned_error(srv, 401, "unauthorized",
+        "the bearer token is not one of this server's API keys",
+        MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\", error=\"invalid_token\"");
     for (int i = 0; i < N_STOCK; i++)
         if (!stock[i])
             return false;
@@ -584,6 +605,16 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
      * only on machines with more cores to keep them busy. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned int io_threads = cores > 8 ? 8 : cores > 2 ? (unsigned)cores : 2;
+    /* HTTPS: the certificate and key as PEM text (tls.c). */
+    struct MHD_OptionItem tls_options[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, srv->tls_cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, srv->tls_key},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (tls_enabled(srv))
+        flags |= MHD_USE_TLS;
+    else
+        tls_options[0].option = MHD_OPTION_END;
     srv->daemon = MHD_start_daemon(
         flags, (uint16_t)cfg->port, cfg->max_conns_per_ip ? accept_policy : NULL, srv,
         on_request, srv,
@@ -600,6 +631,7 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
         MHD_OPTION_URI_LOG_CALLBACK, on_request_line, srv,
+        MHD_OPTION_ARRAY, tls_options,
         MHD_OPTION_END);
     if (!srv->daemon) {
         snprintf(err, err_len, "cannot listen on %s port %d: %s", cfg->bind, cfg->port,

@@ -1,7 +1,7 @@
 /*
  * attnd: read the configuration, serve until SIGTERM or SIGINT, then drain
  * (stop accepting, let in-flight requests finish) and exit 0. A second
- * signal during the drain stops waiting.
+ * signal during the drain stops waiting. SIGHUP reads the API keys again.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -37,6 +37,13 @@ int main(int argc, char **argv)
         break;
     }
 
+    /* The key file and the certificate are read before anything starts: a
+     * file that cannot be used is a configuration error. */
+    if (!auth_init(&srv.auth, &cfg, err, sizeof err) || !tls_init(&srv, err, sizeof err)) {
+        fprintf(stderr, "attnd: %s\n", err);
+        return 2;
+    }
+
     srv_log *log = &srv.log;
     log_init(log, (log_format)cfg.log_format);
     if (!signals_install()) {
@@ -53,12 +60,24 @@ int main(int argc, char **argv)
         log_event(log, "error", "%s", err);
         return 1;
     }
-    log_event(log, "info", "attnd %s listening on %s%s%s:%d (threads %d, queue %d, max-body %lld)",
-              ATTND_VERSION, strchr(cfg.bind, ':') ? "[" : "", cfg.bind,
-              strchr(cfg.bind, ':') ? "]" : "", http_port(&srv), cfg.threads, cfg.queue,
-              (long long)cfg.max_body);
+    log_event(log, "info",
+              "attnd %s listening on %s://%s%s%s:%d (threads %d, queue %d, max-body %lld%s)",
+              ATTND_VERSION, tls_enabled(&srv) ? "https" : "http",
+              strchr(cfg.bind, ':') ? "[" : "", cfg.bind, strchr(cfg.bind, ':') ? "]" : "",
+              http_port(&srv), cfg.threads, cfg.queue, (long long)cfg.max_body,
+              auth_required(&srv.auth) ? ", API key required" : "");
 
-    int sig = signals_wait();
+    int sig;
+    while ((sig = signals_wait()) == SIGHUP) {
+        int keys = auth_reload(&srv.auth, err, sizeof err);
+        if (keys >= 0)
+            log_event(log, "info", "SIGHUP: %d API key(s) in force, read from %s", keys,
+                      cfg.api_key_file);
+        else if (auth_required(&srv.auth))
+            log_event(log, "warn", "SIGHUP: %s; the keys in force stay", err);
+        else
+            log_event(log, "info", "SIGHUP: nothing to reload (no --api-key-file)");
+    }
     log_event(log, "info", "%s: draining %ld in-flight request(s)",
               sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight(&srv));
     http_quiesce(&srv);
@@ -83,6 +102,8 @@ int main(int argc, char **argv)
         return 0;
     }
     http_stop(&srv);
+    auth_free(&srv.auth);
+    tls_free(&srv);
     log_shutdown(log);
     log_event(log, "info", "stopped");
     return 0;

@@ -15,8 +15,8 @@
 #define relaxed_add(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
 
 /* The statuses attnd produces; anything else is counted under "other". */
-static const int statuses[METRICS_N_STATUS] = {200, 204, 400, 404, 405, 413,
-                                               415, 422, 499, 500, 503};
+static const int statuses[METRICS_N_STATUS] = {200, 204, 400, 401, 404, 405, 413, 414,
+                                               415, 422, 431, 499, 500, 501, 503};
 
 /* Latency buckets in seconds: from a cached /healthz (~50 us) to a large
  * multi-head gradient (tens of seconds). */

@@ -22,18 +22,21 @@ static void handle_info(srv_request *r);
 static void handle_openapi(srv_request *r);
 
 static const srv_route routes[] = {
-    {"POST", "/v1/attention", handle_compute, true, API_OP_ATTENTION},
-    {"POST", "/v1/multihead", handle_compute, true, API_OP_MULTIHEAD},
-    {"GET", "/healthz", handle_healthz, false, 0},
-    {"GET", "/readyz", handle_readyz, false, 0},
-    {"GET", "/metrics", handle_metrics, false, 0},
-    {"GET", "/v1/info", handle_info, false, 0},
-    {"GET", "/openapi.yaml", handle_openapi, false, 0},
+    {.method = "POST", .path = "/v1/attention", .handle = handle_compute, .has_body = true,
+     .op = API_OP_ATTENTION},
+    {.method = "POST", .path = "/v1/multihead", .handle = handle_compute, .has_body = true,
+     .op = API_OP_MULTIHEAD},
+    /* For probes (a load balancer, Kubernetes): no API key needed. */
+    {.method = "GET", .path = "/healthz", .handle = handle_healthz, .open = true},
+    {.method = "GET", .path = "/readyz", .handle = handle_readyz, .open = true},
+    {.method = "GET", .path = "/metrics", .handle = handle_metrics},
+    {.method = "GET", .path = "/v1/info", .handle = handle_info},
+    {.method = "GET", .path = "/openapi.yaml", .handle = handle_openapi},
     /* The page (page.c): one row per file of server/web/ it loads. */
-    {"GET", "/", page_reply, false, 0},
-    {"GET", "/app.js", page_reply, false, 0},
-    {"GET", "/attnd.js", page_reply, false, 0},
-    {"GET", "/style.css", page_reply, false, 0},
+    {.method = "GET", .path = "/", .handle = page_reply},
+    {.method = "GET", .path = "/app.js", .handle = page_reply},
+    {.method = "GET", .path = "/attnd.js", .handle = page_reply},
+    {.method = "GET", .path = "/style.css", .handle = page_reply},
 };
 #define N_ROUTES (int)(sizeof routes / sizeof routes[0])
 _Static_assert(N_ROUTES <= ROUTES_MAX, "raise ROUTES_MAX");
@@ -237,8 +240,9 @@ static void info_string(info_text *t, const char *s)
     free(e);
 }
 
-static char *build_info(const attnd_config *cfg, size_t *len)
+static char *build_info(const srv_server *srv, size_t *len)
 {
+    const attnd_config *cfg = srv->cfg;
     api_info ai;
     api_get_info(&ai);
     info_text t = {0};
@@ -252,7 +256,11 @@ static char *build_info(const attnd_config *cfg, size_t *len)
     info_string(&t, ai.blas_config);
     info_put(&t, ", \"corename\": ");
     info_string(&t, ai.blas_corename);
-    info_put(&t, ", \"threads\": 1}, \"threads\": %d, \"cors_origins\": [", cfg->threads);
+    info_put(&t, ", \"threads\": 1}, \"threads\": %d, ", cfg->threads);
+    /* whether they are on, never what they are */
+    info_put(&t, "\"security\": {\"api_key_required\": %s, \"tls\": %s}, ",
+             auth_required(&srv->auth) ? "true" : "false", tls_enabled(srv) ? "true" : "false");
+    info_put(&t, "\"cors_origins\": [");
     for (int i = 0; i < cfg->n_origins; i++) {
         if (i)
             info_put(&t, ", ");
@@ -321,7 +329,7 @@ bool routes_init(srv_server *srv)
     t->openapi = canned_new(srv, 200, "application/yaml", api_openapi_yaml,
                             api_openapi_yaml_len, NULL, NULL);
     size_t info_len = 0;
-    t->info_body = build_info(srv->cfg, &info_len);
+    t->info_body = build_info(srv, &info_len);
     t->info = t->info_body ? canned_new(srv, 200, "application/json", t->info_body, info_len,
                                         NULL, NULL)
                            : NULL;

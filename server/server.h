@@ -39,6 +39,7 @@ struct srv_route {
     srv_handler handle;
     bool has_body;      /* POST: the body is read before the handler runs */
     api_op op;          /* for the compute routes */
+    bool open;          /* answered without an API key (/healthz, /readyz) */
 };
 
 /* One per connection, reused by each request on it (keep-alive), so that a
@@ -109,6 +110,8 @@ typedef enum {
     STOCK_RESPONSES_PENDING,  /* 503 + Retry-After: --max-response is spent */
     STOCK_SHUTTING_DOWN,      /* 503 + Retry-After */
     STOCK_TOO_MANY_CONNECTIONS, /* 503 + Retry-After, past --max-conns-per-ip */
+    STOCK_NO_KEY,             /* 401 + WWW-Authenticate: no bearer token */
+    STOCK_WRONG_KEY,          /* 401 + WWW-Authenticate: not one of the keys */
     N_STOCK
 } stock_error;
 
@@ -203,7 +206,7 @@ void compute_stop(srv_server *srv);
 /* ---------------------------------------------------------- metrics.c */
 
 /* The statuses counted by name; anything else is "other". */
-#define METRICS_N_STATUS 11
+#define METRICS_N_STATUS 15
 /* Latency histogram buckets (the last counter is +Inf). */
 #define METRICS_N_BUCKETS 18
 
@@ -299,10 +302,41 @@ srv_client *conn_limit_open(srv_conn_limit *cl, const struct sockaddr *sa, bool 
 void conn_limit_close(srv_conn_limit *cl, srv_client *c);
 void conn_limit_free(srv_conn_limit *cl);
 
+/* ------------------------------------------------------------- auth.c */
+
+typedef struct srv_key_set srv_key_set;
+
+typedef struct {
+    const char *path;        /* --api-key-file, "" for none */
+    pthread_rwlock_t lock;   /* readers check, SIGHUP swaps the set */
+    srv_key_set *keys;
+} srv_auth;
+
+typedef enum { AUTH_OK, AUTH_MISSING, AUTH_INVALID } srv_auth_result;
+
+/* Reads the key file, when there is one; false (err) when it cannot be
+ * read or holds no key. */
+bool auth_init(srv_auth *a, const attnd_config *cfg, char *err, size_t err_len);
+/* Reads the key file again (SIGHUP): the number of keys now in force, or -1
+ * (err) when it could not be read and the old keys stay. */
+int auth_reload(srv_auth *a, char *err, size_t err_len);
+bool auth_required(const srv_auth *a);
+/* The value of the Authorization header (or NULL) against the keys. */
+srv_auth_result auth_check(srv_auth *a, const char *authorization);
+void auth_free(srv_auth *a);
+
+/* -------------------------------------------------------------- tls.c */
+
+/* Reads --tls-cert and --tls-key (both or neither); false (err) when they
+ * cannot be served. */
+bool tls_init(srv_server *srv, char *err, size_t err_len);
+bool tls_enabled(const srv_server *srv);
+void tls_free(srv_server *srv); /* the key's text is wiped */
+
 /* ---------------------------------------------------------- signals.c */
 
-bool signals_install(void);        /* SIGTERM/SIGINT handlers; SIGPIPE ignored */
-int signals_wait(void);            /* the first SIGTERM/SIGINT */
+bool signals_install(void);        /* SIGTERM/SIGINT/SIGHUP handlers; SIGPIPE ignored */
+int signals_wait(void);            /* the next SIGTERM, SIGINT or SIGHUP */
 bool signals_poll(int timeout_ms); /* another one arrived within the timeout */
 
 /* ------------------------------------------------------------- server */
@@ -318,6 +352,9 @@ struct srv_server {
     srv_cors cors;
     srv_conn_limit conn_limit;
     srv_log log;
+    srv_auth auth;
+    char *tls_cert, *tls_key;  /* PEM text, when serving HTTPS */
+    size_t tls_key_len;
 };
 
 #endif /* ATTND_SERVER_H */

@@ -1,6 +1,7 @@
 /*
- * SIGTERM and SIGINT become bytes on a pipe that main reads, so the drain is
- * ordinary code and nothing but write(2) runs in signal context. (Blocking
+ * SIGTERM, SIGINT and SIGHUP become bytes on a pipe that main reads, so the
+ * drain and the reload of the API keys are ordinary code and nothing but
+ * write(2) runs in signal context. (Blocking
  * the signals and using sigwait would not do: OpenBLAS starts its threads
  * before main, with the signals unblocked, and a process-directed signal
  * may be delivered to any of them.) SIGPIPE is ignored: a client that hangs
@@ -37,6 +38,7 @@ bool signals_install(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     return true;
 }
@@ -64,5 +66,9 @@ int signals_wait(void)
 
 bool signals_poll(int timeout_ms)
 {
-    return next_signal(timeout_ms) != 0;
+    int sig;
+    /* A SIGHUP during the drain reloads nothing and stops nothing. */
+    while ((sig = next_signal(timeout_ms)) == SIGHUP)
+        ;
+    return sig != 0;
 }
