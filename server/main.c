@@ -60,11 +60,12 @@ int main(int argc, char **argv)
         log_event(log, "error", "%s", err);
         return 1;
     }
+    /* "listening on ADDR:PORT" is read by scripts (tests/torch_check.py). */
     log_event(log, "info",
-              "attnd %s listening on %s://%s%s%s:%d (threads %d, queue %d, max-body %lld%s)",
-              ATTND_VERSION, tls_enabled(&srv) ? "https" : "http",
-              strchr(cfg.bind, ':') ? "[" : "", cfg.bind, strchr(cfg.bind, ':') ? "]" : "",
-              http_port(&srv), cfg.threads, cfg.queue, (long long)cfg.max_body,
+              "attnd %s listening on %s%s%s:%d (threads %d, queue %d, max-body %lld%s%s)",
+              ATTND_VERSION, strchr(cfg.bind, ':') ? "[" : "", cfg.bind,
+              strchr(cfg.bind, ':') ? "]" : "", http_port(&srv), cfg.threads, cfg.queue,
+              (long long)cfg.max_body, tls_enabled(&srv) ? ", HTTPS" : "",
               auth_required(&srv.auth) ? ", API key required" : "");
 
     int sig;
