@@ -2033,10 +2033,12 @@ END_TEST
  * and for numbers of the longest text (large outputs, tiny weights). */
 START_TEST(response_estimate_bounds_the_answer)
 {
-    const char *encodings[] = {"nested", "flat", "base64"};
+    const char *encodings[] = {"\"nested\"", "\"flat\"", "\"base64\"",
+                               "\"base64\",\"output_dtype\":\"float16\"",
+                               "\"base64\",\"output_dtype\":\"bfloat16\""};
     const float values[] = {-1000206000000000.0f, -1.17549435e-38f, 0.1f, -3.4028235e38f};
     sbuf b = {0};
-    for (size_t e = 0; e < 3; e++)
+    for (size_t e = 0; e < sizeof encodings / sizeof *encodings; e++)
         for (size_t v = 0; v < sizeof values / sizeof *values; v++)
             for (int rank = 2; rank <= 4; rank++) {
                 int64_t shape[4] = {2, 3, 5, 7}, *sh = shape + (4 - rank);
@@ -2050,13 +2052,19 @@ START_TEST(response_estimate_bounds_the_answer)
                 put_field(&b, "q", zero, rank, sh, ENC_BASE64);
                 put_field(&b, "k", zero, rank, sh, ENC_BASE64);
                 put_field(&b, "v", x, rank, sh, ENC_BASE64);
-                sb_printf(&b, ",\"return_weights\":true,\"output_encoding\":\"%s\"}",
+                sb_printf(&b, ",\"return_weights\":true,\"output_encoding\":%s}",
                           encodings[e]);
                 api_cost cost;
                 api_response res;
                 api_call *c = api_prepare(API_OP_ATTENTION, b.s, b.len, &LIM, &cost, &res);
                 ck_assert_ptr_nonnull(c);
                 api_execute(c, 1, &res);
+                if (res.status == 422 && e >= 3) { /* beyond float16's range */
+                    api_response_free(&res);
+                    free(x);
+                    free(zero);
+                    continue;
+                }
                 ck_assert_msg(res.status == 200, "%s", res.body);
                 ck_assert_msg((double)res.body_len <= cost.response_bytes &&
                                   (double)res.body_cap <= cost.response_bytes,
