@@ -8,7 +8,9 @@
  *
  * First k is packed, once per key/value head, into KERN_BK-wide panels of
  *   kt [B, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile)
- * which every query block of every query head that reads the head shares.
+ * which every query block of every query head that reads the head shares
+ * (when only one unit reads each panel, short sequences, the unit packs it
+ * itself, right before it uses it).
  * Then a work unit is one block of KERN_FWD_BQ query rows of one (batch,
  * head): it streams the key tiles past its rows (the kernel's forward_tile)
  * and owns its output rows, so units run in parallel without sharing
@@ -24,6 +26,7 @@
 /* One worker's workspaces, carved from a single allocation (block). */
 typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
+    float *panel; /* [d_k, KERN_BK]: k^T of the tile, when units pack their own */
     double *l, *ent;
     void *block;
 } fwd_worker;
@@ -31,7 +34,7 @@ typedef struct {
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
-    const float *kt; /* the packed panels */
+    const float *kt; /* the packed panels; NULL when each unit packs its own */
     float *out, *weights;
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
@@ -137,10 +140,14 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         st.kt = t.j0 / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
-        kern_keys keys = {
-            .kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK,
-            .v = v + t.j0 * c->ldv,
-        };
+        kern_keys keys = {.v = v + t.j0 * c->ldv};
+        if (job->kt != NULL) {
+            keys.kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK;
+        } else {
+            job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols, p->d_k,
+                              w->panel);
+            keys.kt = w->panel;
+        }
         job->kern->forward_tile(c, &t, &keys, &st);
     }
     if (job->weights != NULL)
@@ -194,7 +201,7 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job, bool stats)
     const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
     const bool weights = job->weights != NULL;
     size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
-                   lines(bq, sizeof(double));
+                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * bk, sizeof(float));
     if (stats)
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
@@ -212,6 +219,8 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job, bool stats)
         b += lines(bq, sizeof(float));
         w[i].l = (double *)(void *)b;
         b += lines(bq, sizeof(double));
+        w[i].panel = (float *)(void *)b;
+        b += lines(job->call.p->d_k * bk, sizeof(float));
         if (stats) {
             w[i].raw = (float *)(void *)b;
             b += lines(bk, sizeof(float));
@@ -247,7 +256,11 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     const int64_t units = p->batch * p->heads_q * job.q_tiles;
     const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
     int threads = sdpa_threads(p, units, attn_sdpa_flops(p));
-    float *kt = sdpa_alloc(panels * p->d_k * KERN_BK, sizeof(float));
+    /* A panel read by one unit only (one query block, no query heads
+     * sharing the key head) is packed by that unit, while it is in cache;
+     * otherwise once for all of them, before. */
+    const bool shared = job.q_tiles > 1 || job.call.group > 1;
+    float *kt = shared ? sdpa_alloc(panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
     job.kt = kt;
     if (stats != NULL)
         job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
@@ -259,7 +272,8 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
     }
-    bool ok = kt != NULL && job.workers != NULL && (stats == NULL || job.unit_stats != NULL) &&
+    bool ok = (!shared || kt != NULL) && job.workers != NULL &&
+              (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
         ok = sdpa_rope(&job.call, threads, q, k, q_rot, k_rot, false) == ATTN_OK;
@@ -274,8 +288,10 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         free_workers(job.workers, threads);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     }
-    pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
-    attn_parallel_for(threads, panels, pack_unit, &pack);
+    if (shared) {
+        pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
+        attn_parallel_for(threads, panels, pack_unit, &pack);
+    }
     attn_parallel_for(threads, units, forward_unit, &job);
     if (stats != NULL) {
         for (int64_t u = 1; u < units; u++)
