@@ -364,12 +364,45 @@ static bool check_reference(json_t *req, json_t *answer, char *why, size_t cap)
             if (!(fabs(out.x[i] - ref[i]) <= o_tol))
                 ok = fail(why, cap, "output[%lld] is %.9g, the reference %.9g (tolerance %.3g)",
                           (long long)i, out.x[i], ref[i], o_tol);
+        /* The tolerances above grow with the scores, so huge scores would
+         * let anything through. These hold at any magnitude: an output row
+         * lies within the values of the keys it sees (zeros when the causal
+         * mask hides them all), and a weight row sums to 1 (or is zeros). */
+        double round_tol = 4 * (double)(p.n_k + 4) * eps;
+        for (int64_t row = 0; ok && row < p.batch * p.heads_q * p.n_q; row++) {
+            int64_t b = row / (p.heads_q * p.n_q), h = row / p.n_q % p.heads_q, i = row % p.n_q;
+            int64_t seen = p.causal ? i + p.n_k - p.n_q + 1 : p.n_k; /* keys 0..seen-1 */
+            if (seen > p.n_k)
+                seen = p.n_k;
+            const double *vh = vd + (b * p.heads_kv + h / group) * p.n_k * p.d_v;
+            for (int64_t c = 0; ok && c < p.d_v; c++) {
+                double lo = seen > 0 ? INFINITY : 0, hi = seen > 0 ? -INFINITY : 0;
+                for (int64_t j = 0; j < seen; j++) {
+                    lo = fmin(lo, vh[j * p.d_v + c]);
+                    hi = fmax(hi, vh[j * p.d_v + c]);
+                }
+                double o = out.x[row * p.d_v + c], t = round_tol * v_max + 1e-37;
+                if (!(o >= lo - t && o <= hi + t))
+                    ok = fail(why, cap, "output[%lld] is %.9g, outside [%.9g, %.9g], the values "
+                              "its row sees", (long long)(row * p.d_v + c), o, lo, hi);
+            }
+        }
         tensor w;
         if (ok && read_tensor(json_object_get(answer, "weights"), &w)) {
             for (int64_t i = 0; ok && w.count == n_w && i < n_w; i++)
                 if (!(fabs(w.x[i] - ref_w[i]) <= w_tol))
                     ok = fail(why, cap, "weights[%lld] is %.9g, the reference %.9g", (long long)i,
                               w.x[i], ref_w[i]);
+            for (int64_t row = 0; ok && w.count == n_w && row < n_w / p.n_k; row++) {
+                double sum = 0, want = 0;
+                for (int64_t j = 0; j < p.n_k; j++) {
+                    sum += w.x[row * p.n_k + j];
+                    want += ref_w[row * p.n_k + j];
+                }
+                if (!(fabs(sum - want) <= round_tol + 1e-6))
+                    ok = fail(why, cap, "weights row %lld sums to %.9g, the reference to %.9g",
+                              (long long)row, sum, want);
+            }
             if (ok && w.count != n_w)
                 ok = fail(why, cap, "weights has %lld numbers, the shapes give %lld",
                           (long long)w.count, (long long)n_w);
