@@ -11,8 +11,9 @@
 #include "server.h"
 
 /* How long the drain waits for a request on a connection still open once
- * nothing is in flight (see below). */
-#define DRAIN_GRACE_MS 500
+ * nothing is in flight (see below). 0.5 s lost requests from wrk under a
+ * load average of 19 on 2 cores, whose threads then wait that long to run. */
+#define DRAIN_GRACE_S 1.0
 
 int main(int argc, char **argv)
 {
@@ -86,13 +87,14 @@ int main(int argc, char **argv)
      * connection closes after its next request. A request may already be on
      * its way on one of them when the last one in flight finishes: wait
      * until every connection has gone, or none has had a request in flight
-     * for DRAIN_GRACE_MS, so that it is answered (503 shutting_down) rather
+     * for DRAIN_GRACE_S, so that it is answered (503 shutting_down) rather
      * than reset. Idle keep-alive connections are not waited for longer. */
     bool forced = false;
-    int quiet_ms = 0;
-    while (quiet_ms < DRAIN_GRACE_MS && http_open_connections(&srv) > 0 &&
+    double quiet_since = srv_now();
+    while (srv_now() - quiet_since < DRAIN_GRACE_S && http_open_connections(&srv) > 0 &&
            !(forced = signals_poll(20)))
-        quiet_ms = http_in_flight(&srv) > 0 ? 0 : quiet_ms + 20;
+        if (http_in_flight(&srv) > 0)
+            quiet_since = srv_now();
     while (!forced && http_in_flight(&srv) > 0 && !(forced = signals_poll(20)))
         ;
     if (forced) {
