@@ -106,7 +106,7 @@ fi
 
 # --------------------------------------------------------------------- soak
 if want soak; then
-    start_attnd soak --max-body 64KiB --max-work 1e6 || exit 1
+    start_attnd soak --max-body 64KiB --max-work 1e7 || exit 1
     fd0=$(fd_count "$PID")
     warm=$(( soak_s / 6 > 3 ? soak_s / 6 : 3 ))
     wrk -t64 -c64 -d"${warm}s" -s tests/reliability/mix.lua "http://127.0.0.1:$PORT" -- soak \
