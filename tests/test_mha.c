@@ -887,22 +887,20 @@ START_TEST(threads_give_the_same_answer_as_one_thread)
     double mag = max_abs_f(one, len);
     for (int64_t i = 0; i < len; i++)
         ck_assert_double_eq_tol(one[i], many[i], 1e-5 * mag);
-    /* db_k is zero in exact arithmetic (a key bias shifts a whole score row
-     * by q_i . b_k, which the softmax ignores): what is computed is the
-     * rounding left by cancelling terms the size of the other gradients
-     * (~1e-7 of them), and another order of sums (threads, or valgrind's
-     * arithmetic) leaves another remainder. So a tolerance is 1e-4 of the
-     * tensor's own largest gradient, or 1e-6 of the largest of all. */
-    double g_all = 0;
+    /* db_k is zero in exact arithmetic (see check_all_grads): what is left
+     * of it is rounding, which another summation order (another thread
+     * count, OpenBLAS's Haswell kernels) changes entirely; it is held to the
+     * scale of the other gradients, as the finite-difference check holds it. */
+    double largest = 0.0;
     for (int t = 0; t < T_COUNT; t++)
         if (g1.g[t])
-            g_all = fmax(g_all, max_abs_f(g1.g[t], pr.t[t].len));
+            largest = fmax(largest, max_abs_f(g1.g[t], pr.t[t].len));
     for (int t = 0; t < T_COUNT; t++) {
         if (!g1.g[t])
             continue;
-        double tol = fmax(1e-4 * fmax(max_abs_f(g1.g[t], pr.t[t].len), 1e-6), 1e-6 * g_all);
+        double gm = t == T_BK ? largest : fmax(max_abs_f(g1.g[t], pr.t[t].len), 1e-6);
         for (int64_t e = 0; e < pr.t[t].len; e++)
-            ck_assert_msg(fabs((double)g1.g[t][e] - g4.g[t][e]) <= tol,
+            ck_assert_msg(fabs((double)g1.g[t][e] - g4.g[t][e]) <= 1e-4 * gm,
                           "d%s[%lld]: %g with 1 thread, %g with 4", tensor_name[t],
                           (long long)e, (double)g1.g[t][e], (double)g4.g[t][e]);
     }
