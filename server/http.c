@@ -651,29 +651,41 @@ int http_port(const srv_server *srv)
 
 void http_quiesce(srv_server *srv)
 {
-    atomic_store(&srv->draining, true);
     /* Closing the listening socket at once makes new connections fail fast
      * (refused) instead of waiting in the backlog until the drain ends and
      * then being reset: a load balancer moves on to another replica. Open
      * keep-alive connections still get 503 shutting_down from /readyz. */
     MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
-    if (fd == MHD_INVALID_SOCKET)
-        return;
-    /* Connections the kernel completed before now wait in the backlog, and
-     * their clients may already have sent a request: closing the socket
-     * would reset them. They are accepted here and handed to the daemon,
-     * which answers them like any open connection (503 shutting_down). */
-    for (;;) {
-        struct sockaddr_storage addr;
-        socklen_t len = sizeof addr;
-        int c = accept4(fd, (struct sockaddr *)&addr, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c < 0 && errno == EINTR)
-            continue;
-        if (c < 0)
-            break; /* EAGAIN: the backlog is empty (the socket is non-blocking) */
-        MHD_add_connection(srv->daemon, c, (struct sockaddr *)&addr, len); /* closes c on failure */
+    if (fd != MHD_INVALID_SOCKET) {
+        /* Connections the kernel completed before now wait in the backlog,
+         * and their clients may already have sent a request: closing the
+         * socket would reset them. They are accepted here and handed to the
+         * daemon, which answers them like any open connection (503
+         * shutting_down). */
+        for (;;) {
+            struct sockaddr_storage addr;
+            socklen_t len = sizeof addr;
+            int c = accept4(fd, (struct sockaddr *)&addr, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (c < 0 && errno == EINTR)
+                continue;
+            if (c < 0)
+                break; /* EAGAIN: the backlog is empty (the socket is non-blocking) */
+            MHD_add_connection(srv->daemon, c, (struct sockaddr *)&addr, len); /* closes c on failure */
+        }
+        /* close() alone stops nothing while an I/O thread still sits in
+         * poll() on the socket (poll holds a reference until the thread
+         * wakes, milliseconds on a busy machine), and connections completed
+         * meanwhile are reset when it lets go. Shutting the socket down
+         * stops the listening now. */
+        shutdown(fd, SHUT_RD);
+        close(fd);
     }
-    close(fd);
+    /* Only now do answers say Connection: close. Their clients reconnect at
+     * once; told before the listening stopped, a reconnection could land in
+     * the backlog after the last accept above and be reset with its request
+     * sent (make reliability's drain row saw 1 to 10 requests lost so in
+     * half its runs). */
+    atomic_store(&srv->draining, true);
 }
 
 bool http_draining(const srv_server *srv)
