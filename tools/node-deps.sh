@@ -5,8 +5,11 @@
 # the Debian packages named, installed with apt-get as root; then the npm
 # packages of tests/node/package.json at the exact versions of its lock file,
 # into BUILD/node (npm ci; nothing is installed globally or committed).
-# Exits 3 with one line saying why when this machine cannot have them, so
-# that the make target can print that it skipped.
+# Exits 3 with one line saying why when this machine cannot have them (not
+# root, or Debian's archive or the npm registry out of reach), so that the
+# make target can print that it skipped; exits 1 when it could have them and
+# the install failed (a package renamed, a lock file out of date): that is a
+# failure, not a skip.
 set -u
 build=${1:?usage: tools/node-deps.sh BUILD [debian-package ...]}
 shift
@@ -23,10 +26,15 @@ if [ -n "$missing" ]; then
     fi
     echo "installing Debian packages:$missing"
     export DEBIAN_FRONTEND=noninteractive
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing; } >/tmp/attnd-apt-node.log 2>&1 || {
+    apt-get update -qq >/tmp/attnd-apt-node.log 2>&1 || {
+        tail -5 /tmp/attnd-apt-node.log
+        echo "apt-get update failed: Debian's archive is out of reach (log: /tmp/attnd-apt-node.log)"
+        exit 3
+    }
+    apt-get install -y -qq --no-install-recommends $missing >>/tmp/attnd-apt-node.log 2>&1 || {
         tail -5 /tmp/attnd-apt-node.log
         echo "apt-get could not install$missing (log: /tmp/attnd-apt-node.log)"
-        exit 3
+        exit 1
     }
 fi
 major=$(node -p 'process.versions.node.split(".")[0]')
@@ -41,8 +49,12 @@ if ! cmp -s tests/node/package-lock.json "$dir/package-lock.json" || [ ! -d "$di
     (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >npm.log 2>&1) || {
         tail -5 "$dir/npm.log"
         rm -f "$dir/package-lock.json"
+        if ! npm ping >/dev/null 2>&1; then
+            echo "the npm registry is out of reach (npm ping failed; log: $dir/npm.log)"
+            exit 3
+        fi
         echo "npm ci could not install tests/node/package.json (log: $dir/npm.log)"
-        exit 3
+        exit 1
     }
 fi
 exit 0
