@@ -83,7 +83,7 @@ if command -v systemd-analyze >/dev/null; then
         grep -qx "$k" "$unit" && ok "unit has $k" || bad "unit has $k"
     done
 else
-    echo "SKIPPED the systemd unit check: no systemd-analyze on this machine (Debian package systemd)"
+    echo "SKIPPED the systemd unit check: no systemd-analyze on this machine (Debian package systemd; tools/deps.sh test installs it)"
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
