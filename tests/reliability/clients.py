@@ -35,32 +35,6 @@ def percentile(xs, p):
     return xs[k]
 
 
-def read_response(sock, deadline):
-    """One HTTP/1.1 response (Content-Length framed): (status, headers, body)."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed before the response head")
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        chunk = sock.recv(max(65536, length - len(body)))
-        if not chunk:
-            raise ConnectionError("closed in the middle of the body")
-        body += chunk
-    return status, headers, body[:length]
-
-
 def parse_complete(buf):
     """(status, headers, body) once buf holds a whole response, else None."""
     head, sep, body = buf.partition(b"\r\n\r\n")
@@ -75,6 +49,18 @@ def parse_complete(buf):
     if len(body) < length:
         return None
     return int(lines[0].split()[1]), headers, body[:length]
+
+
+def read_response(sock, deadline):
+    """One HTTP/1.1 response (Content-Length framed): (status, headers, body)."""
+    buf = b""
+    while not (done := parse_complete(buf)):
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the whole response")
+        buf += chunk
+    return done
 
 
 def connect(port, source=None):
