@@ -300,11 +300,16 @@ for p in $PIDS; do stop_pid "$p"; done
 
 # ------------------------------------------------------------------ table
 FAILS=0
-# row LABEL VALUE DETAIL [OP BAR [AIM]]: one table line. An empty VALUE is
-# "not measured", which counts as a failure only for a row with a bar.
+# row LABEL VALUE DETAIL [OP BAR [AIM]]: one table line of SECTION. An empty
+# VALUE is "not measured", which counts as a failure only for a row with a
+# bar, unless BENCH_ONLY left the section out.
+SECTION=kernel
 row() {
     label=$1; value=$2; detail=$3; op=${4:-}; bar=${5:-}; aim=${6:-}
-    if [ -z "$value" ]; then
+    if [ -z "$value" ] && ! want "$SECTION"; then
+        result="not run (BENCH_ONLY)"
+        value="n/a"
+    elif [ -z "$value" ]; then
         result="not measured"
         [ -n "$op" ] && FAILS=$((FAILS + 1))
         value="n/a"
@@ -393,7 +398,7 @@ w=$(get kern_fwd_blas_wide_gflops); wl=$(get kern_fwd_blas_wide_core)
 for k in generic avx2 avx512; do
     h=$(get "kern_fwd_kernel_${k}_heads")
     label="forward with ATTN_KERNEL=$k / machine's limit, B=1, H=${h:-8}, n=4096, d=64"
-    if [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
+    if [ -n "$(get kern_threads)" ] && [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
         printf '| %s | n/a | not run: the CPU lacks it | | info |\n' "$label"
         continue
     fi
@@ -411,18 +416,21 @@ row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) 
     "$(ratio "$mfb" "$mf" %.2f)" \
     "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
 
+SECTION=memory
 g=$(get mem_growth_kb)
 ru=$(get mem_maxrss_after_kb); [ -n "$ru" ] && ru=$(calc %.1f "($ru - $(get mem_maxrss_before_kb)) / 1024")
 row "library peak RSS growth (MiB), forward+backward, B=1 H=1 n=32768 d=64" \
     "$([ -n "$g" ] && calc %.1f "$g / 1024")" \
     "VmHWM $(scaled "$(get mem_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get mem_hwm_after_kb)" 1024 %.0f) MiB (ru_maxrss growth ${ru:-?} MiB; its inputs and outputs: $(scaled "$(get mem_inputs_kb)" 1024 %.0f) MiB); $(s=$(get mem_seconds); echo "${s:-?}") s" \
     "<=" 256
+SECTION=server
 g=$(get srv_growth_kb); s=$(get srv_status)
 row "attnd peak RSS growth (MiB) serving that request, base64 in and out" \
     "$([ -n "$g" ] && calc %.1f "$g / 1024")" \
     "$([ -n "$s" ] && [ "$s" != 200 ] && echo "attnd answered $s; ")VmHWM $(scaled "$(get srv_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get srv_hwm_after_kb)" 1024 %.0f) MiB; body $(scaled "$(get srv_body_in)" 1e6 %.1f) MB in, $(scaled "$(get srv_body_out)" 1e6 %.1f) MB out; $(s=$(get srv_seconds); echo "${s:-?}") s" \
     "<=" 400
 
+SECTION=codec
 row "tensor codec: jansson time / ours (decode+encode), 1M float32" \
     "$(get codec_ratio)" \
     "ours: decode $(get codec_ours_decode_mbs) MB/s, encode $(get codec_ours_encode_mbs) MB/s; jansson: json_loadb $(get codec_jansson_decode_mbs) MB/s, json_dumps $(get codec_jansson_encode_mbs) MB/s; text $(scaled "$(get codec_text_bytes)" 1e6 %.1f) MB" \
@@ -442,8 +450,9 @@ http_detail() {
 # req/s of a run in which every answer was a 2xx; nothing otherwise.
 valid_rps() { [ -z "$(get "${1}_non2xx")" ] && get "${1}_rps"; }
 
+SECTION=http
 label="small request (n=4, d=4): attnd / nginx req/s"
-if [ -f "$PEERS/nginx.conf" ] && command -v nginx > /dev/null; then
+if ! want http || { [ -f "$PEERS/nginx.conf" ] && command -v nginx > /dev/null; }; then
     row "$label" "$(ratio "$(valid_rps attnd_small)" "$(valid_rps nginx_small)" %.2f)" \
         "attnd $(http_detail attnd_small); nginx $(http_detail nginx_small)" ">=" 0.8 1.0
 else
@@ -451,7 +460,7 @@ else
         "$label" "$(http_detail attnd_small)" "$PEERS/nginx.conf"
 fi
 label="medium request (n=128, d=64, nested, causal): attnd / FastAPI req/s"
-if [ -f "$PEERS/fastapi_attention.py" ] && [ -n "$(get fastapi1_medium_rps)$(get fastapi2_medium_rps)" ]; then
+if ! want http || { [ -f "$PEERS/fastapi_attention.py" ] && [ -n "$(get fastapi1_medium_rps)$(get fastapi2_medium_rps)" ]; }; then
     f1=$(valid_rps fastapi1_medium); f2=$(valid_rps fastapi2_medium); w=1
     [ -n "$f2" ] && { [ -z "$f1" ] || gt "$f2" "$f1"; } && w=2
     row "$label" "$(ratio "$(valid_rps attnd_medium)" "$(valid_rps fastapi${w}_medium)" %.1f)" \
