@@ -196,7 +196,8 @@ reliability: $(DEPS_STAMP)
 # (tests/float_exhaustive.c says what it checks).
 exhaustive: $(BUILD)/float_exhaustive
 	./$(BUILD)/float_exhaustive
-$(BUILD)/float_exhaustive: $(BUILD)/obj/tests/float_exhaustive.o $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+$(BUILD)/float_exhaustive: $(BUILD)/obj/tests/float_exhaustive.o $(BUILD)/obj/tests/support/float_check.o \
+                           $(BUILD)/libattnapi.a $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
 
 clean:

@@ -31,6 +31,7 @@
 
 #include "json/codec.h"
 #include "json/codec_internal.h"
+#include "support/float_check.h"
 
 static atomic_ulong failures, strtof_differs, checked;
 
@@ -48,81 +49,18 @@ static uint32_t bits_of(float f)
     return b;
 }
 
-static bool reads_back(const char *s, float f)
-{
-    double d = strtod(s, NULL);
-    return d < 0x1.ffffffp127 && bits_of((float)d) == bits_of(f);
-}
-
 static void fail(const char *what, float f, const char *text)
 {
     if (atomic_fetch_add(&failures, 1) < 50)
         fprintf(stderr, "FAIL %s: %a (%.9g) -> %s\n", what, (double)f, (double)f, text);
 }
 
-/* Significant digits of "d.ddde+XX" (printf's %e) as an integer, and its
- * exponent; the text has `n` digits. */
-static void e_digits(const char *s, uint64_t *digits, int *exp10)
-{
-    uint64_t d = 0;
-    for (; *s && *s != 'e'; s++)
-        if (*s >= '0' && *s <= '9')
-            d = d * 10 + (uint64_t)(*s - '0');
-    *digits = d;
-    *exp10 = atoi(s + 1);
-}
-
-/* The significant digits of our text and the exponent of its last one. */
-static int text_digits(const char *s, uint64_t *digits, int *exp10)
-{
-    uint64_t d = 0;
-    int n = 0, point = -1, pos = 0, e = 0;
-    bool started = false;
-    for (; *s && *s != 'e'; s++) {
-        if (*s == '.') {
-            point = pos;
-            continue;
-        }
-        if (*s < '0' || *s > '9')
-            continue;
-        pos++;
-        if (*s != '0')
-            started = true;
-        if (started) {
-            d = d * 10 + (uint64_t)(*s - '0');
-            n++;
-        }
-    }
-    if (*s == 'e')
-        e = atoi(s + 1);
-    if (point < 0)
-        point = pos;
-    /* value = d * 10^(e - (digits after the point)) */
-    int after = pos - point;
-    int ex = e - after;
-    while (n > 1 && d % 10 == 0) {
-        d /= 10;
-        n--;
-        ex++;
-    }
-    *digits = d;
-    *exp10 = ex;
-    return n;
-}
-
-static bool reads_back_digits(uint64_t d, int exp10, float f)
-{
-    char buf[64];
-    snprintf(buf, sizeof buf, "%" PRIu64 "e%d", d, exp10);
-    return reads_back(buf, f);
-}
-
 static void check_one(float f)
 {
-    char text[API_FLOAT_TEXT_MAX + 1];
+    char text[API_FLOAT_TEXT_MAX + 1], why[128];
     char *e = api_float_text(f, text);
     *e = '\0';
-    if (!reads_back(text, f)) {
+    if (!float_check_reads_back(text, f)) {
         fail("does not read back", f, text);
         return;
     }
@@ -132,43 +70,9 @@ static void check_one(float f)
         fail("our reader reads it as another float", f, text);
     if (bits_of(strtof(text, NULL)) != bits_of(f))
         atomic_fetch_add(&strtof_differs, 1);
-
-    uint64_t D;
-    int ex;
-    int n = text_digits(text, &D, &ex);
-    char g[64];
-    if (n > 1) { /* shortest: the (n-1)-digit neighbours of f */
-        snprintf(g, sizeof g, "%.*e", n - 2, (double)f);
-        uint64_t r;
-        int rex;
-        e_digits(g, &r, &rex);
-        int rexp = rex - (n - 2);
-        for (int delta = -1; delta <= 1; delta++)
-            if (r + (uint64_t)delta > 0 && reads_back_digits(r + (uint64_t)delta, rexp, f)) {
-                fail("a shorter text reads back", f, text);
-                break;
-            }
-    }
-    /* nearest: glibc's correctly rounded n-digit text */
-    snprintf(g, sizeof g, "%.*e", n - 1, (double)f);
-    uint64_t r;
-    int rex;
-    e_digits(g, &r, &rex);
-    int rexp = rex - (n - 1);
-    /* the same scale as D (a carry can make r 10^n) */
-    while (rexp < ex) {
-        r *= 10;
-        rexp++;
-    }
-    while (rexp > ex) {
-        D *= 10;
-        ex++;
-    }
-    if (reads_back(g, f)) {
-        if (r != D)
-            fail("not the nearest", f, text);
-    } else if (!(D + 1 == r || D == r + 1))
-        fail("neither nearest nor next to it", f, text);
+    const char *wrong = float_check_shortest_nearest(f, text, why, sizeof why);
+    if (wrong)
+        fail(wrong, f, text);
 }
 
 typedef struct {

@@ -24,6 +24,7 @@
 #include "json/codec_internal.h"
 #include "json/json_string.h"
 #include "json/pow10_table.h"
+#include "support/float_check.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -1205,6 +1206,9 @@ START_TEST(float_text_round_trips_every_kind_of_float)
         CHECK(strncmp(b, fenced_buf, (size_t)(e - fenced_buf)) == 0, "%a", (double)f);
         float back;
         CHECK(ref_parse(b, &back) && same_bits(back, f), "%a -> %s", (double)f, b);
+        /* and by a reader that rounds once, straight to float32 */
+        CHECK(same_bits(strtof(b, NULL), f), "%a -> %s, which strtof reads as %a", (double)f, b,
+              (double)strtof(b, NULL));
         const char *stop;
         float mine;
         CHECK(api_parse_number(b, b + strlen(b), &stop, &mine) && same_bits(mine, f), "%s", b);
@@ -1240,82 +1244,14 @@ START_TEST(float_text_is_shortest)
 }
 END_TEST
 
-/* The significant digits of a decimal text as an integer, and the power
- * of ten of the last one: "0.0125" -> 125, -4; "1e+16" -> 1, 16. */
-static int decimal_digits(const char *s, uint64_t *digits, int *exp10)
-{
-    uint64_t d = 0;
-    int n = 0, after_point = 0;
-    bool point = false, started = false;
-    for (; *s && *s != 'e' && *s != 'E'; s++) {
-        if (*s == '.') {
-            point = true;
-            continue;
-        }
-        if (*s < '0' || *s > '9')
-            continue;
-        after_point += point;
-        started |= *s != '0';
-        if (started) {
-            d = d * 10 + (uint64_t)(*s - '0');
-            n++;
-        }
-    }
-    int e = (*s == 'e' || *s == 'E') ? atoi(s + 1) : 0;
-    e -= after_point;
-    while (n > 1 && d % 10 == 0) {
-        d /= 10;
-        n--;
-        e++;
-    }
-    *digits = d;
-    *exp10 = e;
-    return n;
-}
-
-static bool digits_read_back(uint64_t d, int exp10, float f)
-{
-    char buf[64];
-    snprintf(buf, sizeof buf, "%llue%d", (unsigned long long)d, exp10);
-    float back;
-    return ref_parse(buf, &back) && same_bits(back, f);
-}
-
-/* Shortest and nearest, by glibc's correctly rounded printf: with n the
- * digits written, no text of n - 1 digits reads back (the two nearest f
- * are within one unit of printf's), and the written digits are printf's
- * n-digit rounding of f whenever that reads back (nearest, ties to even),
- * else next to it. */
+/* Shortest and nearest, by glibc's correctly rounded printf (see
+ * tests/support/float_check.h). */
 static void check_shortest_and_nearest(float f)
 {
-    char text[API_FLOAT_TEXT_MAX + 1], g[64];
-    float_text(f, text);
-    uint64_t d, r;
-    int ex, rex;
-    int n = decimal_digits(text, &d, &ex);
-    if (n > 1) {
-        snprintf(g, sizeof g, "%.*e", n - 2, (double)fabsf(f));
-        decimal_digits(g, &r, &rex);
-        for (int delta = -1; delta <= 1; delta++)
-            CHECK(r + (uint64_t)delta == 0 || !digits_read_back(r + (uint64_t)delta, rex, fabsf(f)),
-                  "%s for %a: %llue%d is shorter and reads back", text, (double)f,
-                  (unsigned long long)(r + (uint64_t)delta), rex);
-    }
-    snprintf(g, sizeof g, "%.*e", n - 1, (double)fabsf(f));
-    decimal_digits(g, &r, &rex);
-    while (rex > ex) { /* the same scale */
-        r *= 10;
-        rex--;
-    }
-    while (ex > rex) {
-        d *= 10;
-        ex--;
-    }
-    float back;
-    if (ref_parse(g, &back) && same_bits(back, fabsf(f)))
-        CHECK(d == r, "%s for %a: %s is nearer", text, (double)f, g);
-    else
-        CHECK(d == r + 1 || r == d + 1, "%s for %a: not next to %s", text, (double)f, g);
+    char text[API_FLOAT_TEXT_MAX + 1], why[128];
+    float_text(fabsf(f), text);
+    const char *wrong = float_check_shortest_nearest(fabsf(f), text, why, sizeof why);
+    CHECK(!wrong, "%s for %a: %s", text, (double)f, wrong);
 }
 
 START_TEST(float_text_is_shortest_and_nearest)
