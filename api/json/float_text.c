@@ -343,11 +343,24 @@ static inline bool inside(uint64_t x, integers in)
 static uint32_t shortest(const interval *iv, int q, int *exp10)
 {
     int k = iv->irregular ? floor_log10_three_quarters_pow2(q) : floor_log10_pow2(q);
-    scaled L = scale(iv->lo, iv->e2, k), H = scale(iv->hi, iv->e2, k);
-    scaled V2 = scale(iv->v2, iv->e2, k);
+    scaled L, H, V2;
+    int n = -k, r = -(iv->e2 + n);
+    if (k <= 0 && n <= 27 && r < 64) {
+        /* |v| from about 6e-8 to 1.3e8, nearly every float a client sees:
+         * one power of five, one shift for the three */
+        uint64_t m = pow5_u64[n];
+        u128 pl = (u128)iv->lo * m, ph = (u128)iv->hi * m, pv = (u128)iv->v2 * m;
+        L = (scaled){(uint64_t)(pl >> r), (uint64_t)pl << 1 << (63 - r) == 0};
+        H = (scaled){(uint64_t)(ph >> r), (uint64_t)ph << 1 << (63 - r) == 0};
+        V2 = (scaled){(uint64_t)(pv >> r), (uint64_t)pv << 1 << (63 - r) == 0};
+    } else {
+        L = scale(iv->lo, iv->e2, k);
+        H = scale(iv->hi, iv->e2, k);
+        V2 = scale(iv->v2, iv->e2, k);
+    }
     integers in = integers_inside(L, H, iv->inclusive);
     /* the interval is 1 to 10 units wide: at most one multiple of 10 */
-    uint64_t s = V2.floor >> 1, sp10 = s / 10 * 10, tp10 = sp10 + 10, d;
+    uint64_t s = V2.floor >> 1, s10 = s / 10, sp10 = s10 * 10, tp10 = sp10 + 10, d;
     bool sp_in = inside(sp10, in), tp_in = inside(tp10, in);
     bool s_in = inside(s, in), t_in = inside(s + 1, in);
     /* both s and s+1 inside: the nearer, by the bit of 2v below s (ties to
@@ -355,7 +368,7 @@ static uint32_t shortest(const interval *iv, int q, int *exp10)
     uint64_t up = t_in & ((uint64_t)!s_in | ((V2.floor & 1) & ((uint64_t)!V2.exact | (s & 1))));
     /* which of the two cases is a coin toss: selected, not branched */
     bool shorter = sp_in | tp_in;
-    uint64_t short_d = (sp_in ? sp10 : tp10) / 10, full_d = s + up;
+    uint64_t short_d = s10 + !sp_in, full_d = s + up;
     uint64_t pick = -(uint64_t)shorter; /* all ones or zero */
     d = (short_d & pick) | (full_d & ~pick);
     k += shorter;
