@@ -6,8 +6,10 @@
  *   2: q [n_q, d_k]        k [n_k, d_k]        v [n_k, d_v]        (B = H = 1)
  *   3: q [H_q, n_q, d_k]   k [H_kv, n_k, d_k]  v [H_kv, n_k, d_v]  (B = 1)
  *   4: q [B, H_q, n_q, d_k] ...
- * output [..., n_q, d_v], weights [..., n_q, n_k], grad q/k/v as the inputs,
- * where "..." are q's leading dimensions.
+ * output [..., n_q, d_v], weights [..., n_q, n_k], lse [..., n_q], grad q/k/v
+ * as the inputs, where "..." are q's leading dimensions. The variants
+ * (window, alibi_slopes [H_q] or [B, H_q], softcap, rope) are libattn's
+ * attn_variants, judged in api/variants.c.
  *
  * The steps (decode, validate, cost, compute, encode) are the skeleton's
  * (handle.c); this file has the field table, the shapes, the cost terms and
@@ -21,7 +23,8 @@
 
 enum {
     F_Q, F_K, F_V, F_CAUSAL, F_MASK, F_SCALE, F_RETURN_WEIGHTS, F_RETURN_STATS,
-    F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_COUNT
+    F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP,
+    F_ROPE, F_RETURN_LSE, F_COUNT
 };
 
 static const api_field api_attention_fields[] = {
@@ -36,6 +39,11 @@ static const api_field api_attention_fields[] = {
     [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_TENSOR, false},
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
     [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
+    [F_WINDOW] = {"window", API_FIELD_WINDOW, false},
+    [F_ALIBI_SLOPES] = {"alibi_slopes", API_FIELD_TENSOR, false},
+    [F_SOFTCAP] = {"softcap", API_FIELD_NUMBER, false},
+    [F_ROPE] = {"rope", API_FIELD_ROPE, false},
+    [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
 };
 
 static const char *const FORMS =
@@ -43,8 +51,8 @@ static const char *const FORMS =
 
 typedef struct {
     attn_sdpa_params p;
-    int out, weights, dq, dk, dv; /* the planned results, -1 when not asked */
-    attn_softmax_row *rows; /* [B, H_q, n_q]: the forward pass's, for the backward */
+    int out, weights, lse, dq, dk, dv; /* the planned results, -1 when not asked */
+    attn_softmax_row *rows; /* [B, H_q, n_q]: the forward pass's, for lse and the backward */
 } attention_state;
 
 static attention_state *state(const api_call *c)
@@ -116,10 +124,13 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->scores = t->rows * (double)p->n_k;
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     t->weights = state(c)->weights >= 0 ? t->scores : 0;
+    api_variant_cost(p, t); /* a window narrows the scores, not the weights */
 }
 
-/* Cauchy-Schwarz: |scale q.k + bias| <= max(scale, 1) |q_i| |k_j| + max|bias|.
- * An additive mask that large is blamed on itself, not on q and k. */
+/* Cauchy-Schwarz: |scale q.k + bias| <= max(scale, 1) |q_i| |k_j| + max|bias|,
+ * and ALiBi adds at most max|slope| times the longest distance (RoPE keeps
+ * the norms; softcap only shrinks the scaled score). An additive mask or
+ * slopes that large are blamed on themselves, not on q and k. */
 static double score_bound(const api_call *c, const char **blame)
 {
     const attn_sdpa_params *p = &state(c)->p;
@@ -129,8 +140,11 @@ static double score_bound(const api_call *c, const char **blame)
                       : 0;
     double qk = fmax(p->scale, 1.0) * api_max_row_norm(q->f32, q->count / p->d_k, p->d_k) *
                 api_max_row_norm(k->f32, k->count / p->d_k, p->d_k);
-    *blame = bias > qk ? "the additive mask's values" : "q and k";
-    return qk + bias;
+    double alibi = api_alibi_bound(&p->variants, &c->f[F_ALIBI_SLOPES].tensor, p->n_q, p->n_k);
+    *blame = alibi > qk && alibi > bias ? "alibi_slopes times the distances"
+             : bias > qk                ? "the additive mask's values"
+                                        : "q and k";
+    return qk + bias + alibi;
 }
 
 /* Fills the parameters and plans the results the client will see, or says
@@ -169,6 +183,11 @@ static bool validate(api_call *c, api_error *err)
         !api_mask_setup(&c->f[F_MASK].tensor, r, weights_shape, bq, hq, nq, nk,
                         &st->p.mask, err))
         return false;
+    const api_variant_values variants = {&c->f[F_WINDOW], &c->f[F_ALIBI_SLOPES],
+                                         &c->f[F_SOFTCAP], &c->f[F_ROPE]};
+    const api_variant_shape heads = {bq, hq, dq, "heads_q"};
+    if (!api_variants_setup(&variants, &heads, &st->p.variants, err))
+        return false;
     if (c->want_grad &&
         !api_check_shape(&c->f[F_GRAD_OUTPUT].tensor, "grad_output", r, out_shape,
                          "the output [..., n_q, d_v]", err))
@@ -178,6 +197,11 @@ static bool validate(api_call *c, api_error *err)
     st->out = api_plan(c, "output", false, "the output", r, out_shape);
     st->weights = want_weights ? api_plan(c, "weights", false, "the weights", r, weights_shape)
                                : -1;
+    /* lse [..., n_q]: q's shape without d_k */
+    bool want_lse = c->f[F_RETURN_LSE].present && c->f[F_RETURN_LSE].flag;
+    st->lse = want_lse ? api_plan(c, "lse", false, "the lse", r - 1, q->shape) : -1;
+    if (want_lse)
+        c->results[st->lse].empty_rows = true;
     st->dq = st->dk = st->dv = -1;
     if (c->want_grad) {
         st->dq = api_plan(c, "q", true, "the gradient of q", r, q->shape);
@@ -198,7 +222,8 @@ static bool compute(api_call *c, int threads, api_error *err)
     attn_sdpa_params *p = &st->p;
     p->threads = threads;
     int64_t rows = p->batch * p->heads_q * p->n_q;
-    if (c->want_grad && !(st->rows = malloc((size_t)rows * sizeof *st->rows)))
+    if ((c->want_grad || st->lse >= 0) &&
+        !(st->rows = malloc((size_t)rows * sizeof *st->rows)))
         return api_fail(err, 500, "out_of_memory", "",
                         "out of memory for the output of this request");
 
@@ -209,6 +234,8 @@ static bool compute(api_call *c, int threads, api_error *err)
     if (attn_sdpa_forward(p, q, k, v, out, st->rows, result(c, st->weights),
                           c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
+    if (st->lse >= 0)
+        api_lse_rows(st->rows, rows, result(c, st->lse));
     if (!c->want_grad)
         return true;
     /* The output must be finite for the backward pass to mean anything. */

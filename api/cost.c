@@ -24,14 +24,26 @@
  *   statistics, a score     n = 4096, d = 1: +7.6/+12/+3 ns            330
  *   weight materialised     n = 4096, d = 1: +3.4/+2.2/+5 ns            48
  *   weight head-averaged    one double add per head                     10
+ *   soft-capped score       n = 4096, d_k = 2: +2.1-3.8 ns (backward
+ *                             +3.4-8.8 ns more)                         80
+ *   ALiBi score, forward    n = 4096, d_k = 2: +0.5-0.7 ns              20
+ *   ALiBi score, forward    +10-22 ns (almost all in libattn's
+ *     and backward            backward pass; not times 3.5)            480
+ *   RoPE angle (position,   n_q = 1, n_k = 200000, d_k = 64 against
+ *     pair): cos and sin      32 heads of n_k = 20000: 165-225 ns      5000
+ *   RoPE element turned     (the same two runs): 9-21 ns              400
+ *   window                  scores: the band and the 64-key tiles its
+ *                             edges cut (api/variants.c); [0, 0] over
+ *                             n = 65536: 500-650 ns a row
  *   backward pass           products 2.5x, the rest 1-3x       x3.5 in all
  *   number as text          nested or flat: ~140 ns                   3000
  *   number in base64        5.3 bytes at ~0.5 ns                        96
  *   body byte decoded       ~4 ns                                       96
  *
- * The prices are the upper ends of what was measured (the machine is
- * shared) rounded up, so that the work bounds time from above: a request of
- * W units takes about W / 2e10 seconds of one core, or less (the generic
+ * (The variants' rows were measured with the AVX-512 kernel while the
+ * machine ran 8 to 17 other jobs.) The prices are the upper ends of what
+ * was measured (the machine is shared) rounded up, so that the work bounds
+ * time from above: a request of W units takes about W / 2e10 seconds of one core, or less (the generic
  * kernel does its products three times slower, and everything else at about
  * the same speed, so its scores cost more and the rest less than priced).
  * The prices depend on the CPU and on libattn's kernels: tests/test_api.c
@@ -50,6 +62,11 @@
 #define PRICE_STATS 330.0
 #define PRICE_WEIGHT 48.0
 #define PRICE_AVERAGE 10.0
+#define PRICE_SOFTCAP 80.0
+#define PRICE_ALIBI 20.0
+#define PRICE_ALIBI_BACKWARD 480.0
+#define PRICE_ANGLE 5000.0
+#define PRICE_ROTATED 400.0
 #define BACKWARD_FACTOR 3.5
 #define PRICE_TEXT_NUMBER 3000.0
 #define PRICE_BASE64_NUMBER 96.0
@@ -59,11 +76,15 @@ double api_compute_work(const api_cost_terms *t, bool stats, bool backward)
 {
     double per_score = PRICE_SCORE + (t->masked ? PRICE_MASK : 0);
     double work = t->flops + t->pairs * PRICE_PAIR + t->rows * PRICE_ROW +
-                  t->scores * per_score;
+                  t->scores * per_score + t->softcapped * PRICE_SOFTCAP +
+                  t->angles * PRICE_ANGLE + t->rotated * PRICE_ROTATED;
     /* The backward pass redoes the forward's scores and adds its own
      * products; the statistics and the weights come from the forward only. */
     if (backward)
         work *= BACKWARD_FACTOR;
+    /* ALiBi is nearly free forward and not backward (measured below): its
+     * own price for each. */
+    work += t->biased * (backward ? PRICE_ALIBI_BACKWARD : PRICE_ALIBI);
     return work + (stats ? t->scores * PRICE_STATS : 0) + t->weights * PRICE_WEIGHT +
            t->averaged * PRICE_AVERAGE;
 }

@@ -213,10 +213,12 @@ static bool compute(api_call *c, int threads, api_error *err)
                             "out of memory for %s of this request", c->results[i].what);
     if (!c->op->compute(c, threads < 1 ? 1 : threads, err))
         return false;
-    for (int i = 0; i < c->n_results; i++)
-        if (!api_check_output(c->results[i].data, c->results[i].count, c->results[i].what,
-                              c->enc, err))
+    for (int i = 0; i < c->n_results; i++) {
+        const api_result *r = &c->results[i];
+        if (!(r->empty_rows ? api_check_lse(r->data, r->count, r->what, c->enc, err)
+                            : api_check_output(r->data, r->count, r->what, c->enc, err)))
             return false;
+    }
     const attn_stats *s = &c->stats;
     if (c->want_stats && !(isfinite(s->scores_mean) && isfinite(s->scores_var) &&
                            isfinite(s->scaled_mean) && isfinite(s->scaled_var)))

@@ -9,7 +9,9 @@
  *   w_o [h*d_v, d_out] (absent: d_out = h*d_v, the heads concatenated)
  *   b_q [h*d_k]  b_k [h_kv*d_k]  b_v [h_kv*d_v]  b_o [d_out]
  * output [B?, n, d_out]; weights [B?, h, n, m] per head or [B?, n, m] for
- * "mean"; grad: one entry per differentiable input given, shaped like it.
+ * "mean"; lse [B?, h, n]; grad: one entry per differentiable input given,
+ * shaped like it. The variants (window, alibi_slopes [h] or [B, h],
+ * softcap, rope) apply per head after the projections (api/variants.c).
  */
 #include "request.h"
 
@@ -24,7 +26,7 @@ enum {
     N_INPUTS,
     F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
     F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE,
-    F_COUNT
+    F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP, F_ROPE, F_RETURN_LSE, F_COUNT
 };
 
 static const api_field api_multihead_fields[] = {
@@ -48,6 +50,11 @@ static const api_field api_multihead_fields[] = {
     [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_TENSOR, false},
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
     [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
+    [F_WINDOW] = {"window", API_FIELD_WINDOW, false},
+    [F_ALIBI_SLOPES] = {"alibi_slopes", API_FIELD_TENSOR, false},
+    [F_SOFTCAP] = {"softcap", API_FIELD_NUMBER, false},
+    [F_ROPE] = {"rope", API_FIELD_ROPE, false},
+    [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
 };
 
 /* For messages about the gradients, in the order of the inputs. */
@@ -62,9 +69,10 @@ typedef struct {
     attn_mha_params p;
     int rank;               /* of x (and context): 2 or 3 */
     bool want_mean;         /* return_weights: "mean" */
-    int out, weights;       /* the planned results, -1 when not asked */
+    int out, weights, lse;  /* the planned results, -1 when not asked */
     int grad[N_INPUTS];     /* the planned gradients, -1 for inputs not given */
     float *per_head;        /* [B, h, n, m] weights before their head mean */
+    attn_softmax_row *rows; /* [B, h, n] for lse */
 } multihead_state;
 
 static multihead_state *state(const api_call *c)
@@ -228,8 +236,11 @@ static double score_bound(const api_call *c, const char **blame)
                       ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
                       : 0;
     double qk = fmax(p->scale, 1.0) * q * k;
-    *blame = bias > qk ? "the additive mask's values" : "x, context and the projections";
-    return qk + bias;
+    double alibi = api_alibi_bound(&p->variants, &c->f[F_ALIBI_SLOPES].tensor, p->n, p->m);
+    *blame = alibi > qk && alibi > bias ? "alibi_slopes times the distances"
+             : bias > qk                ? "the additive mask's values"
+                                        : "x, context and the projections";
+    return qk + bias + alibi;
 }
 
 /* The attention over [B, h, n, m], and the projections around it (their
@@ -255,6 +266,13 @@ static void cost(const api_call *c, api_cost_terms *t)
     /* computed per head even when only the mean is sent */
     t->weights = st->weights >= 0 ? t->scores : 0;
     t->averaged = st->want_mean ? t->scores : 0;
+    /* the variants, per head, as attn_mha_flops counts the attention */
+    attn_sdpa_params inner = {
+        .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads, .n_q = p->n,
+        .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v, .causal = p->causal,
+        .variants = p->variants,
+    };
+    api_variant_cost(&inner, t);
 }
 
 static bool validate(api_call *c, api_error *err)
@@ -277,6 +295,11 @@ static bool validate(api_call *c, api_error *err)
         !api_mask_setup(&c->f[F_MASK].tensor, 4, scores, p->batch, p->heads,
                         p->n, p->m, &p->mask, err))
         return false;
+    const api_variant_values variants = {&c->f[F_WINDOW], &c->f[F_ALIBI_SLOPES],
+                                         &c->f[F_SOFTCAP], &c->f[F_ROPE]};
+    const api_variant_shape heads = {p->batch, p->heads, p->d_k, "num_heads"};
+    if (!api_variants_setup(&variants, &heads, &p->variants, err))
+        return false;
 
     int r = st->rank, lead = r == 3; /* whether B is shown */
     int64_t out_shape[3] = {p->batch, p->n, p->d_out};
@@ -295,6 +318,10 @@ static bool validate(api_call *c, api_error *err)
                                              mean_shape + !lead)
                                   : api_plan(c, "weights", false, "the weights", r + 1,
                                              heads_shape + !lead);
+    bool want_lse = c->f[F_RETURN_LSE].present && c->f[F_RETURN_LSE].flag;
+    st->lse = want_lse ? api_plan(c, "lse", false, "the lse", r, heads_shape + !lead) : -1;
+    if (want_lse)
+        c->results[st->lse].empty_rows = true;
     for (int i = 0; i < N_INPUTS; i++)
         st->grad[i] = c->want_grad && c->f[i].present
                           ? api_plan(c, api_multihead_fields[i].name, true, grad_what[i],
@@ -341,6 +368,10 @@ static bool compute(api_call *c, int threads, api_error *err)
                             "out of memory for the weights of this request");
         weights = st->per_head;
     }
+    if (st->lse >= 0 &&
+        !(st->rows = malloc((size_t)(p->batch * p->heads * p->n) * sizeof *st->rows)))
+        return api_fail(err, 500, "out_of_memory", "",
+                        "out of memory for the lse of this request");
     attn_mha_inputs in = {
         .x = data(c, F_X), .context = data(c, F_CONTEXT),
         .w_q = data(c, F_W_Q), .w_k = data(c, F_W_K), .w_v = data(c, F_W_V),
@@ -359,12 +390,14 @@ static bool compute(api_call *c, int threads, api_error *err)
     /* With gradients, one call: the projections and the attention are not
      * computed twice. */
     attn_status s = c->want_grad
-                        ? attn_mha_forward_backward(p, &in, result(c, st->out), NULL, weights,
+                        ? attn_mha_forward_backward(p, &in, result(c, st->out), st->rows, weights,
                                                     stats, data(c, F_GRAD_OUTPUT), &g, &ae)
-                        : attn_mha_forward(p, &in, result(c, st->out), NULL, weights, stats,
+                        : attn_mha_forward(p, &in, result(c, st->out), st->rows, weights, stats,
                                            &ae);
     if (s != ATTN_OK)
         return api_fail_attn(err, &ae);
+    if (st->lse >= 0)
+        api_lse_rows(st->rows, p->batch * p->heads * p->n, result(c, st->lse));
     if (st->want_mean) {
         head_mean(st->per_head, p, result(c, st->weights));
         free(st->per_head);
@@ -390,6 +423,8 @@ static void release(api_call *c)
     multihead_state *st = state(c);
     free(st->per_head);
     st->per_head = NULL;
+    free(st->rows);
+    st->rows = NULL;
     st->p.mask = (attn_mask){0}; /* it pointed into the mask field */
 }
 

@@ -183,30 +183,120 @@ static bool read_number(const api_field *f, const json_member *m,
     return true;
 }
 
-static bool read_integer(const api_field *f, const json_member *m,
-                         api_value *v, api_error *err)
+/* The integer whose JSON text (a validated value) is [p, end), for `field`
+ * (`name` in messages: "num_heads", "window[1]"): 400 wrong_type for
+ * anything but a number without a fractional part, 422 invalid_value
+ * beyond +-1e15. */
+static bool integer_value(const char *field, const char *name, const char *p,
+                          const char *end, int64_t *out, api_error *err)
 {
-    if (*m->value != '-' && !isdigit((unsigned char)*m->value))
-        return wrong_type(f, m, "an integer", err);
+    if (*p != '-' && !isdigit((unsigned char)*p))
+        return api_fail(err, 400, "wrong_type", field, "%s must be an integer, got %s",
+                        name, json_kind_name(p));
     /* strtod on a copy: the text is a validated JSON number, which strtod
      * reads exactly (jansson would refuse integers beyond int64 and reals
      * beyond double, and cannot tell either from running out of memory). */
-    size_t len = (size_t)(m->value_end - m->value);
+    size_t len = (size_t)(end - p);
     char text[64];
     if (len >= sizeof text)
-        return api_fail(err, 422, "invalid_value", f->name,
-                        "%s=%.40s... is out of range", f->name, m->value);
-    memcpy(text, m->value, len);
+        return api_fail(err, 422, "invalid_value", field,
+                        "%s=%.40s... is out of range", name, p);
+    memcpy(text, p, len);
     text[len] = '\0';
     double x = strtod(text, NULL);
     if (x != floor(x))
-        return api_fail(err, 400, "wrong_type", f->name,
-                        "%s must be an integer, got %s", f->name, text);
+        return api_fail(err, 400, "wrong_type", field,
+                        "%s must be an integer, got %s", name, text);
     if (!(x >= -1e15 && x <= 1e15))
-        return api_fail(err, 422, "invalid_value", f->name,
-                        "%s=%s is out of range", f->name, text);
-    v->integer = (int64_t)x;
+        return api_fail(err, 422, "invalid_value", field,
+                        "%s=%s is out of range", name, text);
+    *out = (int64_t)x;
     return true;
+}
+
+static bool read_integer(const api_field *f, const json_member *m,
+                         api_value *v, api_error *err)
+{
+    return integer_value(f->name, f->name, m->value, m->value_end, &v->integer, err);
+}
+
+static const char *skip_space(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* "window": [left, right]. The form (an array of exactly two integers) is
+ * the field's type, so anything else is 400; whether the numbers make a
+ * window (>= -1) is judged with the other options (api_variants_setup). */
+static bool read_window(const api_field *f, const json_member *m, api_value *v,
+                        api_error *err)
+{
+    static const char *const FORM =
+        "[left, right], an array of two integers (-1: unbounded on that side)";
+    const char *p = m->value, *end = m->value_end;
+    if (*p != '[')
+        return wrong_type(f, m, FORM, err);
+    p = skip_space(p + 1, end);
+    int count = 0;
+    while (p < end && *p != ']') {
+        if (count == 2)
+            return api_fail(err, 400, "wrong_type", f->name,
+                            "%s has more than two entries; it must be %s", f->name, FORM);
+        const char *after = json_text_skip(p, end);
+        char name[80];
+        snprintf(name, sizeof name, "%s[%d]", f->name, count);
+        if (!integer_value(f->name, name, p, after, &v->pair[count], err))
+            return false;
+        count++;
+        p = skip_space(after, end);
+        if (p < end && *p == ',')
+            p = skip_space(p + 1, end);
+    }
+    if (count != 2)
+        return api_fail(err, 400, "wrong_type", f->name, "%s has %d entr%s; it must be %s",
+                        f->name, count, count == 1 ? "y" : "ies", FORM);
+    return true;
+}
+
+/* "rope": {"base": b}: an object whose one member is the base, so that a
+ * misspelt option ("theta", "bse") is refused as an unknown field is.
+ * Whether b makes a rotation (> 0) is judged with the shapes. */
+static bool read_rope(const api_field *f, const json_member *m, api_value *v,
+                      api_error *err)
+{
+    if (*m->value != '{')
+        return wrong_type(f, m, "an object {\"base\": number}", err);
+    json_member members[4];
+    size_t count = 0;
+    char sub[sizeof err->field];
+    if (!json_text_members(m->value, m->value_end, members, 4, &count, f->name, err)) {
+        if (strcmp(err->code, "too_many_fields") == 0)
+            return api_fail(err, 400, "unknown_field", f->name,
+                            "%s has too many fields; it is {\"base\": number}", f->name);
+        return false;
+    }
+    const json_member *base = NULL;
+    for (size_t i = 0; i < count; i++) {
+        if (!members[i].key_too_long && strcmp(members[i].key, "base") == 0) {
+            base = &members[i];
+            continue;
+        }
+        snprintf(sub, sizeof sub, "%s.%.*s%s", f->name, 40, members[i].key,
+                 members[i].key_too_long || strlen(members[i].key) > 40 ? "..." : "");
+        return api_fail(err, 400, "unknown_field", sub,
+                        "%s has an unknown field \"%.40s%s\"; its only field is \"base\" "
+                        "(the rotary base, e.g. 10000)", f->name, members[i].key,
+                        members[i].key_too_long || strlen(members[i].key) > 40 ? "..." : "");
+    }
+    snprintf(sub, sizeof sub, "%s.base", f->name);
+    if (!base || *base->value == 'n')
+        return api_fail(err, 400, "missing_field", sub,
+                        "%s needs \"base\" (the rotary base, e.g. {\"base\": 10000})%s",
+                        f->name, base ? " (it is null)" : "");
+    const api_field as_number = {sub, API_FIELD_NUMBER, true};
+    return read_number(&as_number, base, v, err);
 }
 
 static bool read_encoding(const api_field *f, const json_member *m,
@@ -331,6 +421,8 @@ static bool read_value(const api_field *f, const json_member *m, api_value *v,
     case API_FIELD_ENCODING: return read_encoding(f, m, v, err);
     case API_FIELD_WEIGHTS: return read_weights_mode(f, m, v, err);
     case API_FIELD_DTYPE: return read_dtype(f, m, v, err);
+    case API_FIELD_WINDOW: return read_window(f, m, v, err);
+    case API_FIELD_ROPE: return read_rope(f, m, v, err);
     }
     return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
 }

@@ -28,6 +28,8 @@ typedef enum {
     API_FIELD_ENCODING, /* "nested" | "flat" | "base64" */
     API_FIELD_WEIGHTS,  /* false | true | "mean" (multi-head return_weights) */
     API_FIELD_DTYPE,    /* "float32" | "float16" | "bfloat16" (output_dtype) */
+    API_FIELD_WINDOW,   /* [left, right]: two integers */
+    API_FIELD_ROPE,     /* {"base": number} */
 } api_field_kind;
 
 typedef struct {
@@ -43,8 +45,9 @@ typedef struct {
     api_tensor tensor;     /* TENSOR, MASK */
     bool flag;             /* BOOL; WEIGHTS: true for true and for "mean" */
     bool mean;             /* WEIGHTS: "mean" */
-    float number;          /* NUMBER */
+    float number;          /* NUMBER; ROPE: the base */
     int64_t integer;       /* INTEGER */
+    int64_t pair[2];       /* WINDOW: left, right */
     api_encoding encoding; /* ENCODING */
     api_dtype dtype;       /* DTYPE */
 } api_value;
@@ -180,6 +183,11 @@ typedef struct {
     double weights;    /* weights materialised (0 unless asked for) */
     double averaged;   /* weights summed into a head average */
     bool masked;       /* an explicit mask is read for every score */
+    /* the variants (api_variant_cost) */
+    double softcapped; /* scores through tanh (softcap) */
+    double biased;     /* scores given an ALiBi term */
+    double angles;     /* RoPE: (position, pair) angles whose cosine and sine are taken */
+    double rotated;    /* RoPE: elements of q and k turned */
 } api_cost_terms;
 
 /* The work of terms (backward: with the gradients), without the decoding
@@ -191,6 +199,46 @@ double api_encode_work(double numbers, api_encoding enc);
 
 /* The most bytes api_tensor_encode writes for a tensor of this shape. */
 double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc);
+
+/* ------------------------------------------------------------ variants */
+
+/* The variant fields of a request (api/variants.c), whichever the route. */
+typedef struct {
+    const api_value *window, *alibi_slopes, *softcap, *rope;
+} api_variant_values;
+
+/* What they are judged against: the query heads of each sequence (named as
+ * the route names them: "heads_q", "num_heads") and their width d_k. */
+typedef struct {
+    int64_t batch, heads_q, d_k;
+    const char *heads_name;
+} api_variant_shape;
+
+/* Fills v (all off for fields absent): 422 invalid_value for a window side
+ * below -1 (field "window"), a softcap or rope.base not > 0, an odd d_k with
+ * rope (field "rope"); 422 shape_mismatch for slopes that are neither
+ * [heads_q] nor [batch, heads_q]. v points into the slopes' tensor. */
+bool api_variants_setup(const api_variant_values *f, const api_variant_shape *s,
+                        attn_variants *v, api_error *err);
+
+/* An upper bound of the ALiBi term |slope * (p_i - j)| over every score. */
+double api_alibi_bound(const attn_variants *v, const api_tensor *slopes, int64_t n_q,
+                       int64_t n_k);
+
+/* The variants' cost terms for the attention of p (what libattn computes:
+ * with a window, the band and the key tiles its edges cut, in t->scores;
+ * the soft-capped, ALiBi and rotated work beside it). t->rows must be set. */
+void api_variant_cost(const attn_sdpa_params *p, api_cost_terms *t);
+
+/* lse[i] = attn_softmax_lse(rows[i]) in float32: -inf for a row that sees
+ * no key, which the JSON encodings write as null. */
+void api_lse_rows(const attn_softmax_row *rows, int64_t count, float *lse);
+
+/* api_check_output for an lse result: -inf is a row that sees no key (the
+ * encodings carry it: null, or -inf in base64); anything else must be
+ * finite and fit the output dtype. */
+bool api_check_lse(const float *lse, int64_t count, const char *what, api_encoding enc,
+                   api_error *err);
 
 /* ------------------------------------------------------------- skeleton */
 
@@ -212,6 +260,7 @@ typedef struct {
     int rank;
     int64_t shape[API_MAX_RANK];
     int64_t count;
+    bool empty_rows;   /* lse: -inf (a row that sees no key) is an answer, not an overflow */
     float *data;
 } api_result;
 

@@ -1809,6 +1809,29 @@ START_TEST(work_counts_what_flops_do_not)
                       more.work, plain.work);
         ck_assert(more.flops == plain.flops);
     }
+    /* The variants: softcap, ALiBi and RoPE add to the work of the same
+     * products; a window leaves the band's FLOPs and work only. */
+    qkv_body(&b, 1, 1024, 1024, 2, ",\"output_encoding\":\"base64\"");
+    api_cost full_attention = cost_of(API_OP_ATTENTION, &b);
+    const char *variants[] = {",\"softcap\":5", ",\"alibi_slopes\":[0.5]",
+                              ",\"rope\":{\"base\":10000}", ",\"window\":[-1,-1]"};
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, "%s,\"output_encoding\":\"base64\"", variants[i]);
+        qkv_body(&b, 1, 1024, 1024, 2, extra);
+        api_cost more = cost_of(API_OP_ATTENTION, &b);
+        ck_assert_msg(i == 3 ? more.work >= full_attention.work : more.work > full_attention.work,
+                      "%s: work %g, not more than %g", variants[i], more.work,
+                      full_attention.work);
+        ck_assert(more.flops == full_attention.flops);
+    }
+    qkv_body(&b, 1, 1024, 1024, 2, ",\"window\":[15,0],\"output_encoding\":\"base64\"");
+    api_cost band = cost_of(API_OP_ATTENTION, &b);
+    /* 16 keys a row of 1024 (fewer in the first rows), and tiles of 64 keys */
+    ck_assert_msg(band.flops < full_attention.flops / 60, "flops %g of %g", band.flops,
+                  full_attention.flops);
+    ck_assert_msg(band.work < full_attention.work / 2, "work %g of %g", band.work,
+                  full_attention.work);
     /* Weights as text cost far more than the weights' FLOPs. */
     qkv_body(&b, 1, 8191, 8192, 1, ",\"return_weights\":true");
     api_cost weights = cost_of(API_OP_ATTENTION, &b);
@@ -1866,7 +1889,7 @@ typedef struct {
  * work. Measured against the median of them, min of 3 runs each. */
 START_TEST(work_bounds_time_across_request_shapes)
 {
-    timed_case cases[12];
+    timed_case cases[20];
     int n = 0;
     const struct {
         const char *name;
@@ -1879,6 +1902,17 @@ START_TEST(work_bounds_time_across_request_shapes)
         {"scores, d = 1", 1, 2048, 2048, 1, ",\"output_encoding\":\"base64\""},
         {"statistics", 1, 1024, 1024, 1, ",\"return_stats\":true"},
         {"weights as text", 1, 256, 512, 1, ",\"return_weights\":true"},
+        {"softcap, d = 2", 1, 2048, 2048, 2, ",\"softcap\":5,\"output_encoding\":\"base64\""},
+        {"ALiBi, d = 2", 1, 2048, 2048, 2,
+         ",\"alibi_slopes\":[0.5],\"output_encoding\":\"base64\""},
+        {"window [0, 0], long", 1, 32768, 32768, 2,
+         ",\"window\":[0,0],\"output_encoding\":\"base64\""},
+        {"window [256, 0]", 1, 8192, 8192, 8,
+         ",\"window\":[256,0],\"output_encoding\":\"base64\""},
+        {"RoPE, long keys", 1, 1, 2000, 64,
+         ",\"rope\":{\"base\":10000},\"output_encoding\":\"base64\""},
+        {"RoPE, many heads", 64, 1, 50, 64,
+         ",\"rope\":{\"base\":10000},\"output_encoding\":\"base64\""},
     };
     for (size_t i = 0; i < sizeof sdpa / sizeof *sdpa; i++, n++) {
         cases[n] = (timed_case){sdpa[i].name, API_OP_ATTENTION, {0}};
@@ -1887,9 +1921,10 @@ START_TEST(work_bounds_time_across_request_shapes)
     }
     int64_t s[3] = {1, 1024, 1}, sm[2] = {1024, 1024};
     float *q = rnd_tensor(1024), *g = rnd_tensor(1024), *m = rnd_tensor(1024 * 1024);
-    for (int with_mask = 0; with_mask < 2; with_mask++, n++) {
-        cases[n] = (timed_case){with_mask ? "additive mask" : "gradients, d = 1",
-                                API_OP_ATTENTION, {0}};
+    for (int kind = 0; kind < 3; kind++, n++) {
+        bool with_mask = kind == 1;
+        const char *names[] = {"gradients, d = 1", "additive mask", "ALiBi, gradients, d = 1"};
+        cases[n] = (timed_case){names[kind], API_OP_ATTENTION, {0}};
         sbuf *b = &cases[n].body;
         sb_printf(b, "{");
         put_field(b, "q", q, 3, s, ENC_BASE64);
@@ -1899,7 +1934,8 @@ START_TEST(work_bounds_time_across_request_shapes)
             put_field(b, "mask", m, 2, sm, ENC_BASE64);
         else
             put_field(b, "grad_output", g, 3, s, ENC_BASE64);
-        sb_printf(b, ",\"output_encoding\":\"base64\"}");
+        sb_printf(b, "%s,\"output_encoding\":\"base64\"}",
+                  kind == 2 ? ",\"alibi_slopes\":[0.25]" : "");
     }
     free(q), free(g), free(m);
     cases[n] = (timed_case){"multi-head, many heads", API_OP_MULTIHEAD, {0}};
@@ -1907,7 +1943,7 @@ START_TEST(work_bounds_time_across_request_shapes)
     cases[n] = (timed_case){"multi-head, many heads, w_o", API_OP_MULTIHEAD, {0}};
     many_heads_body(&cases[n++].body, 10000, true);
 
-    double seconds[12], work[12], per_unit[12];
+    double seconds[20], work[20], per_unit[20];
     api_limits one = {.threads = 1};
     for (int i = 0; i < n; i++) {
         seconds[i] = 1e9;
@@ -1929,7 +1965,7 @@ START_TEST(work_bounds_time_across_request_shapes)
         per_unit[i] = seconds[i] / work[i];
         free(cases[i].body.s);
     }
-    double sorted[12];
+    double sorted[20];
     memcpy(sorted, per_unit, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, compare_doubles);
     double unit = sorted[n / 2]; /* seconds per unit of work, typically */
@@ -2418,6 +2454,585 @@ END_TEST
 
 /* ------------------------------------------------------------ suite */
 
+/* ------------------------------------------------- variants (issue 10) */
+
+/* The smallest valid body of each route, open for more fields: q, k, v of
+ * [2, n, 4] (two heads), or x [n, 4] with w_q, w_k, w_v [4, 4] and two heads
+ * of d_k = 2. */
+static void variant_base(sbuf *b, api_op op, int n)
+{
+    int64_t s3[3] = {2, n, 4}, x2[2] = {n, 4}, w2[2] = {4, 4};
+    float *x = rnd_tensor(2 * n * 4), *w = rnd_tensor(16);
+    sb_printf(b, "{");
+    if (op == API_OP_ATTENTION) {
+        put_field(b, "q", x, 3, s3, ENC_NESTED);
+        put_field(b, "k", x, 3, s3, ENC_NESTED);
+        put_field(b, "v", x, 3, s3, ENC_NESTED);
+    } else {
+        put_field(b, "x", x, 2, x2, ENC_NESTED);
+        put_field(b, "w_q", w, 2, w2, ENC_NESTED);
+        put_field(b, "w_k", w, 2, w2, ENC_NESTED);
+        put_field(b, "w_v", w, 2, w2, ENC_NESTED);
+        sb_printf(b, ",\"num_heads\":2");
+    }
+    free(x), free(w);
+}
+
+/* The base body of `op` with `fields` (JSON members, no braces) added must
+ * fail with status, code and field. */
+static void expect_variant_error(api_op op, const char *fields, int status, const char *code,
+                                 const char *field)
+{
+    sbuf b = {0};
+    variant_base(&b, op, 3);
+    sb_printf(&b, ",%s}", fields);
+    expect_error(op, b.s, status, code, field);
+    free(b.s);
+}
+
+static void expect_variant_ok(api_op op, const char *fields)
+{
+    sbuf b = {0};
+    variant_base(&b, op, 3);
+    sb_printf(&b, ",%s}", fields);
+    json_decref(call_ok(op, &b));
+    free(b.s);
+}
+
+static const api_op BOTH_ROUTES[] = {API_OP_ATTENTION, API_OP_MULTIHEAD};
+
+START_TEST(error_window_type_then_range)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        const char *wrong_type[] = {
+            "\"window\":3", "\"window\":\"3,3\"", "\"window\":true", "\"window\":{\"left\":1}",
+            "\"window\":[]", "\"window\":[1]", "\"window\":[1,2,3]", "\"window\":[1.5,2]",
+            "\"window\":[\"1\",2]", "\"window\":[null,2]", "\"window\":[[1],2]",
+            "\"window\":[1,false]",
+        };
+        for (size_t i = 0; i < sizeof wrong_type / sizeof *wrong_type; i++)
+            expect_variant_error(op, wrong_type[i], 400, "wrong_type", "window");
+        const char *out_of_range[] = {"\"window\":[-2,0]", "\"window\":[0,-3]",
+                                      "\"window\":[1e16,0]", "\"window\":[-1e300,1]"};
+        for (size_t i = 0; i < sizeof out_of_range / sizeof *out_of_range; i++)
+            expect_variant_error(op, out_of_range[i], 422, "invalid_value", "window");
+        expect_variant_error(op, "\"windwo\":[1,1]", 400, "unknown_field", "windwo");
+        /* -1 (unbounded), 0, integral reals, beyond n, null: all accepted */
+        expect_variant_ok(op, "\"window\":[-1,-1]");
+        expect_variant_ok(op, "\"window\":[0,0]");
+        expect_variant_ok(op, "\"window\":[2.0, 1e3]");
+        expect_variant_ok(op, "\"window\":null");
+    }
+}
+END_TEST
+
+START_TEST(error_window_message_names_the_side)
+{
+    sbuf b = {0};
+    variant_base(&b, API_OP_ATTENTION, 3);
+    sb_printf(&b, ",\"window\":[4,-2]}");
+    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 422);
+    ck_assert_msg(strstr(error_message(j), "right") && strstr(error_message(j), "-1"),
+                  "%s", error_message(j));
+    json_decref(j);
+    free(b.s);
+}
+END_TEST
+
+START_TEST(error_alibi_slopes_shape_and_values)
+{
+    /* attention [2, 3, 4]: H_q = 2, batch 1; multihead: num_heads 2, batch 1 */
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        expect_variant_ok(op, "\"alibi_slopes\":[0.5,0.25]");
+        expect_variant_ok(op, "\"alibi_slopes\":[[0.5,0.25]]");
+        expect_variant_ok(op, "\"alibi_slopes\":{\"shape\":[1,2],\"data\":[1,2]}");
+        const char *shapes[] = {"\"alibi_slopes\":[0.5]", "\"alibi_slopes\":[1,2,3]",
+                                "\"alibi_slopes\":[[1,2],[3,4]]", "\"alibi_slopes\":[[1],[2]]",
+                                "\"alibi_slopes\":[[[1,2]]]", "\"alibi_slopes\":0.5"};
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            expect_variant_error(op, shapes[i], i == 5 ? 400 : 422,
+                                 i == 5 ? "wrong_type" : i == 4 ? "shape_mismatch" : "shape_mismatch",
+                                 "alibi_slopes");
+        expect_variant_error(op, "\"alibi_slopes\":[1e39,1]", 400, "invalid_number", "alibi_slopes");
+        /* NaN and infinity can only come in base64: refused like 1e39 */
+        expect_variant_error(op, "\"alibi_slopes\":{\"shape\":[2],\"dtype\":\"float32\","
+                                 "\"base64\":\"AADAfwAAgD8=\"}", 400, "invalid_number",
+                             "alibi_slopes.base64");
+        expect_variant_error(op, "\"alibi_slopes\":{\"shape\":[2],\"dtype\":\"float32\","
+                                 "\"base64\":\"AACAfwAAgD8=\"}", 400, "invalid_number",
+                             "alibi_slopes.base64");
+        expect_variant_error(op, "\"alibi_slopes\":[true,false]", 400, "wrong_type", "alibi_slopes");
+        expect_variant_error(op, "\"alibi_slopes\":[1,[2]]", 422, "ragged_array", "alibi_slopes");
+        /* slopes that could push a score past float32 over the distances */
+        expect_variant_error(op, "\"alibi_slopes\":[3e38,1]", 422, "numerical_overflow", NULL);
+    }
+    sbuf b = {0};
+    variant_base(&b, API_OP_ATTENTION, 3);
+    sb_printf(&b, ",\"alibi_slopes\":[1e38,1]}");
+    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 422);
+    ck_assert_msg(strstr(error_message(j), "alibi_slopes"), "%s", error_message(j));
+    json_decref(j);
+    free(b.s);
+}
+END_TEST
+
+START_TEST(error_alibi_slopes_message_gives_both_forms)
+{
+    sbuf b = {0};
+    variant_base(&b, API_OP_MULTIHEAD, 3);
+    sb_printf(&b, ",\"alibi_slopes\":[1,2,3]}");
+    json_t *j = call(API_OP_MULTIHEAD, b.s, b.len, &LIM, 422);
+    ck_assert_msg(strstr(error_message(j), "[3]") && strstr(error_message(j), "num_heads") &&
+                      strstr(error_message(j), "[1, 2]"),
+                  "%s", error_message(j));
+    json_decref(j);
+    free(b.s);
+}
+END_TEST
+
+START_TEST(error_softcap_not_positive)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        expect_variant_error(op, "\"softcap\":0", 422, "invalid_value", "softcap");
+        expect_variant_error(op, "\"softcap\":-5", 422, "invalid_value", "softcap");
+        expect_variant_error(op, "\"softcap\":1e-50", 422, "invalid_value", "softcap");
+        expect_variant_error(op, "\"softcap\":\"30\"", 400, "wrong_type", "softcap");
+        expect_variant_error(op, "\"softcap\":[30]", 400, "wrong_type", "softcap");
+        expect_variant_error(op, "\"softcap\":1e39", 400, "invalid_number", "softcap");
+        expect_variant_ok(op, "\"softcap\":30");
+        expect_variant_ok(op, "\"softcap\":1e-30");
+    }
+}
+END_TEST
+
+START_TEST(error_rope_is_an_object_with_one_base)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        expect_variant_ok(op, "\"rope\":{\"base\":10000}");
+        expect_variant_ok(op, "\"rope\":{\"base\":0.5}");
+        expect_variant_ok(op, "\"rope\":null");
+        expect_variant_error(op, "\"rope\":10000", 400, "wrong_type", "rope");
+        expect_variant_error(op, "\"rope\":true", 400, "wrong_type", "rope");
+        expect_variant_error(op, "\"rope\":[10000]", 400, "wrong_type", "rope");
+        expect_variant_error(op, "\"rope\":{}", 400, "missing_field", "rope.base");
+        expect_variant_error(op, "\"rope\":{\"base\":null}", 400, "missing_field", "rope.base");
+        expect_variant_error(op, "\"rope\":{\"base\":10000,\"theta\":1}", 400, "unknown_field",
+                             "rope.theta");
+        expect_variant_error(op, "\"rope\":{\"bse\":10000}", 400, "unknown_field", "rope.bse");
+        expect_variant_error(op, "\"rope\":{\"base\":1,\"base\":2}", 400, "duplicate_key",
+                             "rope.base");
+        expect_variant_error(op, "\"rope\":{\"base\":\"10000\"}", 400, "wrong_type", "rope.base");
+        expect_variant_error(op, "\"rope\":{\"base\":1e39}", 400, "invalid_number", "rope.base");
+        expect_variant_error(op, "\"rope\":{\"base\":0}", 422, "invalid_value", "rope.base");
+        expect_variant_error(op, "\"rope\":{\"base\":-10000}", 422, "invalid_value", "rope.base");
+        expect_variant_error(op, "\"rope\":{\"a\":1,\"b\":2,\"c\":3,\"d\":4,\"e\":5}", 400,
+                             "unknown_field", "rope");
+    }
+}
+END_TEST
+
+START_TEST(error_rope_needs_even_d_k)
+{
+    /* attention: d_k = 3 */
+    const char *att = "{\"q\":[[1,2,3]],\"k\":[[1,2,3]],\"v\":[[1]],\"rope\":{\"base\":100}}";
+    expect_error(API_OP_ATTENTION, att, 422, "invalid_value", "rope");
+    /* multihead: w_q [2, 6] over 2 heads gives d_k = 3 */
+    const char *mh = "{\"x\":[[1,2]],\"w_q\":[[1,2,3,4,5,6],[1,2,3,4,5,6]],"
+                     "\"w_k\":[[1,2,3,4,5,6],[1,2,3,4,5,6]],\"w_v\":[[1,2],[3,4]],"
+                     "\"num_heads\":2,\"rope\":{\"base\":100}}";
+    expect_error(API_OP_MULTIHEAD, mh, 422, "invalid_value", "rope");
+    json_t *j = call(API_OP_MULTIHEAD, mh, strlen(mh), &LIM, 422);
+    ck_assert_msg(strstr(error_message(j), "d_k is 3"), "%s", error_message(j));
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(error_return_lse_is_a_boolean)
+{
+    for (int r = 0; r < 2; r++) {
+        expect_variant_error(BOTH_ROUTES[r], "\"return_lse\":1", 400, "wrong_type", "return_lse");
+        expect_variant_error(BOTH_ROUTES[r], "\"return_lse\":\"true\"", 400, "wrong_type",
+                             "return_lse");
+        expect_variant_error(BOTH_ROUTES[r], "\"return_lsee\":true", 400, "unknown_field",
+                             "return_lsee");
+    }
+}
+END_TEST
+
+/* lse of an answer, read in encoding e with null (nested, flat) or -inf
+ * (base64) for a row that sees no key: NULL and a failure otherwise. */
+static float *get_lse(json_t *j, enc e, int rank, const int64_t *shape)
+{
+    ck_assert_ptr_nonnull(j);
+    int64_t n = count_of(rank, shape);
+    if (e == ENC_BASE64)
+        return get_tensor(j, e, rank, shape); /* -inf travels as its bits */
+    /* Replace each null by a marker number, read, then mark -inf. */
+    json_t *copy = json_deep_copy(j);
+    json_t *data = e == ENC_FLAT ? json_object_get(copy, "data") : copy;
+    json_t *stack[8] = {data};
+    size_t top = 1;
+    while (top) {
+        json_t *a = stack[--top];
+        for (size_t i = 0; i < json_array_size(a); i++) {
+            json_t *x = json_array_get(a, i);
+            if (json_is_null(x))
+                json_array_set_new(a, i, json_real(-7.25e30));
+            else if (json_is_array(x) && top < 8)
+                stack[top++] = x;
+        }
+    }
+    float *out = get_tensor(copy, e, rank, shape);
+    for (int64_t i = 0; i < n; i++)
+        if (out[i] == -7.25e30f)
+            out[i] = -INFINITY;
+    json_decref(copy);
+    return out;
+}
+
+/* One SDPA problem with every variant, sent through /v1/attention and run
+ * through libattn directly with the same parameters. */
+typedef struct {
+    int rank;
+    int64_t B, Hq, Hkv, nq, nk, dk, dv;
+    bool causal, bool_mask;
+    int64_t window[2]; /* window[0] < -1: no window */
+    bool alibi, alibi_per_batch;
+    float softcap, rope;
+} variant_case;
+
+static void check_attention_variants(const variant_case *vc, enc e)
+{
+    const int64_t B = vc->B, Hq = vc->Hq, Hkv = vc->Hkv, nq = vc->nq, nk = vc->nk;
+    int skip = 4 - vc->rank;
+    int64_t qs[4] = {B, Hq, nq, vc->dk}, ks[4] = {B, Hkv, nk, vc->dk}, vs[4] = {B, Hkv, nk, vc->dv},
+            os[4] = {B, Hq, nq, vc->dv}, ws[4] = {B, Hq, nq, nk}, ms[2] = {nq, nk},
+            as[2] = {B, Hq};
+    int64_t nqe = B * Hq * nq * vc->dk, nke = B * Hkv * nk * vc->dk, nve = B * Hkv * nk * vc->dv,
+            noe = B * Hq * nq * vc->dv, rows = B * Hq * nq;
+    float *q = rnd_tensor(nqe), *k = rnd_tensor(nke), *v = rnd_tensor(nve),
+          *dout = rnd_tensor(noe), *slopes = rnd_tensor(B * Hq);
+    for (int64_t i = 0; i < B * Hq; i++)
+        slopes[i] = fabsf(slopes[i]) * 0.5f;
+    uint8_t *allowed = malloc((size_t)(nq * nk));
+    for (int64_t i = 0; i < nq * nk; i++)
+        allowed[i] = rnd() < 0.6f;
+    if (nq > 3)
+        memset(allowed + 3 * nk, 0, (size_t)nk); /* row 3: no key at all */
+
+    sbuf b = {0};
+    sb_printf(&b, "{\"return_lse\":true,\"return_weights\":true,\"return_stats\":true,"
+                  "\"causal\":%s,\"output_encoding\":\"%s\"",
+              vc->causal ? "true" : "false", ENC_NAME[e]);
+    put_field(&b, "q", q, vc->rank, qs + skip, e);
+    put_field(&b, "k", k, vc->rank, ks + skip, e);
+    put_field(&b, "v", v, vc->rank, vs + skip, e);
+    put_field(&b, "grad_output", dout, vc->rank, os + skip, e);
+    if (vc->bool_mask) {
+        sb_printf(&b, ",\"mask\":");
+        put_tensor(&b, NULL, allowed, 2, ms, e);
+    }
+    if (vc->window[0] >= -1)
+        sb_printf(&b, ",\"window\":[%lld,%lld]", (long long)vc->window[0],
+                  (long long)vc->window[1]);
+    if (vc->alibi)
+        put_field(&b, "alibi_slopes", slopes, vc->alibi_per_batch ? 2 : 1,
+                  vc->alibi_per_batch ? as : as + 1, e);
+    if (vc->softcap > 0)
+        sb_printf(&b, ",\"softcap\":%.9g", (double)vc->softcap);
+    if (vc->rope > 0)
+        sb_printf(&b, ",\"rope\":{\"base\":%.9g}", (double)vc->rope);
+    sb_printf(&b, "}");
+    json_t *j = call_ok(API_OP_ATTENTION, &b);
+
+    attn_sdpa_params p = {
+        .batch = B, .heads_q = Hq, .heads_kv = Hkv, .n_q = nq, .n_k = nk, .d_k = vc->dk,
+        .d_v = vc->dv, .scale = attn_default_scale(vc->dk), .causal = vc->causal,
+        .threads = LIM.threads,
+        .variants = {.window = vc->window[0] >= -1, .window_left = vc->window[0],
+                     .window_right = vc->window[1],
+                     .alibi_slopes = vc->alibi ? slopes : NULL,
+                     .alibi_batch_stride = vc->alibi_per_batch ? Hq : 0,
+                     .softcap = vc->softcap, .rope_base = vc->rope},
+    };
+    if (vc->bool_mask) {
+        p.mask = (attn_mask){.kind = ATTN_MASK_BOOL, .allowed = allowed};
+        ck_assert_int_eq(attn_mask_broadcast(&p.mask, 2, ms, B, Hq, nq, nk, NULL), ATTN_OK);
+    }
+    float *out = malloc((size_t)noe * sizeof *out), *w = malloc((size_t)(rows * nk) * sizeof *w),
+          *dq = malloc((size_t)nqe * sizeof *dq), *dk = malloc((size_t)nke * sizeof *dk),
+          *dv = malloc((size_t)nve * sizeof *dv);
+    attn_softmax_row *sm = malloc((size_t)rows * sizeof *sm);
+    attn_stats st;
+    ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, out, sm, w, &st, NULL), ATTN_OK);
+    ck_assert_int_eq(attn_sdpa_backward(&p, q, k, v, out, sm, dout, dq, dk, dv, NULL), ATTN_OK);
+
+    struct {
+        const char *name;
+        json_t *json;
+        const float *want;
+        const int64_t *shape;
+        int64_t n;
+    } parts[] = {
+        {"output", json_object_get(j, "output"), out, os, noe},
+        {"weights", json_object_get(j, "weights"), w, ws, rows * nk},
+        {"grad.q", json_object_get(json_object_get(j, "grad"), "q"), dq, qs, nqe},
+        {"grad.k", json_object_get(json_object_get(j, "grad"), "k"), dk, ks, nke},
+        {"grad.v", json_object_get(json_object_get(j, "grad"), "v"), dv, vs, nve},
+    };
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        float *got = get_tensor(parts[i].json, e, vc->rank, parts[i].shape + skip);
+        for (int64_t t = 0; t < parts[i].n; t++)
+            ck_assert_msg(got[t] == parts[i].want[t], "%s[%lld] = %.9g, libattn %.9g",
+                          parts[i].name, (long long)t, (double)got[t], (double)parts[i].want[t]);
+        free(got);
+    }
+    /* lse: q's leading dimensions and n_q; -inf exactly where lib's row is empty */
+    float *lse = get_lse(json_object_get(j, "lse"), e, vc->rank - 1, qs + skip);
+    int64_t empty = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float want = (float)attn_softmax_lse(sm[r]);
+        empty += want == -INFINITY;
+        ck_assert_msg(lse[r] == want, "lse[%lld] = %.9g, libattn %.9g", (long long)r,
+                      (double)lse[r], (double)want);
+    }
+    if (vc->bool_mask && nq > 3)
+        ck_assert_int_ge(empty, B * Hq);
+    json_t *js = json_object_get(j, "stats");
+    ck_close(json_number_value(json_object_get(json_object_get(js, "scores"), "mean")),
+             st.scores_mean, 1e-12);
+    ck_close(json_number_value(json_object_get(json_object_get(js, "scaled_scores"), "var")),
+             st.scaled_var, 1e-12);
+    ck_close(json_number_value(json_object_get(json_object_get(js, "entropy"), "min")),
+             st.entropy_min, 1e-12);
+    ck_close(json_number_value(json_object_get(json_object_get(js, "max_weight"), "mean")),
+             st.max_weight_mean, 1e-12);
+    /* meta.flops: the band the window leaves, with the backward's 2.5 */
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "meta"), "flops")),
+                     (json_int_t)(attn_sdpa_flops(&p) * 3.5));
+
+    free(lse), free(q), free(k), free(v), free(dout), free(slopes), free(allowed), free(out);
+    free(w), free(dq), free(dk), free(dv), free(sm), free(b.s);
+    json_decref(j);
+}
+
+START_TEST(attention_variants_match_libattn_in_every_encoding)
+{
+    const variant_case cases[] = {
+        /* rank 4, GQA, every variant with causal and a mask, across key tiles */
+        {4, 2, 4, 2, 70, 150, 8, 4, true, true, {40, 0}, true, true, 3.0f, 500.0f},
+        /* rank 3, window on both sides, ALiBi per head, no causal */
+        {3, 1, 2, 1, 66, 130, 6, 3, false, true, {10, 5}, true, false, 0, 0},
+        /* rank 2, rope and softcap alone; n_q > n_k (negative positions) */
+        {2, 1, 1, 1, 90, 65, 4, 2, false, false, {-5, 0}, false, false, 1.5f, 10000.0f},
+        /* rank 2: a window that leaves the first rows no key */
+        {2, 1, 1, 1, 100, 66, 4, 2, false, false, {2, 2}, false, false, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_attention_variants(&cases[i], (enc)(i % 3));
+}
+END_TEST
+
+/* An independent check of the window: [0, 0] leaves each query its own
+ * key only (n_q = n_k), so the output is v, the weights the identity, the
+ * lse the diagonal score, and the FLOPs those of n pairs. */
+START_TEST(attention_window_0_0_is_the_diagonal)
+{
+    const char *body = "{\"q\":[[1,2],[3,4],[5,6]],\"k\":[[1,0],[0,1],[1,1]],"
+                       "\"v\":[[1,2],[3,4],[5,6]],\"window\":[0,0],\"return_lse\":true,"
+                       "\"return_weights\":true,\"scale\":0.5}";
+    json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+    int64_t s2[2] = {3, 2}, s33[2] = {3, 3}, s3[1] = {3};
+    float *o = get_tensor(json_object_get(j, "output"), ENC_NESTED, 2, s2);
+    float *w = get_tensor(json_object_get(j, "weights"), ENC_NESTED, 2, s33);
+    float *lse = get_lse(json_object_get(j, "lse"), ENC_NESTED, 1, s3);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(o[i], (float)(i + 1));
+    for (int i = 0; i < 9; i++)
+        ck_assert_float_eq(w[i], i % 4 == 0 ? 1.0f : 0.0f);
+    ck_assert_float_eq(lse[0], 0.5f);  /* 0.5 * (1*1 + 2*0) */
+    ck_assert_float_eq(lse[1], 2.0f);  /* 0.5 * (3*0 + 4*1) */
+    ck_assert_float_eq(lse[2], 5.5f);  /* 0.5 * (5 + 6) */
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "meta"), "flops")),
+                     2 * 3 * (2 + 2));
+    free(o), free(w), free(lse);
+    json_decref(j);
+}
+END_TEST
+
+/* lse of rows that see no key, in each encoding: null in nested and flat
+ * (JSON has no -inf), -inf in base64; shape q's leading dimensions + n_q. */
+START_TEST(attention_lse_null_for_fully_masked_rows)
+{
+    for (int e = 0; e < 3; e++) {
+        /* row 0: the mask hides everything; row 1: causal and the mask leave key 0 */
+        char body[400];
+        snprintf(body, sizeof body,
+                 "{\"q\":[[[1,0],[0,1]]],\"k\":[[[1,0],[0,1]]],\"v\":[[[1,2],[3,4]]],"
+                 "\"mask\":[[false,false],[true,false]],\"causal\":true,\"scale\":1,"
+                 "\"return_lse\":true,\"output_encoding\":\"%s\"}", ENC_NAME[e]);
+        json_t *j = call(API_OP_ATTENTION, body, strlen(body), &LIM, 200);
+        json_t *l = json_object_get(j, "lse");
+        int64_t shape[2] = {1, 2};
+        if (e == ENC_NESTED) {
+            ck_assert(json_is_null(json_array_get(json_array_get(l, 0), 0)));
+        } else if (e == ENC_FLAT) {
+            ck_assert(json_is_null(json_array_get(json_object_get(l, "data"), 0)));
+            ck_assert_int_eq(json_array_size(json_object_get(l, "shape")), 2);
+        }
+        float *lse = get_lse(l, (enc)e, 2, shape);
+        ck_assert(isinf(lse[0]) && lse[0] < 0);
+        ck_assert_float_eq(lse[1], 0.0f); /* one key, score 0 * 1 */
+        free(lse);
+        json_decref(j);
+    }
+}
+END_TEST
+
+START_TEST(attention_lse_shape_is_leading_dims_and_n_q)
+{
+    const char *bodies[] = {
+        "{\"q\":[[1,0],[0,1],[1,1]],\"k\":[[1,0]],\"v\":[[1]],\"return_lse\":true}",
+        "{\"q\":[[[1,0],[0,1],[1,1]]],\"k\":[[[1,0]]],\"v\":[[[1]]],\"return_lse\":true}",
+        ("{\"q\":[[[[1,0],[0,1],[1,1]]],[[[1,0],[0,1],[1,1]]]],\"k\":[[[[1,0]]],[[[1,0]]]],"
+         "\"v\":[[[[1]]],[[[1]]]],\"return_lse\":true,\"output_encoding\":\"flat\"}"),
+    };
+    for (int i = 0; i < 3; i++) {
+        json_t *j = call(API_OP_ATTENTION, bodies[i], strlen(bodies[i]), &LIM, 200);
+        json_t *l = json_object_get(j, "lse");
+        if (i < 2) {
+            json_t *x = l;
+            for (int d = 0; d < i; d++) {
+                ck_assert_int_eq(json_array_size(x), 1);
+                x = json_array_get(x, 0);
+            }
+            ck_assert_int_eq(json_array_size(x), 3);
+            ck_assert(json_is_number(json_array_get(x, 2)));
+        } else {
+            json_t *sh = json_object_get(l, "shape");
+            ck_assert_int_eq(json_array_size(sh), 3);
+            ck_assert_int_eq(json_integer_value(json_array_get(sh, 0)), 2);
+            ck_assert_int_eq(json_integer_value(json_array_get(sh, 1)), 1);
+            ck_assert_int_eq(json_integer_value(json_array_get(sh, 2)), 3);
+        }
+        json_decref(j);
+    }
+    const char *none = "{\"q\":[[1,0]],\"k\":[[1,0]],\"v\":[[1]],\"return_lse\":false}";
+    json_t *j = call(API_OP_ATTENTION, none, strlen(none), &LIM, 200);
+    ck_assert_ptr_null(json_object_get(j, "lse"));
+    json_decref(j);
+}
+END_TEST
+
+/* Multi-head: the variants per head after the projections, against
+ * attn_mha_forward_backward with the same parameters; lse [B?, h, n]. */
+static void check_multihead_variants(int rank, enc e, bool per_batch_slopes)
+{
+    mha_case c = {.B = rank == 3 ? 2 : 1, .n = 70, .m = 90, .d_model = 8, .d_ctx = 6, .h = 4,
+                  .h_kv = 2, .d_k = 4, .d_v = 3, .d_out = 5, .cross = true, .has_wo = true,
+                  .biases = true, .causal = true};
+    mha_data d = mha_make(&c);
+    float *slopes = rnd_tensor(c.B * c.h), *dout = rnd_tensor(c.B * c.n * c.d_out);
+    int64_t as[2] = {c.B, c.h}, os[3] = {c.B, c.n, c.d_out}, ls[3] = {c.B, c.h, c.n};
+    int skip = 3 - rank;
+    sbuf b = {0};
+    mha_body(&b, &c, &d, e, rank);
+    put_field(&b, "alibi_slopes", slopes, per_batch_slopes ? 2 : 1,
+              per_batch_slopes ? as : as + 1, e);
+    put_field(&b, "grad_output", dout, rank, os + skip, e);
+    sb_printf(&b, ",\"window\":[30,2],\"softcap\":2.5,\"rope\":{\"base\":100},"
+                  "\"return_lse\":true,\"return_stats\":true,\"output_encoding\":\"%s\"}",
+              ENC_NAME[e]);
+    json_t *j = call_ok(API_OP_MULTIHEAD, &b);
+
+    attn_mha_params p = {
+        .batch = c.B, .n = c.n, .m = c.m, .d_model = c.d_model, .d_ctx = c.d_ctx, .heads = c.h,
+        .kv_heads = c.h_kv, .d_k = c.d_k, .d_v = c.d_v, .d_out = c.d_out,
+        .scale = attn_default_scale(c.d_k), .causal = true, .threads = LIM.threads,
+        .variants = {.window = true, .window_left = 30, .window_right = 2,
+                     .alibi_slopes = slopes, .alibi_batch_stride = per_batch_slopes ? c.h : 0,
+                     .softcap = 2.5f, .rope_base = 100.0f},
+    };
+    attn_mha_inputs in = {.x = d.x, .context = d.ctx, .w_q = d.w_q, .w_k = d.w_k, .w_v = d.w_v,
+                          .w_o = d.w_o, .b_q = d.b_q, .b_k = d.b_k, .b_v = d.b_v, .b_o = d.b_o};
+    int64_t rows = c.B * c.h * c.n;
+    float *out = malloc((size_t)(c.B * c.n * c.d_out) * sizeof *out);
+    float *gx = malloc((size_t)(c.B * c.n * c.d_model) * sizeof *gx);
+    float *gwk = malloc((size_t)(c.d_ctx * c.h_kv * c.d_k) * sizeof *gwk);
+    attn_softmax_row *sm = malloc((size_t)rows * sizeof *sm);
+    attn_stats st;
+    attn_mha_grads g = {.x = gx, .w_k = gwk};
+    ck_assert_int_eq(attn_mha_forward_backward(&p, &in, out, sm, NULL, &st, dout, &g, NULL),
+                     ATTN_OK);
+    float *o = get_tensor(json_object_get(j, "output"), e, rank, os + skip);
+    for (int64_t i = 0; i < c.B * c.n * c.d_out; i++)
+        ck_assert_msg(fabsf(o[i] - out[i]) <= 1e-6f * (1 + fabsf(out[i])),
+                      "output[%lld] %.9g, libattn %.9g", (long long)i, (double)o[i],
+                      (double)out[i]);
+    int64_t xs[3] = {c.B, c.n, c.d_model}, wks[2] = {c.d_ctx, c.h_kv * c.d_k};
+    json_t *grad = json_object_get(j, "grad");
+    float *ggx = get_tensor(json_object_get(grad, "x"), e, rank, xs + skip);
+    float *ggw = get_tensor(json_object_get(grad, "w_k"), e, 2, wks);
+    for (int64_t i = 0; i < c.B * c.n * c.d_model; i++)
+        ck_close(ggx[i], gx[i], 1e-5);
+    for (int64_t i = 0; i < c.d_ctx * c.h_kv * c.d_k; i++)
+        ck_close(ggw[i], gwk[i], 1e-5);
+    float *lse = get_lse(json_object_get(j, "lse"), e, rank, ls + skip);
+    for (int64_t r = 0; r < rows; r++) {
+        double want = attn_softmax_lse(sm[r]);
+        ck_assert_msg(isfinite(want) ? fabs(lse[r] - want) <= 1e-6 * (1 + fabs(want))
+                                     : lse[r] == -INFINITY,
+                      "lse[%lld] %.9g, libattn %.9g", (long long)r, (double)lse[r], want);
+    }
+    json_t *js = json_object_get(j, "stats");
+    ck_close(json_number_value(json_object_get(json_object_get(js, "scaled_scores"), "mean")),
+             st.scaled_mean, 1e-6);
+    ck_close(json_number_value(json_object_get(json_object_get(js, "entropy"), "mean")),
+             st.entropy_mean, 1e-6);
+    free(o), free(ggx), free(ggw), free(lse), free(out), free(gx), free(gwk), free(sm);
+    free(slopes), free(dout), free(b.s);
+    mha_free(&d);
+    json_decref(j);
+}
+
+START_TEST(multihead_variants_per_head_match_libattn)
+{
+    check_multihead_variants(3, ENC_NESTED, true);
+    check_multihead_variants(2, ENC_FLAT, false);
+    check_multihead_variants(3, ENC_BASE64, false);
+}
+END_TEST
+
+/* A window that leaves a query no key: its lse is null / -inf, per head. */
+START_TEST(multihead_lse_null_for_rows_a_window_empties)
+{
+    for (int e = 0; e < 3; e++) {
+        char body[600];
+        /* n = 3 queries, m = 1 key: positions p_i = i - 2, window [0, 0]
+         * leaves only query 2 (p = 0) its key */
+        snprintf(body, sizeof body,
+                 "{\"x\":[[1,0],[0,1],[1,1]],\"context\":[[1,2]],\"w_q\":[[1,0],[0,1]],"
+                 "\"w_k\":[[1,0],[0,1]],\"w_v\":[[1,0],[0,1]],\"num_heads\":2,"
+                 "\"window\":[0,0],\"return_lse\":true,\"output_encoding\":\"%s\"}",
+                 ENC_NAME[e]);
+        json_t *j = call(API_OP_MULTIHEAD, body, strlen(body), &LIM, 200);
+        int64_t ls[2] = {2, 3};
+        float *lse = get_lse(json_object_get(j, "lse"), (enc)e, 2, ls);
+        for (int h = 0; h < 2; h++) {
+            ck_assert(lse[h * 3] == -INFINITY && lse[h * 3 + 1] == -INFINITY);
+            /* head h of query 2 is x[2][h] * context[0][h] = 1 * (h + 1), scale 1 (d_k = 1) */
+            ck_assert_float_eq(lse[h * 3 + 2], (float)(h + 1));
+        }
+        free(lse);
+        json_decref(j);
+    }
+}
+END_TEST
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -2497,6 +3112,24 @@ static Suite *api_suite(void)
     tcase_add_test(er, unknown_operation_is_404);
     tcase_add_test(er, openapi_document_is_embedded);
     suite_add_tcase(s, er);
+
+    TCase *va = tcase_create("variants");
+    tcase_set_timeout(va, 60);
+    tcase_add_test(va, error_window_type_then_range);
+    tcase_add_test(va, error_window_message_names_the_side);
+    tcase_add_test(va, error_alibi_slopes_shape_and_values);
+    tcase_add_test(va, error_alibi_slopes_message_gives_both_forms);
+    tcase_add_test(va, error_softcap_not_positive);
+    tcase_add_test(va, error_rope_is_an_object_with_one_base);
+    tcase_add_test(va, error_rope_needs_even_d_k);
+    tcase_add_test(va, error_return_lse_is_a_boolean);
+    tcase_add_test(va, attention_variants_match_libattn_in_every_encoding);
+    tcase_add_test(va, attention_window_0_0_is_the_diagonal);
+    tcase_add_test(va, attention_lse_null_for_fully_masked_rows);
+    tcase_add_test(va, attention_lse_shape_is_leading_dims_and_n_q);
+    tcase_add_test(va, multihead_variants_per_head_match_libattn);
+    tcase_add_test(va, multihead_lse_null_for_rows_a_window_empties);
+    suite_add_tcase(s, va);
 
     TCase *cost = tcase_create("cost");
     tcase_set_timeout(cost, 120);
