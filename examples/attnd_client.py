@@ -4,6 +4,7 @@
     api = Client("http://127.0.0.1:8080")
     r = api.attention(q=q, k=k, v=v, causal=True, return_weights=True)
     r["output"], r["weights"]            # numpy float32 arrays
+    api.attention(q=q, k=k, v=v, return_lse=True)["lse"]   # -inf: a row that sees no key
 
 NumPy arrays in a request travel as base64 float32 ({"shape", "dtype",
 "base64"}; bool arrays as "dtype": "bool" masks), and the client asks for
@@ -69,7 +70,7 @@ class Client:
         for key, value in request.items():
             body[key] = encode(value) if isinstance(value, np.ndarray) else value
         answer = self._call("POST", path, json.dumps(body).encode())
-        for key in ("output", "weights"):
+        for key in ("output", "weights", "lse"):
             if answer.get(key) is not None:
                 answer[key] = decode(answer[key])
         if "grad" in answer:

@@ -69,6 +69,27 @@ done
 if [ -n "$py" ]; then
     if "$py" "$here/clients_check.py" "$url" >"$tmp/py" 2>&1; then ok "Python client (tests/clients_check.py)"; else cat "$tmp/py"; bad "Python client"; fi
     expect "examples/attnd_client.py runs" '"$py" "$root/examples/attnd_client.py" "$url" >"$tmp/pyex" 2>&1 && grep -q "^error: 422 shape_mismatch" "$tmp/pyex"'
+    # issue 10: the keys of one context split across two attnd processes,
+    # merged exactly with return_lse (the script checks the merge itself
+    # against one request and a float64 reference, and exits 1 otherwise).
+    "$bin" --bind 127.0.0.1 --port 0 2>"$tmp/log2" &
+    pid2=$!
+    port2=""
+    for _ in $(seq 100); do
+        port2=$(sed -n 's/.*listening on [^ ]*:\([0-9][0-9]*\).*/\1/p' "$tmp/log2" | head -1)
+        [ -n "$port2" ] && break
+        sleep 0.05
+    done
+    if [ -n "$port2" ] && "$py" "$root/examples/merge_shards.py" "$url" "http://127.0.0.1:$port2" >"$tmp/merge" 2>&1 &&
+        grep -q "on 2 server(s)" "$tmp/merge" && grep -q "^merge exact to float32 rounding" "$tmp/merge"; then
+        ok "examples/merge_shards.py: two attnd, merged exactly"
+    else
+        cat "$tmp/merge" "$tmp/log2" 2>/dev/null
+        bad "examples/merge_shards.py across two attnd"
+    fi
+    kill -TERM $pid2
+    wait $pid2
+    expect "second attnd drains and exits 0" '[ $? = 0 ]'
 else
     echo "SKIPPED Python client: no python3 with numpy (tools/deps.sh test installs python3-numpy)"
 fi

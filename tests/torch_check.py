@@ -157,22 +157,57 @@ def _t(a, dtype, grad=False):
     return torch.from_numpy(a.copy()).to(dtype).requires_grad_(grad)
 
 
-def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None):
-    """softmax(scale q k^T + bias, masked) v in torch; fully masked rows zero.
+def rope_rotate(x, positions, base):
+    """Rotary position embedding from its definition (issue 10): for t < d/2
+    the pair (x_t, x_{t+d/2}) of the row at position p turns by the angle
+    p * base^(-2t/d), computed in float64 (rotate-half, GPT-NeoX / Llama)."""
+    d = x.shape[-1]
+    half = d // 2
+    t = torch.arange(half, dtype=torch.float64)
+    angle = positions.to(torch.float64)[:, None] * (float(base) ** (-2.0 * t / d))[None, :]
+    cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
-    Returns a dict: o, o_plain (plain -inf softmax, NaN rows), w, full (rows
-    that see no key), stats, and dq, dk, dv by autograd when go is given."""
-    tq, tk, tv = _t(q, dtype, go is not None), _t(k, dtype, go is not None), _t(v, dtype, go is not None)
-    d_k = q.shape[-1]
-    if scale is None:
-        scale = 1.0 / math.sqrt(d_k)
+
+def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, softcap=None,
+           rope=None):
+    """Attention of query rows tq [..., n_q, d_k] over tk [..., n_k, d_k], tv,
+    with every variant of issue 10 written from its definition; heads on
+    dim -3 (when present) are grouped-query: tk, tv may have fewer.
+
+    Positions are bottom-right aligned: query i at p_i = i + n_k - n_q, key j
+    at j.  The final score is softcap(scale q.k) - slope |p_i - j| + bias;
+    causal, window and a boolean mask hide keys.  Fully masked rows give
+    zeros (SPEC), and their lse is -inf.  Returns a dict of torch tensors:
+    o, o_plain (plain -inf softmax: NaN rows), w, lse, full, s_raw (q.k after
+    the rotation), s_capped (scaled and capped, no ALiBi or bias), allowed,
+    and band (the pairs causal and window leave, what meta.flops counts)."""
+    dtype = tq.dtype
+    n_q, n_k = tq.shape[-2], tk.shape[-2]
+    pos_q = torch.arange(n_q) + (n_k - n_q)
+    pos_k = torch.arange(n_k)
+    if rope is not None:
+        tq = rope_rotate(tq, pos_q, rope)
+        tk = rope_rotate(tk, pos_k, rope)
     kk, vv = tk, tv
     if tq.dim() >= 3 and tq.shape[-3] != tk.shape[-3]:
         g = tq.shape[-3] // tk.shape[-3]
         kk, vv = tk.repeat_interleave(g, dim=-3), tv.repeat_interleave(g, dim=-3)
     s_raw = tq @ kk.transpose(-1, -2)
     s = s_raw * scale
-    n_q, n_k = s.shape[-2], s.shape[-1]
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s_capped = s
+    i, j = pos_q[:, None], pos_k[None, :]
+    if alibi is not None:
+        sl = torch.from_numpy(np.asarray(alibi, np.float32).copy()).to(dtype)
+        lead = tuple(s.shape[:-2])
+        if sl.numel() == int(np.prod(lead)):  # a slope per (batch, head), or per head of one sequence
+            sl = sl.reshape(lead + (1, 1))
+        else:  # [H_q] shared by the batch
+            sl = sl.reshape(-1, 1, 1)
+        s = s - sl * (i - j).abs().to(dtype)
     allowed = torch.ones(s.shape, dtype=torch.bool)
     if mask is not None:
         m = torch.from_numpy(np.asarray(mask).copy())
@@ -180,23 +215,37 @@ def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None):
             allowed = allowed & m
         else:
             s = s + m.to(dtype)
+    band = torch.ones((n_q, n_k), dtype=torch.bool)
     if causal:
-        i = torch.arange(n_q)[:, None]
-        j = torch.arange(n_k)[None, :]
-        allowed = allowed & (j <= i + (n_k - n_q))
+        band = band & (j <= i)
+    if window is not None:
+        left, right = window
+        if left != -1:
+            band = band & (j >= i - left)
+        if right != -1:
+            band = band & (j <= i + right)
+    allowed = allowed & band
     full = ~allowed.any(dim=-1, keepdim=True)
     s_masked = s.masked_fill(~allowed, float("-inf"))
     w_plain = torch.softmax(s_masked, dim=-1)
     w = torch.softmax(s_masked.masked_fill(full, 0.0), dim=-1).masked_fill(full, 0.0)
-    o = w @ vv
-    r = {"o": o.detach().numpy(), "o_plain": (w_plain @ vv).detach().numpy(),
-         "w": w.detach().numpy(), "full": full.squeeze(-1).numpy()}
-    # statistics (SPEC §2): raw scores over unmasked entries, rows not fully masked
-    sr = s_raw.detach().to(torch.float64)
-    sel = allowed.expand(sr.shape)
-    vals = sr[sel]
-    wd = w.detach().to(torch.float64)
-    rows = ~full.squeeze(-1).expand(wd.shape[:-1])
+    lse = torch.logsumexp(s_masked, dim=-1)
+    # libattn counts the FLOPs of the band a window leaves (causal included);
+    # without a window, of every pair
+    return {"o": w @ vv, "o_plain": w_plain @ vv, "w": w, "lse": lse, "full": full.squeeze(-1),
+            "s_raw": s_raw, "s_capped": s_capped, "allowed": allowed,
+            "band": int(band.sum()) if window is not None else n_q * n_k}
+
+
+def score_stats(r):
+    """SPEC's statistics from attend(): the raw scores (q.k after RoPE) and the
+    scaled, capped scores over the visible entries; entropy and max weight
+    over the rows that see a key."""
+    sr = r["s_raw"].detach().to(torch.float64)
+    sc = r["s_capped"].detach().to(torch.float64)
+    sel = r["allowed"].expand(sr.shape)
+    wd = r["w"].detach().to(torch.float64)
+    rows = ~r["full"].expand(wd.shape[:-1])
     ent = -(torch.where(wd > 0, wd * torch.log(torch.where(wd > 0, wd, torch.ones_like(wd))),
                         torch.zeros_like(wd))).sum(-1)[rows]
     mx = wd.max(dim=-1).values[rows]
@@ -205,15 +254,34 @@ def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None):
         if x.numel() == 0:
             return None, None
         return float(x.mean()), float(((x - x.mean()) ** 2).mean())
-    sm, svar = mv(vals)
-    ssm, ssvar = mv(vals * scale)
-    r["stats"] = {
+    sm, svar = mv(sr[sel])
+    ssm, ssvar = mv(sc[sel])
+    return {
         "scores": {"mean": sm, "var": svar},
         "scaled_scores": {"mean": ssm, "var": ssvar},
         "entropy": ({"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())}
                     if ent.numel() else {"mean": None, "min": None, "max": None}),
         "max_weight": {"mean": float(mx.mean()) if mx.numel() else None},
     }
+
+
+def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None, **variants):
+    """softmax(scale q k^T + bias, masked) v in torch; fully masked rows zero.
+    variants: window, alibi, softcap, rope (attend()).
+
+    Returns a dict: o, o_plain (plain -inf softmax, NaN rows), w, lse, full
+    (rows that see no key), stats, flops (meta.flops of the forward), and
+    dq, dk, dv by autograd when go is given."""
+    tq, tk, tv = _t(q, dtype, go is not None), _t(k, dtype, go is not None), _t(v, dtype, go is not None)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    a = attend(tq, tk, tv, scale, causal, mask, **variants)
+    o = a["o"]
+    lead = int(np.prod(q.shape[:-2])) if q.ndim > 2 else 1
+    r = {"o": o.detach().numpy(), "o_plain": a["o_plain"].detach().numpy(),
+         "w": a["w"].detach().numpy(), "lse": a["lse"].detach().numpy(),
+         "full": a["full"].numpy(), "stats": score_stats(a),
+         "flops": 2 * lead * a["band"] * (q.shape[-1] + v.shape[-1])}
     if go is not None:
         o.backward(_t(go, dtype))
         r["dq"], r["dk"], r["dv"] = tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
@@ -223,11 +291,13 @@ def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None):
 MHA_PARAMS = ("x", "context", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
 
 
-def ref_mha(p, h, dtype, h_kv=None, causal=False, mask=None, scale=None, go=None):
-    """Chapter-convention multi-head attention (Q = X W_Q + b_Q) in torch.
+def ref_mha(p, h, dtype, h_kv=None, causal=False, mask=None, scale=None, go=None, **variants):
+    """Chapter-convention multi-head attention (Q = X W_Q + b_Q) in torch,
+    the variants applied per head after the projections.
 
-    p maps parameter names to arrays; returns o, w (per head), w_mean and the
-    autograd gradient of every parameter given when go is given."""
+    p maps parameter names to arrays; returns o, w (per head), w_mean, lse
+    [B?, h, n], stats, and the autograd gradient of every parameter given
+    when go is given."""
     h_kv = h_kv or h
     t = {name: _t(p[name], dtype, go is not None) for name in MHA_PARAMS if name in p}
     x = t["x"]
@@ -243,35 +313,21 @@ def ref_mha(p, h, dtype, h_kv=None, causal=False, mask=None, scale=None, go=None
     K = ctx @ t["w_k"] + (t["b_k"] if "b_k" in t else 0)
     V = ctx @ t["w_v"] + (t["b_v"] if "b_v" in t else 0)
     Q = Q.reshape(B, n, h, d_k).transpose(1, 2)
-    K = K.reshape(B, m, h_kv, d_k).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
-    V = V.reshape(B, m, h_kv, d_v).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
+    K = K.reshape(B, m, h_kv, d_k).transpose(1, 2)
+    V = V.reshape(B, m, h_kv, d_v).transpose(1, 2)
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
-    s = (Q @ K.transpose(-1, -2)) * scale
-    allowed = torch.ones(s.shape, dtype=torch.bool)
-    if mask is not None:
-        mt = torch.from_numpy(np.asarray(mask).copy())
-        if mt.dtype == torch.bool:
-            allowed = allowed & mt
-        else:
-            s = s + mt.to(dtype)
-    if causal:
-        i = torch.arange(n)[:, None]
-        j = torch.arange(m)[None, :]
-        allowed = allowed & (j <= i + (m - n))
-    full = ~allowed.any(dim=-1, keepdim=True)
-    s = s.masked_fill(~allowed, float("-inf")).masked_fill(full, 0.0)
-    w = torch.softmax(s, dim=-1).masked_fill(full, 0.0)
-    heads = (w @ V).transpose(1, 2).reshape(B, n, h * d_v)
+    a = attend(Q, K, V, scale, causal, mask, **variants)
+    w = a["w"]
+    heads = a["o"].transpose(1, 2).reshape(B, n, h * d_v)
     o = heads
     if "w_o" in t:
         o = heads @ t["w_o"] + (t["b_o"] if "b_o" in t else 0)
+    wd, lse = w.detach(), a["lse"].detach()
     if unbatched:
-        o = o.squeeze(0)
-        wd = w.detach().squeeze(0)
-    else:
-        wd = w.detach()
-    r = {"o": o.detach().numpy(), "w": wd.numpy(), "w_mean": wd.mean(dim=-3).numpy()}
+        o, wd, lse = o.squeeze(0), wd.squeeze(0), lse.squeeze(0)
+    r = {"o": o.detach().numpy(), "w": wd.numpy(), "w_mean": wd.mean(dim=-3).numpy(),
+         "lse": lse.numpy(), "stats": score_stats(a)}
     if go is not None:
         o.backward(_t(go, dtype))
         r["grad"] = {name: t[name].grad.numpy() for name in t}
@@ -401,11 +457,56 @@ def stats_close(c, got, ref, prefix="stats"):
 # ---- /v1/attention
 
 
+def variant_fields(body, variants, encoding):
+    """The request fields of attend()'s variants."""
+    if variants.get("window") is not None:
+        body["window"] = list(variants["window"])
+    if variants.get("alibi") is not None:
+        body["alibi_slopes"] = enc(variants["alibi"], encoding)
+    if variants.get("softcap") is not None:
+        body["softcap"] = variants["softcap"]
+    if variants.get("rope") is not None:
+        body["rope"] = {"base": variants["rope"]}
+
+
+def lse_close(c, got, ref, rel=FWD_TOL):
+    """lse against the reference: -inf rows must come back as null (text) or
+    -inf (base64) and nothing else; the rest as numbers."""
+    ref = np.asarray(ref, dtype=np.float64)
+    if isinstance(got, dict) and "base64" in got:
+        g = dec(got).astype(np.float64)
+    else:
+        flat = got["data"] if isinstance(got, dict) else got
+        arr = np.array(flat, dtype=object)
+        if isinstance(got, dict):
+            arr = arr.reshape(tuple(got["shape"]))
+        if arr.shape != ref.shape:
+            c.fail("lse: shape %s, expected %s" % (list(arr.shape), list(ref.shape)))
+            return
+        nulls = np.vectorize(lambda x: x is None, otypes=[bool])(arr)
+        c.expect(np.array_equal(nulls, np.isneginf(ref)),
+                 "lse: null at %s, the reference's -inf at %s"
+                 % (np.argwhere(nulls).tolist()[:4], np.argwhere(np.isneginf(ref)).tolist()[:4]))
+        g = np.where(nulls, -np.inf, arr).astype(np.float64)
+    if g.shape != ref.shape:
+        c.fail("lse: shape %s, expected %s" % (list(g.shape), list(ref.shape)))
+        return
+    inf = np.isneginf(ref)
+    c.expect(np.array_equal(np.isneginf(g), inf), "lse: -inf rows differ from the reference's")
+    c.expect(not np.any(np.isnan(g)) and not np.any(np.isposinf(g)), "lse: NaN or +inf")
+    if (~inf).any():
+        c.close("lse", g[~inf], ref[~inf], rel=rel)
+
+
 def attention_case(c, srv, q, k, v, causal=False, mask=None, scale=None, go=None,
                    weights=False, stats=False, mask_enc="nested", encoding="nested",
-                   out_encoding=None):
-    """Send one /v1/attention request and compare everything against torch."""
+                   out_encoding=None, lse=False, **variants):
+    """Send one /v1/attention request and compare everything against torch.
+    variants: window, alibi, softcap, rope, as attend() takes them."""
     body = {"q": enc(q, encoding), "k": enc(k, encoding), "v": enc(v, encoding)}
+    variant_fields(body, variants, encoding)
+    if lse:
+        body["return_lse"] = True
     if causal:
         body["causal"] = True
     if mask is not None:
@@ -424,8 +525,8 @@ def attention_case(c, srv, q, k, v, causal=False, mask=None, scale=None, go=None
     if status != 200:
         c.fail("status %d: %s" % (status, text[:300]))
         return None
-    r64 = ref_sdpa(q, k, v, torch.float64, causal, mask, scale, go)
-    r32 = ref_sdpa(q, k, v, torch.float32, causal, mask, scale, go)
+    r64 = ref_sdpa(q, k, v, torch.float64, causal, mask, scale, go, **variants)
+    r32 = ref_sdpa(q, k, v, torch.float32, causal, mask, scale, go, **variants)
     out = dec(resp["output"])
     c.close("output", out, r64["o"], r32["o"])
     full = r64["full"]
@@ -456,8 +557,14 @@ def attention_case(c, srv, q, k, v, causal=False, mask=None, scale=None, go=None
             c.zero_rows("grad.q", dec(g["q"]), full)
     else:
         c.expect("grad" not in resp, "grad present without grad_output")
-    Bq = int(np.prod(q.shape[:-2])) if q.ndim > 2 else 1
-    flops = 2 * Bq * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1]) * (3.5 if go is not None else 1)
+    if lse:
+        if "lse" not in resp:
+            c.fail("lse missing")
+        else:
+            lse_close(c, resp["lse"], r64["lse"])
+    else:
+        c.expect("lse" not in resp, "lse present without return_lse")
+    flops = r64["flops"] * (3.5 if go is not None else 1)
     c.expect(resp.get("meta", {}).get("flops") == flops,
              "meta.flops %r, expected %r" % (resp.get("meta", {}).get("flops"), flops))
     meta = resp.get("meta", {}).get("shape", {})
@@ -746,7 +853,7 @@ def random_attention_case(c, srv, seed):
 def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=None,
              d_k=4, d_v=3, d_out=5, w_o=True, biases=(), causal=False, mask=None,
              scale=None, weights=False, grad=True, encoding="nested", stats=False,
-             same_context=False, ref_f32=False):
+             same_context=False, ref_f32=False, lse=False, **variants):
     lead = () if B is None else (B,)
     cross = m is not None or d_ctx is not None
     m = m if m is not None else n
@@ -782,12 +889,15 @@ def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=No
         body["return_stats"] = True
     if go is not None:
         body["grad_output"] = enc(go, encoding)
+    variant_fields(body, variants, encoding)
+    if lse:
+        body["return_lse"] = True
     status, text, resp = srv.post("/v1/multihead", body)
     if status != 200:
         c.fail("status %d: %s" % (status, text[:300]))
         return
-    r32 = ref_mha(p, h, torch.float32, h_kv, causal, mask, scale, go)
-    r64 = r32 if ref_f32 else ref_mha(p, h, torch.float64, h_kv, causal, mask, scale, go)
+    r32 = ref_mha(p, h, torch.float32, h_kv, causal, mask, scale, go, **variants)
+    r64 = r32 if ref_f32 else ref_mha(p, h, torch.float64, h_kv, causal, mask, scale, go, **variants)
     c.close("output", dec(resp["output"]), r64["o"], r32["o"])
     if weights:
         key = "w_mean" if weights == "mean" else "w"
@@ -797,8 +907,15 @@ def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=No
             c.close("weights", dec(resp["weights"]), r64[key], r32[key])
     if stats:
         # multihead stats over every head: the same as /v1/attention on the projections
-        ref_stats = mha_stats_ref(p, h, hk, causal, mask, scale)
+        ref_stats = mha_stats_ref(p, h, hk, causal, mask, scale, **variants)
         stats_close(c, resp.get("stats"), ref_stats)
+    if lse:
+        if "lse" not in resp:
+            c.fail("lse missing")
+        else:
+            lse_close(c, resp["lse"], r64["lse"])
+    else:
+        c.expect("lse" not in resp, "lse present without return_lse")
     if go is not None:
         g = resp.get("grad") or {}
         expected = set(p)
@@ -840,23 +957,258 @@ def random_mha_case(c, srv, seed):
     mha_case(c, srv, **kw)
 
 
-def mha_stats_ref(p, h, hk, causal, mask, scale):
-    """Stats of multi-head attention: project in float64, then ref_sdpa's stats."""
-    x = p["x"].astype(np.float64)
-    ctx = p.get("context", p["x"]).astype(np.float64)
-    if x.ndim == 2:
-        x, ctx = x[None], ctx[None]
-    B, n, _ = x.shape
-    m = ctx.shape[1]
-    d_k = p["w_q"].shape[1] // h
-    d_v = p["w_v"].shape[1] // hk
-    Q = x @ p["w_q"] + p.get("b_q", 0)
-    K = ctx @ p["w_k"] + p.get("b_k", 0)
-    V = ctx @ p["w_v"] + p.get("b_v", 0)
-    Q = Q.reshape(B, n, h, d_k).transpose(0, 2, 1, 3)
-    K = K.reshape(B, m, hk, d_k).transpose(0, 2, 1, 3)
-    V = V.reshape(B, m, hk, d_v).transpose(0, 2, 1, 3)
-    return ref_sdpa(Q, K, V, torch.float64, causal, mask, scale)["stats"]
+def mha_stats_ref(p, h, hk, causal, mask, scale, **variants):
+    """Stats of multi-head attention over every head, from the float64 reference."""
+    return ref_mha(p, h, torch.float64, hk, causal, mask, scale, **variants)["stats"]
+
+
+# ---- variants (issue 10): window, ALiBi, softcap, RoPE, lse
+
+
+def alibi_slopes(h):
+    """The geometric ALiBi slopes of the paper (2^(-8i/h)), as float32."""
+    return np.array([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], np.float32)
+
+
+def lse_encodings_case(c, srv):
+    """return_lse in every output encoding: a fully masked row (a window that
+    leaves it no key, and a boolean mask row) is null in nested and flat and
+    -inf in base64; the other rows are the same float32 in all three."""
+    q, k, v = rnd(2, 90, 8), rnd(2, 70, 8), rnd(2, 70, 4)
+    mask = bool_mask((90, 70), 0.8)
+    mask[85, :] = False
+    got = {}
+    for oenc in ("nested", "flat", "base64"):
+        body = {"q": enc(q), "k": enc(k), "v": enc(v), "mask": enc(mask), "window": [3, 3],
+                "return_lse": True, "output_encoding": oenc}
+        status, text, resp = srv.post("/v1/attention", body)
+        if status != 200:
+            c.fail("%s: status %d %s" % (oenc, status, text[:200]))
+            return
+        got[oenc] = resp["lse"]
+    r = ref_sdpa(q, k, v, torch.float64, mask=mask, window=(3, 3))
+    c.expect(np.isneginf(r["lse"]).sum() > 2 * 10, "reference: expected fully masked rows")
+    for oenc, t in got.items():
+        lse_close(c, t, r["lse"])
+    nested = np.array(got["nested"], dtype=object)
+    flat = np.array(got["flat"]["data"], dtype=object).reshape(got["flat"]["shape"])
+    b64 = dec(got["base64"])
+    c.expect(nested[0, 0] is None and flat[0, 0] is None and np.isneginf(b64[0, 0]),
+             "row 0 (p = -20, no key in [-23, -17]) is not null / -inf")
+    c.expect(nested[0, 85] is None and np.isneginf(b64[0, 85]), "mask row 85 not null / -inf")
+    live = ~np.isneginf(b64)
+    same = np.array([np.float32(x) for x in nested[live]]) == b64[live]
+    c.expect(same.all(), "nested lse numbers differ from base64's float32")
+
+
+def merge_shards(parts):
+    """Exact merge of attention over disjoint key shards from (output, lse):
+    lse = logsumexp_s lse_s, o = sum_s exp(lse_s - lse) o_s (0 where every
+    shard's row is empty, as a fully masked row is)."""
+    lses = np.stack([p[1].astype(np.float64) for p in parts])
+    top = np.max(lses, axis=0)
+    safe = np.where(np.isneginf(top), 0.0, top)
+    with np.errstate(divide="ignore"):  # log(0) for the rows no shard sees, replaced below
+        total = safe + np.log(np.sum(np.exp(lses - safe), axis=0))
+    total = np.where(np.isneginf(top), -np.inf, total)
+    out = np.zeros(parts[0][0].shape, np.float64)
+    for o, l in parts:
+        wgt = np.where(np.isneginf(total), 0.0, np.exp(l.astype(np.float64) - np.where(np.isneginf(total), 0.0, total)))
+        out += wgt[..., None] * o.astype(np.float64)
+    return out, total
+
+
+def lse_array(t):
+    """A response's lse as float64, null -> -inf."""
+    if isinstance(t, dict) and "base64" in t:
+        return dec(t).astype(np.float64)
+    if isinstance(t, dict):
+        return np.array([-np.inf if x is None else x for x in t["data"]], np.float64).reshape(t["shape"])
+    return np.vectorize(lambda x: -np.inf if x is None else x, otypes=[np.float64])(np.array(t, dtype=object))
+
+
+def merge_case(c, srv, n_shards, mask_kind, softcap=None, encoding="nested"):
+    """Keys split into n_shards contiguous shards (uneven sizes), one request
+    each with return_lse (k, v and the mask split along the keys), merged by
+    merge_shards(): the same output and lse as one request over every key,
+    and as torch in float64.  Non-causal: a shard's positions are its own."""
+    B, hq, hkv, n_q, n_k = 2, 4, 2, 33, 150
+    q, k, v = rnd(B, hq, n_q, 16), rnd(B, hkv, n_k, 16), rnd(B, hkv, n_k, 8)
+    if mask_kind == "bias":
+        mask = rnd(B, 1, n_q, n_k, scale=2.0)
+    else:
+        mask = bool_mask((B, hq, n_q, n_k), 0.3)
+        mask[0, 1, 5, :] = False           # a row no shard sees: lse -inf, zeros
+        mask[1, 0, 7, : n_k // 2] = False  # a row empty in the first shards only
+    cuts = sorted(set([0, n_k] + [int(x) for x in RNG.choice(np.arange(10, n_k - 10), n_shards - 1,
+                                                               replace=False)]))
+    c.expect(len(cuts) == n_shards + 1, "cuts %s" % cuts)
+    parts = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        body = {"q": enc(q, encoding), "k": enc(k[..., a:b, :], encoding),
+                "v": enc(v[..., a:b, :], encoding), "mask": enc(mask[..., a:b], encoding),
+                "return_lse": True, "output_encoding": encoding}
+        if softcap is not None:
+            body["softcap"] = softcap
+        status, text, resp = srv.post("/v1/attention", body)
+        if status != 200:
+            c.fail("shard %d:%d: status %d %s" % (a, b, status, text[:200]))
+            return
+        parts.append((dec(resp["output"]), lse_array(resp["lse"])))
+    merged_o, merged_lse = merge_shards(parts)
+    body = {"q": enc(q), "k": enc(k), "v": enc(v), "mask": enc(mask), "return_lse": True}
+    if softcap is not None:
+        body["softcap"] = softcap
+    status, text, whole = srv.post("/v1/attention", body)
+    if status != 200:
+        c.fail("whole: status %d %s" % (status, text[:200]))
+        return
+    r = ref_sdpa(q, k, v, torch.float64, mask=mask, softcap=softcap)
+    c.close("merged output vs torch", merged_o, r["o"])
+    c.close("merged output vs one request", merged_o, dec(whole["output"]))
+    inf = np.isneginf(r["lse"])
+    c.expect(np.array_equal(np.isneginf(merged_lse), inf), "merged lse: -inf rows differ")
+    c.close("merged lse vs torch", merged_lse[~inf], r["lse"][~inf])
+    c.close("merged lse vs one request", merged_lse[~inf], lse_array(whole["lse"])[~inf])
+    if mask_kind == "bool":
+        c.expect(np.all(merged_o[0, 1, 5] == 0), "a row no shard sees is not zero")
+        c.note = "shards at %s" % cuts
+
+
+def permutation_case(c, srv):
+    """Exercise 8: attention alone is blind to order.  Permuting the keys and
+    values (and the mask's key columns) leaves the output and lse as they
+    were, and permutes the weights' columns; with RoPE the same permutation
+    changes the output.  Each answer is also checked against torch."""
+    q, k, v = rnd(2, 40, 16), rnd(2, 90, 16), rnd(2, 90, 8)
+    mask = rnd(2, 40, 90)
+    perm = RNG.permutation(90)
+    got = {}
+    for rope in (None, 500.0):
+        variants = {} if rope is None else {"rope": rope}
+        for name, kk, vv, mm in (("orig", k, v, mask), ("perm", k[:, perm], v[:, perm], mask[..., perm])):
+            resp = attention_case(c, srv, q, kk, vv, mask=mm, weights=True, lse=True, softcap=7.0,
+                                  **variants)
+            if resp is None:
+                return
+            got[(rope, name)] = (dec(resp["output"]), lse_array(resp["lse"]), dec(resp["weights"]))
+    o0, l0, w0 = got[(None, "orig")]
+    o1, l1, w1 = got[(None, "perm")]
+    c.close("no RoPE: permuted output", o1, o0)
+    c.close("no RoPE: permuted lse", l1, l0)
+    c.close("no RoPE: permuted weights = weights' columns permuted", w1, w0[..., perm])
+    r0, r1 = got[(500.0, "orig")][0], got[(500.0, "perm")][0]
+    change = float(np.max(np.abs(r0.astype(np.float64) - r1)))
+    c.expect(change > 0.05, "with RoPE the permutation changed the output by only %g" % change)
+    c.note = "RoPE: output moved by %.3f" % change
+
+
+def openapi_text(srv):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/openapi.yaml" % srv.port, timeout=30) as r:
+            return r.read().decode()
+    except Exception:
+        return ""
+
+
+def half_roundtrip_case(c, srv, dtype):
+    """float16 / bfloat16 (issue 10): base64 inputs of that dtype are computed
+    as the float32 of their values, and output_dtype writes the answer in it.
+    The reference is torch on the same half values in float64, rounded to the
+    dtype: the answer must be that rounding, or one unit in the last place
+    off (a float32 value a hair from a rounding boundary)."""
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    q, k, v, go = rnd(2, 70, 16), rnd(2, 90, 16), rnd(2, 90, 8), rnd(2, 70, 8)
+    half = {n: torch.from_numpy(a).to(tdt) for n, a in (("q", q), ("k", k), ("v", v), ("go", go))}
+
+    def b64(t):
+        return {"shape": list(t.shape), "dtype": dtype,
+                "base64": base64.b64encode(t.view(torch.int16).numpy().astype("<i2").tobytes()).decode()}
+
+    def unb64(t):
+        c.expect(t.get("dtype") == dtype, "output dtype %r, expected %r" % (t.get("dtype"), dtype))
+        raw = np.frombuffer(base64.b64decode(t["base64"]), dtype="<i2").copy()
+        return torch.from_numpy(raw).view(tdt).reshape(t["shape"])
+    body = {"q": b64(half["q"]), "k": b64(half["k"]), "v": b64(half["v"]), "causal": True,
+            "grad_output": b64(half["go"]), "output_encoding": "base64", "output_dtype": dtype,
+            "return_lse": True, "window": [40, 0]}
+    status, text, resp = srv.post("/v1/attention", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    exact = {n: t.to(torch.float32).numpy() for n, t in half.items()}
+    r = ref_sdpa(exact["q"], exact["k"], exact["v"], torch.float64, causal=True, go=exact["go"],
+                 window=(40, 0))
+    ulp = 2.0 ** -10 if dtype == "float16" else 2.0 ** -7
+    tiny = 2.0 ** -24 if dtype == "float16" else 2.0 ** -133
+    for name, got, ref in (("output", resp["output"], r["o"]), ("lse", resp["lse"], r["lse"]),
+                           ("grad.q", resp["grad"]["q"], r["dq"]), ("grad.k", resp["grad"]["k"], r["dk"]),
+                           ("grad.v", resp["grad"]["v"], r["dv"])):
+        g = unb64(got).to(torch.float64).numpy()
+        ref = np.asarray(ref, np.float64)
+        want = torch.from_numpy(ref).to(tdt).to(torch.float64).numpy()
+        # one unit in the last place of the dtype, plus float32's own error
+        rel = GRAD_TOL if name.startswith("grad") else FWD_TOL
+        allowed = np.maximum(np.abs(ref) * ulp, tiny) + rel * max(1.0, float(np.max(np.abs(ref))))
+        off = float(np.max(np.abs(g - want) / allowed))
+        c.expect(off <= 1.0, "%s: %.3g of the allowed distance (1 ulp of %s + float32 error) from "
+                 "torch's rounding" % (name, off, dtype))
+    # the same halves sent as float32 give the same answer in float32
+    body32 = {"q": enc(exact["q"], "base64"), "k": enc(exact["k"], "base64"), "v": enc(exact["v"], "base64"),
+              "causal": True, "window": [40, 0], "output_encoding": "base64"}
+    status, text, r32 = srv.post("/v1/attention", body32)
+    if status == 200:
+        c.close("output(float32 of the same halves)", dec(r32["output"]), r["o"])
+    else:
+        c.fail("float32 request: status %d" % status)
+
+
+def random_variant_case(c, srv, seed):
+    """A random configuration with random variants on: rank, GQA, sizes across
+    64-key tiles, causal, mask, window, ALiBi, softcap, RoPE, lse."""
+    g = np.random.default_rng(seed)
+    rank = int(g.integers(2, 5))
+    B = int(g.integers(1, 3)) if rank == 4 else None
+    h_kv = int(g.integers(1, 3)) if rank >= 3 else 1
+    h_q = h_kv * int(g.integers(1, 3)) if rank >= 3 else 1
+    n_q, n_k = (int(x) for x in g.choice([1, 5, 63, 64, 65, 70, 100, 129, 150], 2))
+    d_k = int(g.choice([2, 8, 16, 34]))
+    d_v = int(g.choice([1, 8, 16]))
+    lead_q = (() if B is None else (B,)) + ((h_q,) if rank >= 3 else ())
+    lead_k = (() if B is None else (B,)) + ((h_kv,) if rank >= 3 else ())
+    q = (g.standard_normal(lead_q + (n_q, d_k)) * g.choice([0.5, 1, 3])).astype(np.float32)
+    k = g.standard_normal(lead_k + (n_k, d_k)).astype(np.float32)
+    v = g.standard_normal(lead_k + (n_k, d_v)).astype(np.float32)
+    go = g.standard_normal(lead_q + (n_q, d_v)).astype(np.float32)
+    variants = {}
+    if g.random() < 0.6:
+        variants["window"] = (int(g.choice([-1, 0, 3, 40, 70])), int(g.choice([-1, 0, 5, 64])))
+    if g.random() < 0.5:
+        hq = h_q if rank >= 3 else 1
+        if B is not None and g.random() < 0.5:
+            variants["alibi"] = (g.random((B, hq)) * 0.5).astype(np.float32)
+        else:
+            variants["alibi"] = alibi_slopes(hq)
+    if g.random() < 0.5:
+        variants["softcap"] = f32(g.choice([0.5, 2.0, 30.0]))
+    if g.random() < 0.5:
+        variants["rope"] = f32(g.choice([100.0, 10000.0]))
+    causal = bool(g.random() < 0.4)
+    mask = None
+    full_shape = lead_q + (n_q, n_k)
+    kind = int(g.integers(0, 3))
+    if kind:
+        mrank = int(g.integers(1, len(full_shape) + 1))
+        mshape = tuple(d if g.random() < 0.6 else 1 for d in full_shape[-mrank:])
+        mask = (g.random(mshape) < 0.8) if kind == 1 else g.standard_normal(mshape).astype(np.float32)
+    encoding = str(g.choice(["nested", "flat", "base64"]))
+    c.name += " r%d h%d/%d n%dx%d d%d/%d%s%s %s" % (
+        rank, h_q, h_kv, n_q, n_k, d_k, d_v, " causal" if causal else "",
+        "" if mask is None else " mask%s" % ("b" if kind == 1 else "f"),
+        ",".join(sorted(variants)) or "-")
+    attention_case(c, srv, q, k, v, causal=causal, mask=mask, go=go, weights=True,
+                   stats=bool(g.random() < 0.5), encoding=encoding, mask_enc=encoding,
+                   out_encoding=encoding, lse=True, **variants)
 
 
 # ---- errors
@@ -1062,6 +1414,93 @@ def cases(srv):
 
     for seed in range(int(os.environ.get("TORCH_CHECK_RANDOM", "16"))):
         run_case(M + "random#%d" % seed, random_mha_case, srv, 5000 + seed)
+
+    V = "variant "
+    # each variant alone, at shapes crossing 64-key tiles, with weights, lse,
+    # stats and every gradient
+    run_case(V + "window [10,5] n 100x130", simple, srv, (2, 100, 16), (2, 130, 16), (2, 130, 8),
+             weights=True, stats=True, lse=True, window=(10, 5))
+    run_case(V + "window [0,0] n=70", simple, srv, (70, 8), (70, 8), (70, 4), weights=True,
+             stats=True, lse=True, window=(0, 0))
+    run_case(V + "window [-1,3] n_q<n_k", simple, srv, (3, 70, 16), (3, 150, 16), (3, 150, 8),
+             weights=True, lse=True, window=(-1, 3))
+    run_case(V + "window [64,-1] n=150", simple, srv, (150, 16), (150, 16), (150, 16), lse=True,
+             weights=True, window=(64, -1))
+    run_case(V + "window [3,3] n_q>n_k (empty rows)", simple, srv, (2, 150, 8), (2, 70, 8), (2, 70, 4),
+             weights=True, stats=True, lse=True, window=(3, 3))
+    run_case(V + "alibi [H] n=90", simple, srv, (3, 90, 16), (3, 90, 16), (3, 90, 8), weights=True,
+             stats=True, lse=True, alibi=alibi_slopes(3))
+    run_case(V + "alibi [B,H] rank4 n 70x130", simple, srv, (2, 3, 70, 8), (2, 3, 130, 8), (2, 3, 130, 8),
+             weights=True, lse=True, alibi=rnd(2, 3, scale=0.3))
+    run_case(V + "alibi [1] rank2 n_q>n_k", simple, srv, (100, 8), (66, 8), (66, 8), weights=True,
+             lse=True, alibi=np.array([0.25], np.float32))
+    run_case(V + "softcap 5 (large scores)", simple, srv, (2, 70, 16), (2, 100, 16), (2, 100, 8),
+             weights=True, stats=True, lse=True, softcap=5.0, scale=f32(1.5))
+    run_case(V + "softcap 0.5", simple, srv, (2, 65, 8), (2, 129, 8), (2, 129, 8), weights=True,
+             lse=True, softcap=0.5)
+    run_case(V + "rope 10000 n=130", simple, srv, (2, 130, 16), (2, 130, 16), (2, 130, 8),
+             weights=True, stats=True, lse=True, rope=10000.0)
+    run_case(V + "rope 100 n_q<n_k d=34", simple, srv, (2, 70, 34), (2, 150, 34), (2, 150, 4),
+             weights=True, lse=True, rope=100.0)
+    run_case(V + "rope 10 n_q>n_k (negative positions)", simple, srv, (120, 8), (70, 8), (70, 8),
+             weights=True, lse=True, rope=10.0)
+    run_case(V + "return_lse alone", simple, srv, (2, 3, 70, 16), (2, 3, 90, 16), (2, 3, 90, 8), lse=True)
+    run_case(V + "lse null/-inf in every encoding", lse_encodings_case, srv)
+    # combined with causal, masks, GQA and batch
+    run_case(V + "window+causal n_q>n_k (empty rows)", simple, srv, (2, 150, 8), (2, 70, 8), (2, 70, 8),
+             causal=True, weights=True, stats=True, lse=True, window=(5, 3))
+    run_case(V + "window [20,-1]+causal GQA", simple, srv, (4, 100, 16), (2, 100, 16), (2, 100, 8),
+             causal=True, weights=True, lse=True, window=(20, -1))
+    run_case(V + "alibi+causal+bool mask GQA rank4", simple, srv, (2, 4, 70, 8), (2, 2, 90, 8),
+             (2, 2, 90, 8), causal=True, weights=True, stats=True, lse=True, alibi=alibi_slopes(4),
+             mask_fn=lambda sq, sk: bool_mask((2, 1, 70, 90), 0.7))
+    run_case(V + "softcap+float mask+causal", simple, srv, (2, 70, 16), (2, 130, 16), (2, 130, 8),
+             causal=True, weights=True, stats=True, lse=True, softcap=3.0,
+             mask_fn=lambda sq, sk: rnd(70, 130, scale=2.0))
+    run_case(V + "rope+causal MQA", simple, srv, (4, 90, 16), (1, 130, 16), (1, 130, 8), causal=True,
+             weights=True, stats=True, lse=True, rope=10000.0)
+    run_case(V + "all + causal + bool mask, GQA B=2", simple, srv, (2, 4, 100, 16), (2, 2, 150, 16),
+             (2, 2, 150, 8), causal=True, weights=True, stats=True, lse=True, window=(40, 0),
+             alibi=rnd(2, 4, scale=0.2), softcap=4.0, rope=500.0,
+             mask_fn=lambda sq, sk: bool_mask((2, 1, 1, 150), 0.8))
+    run_case(V + "all + float mask, GQA, base64", simple, srv, (2, 4, 70, 16), (2, 2, 140, 16),
+             (2, 2, 140, 8), weights=True, stats=True, lse=True, window=(30, 30), alibi=alibi_slopes(4),
+             softcap=2.0, rope=10000.0, encoding="base64", out_encoding="base64",
+             mask_fn=lambda sq, sk: rnd(4, 70, 140))
+    run_case(V + "all, n=300 window 64, flat", simple, srv, (2, 300, 32), (2, 300, 32), (2, 300, 32),
+             causal=True, lse=True, window=(64, 0), alibi=alibi_slopes(2), softcap=10.0, rope=10000.0,
+             encoding="flat", out_encoding="flat")
+    for seed in range(int(os.environ.get("TORCH_CHECK_RANDOM", "16"))):
+        run_case(V + "random#%d" % seed, random_variant_case, srv, 9000 + seed)
+    # multi-head: per head, after the projections
+    run_case(V + "multihead window+causal", mha_case, srv, B=2, n=70, d_model=16, h=2, d_k=8, d_v=4,
+             causal=True, weights=True, stats=True, lse=True, window=(10, 0))
+    run_case(V + "multihead alibi [h] unbatched", mha_case, srv, n=70, d_model=16, h=4, d_k=4, d_v=4,
+             weights=True, lse=True, alibi=alibi_slopes(4))
+    run_case(V + "multihead alibi [B,h] GQA", mha_case, srv, B=2, n=66, d_model=8, h=4, h_kv=2, d_k=4,
+             d_v=3, weights="mean", lse=True, alibi=rnd(2, 4, scale=0.3))
+    run_case(V + "multihead softcap, stats", mha_case, srv, B=2, n=65, d_model=16, h=2, d_k=8, d_v=4,
+             stats=True, lse=True, softcap=1.0, scale=f32(2.0))
+    run_case(V + "multihead rope cross n<m", mha_case, srv, B=2, n=40, m=130, d_model=8, d_ctx=6, h=2,
+             d_k=6, d_v=4, weights=True, lse=True, rope=10000.0, biases=("b_q", "b_k"))
+    run_case(V + "multihead all + mask, GQA, cross", mha_case, srv, B=2, n=70, m=100, d_model=12, d_ctx=10,
+             h=4, h_kv=2, d_k=4, d_v=3, causal=True, weights=True, stats=True, lse=True,
+             window=(30, 2), alibi=alibi_slopes(4), softcap=3.0, rope=100.0,
+             mask=bool_mask((2, 1, 70, 100), 0.8), biases=("b_q", "b_k", "b_v", "b_o"))
+    run_case(V + "multihead window empty rows, base64", mha_case, srv, n=100, m=66, d_model=8, d_ctx=8,
+             h=2, d_k=4, d_v=4, weights=True, lse=True, window=(2, 2), encoding="base64")
+    # the merge that return_lse is for, and order
+    run_case(V + "merge of 2 key shards (bias mask, softcap)", merge_case, srv, 2, "bias", softcap=6.0)
+    run_case(V + "merge of 5 key shards (bool mask, GQA)", merge_case, srv, 5, "bool")
+    run_case(V + "merge of 5 key shards, base64", merge_case, srv, 5, "bias", encoding="base64")
+    run_case(V + "permuting keys: nothing without RoPE, output with", permutation_case, srv)
+    contract = openapi_text(srv)
+    for dtype in ("float16", "bfloat16"):
+        if '"%s"' % dtype in contract or "- %s" % dtype in contract:
+            run_case(V + "%s round trip" % dtype, half_roundtrip_case, srv, dtype)
+        else:
+            print("SKIPPED %s round trip: this build's /openapi.yaml has no %s dtype (issue 10's "
+                  "half precision is not in yet); not counted" % (dtype, dtype))
 
     E = "error "
     qkv = {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]]}
