@@ -427,17 +427,14 @@ static bool read_value(const api_field *f, const json_member *m, api_value *v,
     return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
 }
 
-bool api_read_fields(const char *body, size_t len, const api_field *schema,
-                     size_t n_fields, const api_field *other, size_t n_other,
-                     const char *other_route, api_value *values,
+bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
+                     const api_field *schema, size_t n_fields, const api_field *other,
+                     size_t n_other, const char *other_route, api_value *values,
                      api_error *err)
 {
     json_member members[API_MAX_FIELDS];
     size_t count = 0;
-    const char *p = body, *end = body + len;
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    if (!json_text_members(p, end, members, API_MAX_FIELDS, &count, "", err))
+    if (!json_spans_members(spans, n_members, end, members, API_MAX_FIELDS, &count, "", err))
         return false;
 
     /* Which member holds each field; names first, so that a typo is

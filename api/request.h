@@ -56,7 +56,8 @@ typedef struct {
 #define API_MAX_FIELDS 32
 
 /*
- * Reads the members of the object `body` (validated JSON text, an object)
+ * Reads the members of the body's object (validated JSON text ending at
+ * `end`, whose n_members members json_text_validate_spans noted in spans)
  * into values[i] for schema[i]. Refuses, in this order: an unknown member
  * (400 unknown_field, suggesting the nearest name), a missing required field
  * (400 missing_field), then each value in schema order: wrong JSON type
@@ -66,8 +67,9 @@ typedef struct {
  * "num_heads is a field of /v1/multihead" for a member sent to the wrong route.
  * On failure nothing is left to free.
  */
-bool api_read_fields(const char *body, size_t len, const api_field *schema,
-                     size_t n_fields, const api_field *other, size_t n_other,
+bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
+                     const api_field *schema, size_t n_fields, const api_field *other,
+                     size_t n_other,
                      const char *other_route, api_value *values,
                      api_error *err);
 
@@ -270,16 +272,18 @@ typedef struct api_operation api_operation;
 
 struct api_call {
     const api_operation *op;
-    api_value f[API_MAX_FIELDS]; /* the fields, in the op's table order */
     api_limits lim;
     api_timing t;
     api_cost cost;
     api_encoding enc;
     bool want_stats, want_grad;
     attn_stats stats;
-    api_result results[API_MAX_RESULTS];
     int n_results;
     void *state; /* the operation's own (state_size bytes, zeroed) */
+    /* The two arrays last: api_prepare zeroes everything before them, the
+     * op's n_fields values, and nothing of the 6 KB it does not use. */
+    api_result results[API_MAX_RESULTS]; /* [0, n_results) planned */
+    api_value f[API_MAX_FIELDS]; /* the fields, in the op's table order */
 };
 
 struct api_operation {

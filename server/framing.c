@@ -66,41 +66,64 @@ static bool parse_length(const char *s, uint64_t *out)
     return true;
 }
 
-typedef struct {
-    int n_length, n_encoding;
-    const char *length;      /* the first Content-Length value */
-    uint64_t value;          /* ... read, when well formed */
-    bool length_ok;          /* the first is well formed */
-    const char *differing;   /* a later value that is not the same number */
-    const char *encoding;    /* the first Transfer-Encoding value */
-    bool only_chunked;       /* every Transfer-Encoding is "chunked" */
-} framing_headers;
+/* Is the header name key[0..n) `name` (whose length is n), in any case? */
+static bool named(const char *key, size_t n, const char *name)
+{
+    return !strncasecmp(key, name, n);
+}
 
 static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *key,
-                               const char *value)
+                               size_t key_size, const char *value, size_t value_size)
 {
     (void)kind;
-    framing_headers *h = cls;
+    (void)value_size;
+    srv_headers *h = cls;
     if (!value)
         value = "";
-    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
-        uint64_t v = 0;
-        bool ok = parse_length(value, &v);
-        if (h->n_length == 0) {
-            h->length = value;
-            h->value = v;
-            h->length_ok = ok;
-        } else if (!h->differing && (!ok || v != h->value)) {
-            h->differing = value;
+    /* The five names have five lengths: one compare of the name at most. */
+    switch (key_size) {
+    case 12:
+        if (!h->content_type && named(key, 12, MHD_HTTP_HEADER_CONTENT_TYPE))
+            h->content_type = value;
+        break;
+    case 6:
+        if (!h->origin && named(key, 6, MHD_HTTP_HEADER_ORIGIN))
+            h->origin = value;
+        break;
+    case 13:
+        if (!h->authorization && named(key, 13, MHD_HTTP_HEADER_AUTHORIZATION))
+            h->authorization = value;
+        break;
+    case 14:
+        if (named(key, 14, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+            uint64_t v = 0;
+            bool ok = parse_length(value, &v);
+            if (h->n_length == 0) {
+                h->length = value;
+                h->value = v;
+                h->length_ok = ok;
+            } else if (!h->differing && (!ok || v != h->value)) {
+                h->differing = value;
+            }
+            h->n_length++;
         }
-        h->n_length++;
-    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
-        if (!h->n_encoding)
-            h->encoding = value;
-        h->n_encoding++;
-        h->only_chunked = h->only_chunked && !strcasecmp(value, "chunked");
+        break;
+    case 17:
+        if (named(key, 17, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+            if (!h->n_encoding)
+                h->encoding = value;
+            h->n_encoding++;
+            h->only_chunked = h->only_chunked && !strcasecmp(value, "chunked");
+        }
+        break;
     }
     return MHD_YES;
+}
+
+void headers_read(struct MHD_Connection *c, srv_headers *h)
+{
+    *h = (srv_headers){.only_chunked = true};
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, h);
 }
 
 static const char *reason(int status)
@@ -170,7 +193,8 @@ static void length_message(char *msg, size_t cap, const char *value)
              "below 2^64)", value);
 }
 
-framing_result framing_check(srv_request *r, uint64_t *length, bool *has_length)
+framing_result framing_check(srv_request *r, const srv_headers *h, uint64_t *length,
+                             bool *has_length)
 {
     char msg[200];
     *has_length = false;
@@ -186,35 +210,32 @@ framing_result framing_check(srv_request *r, uint64_t *length, bool *has_length)
                  MAX_HEADER_BYTES);
         return refuse(r, 431, "header_too_large", msg);
     }
-    framing_headers h = {.only_chunked = true};
-    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect, &h);
-
-    if (h.n_encoding) {
-        if (!h.only_chunked || h.n_encoding > 1) {
+    if (h->n_encoding) {
+        if (!h->only_chunked || h->n_encoding > 1) {
             snprintf(msg, sizeof msg,
                      "Transfer-Encoding \"%.60s\" is not supported: send the body with "
-                     "Content-Length, or with Transfer-Encoding: chunked alone", h.encoding);
+                     "Content-Length, or with Transfer-Encoding: chunked alone", h->encoding);
             return refuse(r, 501, "not_implemented", msg);
         }
-        if (h.n_length)
+        if (h->n_length)
             return refuse(r, 400, "invalid_framing",
                           "a request may not carry both Transfer-Encoding and Content-Length "
                           "(RFC 9112 section 6.3)");
         return FRAMING_OK;
     }
-    if (!h.n_length)
+    if (!h->n_length)
         return FRAMING_OK;
-    if (!h.length_ok) { /* libmicrohttpd answers these itself (see above) */
-        length_message(msg, sizeof msg, h.length);
+    if (!h->length_ok) { /* libmicrohttpd answers these itself (see above) */
+        length_message(msg, sizeof msg, h->length);
         return refuse(r, 400, "invalid_framing", msg);
     }
-    if (h.differing) {
+    if (h->differing) {
         snprintf(msg, sizeof msg,
                  "Content-Length is given more than once with different values (%.30s and "
-                 "%.30s); send it once", h.length, h.differing);
+                 "%.30s); send it once", h->length, h->differing);
         return refuse(r, 400, "invalid_framing", msg);
     }
-    *length = h.value;
+    *length = h->value;
     *has_length = true;
     return FRAMING_OK;
 }

@@ -220,15 +220,14 @@ static bool reserve(srv_request *r, size_t need)
 /* Checks what the headers promise before a byte of the body is read, so an
  * oversized or unreadable upload is refused without being received. Returns
  * false when a response was queued. */
-static bool expect_body(srv_request *r, uint64_t length, bool has_length)
+static bool expect_body(srv_request *r, const srv_headers *h, uint64_t length,
+                        bool has_length)
 {
     if (http_draining(r->srv)) {
         http_reply_stock(r, STOCK_SHUTTING_DOWN);
         return false;
     }
-    const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (!readable_as_json(ct)) {
+    if (!readable_as_json(h->content_type)) {
         http_reply_stock(r, STOCK_UNSUPPORTED_MEDIA);
         return false;
     }
@@ -275,7 +274,7 @@ static void take_body(srv_request *r, const char *data, size_t n)
 /* ------------------------------------------------------------- callbacks */
 
 static void begin_request(srv_request *r, struct MHD_Connection *c, const char *url,
-                          const char *method)
+                          const char *method, const srv_headers *h)
 {
     r->conn = c;
     r->method = method;
@@ -296,9 +295,7 @@ static void begin_request(srv_request *r, struct MHD_Connection *c, const char *
     r->res = (api_response){0};
     r->in_flight = true;
     metrics_request_start(&r->srv->metrics);
-    const char *origin = r->srv->cors.enabled
-        ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin") : NULL;
-    r->origin = cors_allowed(&r->srv->cors, origin);
+    r->origin = cors_allowed(&r->srv->cors, h->origin);
 }
 
 /* The first call for a request: only the headers are known. A request
@@ -306,7 +303,7 @@ static void begin_request(srv_request *r, struct MHD_Connection *c, const char *
  * draining) is answered now, which makes libmicrohttpd skip its body and
  * close the connection. Everything else is answered on the last call, after the body:
  * an answer queued this early would cost the client its keep-alive. */
-static void on_headers(srv_request *r)
+static void on_headers(srv_request *r, const srv_headers *h)
 {
     bool path_known = false;
     r->route = routes_match(r->srv, r->method, r->path, &path_known, &r->label);
@@ -316,23 +313,21 @@ static void on_headers(srv_request *r)
     }
     uint64_t length = 0;
     bool has_length = false;
-    if (framing_check(r, &length, &has_length) == FRAMING_REFUSED)
+    if (framing_check(r, h, &length, &has_length) == FRAMING_REFUSED)
         return;
     /* The key before anything else about the request: a client without one
      * learns nothing (not even which paths exist). Preflights carry no
      * credentials (Fetch standard), and the health routes are for probes. */
     bool preflight = !r->route && path_known && !strcmp(r->method, MHD_HTTP_METHOD_OPTIONS);
     if (!(r->route && r->route->open) && !preflight) {
-        srv_auth_result a = auth_check(&r->srv->auth,
-            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                        MHD_HTTP_HEADER_AUTHORIZATION));
+        srv_auth_result a = auth_check(&r->srv->auth, h->authorization);
         if (a != AUTH_OK) {
             http_reply_stock(r, a == AUTH_MISSING ? STOCK_NO_KEY : STOCK_WRONG_KEY);
             return;
         }
     }
     if (r->route && r->route->has_body)
-        expect_body(r, length, has_length);
+        expect_body(r, h, length, has_length);
 }
 
 /* The last call: the whole body is in (or was discarded). */
@@ -370,9 +365,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r = info ? info->socket_context : NULL;
         if (!r)
             return MHD_NO; /* no memory for this connection: drop it */
-        begin_request(r, c, url, method);
+        srv_headers h;
+        headers_read(c, &h);
+        begin_request(r, c, url, method, &h);
         *con_cls = r;
-        on_headers(r);
+        on_headers(r, &h);
         return MHD_YES;
     }
     if (*upload_size) {

@@ -324,18 +324,12 @@ static void escape_json(char *buf, size_t cap, const char *s)
     json_escape_text(buf, cap, s, strlen(s), JSON_ESCAPE_ASCII);
 }
 
-/* For the text format: printable ASCII kept, the rest as
- * \xNN, so that a request path cannot forge a log line. */
-static void text_escape(char *buf, size_t cap, const char *s)
+/* For the text format: printable ASCII kept, the rest as \xNN, so that a
+ * request path cannot forge a log line; written as long as the escaped
+ * text stays 5 bytes short of `cap`. */
+static bool plain_byte(unsigned char c)
 {
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++) {
-        if (*p > 0x20 && *p < 0x7f && *p != '"' && *p != '\\')
-            buf[n++] = (char)*p;
-        else
-            n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", *p);
-    }
-    buf[n] = '\0';
+    return c > 0x20 && c < 0x7f && c != '"' && c != '\\';
 }
 
 /* ISO 8601 UTC with milliseconds. The seconds part is formatted once per
@@ -376,10 +370,41 @@ typedef struct {
     char *p, *end;
 } line_buf;
 
+static void put_n(line_buf *b, const char *s, size_t n)
+{
+    size_t room = (size_t)(b->end - b->p);
+    if (n > room)
+        n = room;
+    memcpy(b->p, s, n);
+    b->p += n;
+}
+
 static void put(line_buf *b, const char *s)
 {
-    while (*s && b->p < b->end)
-        *b->p++ = *s++;
+    put_n(b, s, strlen(s));
+}
+
+/* s escaped for the text format (plain_byte), straight into the line. */
+static void put_escaped(line_buf *b, const char *s, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++) {
+        if (plain_byte(*p)) {
+            if (b->p == b->end)
+                return;
+            *b->p++ = (char)*p;
+            n++;
+        } else {
+            if (b->end - b->p < 4)
+                return;
+            memcpy(b->p, "\\x", 2);
+            b->p[2] = hex[*p >> 4];
+            b->p[3] = hex[*p & 15];
+            b->p += 4;
+            n += 4;
+        }
+    }
 }
 
 static void put_uint(line_buf *b, unsigned long long v)
@@ -407,10 +432,11 @@ static void put_ms(line_buf *b, double seconds)
 void log_request(srv_log *log, const srv_request *r, double seconds)
 {
     const char *remote = r->remote;
-    char ts[40], method[40], path[1024], line[1400];
+    char ts[40], line[1400];
     line_buf b = {line, line + sizeof line - 1};
     timestamp(ts, sizeof ts);
     if (log->format == LOG_JSON) {
+        char method[40], path[1024];
         escape_json(method, sizeof method, r->method);
         escape_json(path, sizeof path, r->path);
         put(&b, "{\"time\":\"");
@@ -429,15 +455,13 @@ void log_request(srv_log *log, const srv_request *r, double seconds)
         put_ms(&b, seconds);
         put(&b, "}");
     } else {
-        text_escape(method, sizeof method, r->method ? r->method : "");
-        text_escape(path, sizeof path, r->path ? r->path : "");
         put(&b, ts);
         put(&b, " ");
         put(&b, remote);
         put(&b, " \"");
-        put(&b, method);
+        put_escaped(&b, r->method ? r->method : "", 40);
         put(&b, " ");
-        put(&b, path);
+        put_escaped(&b, r->path ? r->path : "", 1024);
         put(&b, "\" ");
         put_uint(&b, (unsigned)r->status);
         put(&b, " ");

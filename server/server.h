@@ -124,15 +124,33 @@ void http_resume(srv_request *r); /* from a compute worker */
 
 /* ---------------------------------------------------------- framing.c */
 
+/* The header fields a request's handling reads, found in one walk over
+ * them (each MHD_lookup_connection_value is a walk of its own). The first
+ * of each, as a lookup finds; of the framing fields, what framing_check
+ * needs to judge every occurrence. */
+typedef struct {
+    const char *content_type, *origin, *authorization; /* or NULL */
+    int n_length, n_encoding;
+    const char *length;      /* the first Content-Length value */
+    uint64_t value;          /* ... read, when well formed */
+    bool length_ok;          /* the first is well formed */
+    const char *differing;   /* a later value that is not the same number */
+    const char *encoding;    /* the first Transfer-Encoding value */
+    bool only_chunked;       /* every Transfer-Encoding is "chunked" */
+} srv_headers;
+
+void headers_read(struct MHD_Connection *c, srv_headers *h);
+
 typedef enum {
     FRAMING_OK,      /* the body's length is known (or there is none) */
     FRAMING_REFUSED, /* a JSON error is queued */
 } framing_result;
 
 /* Checks the request's target and header sizes and its body framing
- * (Transfer-Encoding, Content-Length) before any body is read; *length is
- * the Content-Length when *has_length. */
-framing_result framing_check(srv_request *r, uint64_t *length, bool *has_length);
+ * (Transfer-Encoding, Content-Length, from h) before any body is read;
+ * *length is the Content-Length when *has_length. */
+framing_result framing_check(srv_request *r, const srv_headers *h, uint64_t *length,
+                             bool *has_length);
 
 /* libmicrohttpd refuses the request just read on this connection for its
  * malformed Content-Length (r's connection, uri its target): answers it

@@ -407,7 +407,68 @@ static void expect_members_error(const char *s, size_t max, const char *where, i
     ck_assert_msg(!json_text_members(s, s + strlen(s), m, max, &n, where, &e), "%s", s);
     ck_assert_msg(e.status == status && !strcmp(e.code, code) && (!field || !strcmp(e.field, field)),
                   "%s: %d %s %s (%s)", s, e.status, e.code, e.field, e.message);
+    /* the members the validator noted give the same error */
+    json_span spans[16];
+    size_t members;
+    api_error e2;
+    memset(&e2, 0, sizeof e2);
+    ck_assert(json_text_validate_spans(s, strlen(s), spans, 16, &members, &e2));
+    if (members == 0)
+        return; /* not an object: the body's own check refuses it */
+    ck_assert_msg(!json_spans_members(spans, members, s + strlen(s), m, max, &n, where, &e2),
+                  "%s", s);
+    ck_assert_msg(e2.status == e.status && !strcmp(e2.code, e.code) &&
+                  !strcmp(e2.field, e.field) && !strcmp(e2.message, e.message),
+                  "%s: %s / %s", s, e.message, e2.message);
 }
+
+/* The spans json_text_validate_spans notes list the members that
+ * json_text_members finds by walking the text. */
+static void expect_same_members(const char *s)
+{
+    json_member a[16], b[16];
+    json_span spans[16];
+    size_t na, nb, members;
+    api_error e;
+    const char *end = s + strlen(s);
+    ck_assert_msg(json_text_validate_spans(s, strlen(s), spans, 16, &members, &e), "%s", s);
+    ck_assert_msg(json_text_members(s, end, a, 16, &na, "", &e), "%s", s);
+    ck_assert_msg(json_spans_members(spans, members, end, b, 16, &nb, "", &e), "%s", s);
+    ck_assert_int_eq(members, na);
+    ck_assert_int_eq(nb, na);
+    for (size_t i = 0; i < na; i++) {
+        ck_assert_str_eq(a[i].key, b[i].key);
+        ck_assert(a[i].key_too_long == b[i].key_too_long);
+        ck_assert(a[i].key_text == b[i].key_text);
+        ck_assert_msg(a[i].value == b[i].value && a[i].value_end == b[i].value_end,
+                      "%s: member %zu", s, i);
+    }
+}
+
+START_TEST(validator_notes_the_members_of_the_object)
+{
+    expect_same_members("{ \"q\" : [1, 2] , \"caus\\u0061l\":true,\"\\ud83d\\ude00\": {\"x\":1}, "
+                        "\"\":null }");
+    expect_same_members("{}");
+    expect_same_members(" {\"a\":[],\"b\":{},\"c\":\"}\\\"]\",\"d\":-1.5e3 ,\"e\":[[[]],[{}]]}\n");
+    expect_same_members("{\"q\":{\"shape\":[2],\"data\":[1,2]},\"k\":[[1, 2], [3, 4]],\"v\":0}");
+    /* nested objects' members are not the body's */
+    json_span spans[4];
+    size_t members;
+    api_error e;
+    const char *nested = "{\"a\":{\"b\":1,\"c\":2,\"d\":3}}";
+    ck_assert(json_text_validate_spans(nested, strlen(nested), spans, 4, &members, &e));
+    ck_assert_int_eq(members, 1);
+    /* all members are counted, only `cap` noted */
+    const char *five = "{\"a\":1,\"b\":2,\"c\":3,\"d\":4,\"e\":5}";
+    ck_assert(json_text_validate_spans(five, strlen(five), spans, 4, &members, &e));
+    ck_assert_int_eq(members, 5);
+    ck_assert(strncmp(spans[3].value, "4", 1) == 0 && spans[3].value_end == spans[3].value + 1);
+    /* not an object: no members */
+    ck_assert(json_text_validate_spans("[{\"a\":1}]", 9, spans, 4, &members, &e));
+    ck_assert_int_eq(members, 0);
+}
+END_TEST
 
 START_TEST(members_detects_duplicates_after_decoding)
 {
@@ -2021,6 +2082,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
     tcase_add_test(tc, members_detects_duplicates_after_decoding);
     tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
+    tcase_add_test(tc, validator_notes_the_members_of_the_object);
     tc = tcase(s, "strings");
     tcase_add_test(tc, utf8_sequence_matches_reference_on_every_short_input);
     tcase_add_test(tc, utf8_valid_and_uncut_on_texts);

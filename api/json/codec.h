@@ -10,8 +10,9 @@
  * it writes JSON by hand are in json_string.h.
  *
  * Flow for a request body:
- *   json_text_validate(body)          strict check of the whole document, once
- *   json_text_members(body)           top-level members: decoded key + value span
+ *   json_text_validate_spans(body)    strict check of the whole document, once,
+ *                                     noting where its members lie
+ *   json_spans_members(spans)         top-level members: decoded key + value span
  *   api_tensor_decode(span)           tensor fields
  *   json_loadb(span, JSON_DECODE_ANY) the other fields (jansson)
  */
@@ -49,6 +50,22 @@ typedef struct {
     const char *value_end;  /* byte after the value */
 } json_member;
 
+/* Where one member of an object lies in the text. */
+typedef struct {
+    const char *key_text;  /* the key's opening quote */
+    const char *value;     /* first byte of the value */
+    const char *value_end; /* byte after the value */
+} json_span;
+
+/*
+ * json_text_validate, noting on the way where the members of the text's
+ * object lie (the first `cap` of them into spans; *members counts them all,
+ * 0 when the value is not an object), so that json_spans_members can list
+ * them without walking the text again.
+ */
+bool json_text_validate_spans(const char *buf, size_t len, json_span *spans, size_t cap,
+                              size_t *members, api_error *err);
+
 /*
  * Lists the members of the object whose text starts at p (at '{', validated
  * text), at most `max`. Fails with 400 "duplicate_key" (field = `where` + key)
@@ -60,6 +77,12 @@ typedef struct {
 bool json_text_members(const char *p, const char *end, json_member *out,
                        size_t max, size_t *count, const char *where,
                        api_error *err);
+
+/* json_text_members of the object that json_text_validate_spans saw, from
+ * its n members' spans (spans holds the first min(n, max) of them): the
+ * same members and the same errors. */
+bool json_spans_members(const json_span *spans, size_t n, const char *end, json_member *out,
+                        size_t max, size_t *count, const char *where, api_error *err);
 
 /* ------------------------- tensors (tensor_decode.c, tensor_encode.c) */
 

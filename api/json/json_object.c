@@ -102,20 +102,9 @@ const char *json_text_skip(const char *p, const char *end)
 
 /* ------------------------------------------------------------- objects */
 
-/* Where the key of member i begins: members are laid out in order, so it
- * is the first '"' after the object's '{' or after member i-1's value. */
-static cursor key_start(const json_member *m, size_t i, cursor object, cursor end)
-{
-    cursor p = i == 0 ? object : m[i - 1].value_end;
-    while (p < end && *p != '"')
-        p++;
-    return p;
-}
-
 /* Is the key of member n (its text at key_text) the key of an earlier one?
  * Keys that did not fit (or hold a NUL) are compared through their text. */
-static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor object,
-                        cursor end)
+static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor end)
 {
     bool whole = !m[n].key_too_long;
     for (size_t i = 0; i < n; i++) {
@@ -123,7 +112,7 @@ static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor 
             if (strcmp(m[i].key, m[n].key) == 0)
                 return true;
         } else if (whole == !m[i].key_too_long &&
-                   json_string_equal(key_start(m, i, object, end), key_text, end))
+                   json_string_equal(m[i].key_text, key_text, end))
             return true;
     }
     return false;
@@ -141,6 +130,29 @@ static cursor read_key(cursor p, cursor end, json_member *m)
     return after;
 }
 
+static bool too_many(size_t max, const char *where, api_error *err)
+{
+    return api_fail(err, 400, "too_many_fields", where, "%s has more than %zu fields",
+                    where[0] ? where : "the request body", max);
+}
+
+/* Member n of out (its key read) must not repeat an earlier one. */
+static bool check_new(json_member *out, size_t n, cursor end, const char *where,
+                      api_error *err)
+{
+    json_member *m = &out[n];
+    if (!seen_before(out, n, m->key_text, end))
+        return true;
+    char field[sizeof err->field], shown[80];
+    /* "q.shape", cut to what err->field holds */
+    int w = snprintf(field, sizeof field, "%s%s%s", where, where[0] ? "." : "", m->key);
+    if (w < 0)
+        field[0] = '\0';
+    return api_fail(err, 400, "duplicate_key", field, "the key \"%s\" appears twice in %s",
+                    json_member_key_shown(m, shown, sizeof shown),
+                    where[0] ? where : "the request body");
+}
+
 bool json_text_members(const char *start, const char *end, json_member *out,
                        size_t max, size_t *count, const char *where,
                        api_error *err)
@@ -156,30 +168,37 @@ bool json_text_members(const char *start, const char *end, json_member *out,
     size_t n = 0;
     while (p < end && *p == '"') {
         if (n == max)
-            return api_fail(err, 400, "too_many_fields", where, "%s has more than %zu fields",
-                            where[0] ? where : "the request body", max);
+            return too_many(max, where, err);
         json_member *m = &out[n];
-        cursor key_text = p;
         p = json_skip_ws(read_key(p, end, m), end);
         if (p < end && *p == ':')
             p = json_skip_ws(p + 1, end);
         m->value = p;
         m->value_end = json_text_skip(p, end);
-        if (seen_before(out, n, key_text, start, end)) {
-            char field[sizeof err->field], shown[80];
-            if (where[0])
-                snprintf(field, sizeof field, "%s.%s", where, m->key);
-            else
-                snprintf(field, sizeof field, "%s", m->key);
-            return api_fail(err, 400, "duplicate_key", field, "the key \"%s\" appears twice in %s",
-                            json_member_key_shown(m, shown, sizeof shown),
-                            where[0] ? where : "the request body");
-        }
+        if (!check_new(out, n, end, where, err))
+            return false;
         *count = ++n;
         p = json_skip_ws(m->value_end, end);
         if (p == end || *p != ',')
             break;
         p = json_skip_ws(p + 1, end);
+    }
+    return true;
+}
+
+bool json_spans_members(const json_span *spans, size_t n, const char *end, json_member *out,
+                        size_t max, size_t *count, const char *where, api_error *err)
+{
+    *count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == max)
+            return too_many(max, where, err);
+        read_key(spans[i].key_text, end, &out[i]);
+        out[i].value = spans[i].value;
+        out[i].value_end = spans[i].value_end;
+        if (!check_new(out, i, end, where, err))
+            return false;
+        *count = i + 1;
     }
     return true;
 }

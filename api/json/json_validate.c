@@ -28,6 +28,8 @@ typedef struct {
     int depth;
     const char *what; /* the failure, for the message */
     cursor at;
+    json_span *spans; /* the top-level object's members, when asked for */
+    size_t cap, members;
 } walk;
 
 /* The states between values: each step function returns the next one. */
@@ -302,6 +304,8 @@ static state check_value(walk *w)
  * container (or of the text). */
 static state after_value(walk *w)
 {
+    if (w->depth == 1 && w->members && w->members <= w->cap && in_object(w))
+        w->spans[w->members - 1].value_end = w->p; /* a top-level member's value ends */
     cursor p = json_skip_ws(w->p, w->end);
     if (w->depth == 0)
         return p == w->end ? DONE : fail_at(w, "unexpected data after the JSON value", p);
@@ -332,7 +336,13 @@ static state check_key(walk *w)
     p = json_skip_ws(p, end);
     if (p == end || *p != ':')
         return fail_at(w, "expected ':' after the key", p);
+    cursor key = w->p;
     w->p = json_skip_ws(p + 1, end);
+    if (w->depth == 1 && w->spans) {
+        if (w->members < w->cap)
+            w->spans[w->members] = (json_span){.key_text = key, .value = w->p};
+        w->members++;
+    }
     return VALUE;
 }
 
@@ -352,7 +362,15 @@ static void line_column(cursor buf, cursor at, long *line, long *col)
 
 bool json_text_validate(const char *buf, size_t len, api_error *err)
 {
-    walk w = {.p = json_skip_ws(buf, buf + len), .end = buf + len};
+    size_t unused;
+    return json_text_validate_spans(buf, len, NULL, 0, &unused, err);
+}
+
+bool json_text_validate_spans(const char *buf, size_t len, json_span *spans, size_t cap,
+                              size_t *members, api_error *err)
+{
+    walk w = {.p = json_skip_ws(buf, buf + len), .end = buf + len, .spans = spans,
+              .cap = cap};
     state s = VALUE;
     if (len == 0)
         s = fail_at(&w, "empty body (expected a JSON value)", buf);
@@ -364,6 +382,7 @@ bool json_text_validate(const char *buf, size_t len, api_error *err)
         default: break;
         }
     }
+    *members = w.members;
     if (s == DONE)
         return true;
     long line, col;
