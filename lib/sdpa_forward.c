@@ -178,13 +178,46 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     }
 }
 
+/* ------------------------------------------------------------- workspace */
+
+/* A small call's workspaces (the packed k and the workers' rows) come from
+ * a block on attn_sdpa_forward's stack: for a few rows and keys, the heap's
+ * aligned allocations cost more than the attention (n = d = 4: about a
+ * third of the call). Larger ones come from the heap as before. */
+#define SMALL_WORKSPACE 8192
+
+typedef struct {
+    char *base, *next, *end;
+} fwd_arena;
+
+/* n items of size, 64-byte aligned, from the arena when they fit. */
+static void *ws_alloc(fwd_arena *a, int64_t n, size_t size)
+{
+    if (n >= 0 && (uint64_t)n <= SMALL_WORKSPACE / size) {
+        size_t bytes = ((size_t)n * size + 63) / 64 * 64;
+        if (bytes <= (size_t)(a->end - a->next)) {
+            void *p = a->next;
+            a->next += bytes;
+            return p;
+        }
+    }
+    return sdpa_alloc(n, size);
+}
+
+static void ws_free(const fwd_arena *a, void *p)
+{
+    uintptr_t u = (uintptr_t)p;
+    if (u < (uintptr_t)a->base || u >= (uintptr_t)a->end)
+        free(p);
+}
+
 /* ---------------------------------------------------------------- workers */
 
-static void free_workers(fwd_worker *w, int n)
+static void free_workers(const fwd_arena *a, fwd_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
-        free(w[i].block);
-    free(w);
+        ws_free(a, w[i].block);
+    ws_free(a, w);
 }
 
 /* Bytes of n items of size, rounded up to whole cache lines. */
@@ -193,11 +226,12 @@ static size_t lines(int64_t n, size_t size)
     return ((size_t)n * size + 63) / 64 * 64;
 }
 
-static fwd_worker *alloc_workers(int n, const fwd_job *job, bool stats)
+static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool stats)
 {
-    fwd_worker *w = calloc((size_t)n, sizeof *w);
+    fwd_worker *w = ws_alloc(a, n, sizeof *w);
     if (w == NULL)
         return NULL;
+    memset(w, 0, (size_t)n * sizeof *w);
     const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
     const bool weights = job->weights != NULL;
     size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
@@ -207,9 +241,9 @@ static fwd_worker *alloc_workers(int n, const fwd_job *job, bool stats)
     if (weights)
         bytes += lines(bq * job->k_tiles, sizeof(float));
     for (int i = 0; i < n; i++) {
-        char *b = sdpa_alloc((int64_t)bytes, 1);
+        char *b = ws_alloc(a, (int64_t)bytes, 1);
         if (b == NULL) {
-            free_workers(w, n);
+            free_workers(a, w, n);
             return NULL;
         }
         w[i].block = b;
@@ -260,11 +294,13 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
      * sharing the key head) is packed by that unit, while it is in cache;
      * otherwise once for all of them, before. */
     const bool shared = job.q_tiles > 1 || job.call.group > 1;
-    float *kt = shared ? sdpa_alloc(panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
+    _Alignas(64) char small[SMALL_WORKSPACE];
+    fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
+    float *kt = shared ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
     job.kt = kt;
     if (stats != NULL)
         job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
-    job.workers = alloc_workers(threads, &job, stats != NULL);
+    job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
     /* With RoPE the kernels read rotated copies of q and k. */
     const bool rope = p->variants.rope_base > 0.0f;
     float *q_rot = NULL, *k_rot = NULL;
@@ -281,11 +317,11 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         job.call.k = k_rot;
     }
     if (!ok) {
-        free(kt);
+        ws_free(&arena, kt);
         free(q_rot);
         free(k_rot);
         free(job.unit_stats);
-        free_workers(job.workers, threads);
+        free_workers(&arena, job.workers, threads);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     }
     if (shared) {
@@ -298,10 +334,10 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
         sdpa_stats_finish(&job.unit_stats[0], stats);
     }
-    free(kt);
+    ws_free(&arena, kt);
     free(q_rot);
     free(k_rot);
     free(job.unit_stats);
-    free_workers(job.workers, threads);
+    free_workers(&arena, job.workers, threads);
     return ATTN_OK;
 }
