@@ -301,6 +301,25 @@ static array_state close_array(array_walk *a)
     return close_level(a);
 }
 
+/* Everything but idx and where, which are written before they are read:
+ * zeroing their 600 bytes took longer than walking a small tensor. */
+static void walk_start(array_walk *a, cursor p, cursor end, const char *field,
+                       bool accept_bool, int max_depth, bool types_only, tensor_store *s,
+                       int64_t *shape, api_error *err)
+{
+    a->p = p;
+    a->end = end;
+    a->field = field;
+    a->accept_bool = accept_bool;
+    a->max_depth = max_depth;
+    a->types_only = types_only;
+    a->s = s;
+    a->shape = shape;
+    a->depth = 0;
+    a->rank = -1;
+    a->err = err;
+}
+
 static array_state walk(array_walk *a)
 {
     array_state st = OPEN;
@@ -320,8 +339,8 @@ bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_boo
                         int max_depth, tensor_store *s, int *rank, int64_t *shape,
                         cursor *after, api_error *err)
 {
-    array_walk a = {.p = p, .end = end, .field = field, .accept_bool = accept_bool,
-                    .max_depth = max_depth, .s = s, .shape = shape, .rank = -1, .err = err};
+    array_walk a;
+    walk_start(&a, p, end, field, accept_bool, max_depth, false, s, shape, err);
     for (int i = 0; i < API_MAX_RANK; i++)
         shape[i] = -1;
     if (walk(&a) == DONE) {
@@ -338,9 +357,8 @@ bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_boo
     tensor_store types = {.dtype = s->declared ? s->dtype : API_F32, .typed = s->declared,
                           .declared = s->declared};
     api_error type_err;
-    array_walk b = {.p = p, .end = end, .field = field, .accept_bool = accept_bool,
-                    .max_depth = max_depth, .types_only = true, .s = &types,
-                    .shape = shape, .rank = -1, .err = &type_err};
+    array_walk b;
+    walk_start(&b, p, end, field, accept_bool, max_depth, true, &types, shape, &type_err);
     if (walk(&b) == FAILED)
         *err = type_err;
     return false;

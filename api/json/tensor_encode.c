@@ -39,25 +39,37 @@ static void put_row(api_buf *b, const float *x, int64_t n)
         b->data[b->len] = '\0';
 }
 
+/* One bracket or comma: there is nearly always room already, and then
+ * api_buf_append's call and checks cost more than the byte. */
+static inline void put_byte(api_buf *b, char c)
+{
+    if (!b->failed && b->len + 1 < b->cap) {
+        b->data[b->len++] = c;
+        b->data[b->len] = '\0';
+    } else {
+        api_buf_append(b, &c, 1);
+    }
+}
+
 /* The nested arrays of dims shape[0..rank), row-major from x. */
 static void put_nested(api_buf *b, const float *x, int rank, const int64_t *shape)
 {
     if (rank == 1) {
-        api_buf_append(b, "[", 1);
+        put_byte(b, '[');
         put_row(b, x, shape[0]);
-        api_buf_append(b, "]", 1);
+        put_byte(b, ']');
         return;
     }
     int64_t inner = 1;
     for (int i = 1; i < rank; i++)
         inner *= shape[i];
-    api_buf_append(b, "[", 1);
+    put_byte(b, '[');
     for (int64_t i = 0; i < shape[0] && !b->failed; i++) {
         if (i)
-            api_buf_append(b, ",", 1);
+            put_byte(b, ',');
         put_nested(b, inner ? x + i * inner : x, rank - 1, shape + 1);
     }
-    api_buf_append(b, "]", 1);
+    put_byte(b, ']');
 }
 
 const char *api_dtype_name(api_dtype dtype)
