@@ -327,9 +327,13 @@ static void escape_json(char *buf, size_t cap, const char *s)
 /* For the text format: printable ASCII kept, the rest as \xNN, so that a
  * request path cannot forge a log line; written as long as the escaped
  * text stays 5 bytes short of `cap`. */
+static const bool plain[256] = {
+    [0x21] = true, [0x23 ... 0x5b] = true, [0x5d ... 0x7e] = true, /* not '"', '\\' */
+};
+
 static bool plain_byte(unsigned char c)
 {
-    return c > 0x20 && c < 0x7f && c != '"' && c != '\\';
+    return plain[c];
 }
 
 /* ISO 8601 UTC with milliseconds. The seconds part is formatted once per
@@ -384,26 +388,31 @@ static void put(line_buf *b, const char *s)
     put_n(b, s, strlen(s));
 }
 
-/* s escaped for the text format (plain_byte), straight into the line. */
+/* s escaped for the text format (plain_byte), straight into the line:
+ * runs of plain bytes copied whole. */
 static void put_escaped(line_buf *b, const char *s, size_t cap)
 {
     static const char hex[] = "0123456789abcdef";
     size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++) {
-        if (plain_byte(*p)) {
-            if (b->p == b->end)
-                return;
-            *b->p++ = (char)*p;
-            n++;
-        } else {
-            if (b->end - b->p < 4)
-                return;
-            memcpy(b->p, "\\x", 2);
-            b->p[2] = hex[*p >> 4];
-            b->p[3] = hex[*p & 15];
-            b->p += 4;
-            n += 4;
-        }
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p && n + 5 < cap) {
+        const unsigned char *run = p;
+        size_t most = cap - 5 - n;
+        while (*p && plain_byte(*p) && (size_t)(p - run) < most)
+            p++;
+        put_n(b, (const char *)run, (size_t)(p - run));
+        n += (size_t)(p - run);
+        if (!*p || n + 5 >= cap || plain_byte(*p))
+            continue;
+        if (b->end - b->p < 4)
+            return;
+        b->p[0] = '\\';
+        b->p[1] = 'x';
+        b->p[2] = hex[*p >> 4];
+        b->p[3] = hex[*p & 15];
+        b->p += 4;
+        n += 4;
+        p++;
     }
 }
 
