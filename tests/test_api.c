@@ -2499,6 +2499,23 @@ static void expect_variant_ok(api_op op, const char *fields)
     free(b.s);
 }
 
+/* The base body of `op` with `fields` added fails with `status`, and its
+ * message holds each of the NULL-terminated `words`. */
+static void expect_variant_message(api_op op, const char *fields, int status, ...)
+{
+    sbuf b = {0};
+    variant_base(&b, op, 3);
+    sb_printf(&b, ",%s}", fields);
+    json_t *j = call(op, b.s, b.len, &LIM, status);
+    va_list ap;
+    va_start(ap, status);
+    for (const char *w = va_arg(ap, const char *); w; w = va_arg(ap, const char *))
+        ck_assert_msg(strstr(error_message(j), w), "no \"%s\" in: %s", w, error_message(j));
+    va_end(ap);
+    json_decref(j);
+    free(b.s);
+}
+
 static const api_op BOTH_ROUTES[] = {API_OP_ATTENTION, API_OP_MULTIHEAD};
 
 START_TEST(error_window_type_then_range)
@@ -2529,14 +2546,7 @@ END_TEST
 
 START_TEST(error_window_message_names_the_side)
 {
-    sbuf b = {0};
-    variant_base(&b, API_OP_ATTENTION, 3);
-    sb_printf(&b, ",\"window\":[4,-2]}");
-    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 422);
-    ck_assert_msg(strstr(error_message(j), "right") && strstr(error_message(j), "-1"),
-                  "%s", error_message(j));
-    json_decref(j);
-    free(b.s);
+    expect_variant_message(API_OP_ATTENTION, "\"window\":[4,-2]", 422, "right", "-1", NULL);
 }
 END_TEST
 
@@ -2553,7 +2563,7 @@ START_TEST(error_alibi_slopes_shape_and_values)
                                 "\"alibi_slopes\":[[[1,2]]]", "\"alibi_slopes\":0.5"};
         for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
             expect_variant_error(op, shapes[i], i == 5 ? 400 : 422,
-                                 i == 5 ? "wrong_type" : i == 4 ? "shape_mismatch" : "shape_mismatch",
+                                 i == 5 ? "wrong_type" : "shape_mismatch",
                                  "alibi_slopes");
         expect_variant_error(op, "\"alibi_slopes\":[1e39,1]", 400, "invalid_number", "alibi_slopes");
         /* NaN and infinity can only come in base64: refused like 1e39 */
@@ -2568,27 +2578,15 @@ START_TEST(error_alibi_slopes_shape_and_values)
         /* slopes that could push a score past float32 over the distances */
         expect_variant_error(op, "\"alibi_slopes\":[3e38,1]", 422, "numerical_overflow", NULL);
     }
-    sbuf b = {0};
-    variant_base(&b, API_OP_ATTENTION, 3);
-    sb_printf(&b, ",\"alibi_slopes\":[1e38,1]}");
-    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 422);
-    ck_assert_msg(strstr(error_message(j), "alibi_slopes"), "%s", error_message(j));
-    json_decref(j);
-    free(b.s);
+    expect_variant_message(API_OP_ATTENTION, "\"alibi_slopes\":[1e38,1]", 422, "alibi_slopes",
+                           NULL);
 }
 END_TEST
 
 START_TEST(error_alibi_slopes_message_gives_both_forms)
 {
-    sbuf b = {0};
-    variant_base(&b, API_OP_MULTIHEAD, 3);
-    sb_printf(&b, ",\"alibi_slopes\":[1,2,3]}");
-    json_t *j = call(API_OP_MULTIHEAD, b.s, b.len, &LIM, 422);
-    ck_assert_msg(strstr(error_message(j), "[3]") && strstr(error_message(j), "num_heads") &&
-                      strstr(error_message(j), "[1, 2]"),
-                  "%s", error_message(j));
-    json_decref(j);
-    free(b.s);
+    expect_variant_message(API_OP_MULTIHEAD, "\"alibi_slopes\":[1,2,3]", 422, "[3]", "num_heads",
+                           "[1, 2]", NULL);
 }
 END_TEST
 

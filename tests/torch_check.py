@@ -469,6 +469,16 @@ def variant_fields(body, variants, encoding):
         body["rope"] = {"base": variants["rope"]}
 
 
+def check_lse(c, resp, asked, r64):
+    """"lse" present exactly when return_lse asked for it, and right."""
+    if not asked:
+        c.expect("lse" not in resp, "lse present without return_lse")
+    elif "lse" not in resp:
+        c.fail("lse missing")
+    else:
+        lse_close(c, resp["lse"], r64["lse"])
+
+
 def lse_close(c, got, ref, rel=FWD_TOL):
     """lse against the reference: -inf rows must come back as null (text) or
     -inf (base64) and nothing else; the rest as numbers."""
@@ -557,13 +567,7 @@ def attention_case(c, srv, q, k, v, causal=False, mask=None, scale=None, go=None
             c.zero_rows("grad.q", dec(g["q"]), full)
     else:
         c.expect("grad" not in resp, "grad present without grad_output")
-    if lse:
-        if "lse" not in resp:
-            c.fail("lse missing")
-        else:
-            lse_close(c, resp["lse"], r64["lse"])
-    else:
-        c.expect("lse" not in resp, "lse present without return_lse")
+    check_lse(c, resp, lse, r64)
     flops = r64["flops"] * (3.5 if go is not None else 1)
     c.expect(resp.get("meta", {}).get("flops") == flops,
              "meta.flops %r, expected %r" % (resp.get("meta", {}).get("flops"), flops))
@@ -909,13 +913,7 @@ def mha_case(c, srv, *, B=None, n=6, m=None, d_model=8, d_ctx=None, h=2, h_kv=No
         # multihead stats over every head: the same as /v1/attention on the projections
         ref_stats = mha_stats_ref(p, h, hk, causal, mask, scale, **variants)
         stats_close(c, resp.get("stats"), ref_stats)
-    if lse:
-        if "lse" not in resp:
-            c.fail("lse missing")
-        else:
-            lse_close(c, resp["lse"], r64["lse"])
-    else:
-        c.expect("lse" not in resp, "lse present without return_lse")
+    check_lse(c, resp, lse, r64)
     if go is not None:
         g = resp.get("grad") or {}
         expected = set(p)
