@@ -22,6 +22,10 @@ static bool window_setup(const api_value *w, attn_variants *v, api_error *err)
                             ">= 0 keys, or -1 for unbounded",
                             (long long)w->pair[0], (long long)w->pair[1],
                             side ? "right" : "left", (long long)w->pair[side]);
+    /* [-1, -1] is no window: the same answer, FLOPs and work as leaving it
+     * out (with causal, meta.flops stays the nominal count causal has) */
+    if (w->pair[0] == -1 && w->pair[1] == -1)
+        return true;
     v->window = true;
     v->window_left = w->pair[0];
     v->window_right = w->pair[1];

@@ -2544,6 +2544,31 @@ START_TEST(error_window_type_then_range)
 }
 END_TEST
 
+/* [-1, -1] is no window (openapi: Window): a causal request with it is the
+ * request without it, meta.flops included (it counted the band below the
+ * diagonal, not causal's nominal n_q * n_k, before). */
+START_TEST(window_unbounded_both_sides_is_no_window)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        sbuf base = {0}, plain = {0}, window = {0};
+        variant_base(&base, op, 70);
+        sb_printf(&plain, "%s,\"causal\":true,\"output_encoding\":\"base64\"}", base.s);
+        sb_printf(&window, "%s,\"causal\":true,\"window\":[-1,-1],\"output_encoding\":\"base64\"}",
+                  base.s);
+        api_cost a = cost_of(op, &plain), b = cost_of(op, &window);
+        ck_assert_msg(a.flops == b.flops, "route %d: flops %g without the window, %g with [-1, -1]",
+                      r, a.flops, b.flops);
+        json_t *ja = call_ok(op, &plain), *jb = call_ok(op, &window);
+        ck_assert(json_equal(json_object_get(ja, "output"), json_object_get(jb, "output")));
+        json_t *ma = json_object_get(ja, "meta"), *mb = json_object_get(jb, "meta");
+        ck_assert(json_equal(json_object_get(ma, "flops"), json_object_get(mb, "flops")));
+        json_decref(ja), json_decref(jb);
+        free(base.s), free(plain.s), free(window.s);
+    }
+}
+END_TEST
+
 START_TEST(error_window_message_names_the_side)
 {
     expect_variant_message(API_OP_ATTENTION, "\"window\":[4,-2]", 422, "right", "-1", NULL);
@@ -3114,6 +3139,7 @@ static Suite *api_suite(void)
     TCase *va = tcase_create("variants");
     tcase_set_timeout(va, 60);
     tcase_add_test(va, error_window_type_then_range);
+    tcase_add_test(va, window_unbounded_both_sides_is_no_window);
     tcase_add_test(va, error_window_message_names_the_side);
     tcase_add_test(va, error_alibi_slopes_shape_and_values);
     tcase_add_test(va, error_alibi_slopes_message_gives_both_forms);

@@ -231,10 +231,11 @@ def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, 
     w = torch.softmax(s_masked.masked_fill(full, 0.0), dim=-1).masked_fill(full, 0.0)
     lse = torch.logsumexp(s_masked, dim=-1)
     # libattn counts the FLOPs of the band a window leaves (causal included);
-    # without a window, of every pair
+    # without a window (or [-1, -1], which is none), of every pair
+    windowed = window is not None and tuple(window) != (-1, -1)
     return {"o": w @ vv, "o_plain": w_plain @ vv, "w": w, "lse": lse, "full": full.squeeze(-1),
             "s_raw": s_raw, "s_capped": s_capped, "allowed": allowed,
-            "band": int(band.sum()) if window is not None else n_q * n_k}
+            "band": int(band.sum()) if windowed else n_q * n_k}
 
 
 def score_stats(r):
@@ -1447,6 +1448,8 @@ def cases(srv):
     # combined with causal, masks, GQA and batch
     run_case(V + "window+causal n_q>n_k (empty rows)", simple, srv, (2, 150, 8), (2, 70, 8), (2, 70, 8),
              causal=True, weights=True, stats=True, lse=True, window=(5, 3))
+    run_case(V + "window [-1,-1]+causal is no window (meta.flops too)", simple, srv, (2, 70, 8),
+             (2, 90, 8), (2, 90, 4), causal=True, lse=True, window=(-1, -1))
     run_case(V + "window [20,-1]+causal GQA", simple, srv, (4, 100, 16), (2, 100, 16), (2, 100, 8),
              causal=True, weights=True, lse=True, window=(20, -1))
     run_case(V + "alibi+causal+bool mask GQA rank4", simple, srv, (2, 4, 70, 8), (2, 2, 90, 8),
