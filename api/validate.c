@@ -158,8 +158,8 @@ bool api_check_score_bound(double bound, const char *what, api_error *err)
         return true;
     return api_fail(err, 422, "numerical_overflow", "",
                     "%s are too large in magnitude: their scaled scores could reach "
-                    "%.3g, beyond float32's range (3.4e38); scale them down", what,
-                    bound);
+                    "%.3g, past 1e38, too near float32's largest value (3.4e38) for the "
+                    "softmax; scale them down", what, bound);
 }
 
 int api_threads(const api_limits *lim)
