@@ -9,7 +9,12 @@
  * So that a client cannot hold sockets by opening over-limit connections
  * that never ask anything, those are few (OVER_LIMIT_SLACK per address, past
  * which a connection is closed at accept, as libmicrohttpd would) and idle
- * for at most OVER_LIMIT_TIMEOUT seconds.
+ * for at most OVER_LIMIT_TIMEOUT seconds. The slack is counted when a
+ * connection is reported started, after the accept policy has let it in;
+ * each I/O thread accepts on its own, so while one is between the two
+ * another may let in one more: past the slack, at most one more per other
+ * I/O thread. (Counting at accept would need an uncount for a connection
+ * libmicrohttpd then fails to set up, which it does not report.)
  *
  * Addresses are whole: an IPv4 address, or an IPv6 address (an IPv4-mapped
  * one counts as its IPv4 address). Behind a load balancer every connection

@@ -2142,7 +2142,13 @@ START_TEST(idle_connections_past_the_limit_are_closed_soon)
      * half the silence the others get. */
     int closed_soon = 0, closed = 0;
     bool gone[EXTRA] = {0};
-    for (int tries = 0; tries < 20 && closed_soon < EXTRA - 16; tries++) {
+    /* Past the slack of 16, one more per other I/O thread may get in (the
+     * accept policy and the count are two steps, see conn_limit.c); attnd
+     * runs min(max(cores, 2), 8) I/O threads. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int io_threads = cores > 8 ? 8 : cores > 2 ? (int)cores : 2;
+    int want_closed = EXTRA - 16 - (io_threads - 1);
+    for (int tries = 0; tries < 20 && closed_soon < want_closed; tries++) {
         usleep(50000);
         for (int i = 0; i < EXTRA; i++) {
             char c;
@@ -2162,7 +2168,8 @@ START_TEST(idle_connections_past_the_limit_are_closed_soon)
     }
     ck_assert_msg(closed == EXTRA, "%d of %d idle over-limit connections still open after 6 s",
                   EXTRA - closed, EXTRA);
-    ck_assert_msg(closed_soon >= EXTRA - 16, "only %d closed at accept", closed_soon);
+    ck_assert_msg(closed_soon >= want_closed, "only %d closed at accept (want %d)", closed_soon,
+                  want_closed);
     ck_assert(healthz_on(held));
     close(held);
     ck_assert_int_eq(stop_server(&s), 0);
