@@ -83,7 +83,9 @@ $(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 # The page (GET /, server/web/), embedded the same way: one byte array per file.
-WEB_FILES := $(sort $(wildcard server/web/*))
+# server/web/package.json only tells Node (18, Debian's) that attnd.js is an
+# ES module, for the clients run outside the browser; it is not served.
+WEB_FILES := $(sort $(filter-out server/web/package.json,$(wildcard server/web/*)))
 $(BUILD)/web_assets.c: $(WEB_FILES) tools/embed-web.sh
 	@mkdir -p $(dir $@)
 	@sh tools/embed-web.sh $(WEB_FILES) > $@
