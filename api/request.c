@@ -220,13 +220,6 @@ static bool read_integer(const api_field *f, const json_member *m,
     return integer_value(f->name, f->name, m->value, m->value_end, &v->integer, err);
 }
 
-static const char *skip_space(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    return p;
-}
-
 /* "window": [left, right]. The form (an array of exactly two integers) is
  * the field's type, so anything else is 400; whether the numbers make a
  * window (>= -1) is judged with the other options (api_variants_setup). */
@@ -238,7 +231,7 @@ static bool read_window(const api_field *f, const json_member *m, api_value *v,
     const char *p = m->value, *end = m->value_end;
     if (*p != '[')
         return wrong_type(f, m, FORM, err);
-    p = skip_space(p + 1, end);
+    p = json_skip_ws(p + 1, end);
     int count = 0;
     while (p < end && *p != ']') {
         if (count == 2)
@@ -250,9 +243,9 @@ static bool read_window(const api_field *f, const json_member *m, api_value *v,
         if (!integer_value(f->name, name, p, after, &v->pair[count], err))
             return false;
         count++;
-        p = skip_space(after, end);
+        p = json_skip_ws(after, end);
         if (p < end && *p == ',')
-            p = skip_space(p + 1, end);
+            p = json_skip_ws(p + 1, end);
     }
     if (count != 2)
         return api_fail(err, 400, "wrong_type", f->name, "%s has %d entr%s; it must be %s",

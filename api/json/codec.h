@@ -41,6 +41,17 @@ bool json_text_validate(const char *buf, size_t len, api_error *err);
  * json_text_validate; never reads past `end`. */
 const char *json_text_skip(const char *p, const char *end);
 
+/* Whitespace as RFC 8259 has it: space, tab, LF, CR. */
+static inline const char *json_skip_ws(const char *p, const char *end)
+{
+    /* most calls find a value byte straight away: one compare for those */
+    while (p < end && (unsigned char)*p <= ' ' &&
+           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+
 typedef struct {
     char key[64];           /* decoded (escapes resolved), NUL-terminated */
     bool key_too_long;      /* the decoded key did not fit, or holds a NUL (it is

@@ -80,16 +80,6 @@ bool api_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad);
 
 typedef const char *cursor;
 
-/* Whitespace as RFC 8259 has it: space, tab, LF, CR. */
-static inline cursor json_skip_ws(cursor p, cursor end)
-{
-    /* most calls find a value byte straight away: one compare for those */
-    while (p < end && (unsigned char)*p <= ' ' &&
-           (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-        p++;
-    return p;
-}
-
 /* The value of the 4 hex digits at p, or -1. */
 static inline long json_hex4(cursor p, cursor end)
 {
