@@ -78,7 +78,7 @@ $(BUILD)/openapi_yaml.c: api/openapi.yaml
 	   od -An -v -tx1 $< | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
 	   echo '0x00};'; \
 	   echo 'const size_t api_openapi_yaml_len = sizeof api_openapi_yaml - 1;'; } > $@
-$(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c
+$(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -89,7 +89,7 @@ WEB_FILES := $(sort $(filter-out server/web/package.json,$(wildcard server/web/*
 $(BUILD)/web_assets.c: $(WEB_FILES) tools/embed-web.sh
 	@mkdir -p $(dir $@)
 	@sh tools/embed-web.sh $(WEB_FILES) > $@
-$(BUILD)/obj/web_assets.o: $(BUILD)/web_assets.c
+$(BUILD)/obj/web_assets.o: $(BUILD)/web_assets.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
