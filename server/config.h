@@ -24,6 +24,7 @@ typedef struct {
     char bind[64];       /* address to listen on */
     int port;            /* 0: any free port */
     int threads;         /* requests computing at once, and the core budget */
+    int io_threads;      /* libmicrohttpd's threads: HTTP parsing, tiny requests */
     int64_t max_body;    /* bytes; a larger body is a 413 */
     double max_work;     /* work units (FLOP-equivalents); a request needing more is a 422 */
     int64_t max_response; /* bytes all answers in flight may hold; one larger is a 422 */

@@ -3,9 +3,10 @@
  * bodies (with the --max-body limit and the Content-Type rule of SPEC §3),
  * and the queueing of responses with the headers every response carries.
  *
- * Threads: a small pool of I/O threads, each polling its own connections,
- * accepts connections and parses HTTP; tiny requests are answered on them, large
- * computations are handed to compute.c with the connection suspended.
+ * Threads: a pool of --io-threads I/O threads (config.c says why half the
+ * cores), each polling its own connections, accepts connections and parses
+ * HTTP; tiny requests are answered on them, large computations are handed
+ * to compute.c with the connection suspended.
  * Responses that never change (/healthz, /openapi.yaml, the 404, ...) are
  * built once and shared by every request that needs no header of its own.
  */
@@ -597,17 +598,20 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         return false;
     }
 
-    /* I/O threads parse HTTP and answer small requests. Two, so that one
-     * computing a small request inline never leaves the server deaf; more
-     * only on machines with more cores to keep them busy. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned int io_threads = cores > 8 ? 8 : cores > 2 ? (unsigned)cores : 2;
     /* HTTPS: the certificate and key as PEM text (tls.c). */
     struct MHD_OptionItem tls_options[] = {
         {MHD_OPTION_HTTPS_MEM_CERT, 0, srv->tls_cert},
         {MHD_OPTION_HTTPS_MEM_KEY, 0, srv->tls_key},
         {MHD_OPTION_END, 0, NULL},
     };
+    /* One I/O thread is libmicrohttpd's internal polling thread itself (it
+     * warns that a pool of one is not used). */
+    struct MHD_OptionItem pool_options[] = {
+        {MHD_OPTION_THREAD_POOL_SIZE, cfg->io_threads, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (cfg->io_threads < 2)
+        pool_options[0].option = MHD_OPTION_END;
     if (tls_enabled(srv))
         flags |= MHD_USE_TLS;
     else
@@ -617,7 +621,7 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         on_request, srv,
         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_THREAD_POOL_SIZE, io_threads,
+        MHD_OPTION_ARRAY, pool_options,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout,
         /* The per-connection pool holds the request head and the read
          * buffer, and libmicrohttpd clears it after every request: 64 KiB
