@@ -2058,6 +2058,314 @@ START_TEST(mutated_documents_never_crash)
 }
 END_TEST
 
+/* ================================================================ rows */
+
+/* The classes of row_scan.c, byte by byte, as the reference for its masks. */
+static void ref_classify(const char *p, row_block *b)
+{
+    *b = (row_block){0};
+    unsigned lim = 64;
+    for (unsigned i = 0; i < 64; i++) {
+        char c = p[i];
+        uint64_t bit = UINT64_C(1) << i;
+        if (c >= '0' && c <= '9')
+            b->digit |= bit;
+        if (c == '0')
+            b->zero |= bit;
+        if (c == '.')
+            b->point |= bit;
+        if (c == '-')
+            b->minus |= bit;
+        if (c == ',')
+            b->comma |= bit;
+        if (c == ' ' || c == '\n' || c == '\r' || c == '\t')
+            b->space |= bit;
+        if (lim == 64 && (c == 0 || !strchr("0123456789.-, \n\r\t", c)))
+            lim = i;
+    }
+    for (unsigned i = 0; i < lim; i++)
+        if (p[i] == ',')
+            b->len = i + 1;
+    uint64_t keep = b->len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << b->len) - 1;
+    b->digit &= keep;
+    b->zero &= keep;
+    b->point &= keep;
+    b->minus &= keep;
+    b->comma &= keep;
+    b->space &= keep;
+}
+
+static bool ref_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+/* RFC 8259's number at s[*i..n): -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?,
+ * the exponent part only when `exponent`. */
+static bool ref_number_at(const char *s, size_t n, size_t *i, bool exponent)
+{
+    size_t k = *i;
+    if (k < n && s[k] == '-')
+        k++;
+    if (k >= n || s[k] < '0' || s[k] > '9')
+        return false;
+    if (s[k] == '0')
+        k++;
+    else
+        while (k < n && s[k] >= '0' && s[k] <= '9')
+            k++;
+    if (k < n && s[k] == '.') {
+        k++;
+        if (k >= n || s[k] < '0' || s[k] > '9')
+            return false;
+        while (k < n && s[k] >= '0' && s[k] <= '9')
+            k++;
+    }
+    if (exponent && k < n && (s[k] == 'e' || s[k] == 'E')) {
+        k++;
+        if (k < n && (s[k] == '+' || s[k] == '-'))
+            k++;
+        if (k >= n || s[k] < '0' || s[k] > '9')
+            return false;
+        while (k < n && s[k] >= '0' && s[k] <= '9')
+            k++;
+    }
+    *i = k;
+    return true;
+}
+
+/* What row_block_grammar promises of s[0..n): (ws* number ws* ',')+. */
+static bool ref_block_grammar(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        while (i < n && ref_space(s[i]))
+            i++;
+        if (!ref_number_at(s, n, &i, false))
+            return false;
+        while (i < n && ref_space(s[i]))
+            i++;
+        if (i >= n || s[i] != ',')
+            return false;
+        i++;
+    }
+    return n > 0;
+}
+
+/* ws* '[' ws* (number ws* (',' ws* number ws*)*)? ']' ws*: a JSON array of numbers. */
+static bool ref_number_array(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && ref_space(s[i]))
+        i++;
+    if (i >= n || s[i++] != '[')
+        return false;
+    while (i < n && ref_space(s[i]))
+        i++;
+    if (i < n && s[i] != ']')
+        for (;;) {
+            if (!ref_number_at(s, n, &i, true))
+                return false;
+            while (i < n && ref_space(s[i]))
+                i++;
+            if (i < n && s[i] == ',') {
+                i++;
+                while (i < n && ref_space(s[i]))
+                    i++;
+                continue;
+            }
+            break;
+        }
+    if (i >= n || s[i++] != ']')
+        return false;
+    while (i < n && ref_space(s[i]))
+        i++;
+    return i == n;
+}
+
+/* Appends one number of a random kind: what clients send (9 digits,
+ * Python's 17, integers, exponents), and the awkward ones (-0, leading
+ * zeros after the point, more than 19 digits, past float32's range). */
+static size_t random_number(char *w, uint64_t *seed)
+{
+    uint64_t r = rng_next(seed);
+    double x = ((double)(r >> 11) * 0x1p-53 - 0.5) * 8;
+    switch (r % 12) {
+    case 0: return (size_t)sprintf(w, "%.9g", x);
+    case 1: return (size_t)sprintf(w, "%.17g", (double)(float)x);
+    case 2: return (size_t)sprintf(w, "%d", (int)(r >> 40) % 2000 - 1000);
+    case 3: return (size_t)sprintf(w, "%.3e", x * 1e-12);
+    case 4: return (size_t)sprintf(w, "%s0", r & 64 ? "-" : "");
+    case 5: return (size_t)sprintf(w, "%.12f", x * 1e-6);
+    case 6: return (size_t)sprintf(w, "%.25f", x);
+    case 7: return (size_t)sprintf(w, "%.0f", x * 1e30);
+    case 8: return (size_t)sprintf(w, "%.0f", x * 1e40); /* not finite as a float32 */
+    case 9: return (size_t)sprintf(w, "%.1f", x * 1e8);
+    default: return (size_t)sprintf(w, "%.8g", x);
+    }
+}
+
+static const char *const SEPARATORS[] = {", ", ",", " , ", ",\n  ", "\t,\r\n", ",  "};
+
+/* A row of `count` random numbers with random separators, then `edits`
+ * random edits from the row alphabet and a few bytes outside it. */
+static size_t random_row(char *buf, size_t cap, int count, int edits, uint64_t *seed)
+{
+    size_t w = 0;
+    for (int i = 0; i < count && w + 64 < cap; i++) {
+        if (i)
+            w += (size_t)sprintf(buf + w, "%s", SEPARATORS[rng_next(seed) % 6]);
+        w += random_number(buf + w, seed);
+    }
+    static const char alphabet[] = "0123456789.-, \n00..--,,eE+]x";
+    for (int k = 0; k < edits && w > 0 && w + 1 < cap; k++) {
+        uint64_t r = rng_next(seed);
+        size_t at = (size_t)(r >> 8) % w;
+        char c = alphabet[(r >> 40) % (sizeof alphabet - 1)];
+        if (r % 3 == 0)
+            buf[at] = c;
+        else if (r % 3 == 1) {
+            memmove(buf + at + 1, buf + at, w - at);
+            buf[at] = c;
+            w++;
+        } else {
+            memmove(buf + at, buf + at + 1, w - at - 1);
+            w--;
+        }
+    }
+    buf[w] = 0;
+    return w;
+}
+
+START_TEST(row_scan_paths_classify_every_byte_alike)
+{
+    uint64_t seed = 5;
+    char text[64 + 1];
+    int paths = 0;
+    for (int path = ROW_SCAN_PORTABLE; path <= ROW_SCAN_AVX512; path++) {
+        if (!row_scan_supported((row_scan_path)path)) {
+            printf("row scan path %s: not on this CPU, skipped\n",
+                   row_scan_path_name((row_scan_path)path));
+            continue;
+        }
+        paths++;
+        for (int iter = 0; iter < 20000; iter++) {
+            char row[512];
+            size_t n = random_row(row, sizeof row, 8, (int)(iter % 3), &seed);
+            if (n < 64)
+                continue;
+            memcpy(text, row + rng_next(&seed) % (n - 63), 64);
+            /* now and then any byte at all */
+            if (iter % 7 == 0)
+                text[rng_next(&seed) % 64] = (char)rng_next(&seed);
+            row_block want, got;
+            ref_classify(text, &want);
+            row_scan_block_path(text, &got, (row_scan_path)path);
+            CHECK(!memcmp(&want, &got, sizeof want) || (want.digit == got.digit && want.zero == got.zero &&
+                  want.point == got.point && want.minus == got.minus && want.comma == got.comma &&
+                  want.space == got.space && want.len == got.len),
+                  "path %s: %.64s: len %u, want %u", row_scan_path_name((row_scan_path)path), text,
+                  got.len, want.len);
+        }
+    }
+    ck_assert_int_ge(paths, 1);
+    printf("row scan: %d path(s) checked, %s in use\n", paths, row_scan_path_name(row_scan_chosen()));
+}
+END_TEST
+
+START_TEST(row_block_grammar_matches_a_reference_recognizer)
+{
+    uint64_t seed = 6;
+    int accepted = 0, refused = 0;
+    for (int iter = 0; iter < 300000; iter++) {
+        char row[600];
+        size_t n = random_row(row, sizeof row, 12, (int)(iter % 4), &seed);
+        if (n < 64)
+            continue;
+        /* from a number's start (the validator's and reader's entry), or
+         * any byte */
+        size_t at = 0;
+        if (iter & 1) {
+            at = rng_next(&seed) % (n - 63);
+        }
+        row_block b;
+        row_scan_block(row + at, &b);
+        if (!b.len)
+            continue;
+        bool want = ref_block_grammar(row + at, b.len);
+        CHECK(row_block_grammar(&b) == want, "%.*s: grammar %d, reference %d", (int)b.len,
+              row + at, !want, want);
+        want ? accepted++ : refused++;
+    }
+    /* both answers were asked for often */
+    ck_assert_int_gt(accepted, 20000);
+    ck_assert_int_gt(refused, 20000);
+}
+END_TEST
+
+START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
+{
+    uint64_t seed = 7;
+    int valid_rows = 0, invalid_rows = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        char doc[2400];
+        size_t w = 0;
+        doc[w++] = '[';
+        if (iter % 5 == 0)
+            doc[w++] = ' ';
+        w += random_row(doc + w, sizeof doc - w - 8, 10 + (int)(iter % 60), (int)(iter % 3),
+                        &seed);
+        memcpy(doc + w, iter % 4 ? "]" : " ]\n", iter % 4 ? 1 : 3);
+        w += iter % 4 ? 1 : 3;
+        /* the end of the text right after the document: reads past it fault */
+        fenced f = fence(doc, w);
+        api_error e;
+        bool want = ref_number_array(doc, w);
+        bool got = json_text_validate(f.text, w, &e);
+        CHECK(got == want, "%.*s: validator %d, reference %d (%s)", (int)w, doc, got, want,
+              got ? "" : e.message);
+        if (want) {
+            /* and the reader gives strtod's floats, or names the first
+             * number that is not finite */
+            static float ref[2400];
+            int64_t count = 0, not_finite = -1;
+            for (const char *p = doc + 1;;) {
+                while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\r' || *p == '\t')
+                    p++;
+                if (*p == ']')
+                    break;
+                char *q;
+                ref[count] = (float)strtod(p, &q);
+                if (!isfinite(ref[count]) && not_finite < 0)
+                    not_finite = count;
+                count++;
+                p = q;
+            }
+            api_tensor t;
+            bool ok = api_tensor_decode(f.text, f.text + w, "q", false, &t, &e);
+            if (not_finite >= 0) {
+                char name[32];
+                snprintf(name, sizeof name, "q[%lld] is", (long long)not_finite);
+                CHECK(!ok && strstr(e.message, name), "%.*s: %s, want %s", (int)w, doc,
+                      ok ? "decoded" : e.message, name);
+            } else {
+                CHECK(ok && t.count == count, "%.*s: %lld elements, want %lld", (int)w, doc,
+                      ok ? (long long)t.count : -1LL, (long long)count);
+                for (int64_t i = 0; i < count; i++)
+                    CHECK(same_bits(t.f32[i], ref[i]), "%.*s: element %lld", (int)w, doc,
+                          (long long)i);
+            }
+            if (ok)
+                api_tensor_free(&t);
+        }
+        want ? valid_rows++ : invalid_rows++;
+        unfence(&f);
+    }
+    ck_assert_int_gt(valid_rows, 3000);
+    ck_assert_int_gt(invalid_rows, 3000);
+}
+END_TEST
+
 static TCase *tcase(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -2124,6 +2432,10 @@ Suite *codec_suite(void)
     tcase_add_test(tc, encode_decode_round_trip_bit_exact);
     tcase_add_test(tc, buf_grows_and_formats);
     tcase_add_test(tc, base64_rfc4648_vectors);
+    tc = tcase(s, "rows");
+    tcase_add_test(tc, row_scan_paths_classify_every_byte_alike);
+    tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
+    tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
     tc = tcase(s, "robustness");
     tcase_add_test(tc, mutated_documents_never_crash);
     return s;

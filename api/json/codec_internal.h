@@ -43,6 +43,33 @@ char *api_buf_reserve(api_buf *b, size_t n);
 size_t api_parse_number_row(const char *p, const char *end, float *out, size_t room,
                             const char **stop, const char **bad);
 
+/* ----------------------------------------------------------- row_scan.c */
+
+/* 64 bytes of a tensor row as bit masks (bit i: byte i), cut to the block
+ * [0, len): the bytes up to and including the last comma that comes before
+ * any byte of none of these classes. len is 0 when there is no such comma. */
+typedef struct {
+    uint64_t digit, zero, point, minus, comma, space; /* space: ' ', \n, \r, \t */
+    unsigned len;
+} row_block;
+
+/* The classifier's instruction sets; row_scan_block uses the widest this
+ * CPU runs, or the one matching ATTN_KERNEL (generic: portable). */
+typedef enum { ROW_SCAN_PORTABLE, ROW_SCAN_SSE2, ROW_SCAN_AVX2, ROW_SCAN_AVX512 } row_scan_path;
+
+bool row_scan_supported(row_scan_path path);
+row_scan_path row_scan_chosen(void);
+const char *row_scan_path_name(row_scan_path path);
+
+/* Classifies the 64 bytes at p (all of them readable) into b. */
+void row_scan_block(const char *p, row_block *b);
+void row_scan_block_path(const char *p, row_block *b, row_scan_path path);
+
+/* True when the block (len > 0) is, after optional whitespace, numbers
+ * without an exponent part, each followed by optional whitespace and a
+ * comma, every one valid JSON: what the validator would accept there. */
+bool row_block_grammar(const row_block *b);
+
 /* --------------------------------------------------------- float_text.c */
 
 /* Room api_float_text needs: its longest text is 19 bytes

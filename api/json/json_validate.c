@@ -206,7 +206,24 @@ static inline cursor check_usual_number(cursor p)
 static state check_number_row(walk *w)
 {
     cursor p = w->p, end = w->end;
+    /* where a block (row_scan.c) did not apply, the one-number code goes
+     * past it before the next block is tried */
+    cursor blocks_from = p;
     for (;;) {
+        if (p >= blocks_from && end - p >= 64) {
+            row_block b;
+            row_scan_block(p, &b);
+            if (b.len && row_block_grammar(&b)) {
+                /* whole numbers and their commas: what follows the last
+                 * comma is the next element */
+                p = json_skip_ws(p + b.len, end);
+                if (p < end && api_starts_number(*p))
+                    continue;
+                w->p = p;
+                return VALUE;
+            }
+            blocks_from = p + 64;
+        }
         cursor usual = end - p >= 64 ? check_usual_number(p) : NULL;
         p = usual ? usual : check_number(w, p, end);
         if (!p)

@@ -439,12 +439,92 @@ bool api_parse_number(const char *p, const char *end, const char **stop,
     return parse_one(p, end, stop, out);
 }
 
+/* Bytes from a block's start that reading its numbers may touch: a number
+ * starts in its first 64, and its digits are read 8 or 16 at a time. */
+#define BLOCK_READ 96
+
+/*
+ * The numbers of a block (row_scan.c) whose grammar holds, at most room of
+ * them, into out; returns how many were read. When one is not finite as a
+ * float32, the count stops before it, *bad is its first byte and *stop the
+ * byte after it. The bounds come from the masks, so no number waits for the
+ * one before it.
+ */
+static size_t parse_block(const char *p, const row_block *b, float *out, size_t room,
+                          const char **stop, const char **bad)
+{
+    uint64_t number = b->digit | b->point | b->minus;
+    uint64_t starts = number & ~(number << 1), ends = number & ~(number >> 1);
+    size_t n = 0;
+    for (; starts && n < room; starts &= starts - 1, ends &= ends - 1, n++) {
+        int s = __builtin_ctzll(starts), e = __builtin_ctzll(ends) + 1;
+        uint64_t span = (ends & -ends) * 2 - (starts & -starts); /* bits s..e-1 */
+        uint64_t point = b->point & span;
+        bool neg = b->minus >> s & 1;
+        const char *digits = p + s + neg, *after = p + e;
+        int n_whole = (int)((point ? p + __builtin_ctzll(point) : after) - digits);
+        int n_frac = point ? (int)(after - digits) - n_whole - 1 : 0;
+        bool ok;
+        if (n_whole <= 8 && n_frac <= 19 && n_whole + n_frac <= 19) {
+            uint64_t w = api_digits8_value(api_digit_values(api_load8(digits), n_whole));
+            if (n_frac) {
+                const char *frac = digits + n_whole + 1;
+                int head = n_frac < 16 ? n_frac : 16;
+                uint64_t f = value16(frac, head);
+                if (n_frac > 16) /* a float32 printed as a double: 17 digits */
+                    f = f * pow10_run[n_frac - 16] +
+                        api_digits8_value(api_digit_values(api_load8(frac + 16), n_frac - 16));
+                w = w * pow10_u64[n_frac] + f;
+            }
+            if (w == 0) {
+                out[n] = neg ? -0.0f : 0.0f;
+                ok = true;
+            } else
+                ok = to_float(w, -n_frac, neg, digits, after, &out[n]);
+        } else {
+            const char *unused;
+            ok = parse_one(p + s, p + e, &unused, &out[n]);
+        }
+        if (!ok) {
+            *bad = p + s;
+            *stop = after;
+            return n;
+        }
+    }
+    return n;
+}
+
 size_t api_parse_number_row(const char *p, const char *end, float *out, size_t room,
                             const char **stop, const char **bad)
 {
     size_t n = 0;
     *bad = NULL;
+    /* where a block did not apply, numbers are read one by one past it */
+    const char *blocks_from = p;
     while (n < room) {
+        if (p >= blocks_from && end - p >= BLOCK_READ) {
+            row_block b;
+            row_scan_block(p, &b);
+            if (b.len && row_block_grammar(&b)) {
+                /* a block holds at most 32 numbers ("1,1,..."): counted
+                 * only when the room is short of that */
+                uint64_t number = b.digit | b.point | b.minus;
+                size_t count = room - n >= 32 ? 32 : (size_t)__builtin_popcountll(number & ~(number << 1));
+                if (count <= room - n) {
+                    n += parse_block(p, &b, out + n, count, stop, bad);
+                    if (*bad)
+                        return n;
+                    /* on the comma, as after ", <number>" below */
+                    const char *comma = p + b.len - 1;
+                    *stop = comma;
+                    p = json_skip_ws(comma + 1, end);
+                    if (p == end || !api_starts_number(*p))
+                        return n;
+                    continue;
+                }
+            }
+            blocks_from = p + 64;
+        }
         const char *after;
         if (!parse_one(p, end, &after, &out[n])) {
             *bad = p;
