@@ -10,6 +10,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+void api_advise_huge(void *p, size_t len)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    if (len < 2 * huge)
+        return;
+    uintptr_t from = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    uintptr_t to = ((uintptr_t)p + len) & ~(huge - 1);
+    /* advice only: where the kernel has no huge pages, nothing changes */
+    (void)madvise((void *)from, to - from, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)len;
+#endif
+}
 
 char *api_buf_reserve(api_buf *b, size_t n)
 {
@@ -34,6 +51,7 @@ char *api_buf_reserve(api_buf *b, size_t n)
         }
         b->data = data;
         b->cap = cap;
+        api_advise_huge(data, cap);
     }
     return b->data + b->len;
 }
@@ -47,6 +65,7 @@ void api_buf_hint(api_buf *b, size_t n)
         return; /* only a hint: appends will still grow as they need */
     b->data = data;
     b->cap = b->len + n + 1;
+    api_advise_huge(data, b->cap);
 }
 
 void api_buf_append(api_buf *b, const char *s, size_t n)

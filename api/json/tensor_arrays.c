@@ -55,6 +55,7 @@ static bool store_grow(tensor_store *s, api_error *err, const char *field)
     else
         s->b8 = p;
     s->cap = cap;
+    api_advise_huge(p, cap * size);
     return true;
 }
 

@@ -350,6 +350,7 @@ static bool base64_bytes(cursor s, size_t len, const char *sub, uint8_t **bytes,
     *bytes = malloc(*have ? *have : 1);
     if (!*bytes)
         return api_fail(err, 500, "out_of_memory", sub, "out of memory while reading %s", sub);
+    api_advise_huge(*bytes, *have);
     size_t bad;
     if (!api_base64_decode(s, len, *bytes, &bad)) {
         char c = s[bad < len ? bad : 0];
@@ -397,6 +398,7 @@ static bool bytes_to_tensor(uint8_t *bytes, const char *sub, api_dtype dtype,
         free(bytes);
         return api_fail(err, 500, "out_of_memory", sub, "out of memory while reading %s", sub);
     }
+    api_advise_huge(t->f32, count * sizeof(float));
     api_half_to_f32(dtype, bytes, t->f32, count, api_half_best_path());
     free(bytes);
     return true;
