@@ -354,6 +354,96 @@ static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, fl
  * per 64 keys), the row steps on the strip while it is in L1, then
  * out_strip += P v_t.
  */
+/* Folds a row's tile into its state: a tile that raised the maximum from
+ * m_old to m_new first shrinks the sum and output so far by
+ * exp(m_old - m_new); then the tile's sum of exp(x - m_new) is added. */
+static inline void KF(fold_row)(sdpa_fwd_state *st, int64_t row, float m_old, float m_new,
+                                float sum, int64_t d_v, int64_t ldo)
+{
+    if (m_new > m_old) {
+        /* Before anything was visible l and the output row are 0 (the
+         * row's first product overwrites it): nothing to scale. */
+        if (m_old != -INFINITY) {
+            float shrink = expf(m_old - m_new);
+            st->l[row] *= (double)shrink;
+            KF(scale_row)(st->out + row * ldo, d_v, shrink);
+        }
+        st->m[row] = m_new;
+    }
+    st->l[row] += sum;
+}
+
+#define KERN_BV (KERN_BK / VW) /* vectors per row of a strip */
+
+/*
+ * The row steps of a whole strip at once, for the usual tile: KMR rows,
+ * KERN_BK keys all visible to every row, no mask, ALiBi or soft cap, no
+ * statistics or weights. The rows go through each phase together, so that
+ * the latency of one row's maximum and exponentials hides behind the
+ * others' (row by row, each waited for its own). The arithmetic is
+ * score_row's and exp_sum's, operation for operation, so the bits are
+ * those of the row-by-row path. False, with the strip untouched, when a
+ * score overflowed (the row-by-row path then marks that row for double).
+ */
+static bool KF(strip_plain)(float *s, float scale, const float *m_old, float *m_new,
+                            float *sum)
+{
+    const vf vs = vset1(scale);
+    vf m[KMR];
+    vmask bad = vmask_first(0);
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        m[r] = vset1(-INFINITY);
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV; v++) {
+            vf x = vmul(vload(s + r * KERN_BK + v * VW), vs);
+            m[r] = vmax(m[r], x);
+            bad |= vbad(x);
+        }
+    }
+    if (!vmask_none(bad))
+        return false;
+    vf shift[KMR], acc[KMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        float tile = vhmax(m[r]);
+        m_new[r] = tile > m_old[r] ? tile : m_old[r];
+        shift[r] = vset1(m_new[r]);
+        acc[r] = vzero();
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV; v++) {
+            float *x = s + r * KERN_BK + v * VW;
+            vf e = vexp(vsub(vmul(vload(x), vs), shift[r]));
+            vstore(x, e);
+            acc[r] = vadd(acc[r], e);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++)
+        sum[r] = vhsum(acc[r]);
+    return true;
+}
+
+/* Can the strip of rows i .. i + rows take strip_plain? */
+static inline bool KF(strip_is_plain)(const sdpa_call *c, const sdpa_tile *t, int64_t i,
+                                      int rows, const sdpa_fwd_state *st)
+{
+    if (!c->plain || rows != KMR || t->cols != KERN_BK || st->stats != NULL ||
+        st->weights != NULL)
+        return false;
+    /* The visible keys only widen down the rows (causal, window): the first
+     * row's end and the last row's start bound them all. */
+    int64_t lo, hi;
+    sdpa_row_range(c, i, t->j0, t->cols, &lo, &hi);
+    if (hi < t->cols)
+        return false;
+    sdpa_row_range(c, i + rows - 1, t->j0, t->cols, &lo, &hi);
+    return lo == 0;
+}
+
 static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_keys *keys,
                              sdpa_fwd_state *st)
 {
@@ -365,46 +455,42 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
         KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
                  false);
-        for (int r = 0; r < rows; r++) {
-            const int64_t row = r0 + r, i = t->i0 + row;
-            float *x = s + r * KERN_BK;
-            if (st->stats != NULL)
-                sdpa_fwd_stats_raw(st, x, t->cols);
-            float m_old = st->m[row];
-            float m_tile = KF(score_row)(c, t, i, x, NULL);
-            if (isnan(m_tile)) {
-                /* Scores overflowed: the row is redone in double at the end
-                 * (a NaN sum says so); here it contributes nothing. */
-                st->l[row] = NAN;
-                memset(x, 0, (size_t)t->cols * sizeof *x);
-                continue;
-            }
-            float m_new = m_tile > m_old ? m_tile : m_old;
-            if (m_new == -INFINITY) {
-                /* Nothing visible in this row yet: P is 0, the state stays 0. */
-                memset(x, 0, (size_t)t->cols * sizeof *x);
+        float m_new[KMR], sum[KMR];
+        if (KF(strip_is_plain)(c, t, t->i0 + r0, rows, st) &&
+            KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)) {
+            for (int r = 0; r < KMR; r++)
+                KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
+        } else {
+            for (int r = 0; r < rows; r++) {
+                const int64_t row = r0 + r, i = t->i0 + row;
+                float *x = s + r * KERN_BK;
+                if (st->stats != NULL)
+                    sdpa_fwd_stats_raw(st, x, t->cols);
+                float m_old = st->m[row];
+                float m_tile = KF(score_row)(c, t, i, x, NULL);
+                if (isnan(m_tile)) {
+                    /* Scores overflowed: the row is redone in double at the
+                     * end (a NaN sum says so); here it contributes nothing. */
+                    st->l[row] = NAN;
+                    memset(x, 0, (size_t)t->cols * sizeof *x);
+                    continue;
+                }
+                float m_row = m_tile > m_old ? m_tile : m_old;
+                if (m_row == -INFINITY) {
+                    /* Nothing visible in this row yet: P is 0, the state stays 0. */
+                    memset(x, 0, (size_t)t->cols * sizeof *x);
+                    if (st->weights != NULL)
+                        sdpa_fwd_keep_weights(c, st, t, row, x);
+                    continue;
+                }
+                if (st->stats != NULL)
+                    sdpa_fwd_stats_scores(st, row, x, t->cols, m_old, m_row);
+                KF(fold_row)(st, row, m_old, m_row, KF(exp_sum)(x, t->cols, m_row), d_v, ldo);
+                if (st->stats != NULL)
+                    sdpa_fwd_stats_entropy(st, row, x, t->cols, m_row);
                 if (st->weights != NULL)
                     sdpa_fwd_keep_weights(c, st, t, row, x);
-                continue;
             }
-            if (st->stats != NULL)
-                sdpa_fwd_stats_scores(st, row, x, t->cols, m_old, m_new);
-            float sum = KF(exp_sum)(x, t->cols, m_new);
-            if (m_new > m_old) {
-                /* Before anything was visible l and the output row are 0
-                 * (the row's first product overwrites it): nothing to scale. */
-                if (m_old != -INFINITY) {
-                    float shrink = expf(m_old - m_new);
-                    st->l[row] *= (double)shrink;
-                    KF(scale_row)(st->out + row * ldo, d_v, shrink);
-                }
-                st->m[row] = m_new;
-            }
-            st->l[row] += sum;
-            if (st->stats != NULL)
-                sdpa_fwd_stats_entropy(st, row, x, t->cols, m_new);
-            if (st->weights != NULL)
-                sdpa_fwd_keep_weights(c, st, t, row, x);
         }
         /* The first key tile writes the output rows, later ones add. */
         KF(gemm)(rows, d_v, t->cols, s, KERN_BK, 1, keys->v, c->ldv, st->out + r0 * ldo, ldo,

@@ -344,6 +344,55 @@ END_TEST
 
 /* Twice the same call, twice the same bits: with few (batch, head) pairs
  * the backward splits key tiles between threads, still in a fixed order. */
+/* A strip whose 64 keys every row sees, with no mask, takes the kernels'
+ * whole-strip row steps; add a mask of zeros and the same strip goes row
+ * by row. Both must give the same bits (the whole-strip steps repeat the
+ * row steps' operations in the same order), also where scores overflow and
+ * the row is redone in double, and beside causal strips that a diagonal
+ * cuts. */
+START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
+{
+    const struct { int64_t B, Hq, Hkv, nq, nk, dk, dv; bool causal; double amp; } cases[] = {
+        {1, 2, 2, 200, 300, 64, 64, false, 1.0},
+        {2, 2, 1, 130, 130, 32, 48, true, 2.0},
+        {1, 1, 1, 96, 64, 16, 16, false, 1e19}, /* scores past float32's range */
+        {1, 3, 3, 7, 640, 64, 64, false, 3.0},
+    };
+    uint64_t seed = 77;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        attn_sdpa_params p = shape(cases[ci].B, cases[ci].Hq, cases[ci].Hkv, cases[ci].nq,
+                                   cases[ci].nk, cases[ci].dk, cases[ci].dv, 2);
+        p.causal = cases[ci].causal;
+        size_t nq = (size_t)(p.batch * p.heads_q * p.n_q), nk = (size_t)(p.batch * p.heads_kv * p.n_k);
+        float *q = random_floats(nq * (size_t)p.d_k, &seed, cases[ci].amp);
+        float *k = random_floats(nk * (size_t)p.d_k, &seed, 1.0);
+        float *v = random_floats(nk * (size_t)p.d_v, &seed, 1.0);
+        float *out[2], zero = 0.0f;
+        attn_softmax_row *rows[2];
+        for (int with_mask = 0; with_mask < 2; with_mask++) {
+            attn_sdpa_params pm = p;
+            if (with_mask) /* one 0.0 broadcast to every score */
+                pm.mask = (attn_mask){.kind = ATTN_MASK_BIAS, .bias = &zero};
+            out[with_mask] = xcalloc(nq * (size_t)p.d_v, sizeof(float));
+            rows[with_mask] = xcalloc(nq, sizeof *rows[0]);
+            attn_error err = {0};
+            ck_assert_msg(attn_sdpa_forward(&pm, q, k, v, out[with_mask], rows[with_mask], NULL,
+                                            NULL, &err) == ATTN_OK,
+                          "%s", err.message);
+        }
+        ck_assert_msg(same_bits(out[0], out[1], nq * (size_t)p.d_v), "case %zu: out", ci);
+        ck_assert_msg(memcmp(rows[0], rows[1], nq * sizeof *rows[0]) == 0, "case %zu: rows", ci);
+        for (int i = 0; i < 2; i++) {
+            free(out[i]);
+            free(rows[i]);
+        }
+        free(q);
+        free(k);
+        free(v);
+    }
+}
+END_TEST
+
 START_TEST(results_are_the_same_bits_call_after_call)
 {
     uint64_t seed = 41;
@@ -471,6 +520,7 @@ static Suite *kernels_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, layout_bnhd_gives_the_numbers_of_bhnd_bit_for_bit);
     tcase_add_test(tc, results_are_the_same_bits_call_after_call);
+    tcase_add_test(tc, whole_strip_row_steps_give_the_bits_of_row_by_row);
     tcase_add_test(tc, output_is_finite_where_the_sum_on_the_way_overflows);
     tcase_add_test(tc, row_shift_of_minus_1e20_gives_the_gradients_of_equal_scores);
     tcase_add_test(tc, large_scores_over_many_tiles_keep_the_gradients_accurate);
