@@ -427,12 +427,12 @@ static bool KF(strip_plain)(float *s, float scale, const float *m_old, float *m_
     return true;
 }
 
-/* Can the strip of rows i .. i + rows take strip_plain? */
-static inline bool KF(strip_is_plain)(const sdpa_call *c, const sdpa_tile *t, int64_t i,
-                                      int rows, const sdpa_fwd_state *st)
+/* Do all KMR rows of the strip from row i see all KERN_BK keys of the
+ * tile, with nothing but the scale on their scores? */
+static inline bool KF(strip_sees_all)(const sdpa_call *c, const sdpa_tile *t, int64_t i,
+                                      int rows)
 {
-    if (!c->plain || rows != KMR || t->cols != KERN_BK || st->stats != NULL ||
-        st->weights != NULL)
+    if (!c->plain || rows != KMR || t->cols != KERN_BK)
         return false;
     /* The visible keys only widen down the rows (causal, window): the first
      * row's end and the last row's start bound them all. */
@@ -456,7 +456,8 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
         KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
                  false);
         float m_new[KMR], sum[KMR];
-        if (KF(strip_is_plain)(c, t, t->i0 + r0, rows, st) &&
+        if (st->stats == NULL && st->weights == NULL &&
+            KF(strip_sees_all)(c, t, t->i0 + r0, rows) &&
             KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)) {
             for (int r = 0; r < KMR; r++)
                 KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
@@ -529,6 +530,31 @@ static void KF(softmax_grad_row)(float *x, float *dp, int64_t n, float m, float 
 }
 
 /*
+ * score_row and softmax_grad_row for a whole strip whose rows all see all
+ * the tile's keys with nothing but the scale (strip_sees_all), every row
+ * with some weight: the same operations in the same order, the rows side
+ * by side so that their exponentials overlap (see strip_plain).
+ */
+static void KF(bwd_strip_plain)(float *ps, float *ds, const attn_softmax_row *rows,
+                                const float *delta, float scale)
+{
+    const vf vs = vset1(scale);
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        const vf vm = vset1(rows[r].max), vinv = vset1(1.0f / rows[r].sum);
+        const vf vd = vset1(delta[r]);
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV; v++) {
+            float *x = ps + r * KERN_BK + v * VW, *dp = ds + r * KERN_BK + v * VW;
+            vf pr = vmul(vexp(vsub(vmul(vload(x), vs), vm)), vinv);
+            vstore(x, pr);
+            vf g = vmul(vmul(pr, vsub(vload(dp), vd)), vs);
+            vstore(dp, vmasked(g, vnot_one(pr)));
+        }
+    }
+}
+
+/*
  * FlashAttention-2's backward step for query rows t against key tile t,
  * with P rebuilt from the forward's row maxima and sums:
  *   S = q_t k_t^T, P = exp(final(S) - m) / l      [rows, cols]
@@ -553,6 +579,15 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
                  false);
         KF(gemm)(rows, cols, d_v, st->dout + r0 * ldo, ldo, 1, keys->vt, KERN_BK, ds,
                  KERN_BK, false);
+        bool all_weighted = true;
+        for (int r = 0; r < rows; r++)
+            all_weighted &= st->rows[r0 + r].sum > 0.0f;
+        if (all_weighted && KF(strip_sees_all)(c, t, t->i0 + r0, rows)) {
+            KF(bwd_strip_plain)(ps, ds, st->rows + r0, st->delta + r0, p->scale);
+            KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq,
+                     true);
+            continue;
+        }
         for (int r = 0; r < rows; r++) {
             const int64_t row = r0 + r;
             float *x = ps + r * KERN_BK, *g = ds + r * KERN_BK;

@@ -345,8 +345,8 @@ END_TEST
 /* Twice the same call, twice the same bits: with few (batch, head) pairs
  * the backward splits key tiles between threads, still in a fixed order. */
 /* A strip whose 64 keys every row sees, with no mask, takes the kernels'
- * whole-strip row steps; add a mask of zeros and the same strip goes row
- * by row. Both must give the same bits (the whole-strip steps repeat the
+ * whole-strip row steps, forward and backward; add a mask of zeros and the
+ * same strip goes row by row. Both must give the same bits (the whole-strip steps repeat the
  * row steps' operations in the same order), also where scores overflow and
  * the row is redone in double, and beside causal strips that a diagonal
  * cuts. */
@@ -367,7 +367,8 @@ START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
         float *q = random_floats(nq * (size_t)p.d_k, &seed, cases[ci].amp);
         float *k = random_floats(nk * (size_t)p.d_k, &seed, 1.0);
         float *v = random_floats(nk * (size_t)p.d_v, &seed, 1.0);
-        float *out[2], zero = 0.0f;
+        float *dout = random_floats(nq * (size_t)p.d_v, &seed, 1.0);
+        float *out[2], *dq[2], *dk[2], *dv[2], zero = 0.0f;
         attn_softmax_row *rows[2];
         for (int with_mask = 0; with_mask < 2; with_mask++) {
             attn_sdpa_params pm = p;
@@ -379,13 +380,27 @@ START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
             ck_assert_msg(attn_sdpa_forward(&pm, q, k, v, out[with_mask], rows[with_mask], NULL,
                                             NULL, &err) == ATTN_OK,
                           "%s", err.message);
+            dq[with_mask] = xcalloc(nq * (size_t)p.d_k, sizeof(float));
+            dk[with_mask] = xcalloc(nk * (size_t)p.d_k, sizeof(float));
+            dv[with_mask] = xcalloc(nk * (size_t)p.d_v, sizeof(float));
+            ck_assert_msg(attn_sdpa_backward(&pm, q, k, v, out[with_mask], rows[with_mask], dout,
+                                             dq[with_mask], dk[with_mask], dv[with_mask],
+                                             &err) == ATTN_OK,
+                          "%s", err.message);
         }
+        ck_assert_msg(same_bits(dq[0], dq[1], nq * (size_t)p.d_k), "case %zu: dq", ci);
+        ck_assert_msg(same_bits(dk[0], dk[1], nk * (size_t)p.d_k), "case %zu: dk", ci);
+        ck_assert_msg(same_bits(dv[0], dv[1], nk * (size_t)p.d_v), "case %zu: dv", ci);
         ck_assert_msg(same_bits(out[0], out[1], nq * (size_t)p.d_v), "case %zu: out", ci);
         ck_assert_msg(memcmp(rows[0], rows[1], nq * sizeof *rows[0]) == 0, "case %zu: rows", ci);
         for (int i = 0; i < 2; i++) {
             free(out[i]);
             free(rows[i]);
+            free(dq[i]);
+            free(dk[i]);
+            free(dv[i]);
         }
+        free(dout);
         free(q);
         free(k);
         free(v);
