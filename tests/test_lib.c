@@ -1609,6 +1609,44 @@ static void compare_threads(sdpa_case *c, int threads, const char *what)
     lib_fwd_free(&fn);
 }
 
+/* attn_parallel_for runs every unit exactly once, on workers numbered below
+ * the threads asked for, whatever the counts (fewer units than threads,
+ * shares of uneven sizes, units that take long on one worker only). */
+typedef struct {
+    int *runs;
+    int threads;
+    int bad_worker;
+} pf_ctx;
+
+static void pf_unit(void *ctx, int64_t i, int worker)
+{
+    pf_ctx *c = ctx;
+    __atomic_fetch_add(&c->runs[i], 1, __ATOMIC_RELAXED);
+    if (worker < 0 || worker >= c->threads)
+        __atomic_store_n(&c->bad_worker, 1, __ATOMIC_RELAXED);
+    if (i % 7 == 0) { /* uneven units: the others' shares get taken */
+        volatile double x = 0;
+        for (int k = 0; k < 20000; k++)
+            x += k;
+    }
+}
+
+START_TEST(parallel_for_runs_every_unit_once)
+{
+    for (int threads = 1; threads <= 5; threads++)
+        for (int64_t count = 0; count <= 67; count += (count < 10 ? 1 : 19)) {
+            int *runs = calloc((size_t)count + 1, sizeof *runs);
+            pf_ctx c = {.runs = runs, .threads = threads};
+            attn_parallel_for(threads, count, pf_unit, &c);
+            for (int64_t i = 0; i < count; i++)
+                ck_assert_msg(runs[i] == 1, "threads %d, count %lld: unit %lld ran %d times",
+                              threads, (long long)count, (long long)i, runs[i]);
+            ck_assert_msg(!c.bad_worker, "threads %d: a worker number out of range", threads);
+            free(runs);
+        }
+}
+END_TEST
+
 START_TEST(threads_1_and_2_agree_forward_and_backward)
 {
     attn_sdpa_params p = sdpa_shape(2, 4, 2, 300, 200, 32, 16);
@@ -2158,7 +2196,8 @@ static Suite *lib_suite(void)
          {threads_1_and_2_agree_forward_and_backward,
           threads_more_than_work_agree,
           threads_2_large_backward_sums_every_workers_dq,
-          concurrent_calls_from_two_threads_match_sequential}},
+          concurrent_calls_from_two_threads_match_sequential,
+          parallel_for_runs_every_unit_once}},
         {"kernels",
          {vexp_kinds_match_exp_and_flush_below_min,
           vmax_kinds_find_the_maximum_at_every_position}},
