@@ -20,7 +20,7 @@
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
 # BENCH_ONLY (a subset of "kernel memory server codec http"; default all),
-# BENCH_KERNEL_SECONDS (40: the kernel section's rounds, after its warm-up).
+# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build}
@@ -124,7 +124,7 @@ fi
 # ------------------------------------------------------------------ 1. kernel
 if [ $have_kernel = 1 ] && want kernel; then
     note "kernel: attention, sgemm under each OpenBLAS kernel and FMA loops, taking turns"
-    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-40}" > "$TMP/kernel"; then
+    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" > "$TMP/kernel"; then
         while read -r k v; do put "kern_$k" "$v"; done < "$TMP/kernel"
         cp "$TMP/kernel" "$OUT/kernel.txt"
     fi
