@@ -233,7 +233,7 @@ wrk_run() {
     fi
 }
 
-# Every server stays up for the whole section and they take turns, two
+# Every server stays up for the whole section and they take turns, three
 # rounds, keeping each one's better run: a burst of other work on the machine
 # then hits attnd and its peers alike. An idle server costs nothing.
 ATTND_URL=""; NGINX_URL=""; FASTAPI1_URL=""; FASTAPI2_URL=""
@@ -286,7 +286,7 @@ turn() {
     note "http: $1 ($round)"
     wrk_run "$1" "$2" "$3"
 }
-for round in 1 2; do
+for round in 1 2 3; do
     turn attnd_small "$ATTND_URL" "$OUT/small.json"
     turn nginx_small "$NGINX_URL" "$OUT/small.json"
     turn attnd_medium "$ATTND_URL" "$OUT/medium.json"
