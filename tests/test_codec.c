@@ -2060,39 +2060,24 @@ END_TEST
 
 /* ================================================================ rows */
 
-/* The classes of row_scan.c, byte by byte, as the reference for its masks. */
+/* The classes of row_scan.c, byte by byte, as the reference for its masks:
+ * first where the block ends, then the class of each byte before that. */
 static void ref_classify(const char *p, row_block *b)
 {
     *b = (row_block){0};
-    unsigned lim = 64;
-    for (unsigned i = 0; i < 64; i++) {
-        char c = p[i];
-        uint64_t bit = UINT64_C(1) << i;
-        if (c >= '0' && c <= '9')
-            b->digit |= bit;
-        if (c == '0')
-            b->zero |= bit;
-        if (c == '.')
-            b->point |= bit;
-        if (c == '-')
-            b->minus |= bit;
-        if (c == ',')
-            b->comma |= bit;
-        if (c == ' ' || c == '\n' || c == '\r' || c == '\t')
-            b->space |= bit;
-        if (lim == 64 && (c == 0 || !strchr("0123456789.-, \n\r\t", c)))
-            lim = i;
-    }
-    for (unsigned i = 0; i < lim; i++)
+    for (unsigned i = 0; i < 64 && p[i] != 0 && strchr("0123456789.-, \n\r\t", p[i]); i++)
         if (p[i] == ',')
             b->len = i + 1;
-    uint64_t keep = b->len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << b->len) - 1;
-    b->digit &= keep;
-    b->zero &= keep;
-    b->point &= keep;
-    b->minus &= keep;
-    b->comma &= keep;
-    b->space &= keep;
+    for (unsigned i = 0; i < b->len; i++) {
+        char c = p[i];
+        uint64_t bit = UINT64_C(1) << i;
+        b->digit |= c >= '0' && c <= '9' ? bit : 0;
+        b->zero |= c == '0' ? bit : 0;
+        b->point |= c == '.' ? bit : 0;
+        b->minus |= c == '-' ? bit : 0;
+        b->comma |= c == ',' ? bit : 0;
+        b->space |= c == ' ' || c == '\n' || c == '\r' || c == '\t' ? bit : 0;
+    }
 }
 
 static bool ref_space(char c)
@@ -2261,9 +2246,9 @@ START_TEST(row_scan_paths_classify_every_byte_alike)
             row_block want, got;
             ref_classify(text, &want);
             row_scan_block_path(text, &got, (row_scan_path)path);
-            CHECK(!memcmp(&want, &got, sizeof want) || (want.digit == got.digit && want.zero == got.zero &&
-                  want.point == got.point && want.minus == got.minus && want.comma == got.comma &&
-                  want.space == got.space && want.len == got.len),
+            CHECK(want.digit == got.digit && want.zero == got.zero && want.point == got.point &&
+                      want.minus == got.minus && want.comma == got.comma &&
+                      want.space == got.space && want.len == got.len,
                   "path %s: %.64s: len %u, want %u", row_scan_path_name((row_scan_path)path), text,
                   got.len, want.len);
         }
