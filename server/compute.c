@@ -136,15 +136,15 @@ static void run(srv_request *r, int others)
  */
 static void yield_to_io_threads(void)
 {
-#ifdef SCHED_BATCH
+#ifdef __linux__ /* per-thread policy and nice are Linux's */
     struct sched_param none = {0};
     (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &none);
-#endif
     id_t self = (id_t)gettid();
     errno = 0;
     int nice = getpriority(PRIO_PROCESS, self);
     if (errno == 0)
         (void)setpriority(PRIO_PROCESS, self, nice + WORKER_NICE);
+#endif
 }
 
 static void *worker_main(void *arg)

@@ -66,7 +66,8 @@ int main(int argc, char **argv)
               "attnd %s listening on %s%s%s:%d (threads %d, io-threads %d, queue %d, "
               "max-body %lld%s%s)",
               ATTND_VERSION, strchr(cfg.bind, ':') ? "[" : "", cfg.bind,
-              strchr(cfg.bind, ':') ? "]" : "", http_port(&srv), cfg.threads, cfg.io_threads, cfg.queue,
+              strchr(cfg.bind, ':') ? "]" : "", http_port(&srv), cfg.threads, cfg.io_threads,
+              cfg.queue,
               (long long)cfg.max_body, tls_enabled(&srv) ? ", HTTPS" : "",
               auth_required(&srv.auth) ? ", API key required" : "");
 

@@ -509,7 +509,9 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
                 /* a block holds at most 32 numbers ("1,1,..."): counted
                  * only when the room is short of that */
                 uint64_t number = b.digit | b.point | b.minus;
-                size_t count = room - n >= 32 ? 32 : (size_t)__builtin_popcountll(number & ~(number << 1));
+                size_t count = room - n >= 32
+                                   ? 32
+                                   : (size_t)__builtin_popcountll(number & ~(number << 1));
                 if (count <= room - n) {
                     n += parse_block(p, &b, out + n, count, stop, bad);
                     if (*bad)

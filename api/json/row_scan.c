@@ -81,15 +81,19 @@ static void classify_sse2(const char *p, row_block *b)
         __m128i t = _mm_sub_epi8(x, _mm_set1_epi8((char)('0' + 128)));
         __m128i digit = _mm_cmplt_epi8(t, _mm_set1_epi8(-128 + 10));
         __m128i space = _mm_or_si128(
-            _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')), _mm_cmpeq_epi8(x, _mm_set1_epi8('\n'))),
-            _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('\r')), _mm_cmpeq_epi8(x, _mm_set1_epi8('\t'))));
+            _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
+                         _mm_cmpeq_epi8(x, _mm_set1_epi8('\n'))),
+            _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('\r')),
+                         _mm_cmpeq_epi8(x, _mm_set1_epi8('\t'))));
         int s = 16 * i;
-        b->digit |= (uint64_t)(unsigned)_mm_movemask_epi8(digit) << s;
-        b->zero |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('0'))) << s;
-        b->point |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('.'))) << s;
-        b->minus |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('-'))) << s;
-        b->comma |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8(','))) << s;
-        b->space |= (uint64_t)(unsigned)_mm_movemask_epi8(space) << s;
+#define MASK16(v) ((uint64_t)(unsigned)_mm_movemask_epi8(v) << s)
+        b->digit |= MASK16(digit);
+        b->zero |= MASK16(_mm_cmpeq_epi8(x, _mm_set1_epi8('0')));
+        b->point |= MASK16(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')));
+        b->minus |= MASK16(_mm_cmpeq_epi8(x, _mm_set1_epi8('-')));
+        b->comma |= MASK16(_mm_cmpeq_epi8(x, _mm_set1_epi8(',')));
+        b->space |= MASK16(space);
+#undef MASK16
     }
 }
 
