@@ -37,8 +37,15 @@ void api_lap(api_timing *t, double *step)
 static bool check_body(const char *body, size_t len, json_span *spans, size_t *members,
                        api_error *err)
 {
-    if (!json_text_validate_spans(body, len, spans, API_MAX_FIELDS, members, err))
+    if (!json_text_validate_spans(body, len, spans, API_MAX_FIELDS, members, err)) {
+        /* The byte where the text stopped being JSON, as the validator's
+         * message gives it ("... at byte N (line L, column C)"). */
+        const char *at = strstr(err->message, " at byte ");
+        long offset = 0;
+        if (at && sscanf(at, " at byte %ld", &offset) == 1 && offset >= 0)
+            api_hint_not_json(body, len, (size_t)offset, err);
         return false;
+    }
     size_t i = 0;
     while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' ||
                        body[i] == '\r'))

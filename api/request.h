@@ -151,6 +151,10 @@ typedef struct {
 
 double api_now_ms(void);
 
+/* Adds to err's message (a body that is not JSON, at byte `offset`) what
+ * the body most likely is: a form submission, a NaN or an Infinity. */
+void api_hint_not_json(const char *body, size_t len, size_t offset, api_error *err);
+
 /* meta.timing_ms.total: since the arrival, or the three steps' sum without
  * one, rounded to the microsecond. */
 double api_total_ms(const api_timing *t);
