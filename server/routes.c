@@ -24,9 +24,9 @@ static void handle_openapi_json(srv_request *r);
 
 static const srv_route routes[] = {
     {.method = "POST", .path = "/v1/attention", .handle = handle_compute, .has_body = true,
-     .op = API_OP_ATTENTION},
+     .computes = true, .op = API_OP_ATTENTION},
     {.method = "POST", .path = "/v1/multihead", .handle = handle_compute, .has_body = true,
-     .op = API_OP_MULTIHEAD},
+     .computes = true, .op = API_OP_MULTIHEAD},
     /* For probes (a load balancer, Kubernetes): no API key needed. */
     {.method = "GET", .path = "/healthz", .handle = handle_healthz, .open = true},
     {.method = "GET", .path = "/readyz", .handle = handle_readyz, .open = true},
@@ -385,7 +385,7 @@ bool routes_init(srv_server *srv)
                 t->path_row[i] = t->path_row[j];
                 break;
             }
-        computes[n_labels] = routes[i].handle == handle_compute;
+        computes[n_labels] = routes[i].computes;
         labels[n_labels++] = routes[i].path;
     }
     metrics_init(&srv->metrics, labels, computes, n_labels);

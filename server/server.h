@@ -39,7 +39,8 @@ struct srv_route {
     const char *path;
     srv_handler handle;
     bool has_body;      /* POST: the body is read before the handler runs */
-    api_op op;          /* for the compute routes */
+    bool computes;      /* queues for a compute slot (metrics by route) */
+    api_op op;          /* ... and computes this operation */
     bool open;          /* answered without an API key (/healthz, /readyz) */
 };
 
