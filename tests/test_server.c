@@ -2928,10 +2928,29 @@ END_TEST
 /* Two requests on a server with one compute slot: the second waits its
  * turn, seen as queue depth of its route while it waits and as a queue
  * wait (as long as the first computes, at least) once it has run. */
+/* A gradient request that computes for about `ms` milliseconds on this
+ * server, whatever its kernel, build and load: sized from a smaller one's
+ * meta.timing_ms.compute (the work grows as n^2). */
+static char *attention_body_lasting(int port, double ms)
+{
+    int n = 256;
+    char *probe = slow_attention_body(2, n, 32, true);
+    reply r = post_json(port, "/v1/attention", probe);
+    json_t *doc = json_loadb(r.body, r.body_len, 0, NULL);
+    double took = json_number_value(json_object_get(
+        json_object_get(json_object_get(doc, "meta"), "timing_ms"), "compute"));
+    json_decref(doc);
+    reply_free(&r);
+    free(probe);
+    double scale = took > 0 ? sqrt(ms / took) : 4;
+    n = (int)(n * (scale < 1 ? 1 : scale > 8 ? 8 : scale));
+    return slow_attention_body(2, n, 32, true);
+}
+
 START_TEST(queue_depth_and_wait_are_counted_per_route)
 {
     server s = start_server("--threads", "1", "--queue", "4");
-    char *slow = slow_attention_body(2, 1024, 64, true);
+    char *slow = attention_body_lasting(s.port, 1500);
     async_req a = {s.port, "/v1/attention", slow, {0}, 0};
     async_req b = {s.port, "/v1/attention", tiny_attention, {0}, 0};
     pthread_t ta, tb;
@@ -2947,8 +2966,9 @@ START_TEST(queue_depth_and_wait_are_counted_per_route)
     ck_assert_int_eq(a.r.status, 200);
     ck_assert_int_eq(b.r.status, 200);
     ck_assert(metric(s.port, depth) == 0);
+    /* the probe that sized the slow one, the slow one, the one that waited */
     const char *count = "attnd_queue_wait_seconds_count{route=\"/v1/attention\"}";
-    ck_assert(metric_reaching(s.port, count, 2) == 2);
+    ck_assert(metric_reaching(s.port, count, 3) == 3);
     /* The second waited at least the first one's computation. */
     json_t *doc = json_loadb(a.r.body, a.r.body_len, 0, NULL);
     double first_ms = json_number_value(json_object_get(
