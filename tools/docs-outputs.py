@@ -300,13 +300,37 @@ def main():
     verb = "updated" if args.update else "differ"
     print(f"{replayed} commands replayed from {len(files)} file(s); {differ} output(s) {verb}")
     if args.screenshots:
-        env = dict(os.environ, ATTND_SHOT_DIR="docs")
-        build = os.path.dirname(binary)
-        rc = subprocess.call(["make", "--no-print-directory", "web-test", "BUILD=" + os.path.relpath(build, ROOT)],
-                             cwd=ROOT, env=env)
+        rc = screenshots(binary, [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))))
         if rc:
             return rc
     return 1 if differ and args.check else 0
+
+
+def screenshots(binary, files):
+    """Runs the page test in Chromium (make web-test), which takes the
+    screenshots, and copies into docs/ those that the documents show."""
+    shots = tempfile.mkdtemp(prefix="attnd-shots-")
+    try:
+        env = dict(os.environ, ATTND_SHOT_DIR=shots)
+        build = os.path.relpath(os.path.dirname(binary), ROOT)
+        rc = subprocess.call(["make", "--no-print-directory", "web-test", "BUILD=" + build],
+                             cwd=ROOT, env=env)
+        if rc:
+            print("make web-test failed: no screenshot copied")
+            return rc
+        shown = "".join(open(f, encoding="utf-8").read() for f in files)
+        copied = 0
+        for name in sorted(os.listdir(shots)):
+            if name.endswith(".png") and re.search(r"\(((?:docs/)?)" + re.escape(name) + r"\)", shown):
+                shutil.copyfile(os.path.join(shots, name), os.path.join(ROOT, "docs", name))
+                print(f"screenshot docs/{name}")
+                copied += 1
+        if not copied:
+            print(f"make web-test wrote no screenshot that the documents show (in {shots})")
+            return 1
+        return 0
+    finally:
+        shutil.rmtree(shots, ignore_errors=True)
 
 
 if __name__ == "__main__":
