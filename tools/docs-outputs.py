@@ -26,8 +26,12 @@ versions, the CPU's kernels and core counts, timestamps, request ids) and
 prints a diff for each command whose output differs; exit status 1 then.
 --update writes the live outputs into the files, keeping the printed text of
 any output that equals the live one after masking (so a rerun changes only
-what changed). --screenshots also regenerates docs/page*.png through the page
-test in Chromium (ATTND_SHOT_DIR=docs make web-test).
+what changed). --screenshots also runs the page test in Chromium (make
+web-test), which takes the page's screenshots, and copies into docs/ those
+that the documents show (docs/page*.png).
+
+attnd and the commands run without the caller's ATTND_* variables, so that
+what they print is what the defaults give.
 """
 import argparse
 import difflib
@@ -102,6 +106,11 @@ def same(printed, live, approximate):
         abs(float(u) - float(v)) <= 1e-5 * max(abs(float(u)), abs(float(v))) + 1e-6 for u, v in zip(x, y))
 
 
+def clean_env():
+    """The environment without ATTND_* (flags, the clients' ATTND_URL)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ATTND_")}
+
+
 def python_with_numpy(tmp):
     """A directory to put first in PATH so that `python3` has NumPy (the
     examples need it), or None when the first python3 has it already."""
@@ -173,7 +182,7 @@ class Attnd:
         self.log = os.path.join(log_dir, name + ".log")
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", "0"],
-                                         stdout=log, stderr=subprocess.STDOUT)
+                                         stdout=log, stderr=subprocess.STDOUT, env=clean_env())
         self.port = None
         deadline = time.monotonic() + 30
         while self.port is None:
@@ -220,9 +229,8 @@ def run_file(path, binary, tmp, path_dirs):
         ports = {PORT: servers[0].port}
         if len(servers) > 1:
             ports[PORT2] = servers[1].port
-        env = dict(os.environ)
+        env = clean_env()
         env["PATH"] = os.pathsep.join(path_dirs + [env.get("PATH", "")])
-        env.pop("ATTND_URL", None)
         results = []
         for c in commands:
             # A session of its own, so that a command that hangs is ended
