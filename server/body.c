@@ -15,8 +15,8 @@
 #define KEEP_BODY_BUFFER (1u << 20)
 
 /* No Content-Type, curl's default form type, or JSON (any parameters, any
- * +json subtype) are read as JSON, so that `curl -d @body.json URL` just
- * works; anything else is a 415. */
+ * +json subtype) are read as JSON, so that `curl -d @request.json URL` works
+ * as typed; anything else (multipart, say) is a 415. */
 static bool readable_as_json(const char *content_type)
 {
     if (!content_type)

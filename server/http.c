@@ -392,8 +392,7 @@ void http_quiesce(srv_server *srv)
     /* Only now do answers say Connection: close. Their clients reconnect at
      * once; told before the listening stopped, a reconnection could land in
      * the backlog after the last accept above and be reset with its request
-     * sent (make reliability's drain row saw 1 to 10 requests lost so in
-     * half its runs). */
+     * sent. */
     atomic_store(&srv->draining, true);
 }
 
