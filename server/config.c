@@ -100,7 +100,7 @@ static const opt_row options[] = {
      .offset = OFF(max_connections), .def = "4096", .min = 16, .max = 1000000,
      .limit = true,
      .help = "connections held at once; from 7/8 of it on, a new connection from the "
-             "address that holds the most is refused (conn_limit.c)"},
+             "address holding the most is refused"},
     /* None by default: a load balancer, a proxy or a load generator opens
      * hundreds of connections from one address, and no common server
      * (nginx, HAProxy, Envoy, Triton) limits them by default. A flood from
