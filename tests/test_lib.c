@@ -20,6 +20,7 @@
 #include "attn.h"
 #include "support/ref.h"
 #include "support/sdpa_case.h"
+#include "support/worst.h"
 #include "kern.h" /* lib-private: the micro-kernels and their row steps */
 
 /* ----------------------------------------------------- small functions */
@@ -1009,17 +1010,19 @@ START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
     case_sync(&c);
     lib_fwd got;
     lib_forward(&c, &c.lib, &got, true, true);
+    worst_elem wo = {0}, wl = {0}, ww = {0};
     for (int64_t i = 0; i < n_q; i++) {
         int64_t win = i % 2 ? early : late;
-        ck_assert_msg(got.out[i] == (float)win, "row %lld output %.9g",
-                      (long long)i, (double)got.out[i]);
-        ck_assert_msg(fabs(got.lse[i] - 1e4) < 1e-2, "row %lld lse %.9g",
-                      (long long)i, (double)got.lse[i]);
+        worst_note(&wo, i, got.out[i], (double)win, exact_err(got.out[i], (double)win));
+        worst_note(&wl, i, got.lse[i], 1e4, fabs(got.lse[i] - 1e4));
         for (int64_t j = 0; j < n_k; j++)
-            ck_assert_msg(got.weights[i * n_k + j] == (j == win ? 1.0f : 0.0f),
-                          "weight (%lld,%lld) = %g", (long long)i,
-                          (long long)j, (double)got.weights[i * n_k + j]);
+            worst_note(&ww, i * n_k + j, got.weights[i * n_k + j], j == win ? 1.0 : 0.0,
+                       exact_err(got.weights[i * n_k + j], j == win ? 1.0 : 0.0));
     }
+    ck_assert_msg(wo.err == 0, "row %lld output %.9g, want %.9g", wo.at, wo.got, wo.want);
+    ck_assert_msg(wl.err < 1e-2, "row %lld lse %.9g", wl.at, wl.got);
+    ck_assert_msg(ww.err == 0, "weight (%lld,%lld) = %g, want %g", ww.at / n_k, ww.at % n_k,
+                  ww.got, ww.want);
     ck_assert_msg(fabs(got.stats.max_weight_mean - 1.0) < 1e-9 &&
                       fabs(got.stats.entropy_max) < 1e-9,
                   "one-hot stats: max weight %g entropy max %g",
@@ -1039,9 +1042,11 @@ START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
     ck_assert_msg(fabs(g.dv[early] - sum_early) <
                       1e-4 * (1 + fabs(sum_early)),
                   "dv[early] = %g, want %g", (double)g.dv[early], sum_early);
+    worst_elem wd = {0};
     for (int64_t j = 0; j < n_k; j++)
-        ck_assert_msg(j == late || j == early || g.dv[j] == 0.0f,
-                      "dv[%lld] = %g", (long long)j, (double)g.dv[j]);
+        if (j != late && j != early)
+            worst_note(&wd, j, g.dv[j], 0.0, exact_err(g.dv[j], 0.0));
+    ck_assert_msg(wd.err == 0, "dv[%lld] = %g, want 0", wd.at, wd.got);
     lib_grads_free(&g);
     case_free(&c);
 }
@@ -1376,16 +1381,22 @@ START_TEST(weights_rows_sum_to_one)
         lib_fwd got;
         lib_forward(&c, &c.lib, &got, true, false);
         int64_t n_k = p.n_k;
+        /* outside: how far a weight lies outside [0, 1]; off: a row sum from 1 */
+        worst_elem outside = {0}, off = {0};
         for (size_t r = 0; r < c.n_rows; r++) {
             double sum = 0.0;
             for (int64_t j = 0; j < n_k; j++) {
                 float w = got.weights[r * (size_t)n_k + (size_t)j];
-                ck_assert_msg(w >= 0.0f && w <= 1.0f, "weight %g", (double)w);
+                worst_note(&outside, (long long)(r * (size_t)n_k + (size_t)j), w, 0.5,
+                           w >= 0.0f && w <= 1.0f ? 0.0 : fabs(w - 0.5) + 1.0);
                 sum += w;
             }
-            ck_assert_msg(fabs(sum - 1.0) < 1e-5, "n=%lld row %zu sums to %.9g",
-                          (long long)n, r, sum);
+            worst_note(&off, (long long)r, sum, 1.0, fabs(sum - 1.0));
         }
+        ck_assert_msg(outside.err == 0, "n=%lld: weight (%lld,%lld) = %g", (long long)n,
+                      outside.at / n_k, outside.at % n_k, outside.got);
+        ck_assert_msg(off.err < 1e-5, "n=%lld row %lld sums to %.9g", (long long)n, off.at,
+                      off.got);
         lib_fwd_free(&got);
         case_free(&c);
     }
@@ -1405,6 +1416,7 @@ START_TEST(output_in_convex_hull_of_visible_values)
     lib_fwd got;
     lib_forward(&c, &c.lib, &got, false, false);
     const attn_sdpa_params *q = &c.ref;
+    worst_elem beyond = {0};
     for (int64_t b = 0; b < q->batch; b++)
         for (int64_t h = 0; h < q->heads_q; h++)
             for (int64_t i = 0; i < q->n_q; i++)
@@ -1421,9 +1433,16 @@ START_TEST(output_in_convex_hull_of_visible_values)
                     size_t o = (size_t)(((b * q->heads_q + h) * q->n_q + i) *
                                             q->d_v + t);
                     double y = got.out[o];
-                    ck_assert_msg(y >= lo - 1e-6 && y <= hi + 1e-6,
-                                  "out %g outside [%g, %g]", y, lo, hi);
+                    /* how far y lies outside [lo, hi] (infinitely when y
+                     * is NaN or no value is visible) */
+                    worst_note(&beyond, (long long)o, y, y < lo ? lo : hi,
+                               y >= lo && y <= hi ? 0.0
+                               : y < lo           ? lo - y
+                               : y > hi           ? y - hi
+                                                  : INFINITY);
                 }
+    ck_assert_msg(beyond.err <= 1e-6, "out[%lld] = %g outside the hull of its values, by %g",
+                  beyond.at, beyond.got, beyond.err);
     lib_fwd_free(&got);
     case_free(&c);
 }
@@ -1638,9 +1657,11 @@ START_TEST(parallel_for_runs_every_unit_once)
             int *runs = calloc((size_t)count + 1, sizeof *runs);
             pf_ctx c = {.runs = runs, .threads = threads};
             attn_parallel_for(threads, count, pf_unit, &c);
-            for (int64_t i = 0; i < count; i++)
-                ck_assert_msg(runs[i] == 1, "threads %d, count %lld: unit %lld ran %d times",
-                              threads, (long long)count, (long long)i, runs[i]);
+            int64_t wrong = 0;
+            while (wrong < count && runs[wrong] == 1)
+                wrong++;
+            ck_assert_msg(wrong == count, "threads %d, count %lld: unit %lld ran %d times",
+                          threads, (long long)count, (long long)wrong, runs[wrong]);
             ck_assert_msg(!c.bad_worker, "threads %d: a worker number out of range", threads);
             free(runs);
         }
@@ -1953,28 +1974,28 @@ START_TEST(vexp_kinds_match_exp_and_flush_below_min)
                 x[n + g] = 12345.0f;
             float sum = attn_kern_of(vexp_kinds[kd])->exp_sum(x, n, shift);
             double total = 0.0;
+            /* exact: 0 below the minimum, 1 at 0; the rest relative */
+            worst_elem exact = {0}, rel = {0};
             for (int64_t j = 0; j < n; j++) {
                 total += x[j];
-                if (arg[j] < ATTN_EXP_MIN) {
-                    ck_assert_msg(x[j] == 0.0f, "%s: exp(%g) = %g, want 0",
-                                  vexp_names[kd], (double)arg[j],
-                                  (double)x[j]);
+                if (arg[j] < ATTN_EXP_MIN || arg[j] == 0.0f) {
+                    double want = arg[j] == 0.0f ? 1.0 : 0.0;
+                    worst_note(&exact, j, x[j], want, exact_err(x[j], want));
                     continue;
                 }
-                if (arg[j] == 0.0f)
-                    ck_assert_msg(x[j] == 1.0f, "%s: exp(0) = %.9g",
-                                  vexp_names[kd], (double)x[j]);
                 double want = exp((double)arg[j]);
-                double e = fabs(x[j] - want) / want;
-                worst = fmax(worst, e);
-                ck_assert_msg(e < 4.8e-7, "%s: exp(%.9g) = %.9g, want %.9g",
-                              vexp_names[kd], (double)arg[j], (double)x[j],
-                              want);
+                worst_note(&rel, j, x[j], want, fabs(x[j] - want) / want);
             }
-            for (int g = 0; g < GUARD; g++)
-                ck_assert_msg(x[n + g] == 12345.0f,
-                              "%s: n=%lld wrote past the row at +%d",
-                              vexp_names[kd], (long long)n, g);
+            worst = fmax(worst, rel.err);
+            ck_assert_msg(exact.err == 0, "%s: exp(%g) = %.9g, want %g", vexp_names[kd],
+                          (double)arg[exact.at], exact.got, exact.want);
+            ck_assert_msg(rel.err < 4.8e-7, "%s: exp(%.9g) = %.9g, want %.9g",
+                          vexp_names[kd], (double)arg[rel.at], rel.got, rel.want);
+            int past = 0;
+            while (past < GUARD && x[n + past] == 12345.0f)
+                past++;
+            ck_assert_msg(past == GUARD, "%s: n=%lld wrote past the row at +%d",
+                          vexp_names[kd], (long long)n, past);
             ck_assert_msg(fabs(sum - total) <= 1e-6 * (1.0 + total),
                           "%s: n=%lld sum %.9g, elements add to %.9g",
                           vexp_names[kd], (long long)n, (double)sum, total);
@@ -1996,6 +2017,8 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
             continue;
         ck_assert_msg(attn_kern_of(vexp_kinds[kd])->max(x, 0) == -INFINITY,
                       "%s: max of nothing", vexp_names[kd]);
+        int64_t wrong_n = 0, wrong_at = 0;
+        float wrong = -1.0f;
         for (int64_t n = 1; n <= MAXN; n++)
             for (int64_t at = 0; at < n; at++) {
                 for (int64_t j = 0; j < n; j++)
@@ -2004,10 +2027,11 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
                     x[n + g] = 1e30f; /* past the row: must not be read */
                 x[at] = -1.0f;
                 float m = attn_kern_of(vexp_kinds[kd])->max(x, n);
-                ck_assert_msg(m == -1.0f, "%s: n=%lld max at %lld: got %g",
-                              vexp_names[kd], (long long)n, (long long)at,
-                              (double)m);
+                if (!(m == -1.0f) && wrong == -1.0f)
+                    wrong = m, wrong_n = n, wrong_at = at;
             }
+        ck_assert_msg(wrong == -1.0f, "%s: n=%lld max at %lld: got %g", vexp_names[kd],
+                      (long long)wrong_n, (long long)wrong_at, (double)wrong);
         for (int64_t j = 0; j < 20; j++)
             x[j] = -INFINITY;
         ck_assert_msg(attn_kern_of(vexp_kinds[kd])->max(x, 20) == -INFINITY,
