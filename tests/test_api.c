@@ -55,19 +55,29 @@ typedef struct {
 
 static void sb_printf(sbuf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
+/* Room for `more` bytes and a NUL after the text. */
+static void sb_reserve(sbuf *b, size_t more)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (b->len + (size_t)n + 1 > b->cap) {
-        b->cap = (b->len + (size_t)n + 1) * 2;
+    if (b->len + more + 1 > b->cap) {
+        b->cap = (b->len + more + 1) * 2;
         b->s = realloc(b->s, b->cap);
     }
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    /* Formatted once into the room there is; again only when it did not
+     * fit (request bodies of megabytes are built a number at a time). */
+    va_list ap;
     va_start(ap, fmt);
-    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
     va_end(ap);
+    if (b->len + (size_t)n + 1 > b->cap) {
+        sb_reserve(b, (size_t)n);
+        va_start(ap, fmt);
+        vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     b->len += (size_t)n;
 }
 
@@ -78,13 +88,19 @@ static void b64_encode(sbuf *b, const unsigned char *p, size_t n)
 {
     static const char A[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    sb_reserve(b, (n + 2) / 3 * 4);
+    char *o = b->s + b->len;
     for (size_t i = 0; i < n; i += 3) {
         unsigned v = (unsigned)p[i] << 16;
         if (i + 1 < n) v |= (unsigned)p[i + 1] << 8;
         if (i + 2 < n) v |= p[i + 2];
-        sb_printf(b, "%c%c%c%c", A[v >> 18], A[(v >> 12) & 63],
-                  i + 1 < n ? A[(v >> 6) & 63] : '=', i + 2 < n ? A[v & 63] : '=');
+        *o++ = A[v >> 18];
+        *o++ = A[(v >> 12) & 63];
+        *o++ = i + 1 < n ? A[(v >> 6) & 63] : '=';
+        *o++ = i + 2 < n ? A[v & 63] : '=';
     }
+    *o = '\0';
+    b->len = (size_t)(o - b->s);
 }
 
 static void nested(sbuf *b, const float *x, const uint8_t *m, int rank,
