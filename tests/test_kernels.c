@@ -51,8 +51,16 @@ START_TEST(gemm_matches_double_reference_at_every_block_shape)
 {
     const int64_t widths[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 48, 64, 65, 100, 128};
     const int64_t depths[] = {0, 1, 2, 5, 64, 67};
-    enum { LDC = 140, ROWS = 8 };
+    enum { LDC = 140, ROWS = 8, KMAX = 67 };
     uint64_t seed = 11;
+    /* One set of random operands serves every shape: A, B and C's starting
+     * values (c0; C is written, so it starts from a copy each time). B is
+     * copied into a buffer of its shape's size, so that the sanitizer sees
+     * a read past it. */
+    float *a = random_floats(70 * 70, &seed, 1.0);
+    float *b_all = random_floats((size_t)(KMAX + 1) * LDC, &seed, 1.0);
+    float *c0 = random_floats(ROWS * LDC, &seed, 1.0);
+    float *c = xcalloc(ROWS * LDC, sizeof *c);
     for (size_t kd = 0; kd < 3; kd++) {
         const attn_kern *kk = attn_kern_of(KINDS[kd]);
         if (kk == NULL)
@@ -67,11 +75,9 @@ START_TEST(gemm_matches_double_reference_at_every_block_shape)
                             /* A [rows, kdim] by rows (lda 70) or stored
                              * transposed [kdim, rows] (lda 9). */
                             int64_t a_rs = layout ? 1 : 70, a_cs = layout ? 9 : 1;
-                            float *a = random_floats(70 * 70, &seed, 1.0);
-                            float *b = random_floats((size_t)(kdim + 1) * LDC, &seed, 1.0);
-                            float *c = random_floats(ROWS * LDC, &seed, 1.0);
-                            float *c0 = xcalloc(ROWS * LDC, sizeof *c0);
-                            memcpy(c0, c, ROWS * LDC * sizeof *c);
+                            float *b = xcalloc((size_t)(kdim + 1) * LDC, sizeof *b);
+                            memcpy(b, b_all, (size_t)(kdim + 1) * LDC * sizeof *b);
+                            memcpy(c, c0, ROWS * LDC * sizeof *c);
                             kk->gemm(rows, cols, kdim, a, a_rs, a_cs, b, LDC, c, LDC, acc);
                             /* Errors relative to the tolerance, which grows
                              * with the sum of the terms' magnitudes. */
@@ -106,12 +112,13 @@ START_TEST(gemm_matches_double_reference_at_every_block_shape)
                                           (long long)cols, (long long)kdim, layout,
                                           inside.at / LDC, inside.at % LDC, inside.got,
                                           inside.want, inside.err);
-                            free(a);
                             free(b);
-                            free(c);
-                            free(c0);
                         }
     }
+    free(a);
+    free(b_all);
+    free(c);
+    free(c0);
 }
 END_TEST
 
