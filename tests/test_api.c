@@ -3130,7 +3130,11 @@ END_TEST
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
+    /* The cases tagged "kernel" check numbers libattn's kernel computed, or
+     * time them: make test runs them once per kernel (tests/run-suites.sh).
+     * The errors are found before any kernel runs. */
     TCase *ok = tcase_create("attention");
+    tcase_set_tags(ok, "kernel");
     tcase_set_timeout(ok, 60);
     tcase_add_test(ok, attention_rank2_nested_matches_reference);
     tcase_add_test(ok, attention_rank3_is_heads_times_positions);
@@ -3156,6 +3160,7 @@ static Suite *api_suite(void)
     suite_add_tcase(s, ok);
 
     TCase *mh = tcase_create("multihead");
+    tcase_set_tags(mh, "kernel");
     tcase_set_timeout(mh, 60);
     tcase_add_test(mh, multihead_self_attention_heads_concatenated);
     tcase_add_test(mh, multihead_output_projection_and_biases);
@@ -3208,6 +3213,7 @@ static Suite *api_suite(void)
     suite_add_tcase(s, er);
 
     TCase *va = tcase_create("variants");
+    tcase_set_tags(va, "kernel");
     tcase_set_timeout(va, 60);
     tcase_add_test(va, error_window_type_then_range);
     tcase_add_test(va, window_unbounded_both_sides_is_no_window);
@@ -3227,6 +3233,7 @@ static Suite *api_suite(void)
     suite_add_tcase(s, va);
 
     TCase *cost = tcase_create("cost");
+    tcase_set_tags(cost, "kernel");
     tcase_set_timeout(cost, 120);
     tcase_add_test(cost, work_counts_what_flops_do_not);
     tcase_add_test(cost, work_bounds_time_across_request_shapes);

@@ -2366,9 +2366,14 @@ START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
 }
 END_TEST
 
-static TCase *tcase(Suite *s, const char *name)
+/* kernel: the case reads JSON through the validator or the tensor reader,
+ * whose row classifier ATTN_KERNEL selects (api/json/row_scan.c), and make
+ * test runs it once per kernel (the tag "kernel", tests/run-suites.sh). */
+static TCase *tcase(Suite *s, const char *name, bool kernel)
 {
     TCase *tc = tcase_create(name);
+    if (kernel)
+        tcase_set_tags(tc, "kernel");
     /* the property tests run ~1M cases; sanitizers slow them several-fold */
     tcase_set_timeout(tc, 600);
     suite_add_tcase(s, tc);
@@ -2378,25 +2383,25 @@ static TCase *tcase(Suite *s, const char *name)
 Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
-    TCase *tc = tcase(s, "validator");
+    TCase *tc = tcase(s, "validator", true);
     tcase_add_test(tc, validator_matches_jsontestsuite_corpus);
     tcase_add_test(tc, validator_never_reads_past_the_end);
     tcase_add_test(tc, validator_rejects_what_rfc8259_forbids);
     tcase_add_test(tc, validator_error_names_offset_line_and_column);
     tcase_add_test(tc, validator_bounds_nesting_without_recursion);
     tcase_add_test(tc, validator_checks_every_byte_of_long_strings);
-    tc = tcase(s, "objects");
+    tc = tcase(s, "objects", false);
     tcase_add_test(tc, skip_finds_the_end_of_each_value);
     tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
     tcase_add_test(tc, members_detects_duplicates_after_decoding);
     tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
     tcase_add_test(tc, validator_notes_the_members_of_the_object);
-    tc = tcase(s, "strings");
+    tc = tcase(s, "strings", false);
     tcase_add_test(tc, utf8_sequence_matches_reference_on_every_short_input);
     tcase_add_test(tc, utf8_valid_and_uncut_on_texts);
     tcase_add_test(tc, escape_text_reads_back_as_the_text_for_any_bytes);
     tcase_add_test(tc, escape_text_examples);
-    tc = tcase(s, "decode");
+    tc = tcase(s, "decode", true);
     tcase_add_test(tc, decode_nested_ranks_two_to_four);
     tcase_add_test(tc, decode_long_rows_match_strtod);
     tcase_add_test(tc, decode_bool_masks_in_every_form);
@@ -2412,31 +2417,31 @@ Suite *codec_suite(void)
     tcase_add_test(tc, decode_checks_declared_shape_before_allocating);
     tcase_add_test(tc, decode_type_errors_come_before_shape_errors);
     tcase_add_test(tc, messages_quote_keys_whole_and_escaped);
-    tc = tcase(s, "half");
+    tc = tcase(s, "half", false);
     tcase_add_test(tc, half_widening_exact_for_every_pattern_and_path);
     tcase_add_test(tc, half_narrowing_rounds_to_nearest_even_on_every_path);
     tcase_add_test(tc, decode_half_base64_tensors);
     tcase_add_test(tc, encode_half_base64_rounds_to_nearest_even);
-    tc = tcase(s, "numbers");
+    tc = tcase(s, "numbers", false);
     tcase_add_test(tc, parse_number_edge_cases);
     tcase_add_test(tc, parse_number_matches_strtod_on_random_texts);
     tcase_add_test(tc, parse_number_exact_where_rounding_is_close);
     tcase_add_test(tc, pow10_table_entries_are_right);
-    tc = tcase(s, "format");
+    tc = tcase(s, "format", false);
     tcase_add_test(tc, float_text_examples);
     tcase_add_test(tc, float_text_round_trips_every_kind_of_float);
     tcase_add_test(tc, float_text_is_shortest);
     tcase_add_test(tc, float_text_is_shortest_and_nearest);
-    tc = tcase(s, "encode");
+    tc = tcase(s, "encode", false);
     tcase_add_test(tc, encode_forms_exact_text);
     tcase_add_test(tc, encode_decode_round_trip_bit_exact);
     tcase_add_test(tc, buf_grows_and_formats);
     tcase_add_test(tc, base64_rfc4648_vectors);
-    tc = tcase(s, "rows");
+    tc = tcase(s, "rows", true);
     tcase_add_test(tc, row_scan_paths_classify_every_byte_alike);
     tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
     tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
-    tc = tcase(s, "robustness");
+    tc = tcase(s, "robustness", true);
     tcase_add_test(tc, mutated_documents_never_crash);
     return s;
 }

@@ -9,8 +9,9 @@
  * float32 on the way is still right, and a constant shift of a score row
  * changes no gradient.
  *
- * The suite runs once per kernel (tests/run-suites.sh sets ATTN_KERNEL);
- * the tests of the kernel table itself walk every available kernel anyway.
+ * The micro-kernels are tested by name, every one this CPU runs; the
+ * promises through the kernel ATTN_KERNEL chose, which make test varies
+ * (the cases tagged "kernel", tests/run-suites.sh).
  */
 #include <check.h>
 #include <math.h>
@@ -558,7 +559,11 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, exp_within_2_ulp_of_expf_over_the_softmax_range);
     tcase_add_test(tc, row_steps_stay_inside_the_row);
     suite_add_tcase(s, tc);
+    /* The micro-kernels above are each called by name; what follows runs
+     * on the kernel ATTN_KERNEL chose, so make test runs it once per kernel
+     * (the tag "kernel", tests/run-suites.sh). */
     tc = tcase_create("promises");
+    tcase_set_tags(tc, "kernel");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, layout_bnhd_gives_the_numbers_of_bhnd_bit_for_bit);
     tcase_add_test(tc, results_are_the_same_bits_call_after_call);

@@ -2146,14 +2146,18 @@ END_TEST
 static Suite *lib_suite(void)
 {
     Suite *s = suite_create("lib");
+    /* kernel: the group's results depend on libattn's kernel (ATTN_KERNEL),
+     * and make test runs it once per kernel (the tag "kernel",
+     * tests/run-suites.sh). The "kernels" group calls each one by name. */
     struct {
         const char *name;
+        bool kernel;
         const TTest *tests[16];
     } groups[] = {
-        {"functions",
+        {"functions", false,
          {default_scale_is_inverse_sqrt_dk,
           flops_count_two_products_without_mask_discount}},
-        {"chapter",
+        {"chapter", true,
          {worked_example_1_two_tokens_weights_0_6698,
           worked_example_2_three_tokens_closed_form,
           exercise_5_causal_n3_lower_triangular,
@@ -2161,7 +2165,7 @@ static Suite *lib_suite(void)
           exercise_5_causal_uniform_scores_average_the_prefix,
           exercise_6_unscaled_scores_saturate_softmax,
           exercise_6_scaled_by_inverse_sqrt_64}},
-        {"forward",
+        {"forward", true,
          {reference_backward_matches_its_finite_differences,
           forward_matches_reference_small_shapes_ranks_2_to_4,
           forward_square_sizes_around_tile_boundaries,
@@ -2171,12 +2175,12 @@ static Suite *lib_suite(void)
           forward_batched_heads_around_tile_boundaries,
           forward_many_key_tiles_and_wide_heads,
           forward_optional_outputs_may_be_null}},
-        {"causal",
+        {"causal", true,
          {causal_bottom_right_when_nq_lt_nk,
           causal_nq_gt_nk_top_rows_zero_with_lse_minus_inf,
           causal_nq_gt_nk_backward_gives_zero_grads_no_nan,
           causal_weights_zero_above_aligned_diagonal_at_tile_sizes}},
-        {"masks",
+        {"masks", true,
          {mask_broadcast_strides_for_each_shape,
           mask_broadcast_rejects_non_broadcastable_shapes,
           bool_mask_broadcast_shapes_match_reference,
@@ -2187,14 +2191,14 @@ static Suite *lib_suite(void)
           bool_mask_fully_masked_row_gives_zeros,
           bool_mask_all_false_gives_zeros_and_empty_stats,
           bool_mask_with_causal_around_tile_boundaries}},
-        {"gqa",
+        {"gqa", true,
          {gqa_forward_hq4_hkv2_and_hkv1, gqa_query_head_uses_kv_head_h_over_group,
           gqa_backward_hkv2_sums_shared_heads,
           gqa_backward_hkv1_multi_query}},
-        {"extremes",
+        {"extremes", true,
          {extreme_scores_give_exact_one_hot_weights,
           extreme_scores_across_tiles_and_backward_stay_finite}},
-        {"gradients",
+        {"gradients", true,
          {grad_matches_finite_differences_plain,
           grad_matches_finite_differences_causal,
           grad_matches_finite_differences_nq_ne_nk,
@@ -2207,25 +2211,25 @@ static Suite *lib_suite(void)
           grad_overwrites_rather_than_accumulates,
           grad_unchanged_by_a_large_constant_row_bias,
           grad_zero_for_exactly_one_hot_rows_at_large_scale}},
-        {"properties",
+        {"properties", true,
          {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
           self_attention_permutation_equivariant}},
-        {"stats",
+        {"stats", true,
          {stats_match_reference_without_mask,
           stats_match_reference_causal_bool_mask_gqa,
           stats_bias_counts_every_score,
           stats_match_reference_around_tile_boundaries,
           stats_many_key_tiles_two_threads}},
-        {"threads",
+        {"threads", true,
          {threads_1_and_2_agree_forward_and_backward,
           threads_more_than_work_agree,
           threads_2_large_backward_sums_every_workers_dq,
           concurrent_calls_from_two_threads_match_sequential,
           parallel_for_runs_every_unit_once}},
-        {"kernels",
+        {"kernels", false,
          {vexp_kinds_match_exp_and_flush_below_min,
           vmax_kinds_find_the_maximum_at_every_position}},
-        {"blas",
+        {"blas", false,
          {blas_shortfall_prescott_on_avx512_names_both_coretypes,
           blas_shortfall_haswell_on_avx512_costs_up_to_2x,
           blas_shortfall_on_avx2_and_avx_cpus_names_their_coretype,
@@ -2233,7 +2237,7 @@ static Suite *lib_suite(void)
           blas_shortfall_makes_no_claim_for_unknown_cores,
           blas_shortfall_message_fits_any_buffer,
           cpu_features_agree_with_the_kernels_supported}},
-        {"invalid",
+        {"invalid", false,
          {valid_params_are_accepted, invalid_heads_not_divisible,
           invalid_scale_not_positive_finite, invalid_sizes_zero_or_negative,
           invalid_threads_zero_or_negative, invalid_null_tensors,
@@ -2242,6 +2246,8 @@ static Suite *lib_suite(void)
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         TCase *tc = tcase_create(groups[g].name);
+        if (groups[g].kernel)
+            tcase_set_tags(tc, "kernel");
         /* Generous: the sanitizer build at -O1 is several times slower. */
         tcase_set_timeout(tc, 120);
         for (size_t t = 0; t < 16 && groups[g].tests[t]; t++)

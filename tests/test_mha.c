@@ -1240,7 +1240,10 @@ END_TEST
 static Suite *mha_suite(void)
 {
     Suite *s = suite_create("mha");
+    /* Numbers computed by libattn's kernel: make test runs these cases once
+     * per kernel (the tag "kernel", tests/run-suites.sh). */
     TCase *fwd = tcase_create("forward");
+    tcase_set_tags(fwd, "kernel");
     tcase_set_timeout(fwd, 120);
     tcase_add_test(fwd, self_attention_matches_reference_with_every_bias);
     tcase_add_test(fwd, variants_apply_per_head_after_the_projections);
@@ -1261,6 +1264,7 @@ static Suite *mha_suite(void)
     suite_add_tcase(s, fwd);
 
     TCase *bwd = tcase_create("backward");
+    tcase_set_tags(bwd, "kernel");
     tcase_set_timeout(bwd, 120);
     tcase_add_test(bwd, grad_self_attention_every_input_matches_finite_differences);
     tcase_add_test(bwd, grad_cross_attention_every_input_matches_finite_differences);
