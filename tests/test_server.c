@@ -247,15 +247,26 @@ typedef struct {
     size_t body_len;
 } reply;
 
+/* Appends p[0..n) and a NUL to the *len bytes of *buf. The room is the
+ * power of two above the text (so known from *len alone): a body built a
+ * number at a time is copied a few times over, not once per number, as
+ * ASan's realloc, which always moves, would. */
 static size_t append(char **buf, size_t *len, const char *p, size_t n)
 {
-    char *q = realloc(*buf, *len + n + 1);
-    if (!q)
-        return 0;
-    memcpy(q + *len, p, n);
+    size_t room = 64;
+    while (room < *len + 1)
+        room *= 2;
+    if (!*buf || *len + n + 1 > room) {
+        while (room < *len + n + 1)
+            room *= 2;
+        char *q = realloc(*buf, room);
+        if (!q)
+            return 0;
+        *buf = q;
+    }
+    memcpy(*buf + *len, p, n);
     *len += n;
-    q[*len] = '\0';
-    *buf = q;
+    (*buf)[*len] = '\0';
     return n;
 }
 
