@@ -39,10 +39,12 @@ for kernel in ${ATTN_KERNELS:-chosen}; do
             case "$t" in *.sh) continue ;; esac
             echo "== $t (kernel $name: the cases tagged kernel)"
         fi
+        start=$(date +%s)
         case "$t" in
             *.sh) sh "$t" ;;
             *) if [ $first = yes ]; then "$t"; else CK_INCLUDE_TAGS=kernel "$t"; fi ;;
         esac || { echo "FAILED: $t (kernel $name)"; status=1; }
+        echo "   $(($(date +%s) - start)) s"
     done
     first=no
 done
