@@ -2,8 +2,8 @@
 # tests/run-suites.sh BUILD SUITE...
 #
 # Runs each suite given (a libcheck binary, or a tests/test_*.sh script)
-# with ATTND_BIN pointing at BUILD's server, prints its result line, and
-# fails if any suite fails.
+# with ATTND_BIN pointing at BUILD's server, prints its result line and its
+# time, and fails if any suite fails.
 #
 # ATTN_KERNELS lists the libattn kernels to run with (generic, avx2,
 # avx512); unset or empty, it is the one libattn picks (ATTN_KERNEL, or the
@@ -11,7 +11,7 @@
 # further one runs only the test cases tagged "kernel" (CK_INCLUDE_TAGS):
 # those whose results depend on the kernel; the rest, the scripts included,
 # would only repeat themselves. A kernel this CPU lacks is skipped with one
-# line saying so.
+# line saying so; when it lacks them all, the suites run on libattn's pick.
 #
 # One suite, one test case: run the binary with libcheck's CK_RUN_CASE,
 # e.g. `CK_RUN_CASE=gradients build/test_lib` (tcase_create's names).
@@ -22,15 +22,9 @@ export ATTND_BIN="$build/attnd"
 export ATTND_TESTDATA="${ATTND_TESTDATA:-$(pwd)/tests/data}"
 status=0
 first=yes
-for kernel in ${ATTN_KERNELS:-chosen}; do
-    if [ "$kernel" != chosen ]; then
-        # attnd --version names the kernel it runs: the forced one when the CPU has it.
-        if ! ATTN_KERNEL=$kernel "$ATTND_BIN" --version | grep -q "kernel $kernel,"; then
-            echo "== kernel $kernel: skipped, this CPU cannot run it"
-            continue
-        fi
-        export ATTN_KERNEL=$kernel
-    fi
+
+# Runs the suites on the kernel in ATTN_KERNEL (or libattn's pick).
+run_kernel() {
     name=$("$ATTND_BIN" --version | sed -n 's/.*kernel \([a-z0-9]*\),.*/\1/p')
     for t in "$@"; do
         if [ $first = yes ]; then
@@ -47,5 +41,17 @@ for kernel in ${ATTN_KERNELS:-chosen}; do
         echo "   $(($(date +%s) - start)) s"
     done
     first=no
+}
+
+for kernel in ${ATTN_KERNELS:-}; do
+    # attnd --version names the kernel it runs: the forced one when the CPU has it.
+    if ! ATTN_KERNEL=$kernel "$ATTND_BIN" --version | grep -q "kernel $kernel,"; then
+        echo "== kernel $kernel: skipped, this CPU cannot run it"
+        continue
+    fi
+    ATTN_KERNEL=$kernel
+    export ATTN_KERNEL
+    run_kernel "$@"
 done
+[ $first = no ] || run_kernel "$@"
 exit $status
