@@ -117,9 +117,11 @@ $(BUILD)/include/attn.h: lib/attn.h
 $(BUILD)/layers.env: FORCE
 	@mkdir -p $(dir $@)
 	@{ echo "CC='$(CC)'"; echo "CFLAGS_COMMON='$(CFLAGS_COMMON) $(CFLAGS)'"; \
-	   echo "INC_LIB='$(INC_LIB)'"; echo "INC_API='$(INC_API)'"; \
-	   echo "INC_SERVER='$(INC_SERVER)'"; echo "INC_CPU='$(INC_CPU)'"; } > $@.tmp
+	   echo "INC_CPU='$(INC_CPU)'"; echo "INC_LIB='$(INC_LIB)'"; \
+	   echo "INC_API='$(INC_API)'"; echo "INC_SERVER='$(INC_SERVER)'"; \
+	   echo "LDFLAGS_ALL='$(LDFLAGS_ALL)'"; echo "PKG_LIBS_LIB='$(PKG_LIBS_LIB)'"; } > $@.tmp
 	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
+.PHONY: FORCE
 FORCE:
 
 # The contract, embedded so that the binary serves GET /openapi.yaml on its own.

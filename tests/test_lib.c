@@ -1628,6 +1628,7 @@ static void pf_unit(void *ctx, int64_t i, int worker)
         volatile double x = 0;
         for (int k = 0; k < 20000; k++)
             x += k;
+        (void)x;
     }
 }
 

@@ -2264,7 +2264,7 @@ START_TEST(api_key_needed_on_every_route_but_health)
     }
     /* Tokens that are not a key, or not a bearer token. */
     const char *wrong[] = {"Bearer nope", "Bearer " KEY_ONE "x", "Bearer k1-3f9a",
-                           "Bearer " KEY_TWO " " KEY_ONE, "Basic " KEY_ONE, KEY_ONE,
+                           ("Bearer " KEY_TWO " " KEY_ONE), ("Basic " KEY_ONE), KEY_ONE,
                            "Bearer"};
     for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
         r = with_key(s.port, "GET", "/v1/info", wrong[i]);
