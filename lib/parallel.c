@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -63,6 +64,18 @@ typedef struct {
 
 /* Helpers a crew may have; a call asking for more threads runs on these. */
 #define MAX_HELPERS 255
+
+/* How long (ns) a helper that finished a job watches for the next before it
+ * blocks, and a caller waits for the helpers' last units before it blocks.
+ * Waking a blocked thread costs a system call and a trip through the
+ * scheduler (tens of microseconds under a hypervisor); the backward pass
+ * posts its rounds back to back. */
+#ifndef HELPER_SPIN_NS
+#define HELPER_SPIN_NS 20000
+#endif
+#ifndef CALLER_SPIN_NS
+#define CALLER_SPIN_NS 20000
+#endif
 
 typedef struct {
     void (*fn)(void *ctx, int64_t i, int worker);
@@ -92,15 +105,16 @@ typedef struct {
     int policy, priority, nice;
 } sched_class;
 
-/* One call's units offered to helpers; it lives on the caller's stack. All
- * fields but `units` are guarded by the crew's lock. */
+/* One call's units offered to helpers; it lives on the caller's stack. The
+ * fields are guarded by the crew's lock; `active` is written under it too
+ * but may be read without it. */
 typedef struct job {
     loop *units;
     int want;           /* helpers wanted: threads - 1 */
     int joined;         /* helpers that took a worker number */
-    int active;         /* of those, the ones still running units */
-    bool open;          /* false once the caller is done: no one joins */
-    pthread_cond_t finished; /* the caller waits here for active == 0 */
+    atomic_int active;  /* of those, the ones still running units */
+    bool blocked;       /* the caller waits on `finished` */
+    pthread_cond_t finished;
     struct job *next;   /* in the crew's queue */
 } job;
 
@@ -109,7 +123,8 @@ typedef struct crew {
     pthread_mutex_t lock;
     pthread_cond_t wake;  /* idle helpers wait here */
     job *head, *tail;     /* jobs with room for more helpers, oldest first */
-    int idle;             /* helpers waiting on `wake` */
+    atomic_uint posted;   /* jobs ever queued: what spinning helpers watch */
+    int idle;             /* helpers blocked on `wake` */
     int helpers;
     bool stop;
     int callers;          /* calls using the crew (guarded by crews_lock) */
@@ -151,12 +166,59 @@ static void dequeue(crew *c, job *j)
         }
 }
 
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Until *x differs from `from` or `ns` have passed; whether it changed. */
+static bool spin_while_uint(atomic_uint *x, unsigned from, int64_t ns)
+{
+    int64_t end = now_ns() + ns;
+    for (int k = 0;; k++) {
+        if (atomic_load_explicit(x, memory_order_relaxed) != from)
+            return true;
+        if ((k & 63) == 63 && now_ns() > end)
+            return false;
+        cpu_relax();
+    }
+}
+
+/* Until *x is 0 or `ns` have passed; whether it is 0. */
+static bool spin_until_zero(atomic_int *x, int64_t ns)
+{
+    int64_t end = now_ns() + ns;
+    for (int k = 0;; k++) {
+        if (atomic_load_explicit(x, memory_order_acquire) == 0)
+            return true;
+        if ((k & 63) == 63 && now_ns() > end)
+            return false;
+        cpu_relax();
+    }
+}
+
 static void *helper_main(void *arg)
 {
     crew *c = arg;
     in_units = true; /* a call from one of its units runs inline */
     pthread_mutex_lock(&c->lock);
     for (;;) {
+        if (!c->stop && c->head == NULL && HELPER_SPIN_NS > 0) {
+            /* Not counted idle while it spins: a caller wakes nobody. */
+            unsigned seen = atomic_load_explicit(&c->posted, memory_order_relaxed);
+            pthread_mutex_unlock(&c->lock);
+            spin_while_uint(&c->posted, seen, HELPER_SPIN_NS);
+            pthread_mutex_lock(&c->lock);
+        }
         while (!c->stop && c->head == NULL) {
             c->idle++;
             pthread_cond_wait(&c->wake, &c->lock);
@@ -168,11 +230,16 @@ static void *helper_main(void *arg)
         int worker = ++j->joined;
         if (j->joined == j->want)
             dequeue(c, j);
-        j->active++;
+        atomic_fetch_add_explicit(&j->active, 1, memory_order_relaxed);
         pthread_mutex_unlock(&c->lock);
         run_units(j->units, worker);
         pthread_mutex_lock(&c->lock);
-        if (--j->active == 0 && !j->open)
+        /* Once `active` is 0 the caller may return without the lock and
+         * the job is gone: it is read before, and touched after only when
+         * the caller blocks (and so waits for this lock). */
+        bool wake_caller = j->blocked && atomic_load_explicit(&j->active, memory_order_relaxed) == 1;
+        atomic_fetch_sub_explicit(&j->active, 1, memory_order_release);
+        if (wake_caller)
             pthread_cond_signal(&j->finished);
     }
     pthread_mutex_unlock(&c->lock);
@@ -325,8 +392,7 @@ void attn_parallel_for(int threads, int64_t count,
     /* Without a crew or its helpers, the calling thread does every share
      * alone: slower, never wrong. */
     crew *c = join_crew();
-    job j = {.units = &l, .want = want - 1 < MAX_HELPERS ? (int)want - 1 : MAX_HELPERS,
-             .open = true};
+    job j = {.units = &l, .want = want - 1 < MAX_HELPERS ? (int)want - 1 : MAX_HELPERS};
     int wake = 0;
     bool everyone = false;
     if (c != NULL) {
@@ -338,6 +404,7 @@ void attn_parallel_for(int threads, int64_t count,
         else
             c->head = &j;
         c->tail = &j;
+        atomic_fetch_add_explicit(&c->posted, 1, memory_order_relaxed);
         wake = j.want < c->idle ? j.want : c->idle;
         everyone = wake == c->idle;
         pthread_mutex_unlock(&c->lock);
@@ -351,12 +418,17 @@ void attn_parallel_for(int threads, int64_t count,
     run_units(&l, 0);
     in_units = false;
     if (c != NULL) {
-        pthread_mutex_lock(&c->lock);
-        j.open = false;
+        pthread_mutex_lock(&c->lock); /* no one joins from here on */
         dequeue(c, &j);
-        while (j.active > 0)
-            pthread_cond_wait(&j.finished, &c->lock);
         pthread_mutex_unlock(&c->lock);
+        /* The helpers that joined hold a unit each at most: short, usually. */
+        if (!spin_until_zero(&j.active, CALLER_SPIN_NS)) {
+            pthread_mutex_lock(&c->lock);
+            j.blocked = true;
+            while (atomic_load_explicit(&j.active, memory_order_acquire) > 0)
+                pthread_cond_wait(&j.finished, &c->lock);
+            pthread_mutex_unlock(&c->lock);
+        }
         pthread_cond_destroy(&j.finished);
         leave_crew(c);
     }
