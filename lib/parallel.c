@@ -13,7 +13,8 @@
  *
  * Helpers. Starting and joining a thread costs tens of microseconds, paid
  * per call by the backward pass three or four times and by decoding once a
- * token; so helpers are started once and wait, blocked, for the next call.
+ * token; so helpers are started once and wait for the next call, polling
+ * for a moment and then blocked.
  * They are kept in crews, one per scheduling class (policy, priority and
  * nice value): a call is helped only by threads of its caller's class, and
  * a crew's threads are started by a caller of that class and inherit it, as
@@ -65,17 +66,14 @@ typedef struct {
 /* Helpers a crew may have; a call asking for more threads runs on these. */
 #define MAX_HELPERS 255
 
-/* How long (ns) a helper that finished a job watches for the next before it
- * blocks, and a caller waits for the helpers' last units before it blocks.
- * Waking a blocked thread costs a system call and a trip through the
- * scheduler (tens of microseconds under a hypervisor); the backward pass
- * posts its rounds back to back. */
-#ifndef HELPER_SPIN_NS
-#define HELPER_SPIN_NS 20000
-#endif
-#ifndef CALLER_SPIN_NS
-#define CALLER_SPIN_NS 20000
-#endif
+/* How long (ns) a helper that finished a job polls for the next before it
+ * blocks, and a caller polls for its helpers' last units before it blocks.
+ * Waking a blocked thread costs a system call and a pass through the
+ * scheduler, more than an empty call's own work; the backward pass posts
+ * its rounds back to back. The polling yields the core every few steps, so
+ * that on a busy machine it gives way to whoever else wants the core. */
+#define HELPER_POLL_NS 20000
+#define CALLER_POLL_NS 20000
 
 typedef struct {
     void (*fn)(void *ctx, int64_t i, int worker);
@@ -123,7 +121,7 @@ typedef struct crew {
     pthread_mutex_t lock;
     pthread_cond_t wake;  /* idle helpers wait here */
     job *head, *tail;     /* jobs with room for more helpers, oldest first */
-    atomic_uint posted;   /* jobs ever queued: what spinning helpers watch */
+    atomic_uint posted;   /* jobs ever queued: what polling helpers watch */
     int idle;             /* helpers blocked on `wake` */
     int helpers;
     bool stop;
@@ -173,36 +171,42 @@ static int64_t now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static inline void cpu_relax(void)
+/* One step of a wait that polls: a pause, and every 16th a yield, so that a
+ * waiter on a core others want gives it to them rather than burn it. */
+static inline void poll_step(int k)
 {
+    if ((k & 15) == 15) {
+        sched_yield();
+        return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
 }
 
 /* Until *x differs from `from` or `ns` have passed; whether it changed. */
-static bool spin_while_uint(atomic_uint *x, unsigned from, int64_t ns)
+static bool poll_while_uint(atomic_uint *x, unsigned from, int64_t ns)
 {
     int64_t end = now_ns() + ns;
     for (int k = 0;; k++) {
         if (atomic_load_explicit(x, memory_order_relaxed) != from)
             return true;
-        if ((k & 63) == 63 && now_ns() > end)
+        if ((k & 15) == 15 && now_ns() > end)
             return false;
-        cpu_relax();
+        poll_step(k);
     }
 }
 
 /* Until *x is 0 or `ns` have passed; whether it is 0. */
-static bool spin_until_zero(atomic_int *x, int64_t ns)
+static bool poll_until_zero(atomic_int *x, int64_t ns)
 {
     int64_t end = now_ns() + ns;
     for (int k = 0;; k++) {
         if (atomic_load_explicit(x, memory_order_acquire) == 0)
             return true;
-        if ((k & 63) == 63 && now_ns() > end)
+        if ((k & 15) == 15 && now_ns() > end)
             return false;
-        cpu_relax();
+        poll_step(k);
     }
 }
 
@@ -212,11 +216,11 @@ static void *helper_main(void *arg)
     in_units = true; /* a call from one of its units runs inline */
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        if (!c->stop && c->head == NULL && HELPER_SPIN_NS > 0) {
-            /* Not counted idle while it spins: a caller wakes nobody. */
+        if (!c->stop && c->head == NULL && HELPER_POLL_NS > 0) {
+            /* Not counted idle while it polls: a caller wakes nobody. */
             unsigned seen = atomic_load_explicit(&c->posted, memory_order_relaxed);
             pthread_mutex_unlock(&c->lock);
-            spin_while_uint(&c->posted, seen, HELPER_SPIN_NS);
+            poll_while_uint(&c->posted, seen, HELPER_POLL_NS);
             pthread_mutex_lock(&c->lock);
         }
         while (!c->stop && c->head == NULL) {
@@ -422,7 +426,7 @@ void attn_parallel_for(int threads, int64_t count,
         dequeue(c, &j);
         pthread_mutex_unlock(&c->lock);
         /* The helpers that joined hold a unit each at most: short, usually. */
-        if (!spin_until_zero(&j.active, CALLER_SPIN_NS)) {
+        if (!poll_until_zero(&j.active, CALLER_POLL_NS)) {
             pthread_mutex_lock(&c->lock);
             j.blocked = true;
             while (atomic_load_explicit(&j.active, memory_order_acquire) > 0)
