@@ -8,7 +8,7 @@
  * Prints, for 1 and for THREADS threads, the median over 9 batches of the
  * time per call (microseconds) of
  *   empty  THREADS units that do nothing: the cost of starting and joining
- *   tiny   64 units of ~1 us of arithmetic each (a small decode step)
+ *   tiny   64 units of a few microseconds of arithmetic each
  * as lines "empty_t2_us 3.1". The units are independent of the thread that
  * runs them, so the figures compare the loop, not the work.
  */
@@ -33,7 +33,7 @@ static void empty_unit(void *ctx, int64_t i, int worker)
     (void)worker;
 }
 
-/* About a microsecond of dependent arithmetic, kept by a volatile store. */
+/* A few microseconds of dependent arithmetic, kept by a volatile store. */
 static void tiny_unit(void *ctx, int64_t i, int worker)
 {
     (void)worker;

@@ -184,12 +184,12 @@ static inline void poll_step(int k)
 #endif
 }
 
-/* Until *x differs from `from` or `ns` have passed; whether it changed. */
-static bool poll_while_uint(atomic_uint *x, unsigned from, int64_t ns)
+/* Until ready(arg) or `ns` have passed; whether it became ready. */
+static bool poll_until(bool (*ready)(const void *arg), const void *arg, int64_t ns)
 {
     int64_t end = now_ns() + ns;
     for (int k = 0;; k++) {
-        if (atomic_load_explicit(x, memory_order_relaxed) != from)
+        if (ready(arg))
             return true;
         if ((k & 15) == 15 && now_ns() > end)
             return false;
@@ -197,17 +197,21 @@ static bool poll_while_uint(atomic_uint *x, unsigned from, int64_t ns)
     }
 }
 
-/* Until *x is 0 or `ns` have passed; whether it is 0. */
-static bool poll_until_zero(atomic_int *x, int64_t ns)
+/* A job posted since `seen` (helpers watch the crew's count of them). */
+typedef struct {
+    atomic_uint *posted;
+    unsigned seen;
+} posted_since;
+
+static bool job_posted(const void *arg)
 {
-    int64_t end = now_ns() + ns;
-    for (int k = 0;; k++) {
-        if (atomic_load_explicit(x, memory_order_acquire) == 0)
-            return true;
-        if ((k & 15) == 15 && now_ns() > end)
-            return false;
-        poll_step(k);
-    }
+    const posted_since *p = arg;
+    return atomic_load_explicit(p->posted, memory_order_relaxed) != p->seen;
+}
+
+static bool helpers_done(const void *arg)
+{
+    return atomic_load_explicit((atomic_int *)arg, memory_order_acquire) == 0;
 }
 
 static void *helper_main(void *arg)
@@ -218,9 +222,9 @@ static void *helper_main(void *arg)
     for (;;) {
         if (!c->stop && c->head == NULL && HELPER_POLL_NS > 0) {
             /* Not counted idle while it polls: a caller wakes nobody. */
-            unsigned seen = atomic_load_explicit(&c->posted, memory_order_relaxed);
+            posted_since since = {&c->posted, atomic_load_explicit(&c->posted, memory_order_relaxed)};
             pthread_mutex_unlock(&c->lock);
-            poll_while_uint(&c->posted, seen, HELPER_POLL_NS);
+            poll_until(job_posted, &since, HELPER_POLL_NS);
             pthread_mutex_lock(&c->lock);
         }
         while (!c->stop && c->head == NULL) {
@@ -426,7 +430,7 @@ void attn_parallel_for(int threads, int64_t count,
         dequeue(c, &j);
         pthread_mutex_unlock(&c->lock);
         /* The helpers that joined hold a unit each at most: short, usually. */
-        if (!poll_until_zero(&j.active, CALLER_POLL_NS)) {
+        if (!poll_until(helpers_done, &j.active, CALLER_POLL_NS)) {
             pthread_mutex_lock(&c->lock);
             j.blocked = true;
             while (atomic_load_explicit(&j.active, memory_order_acquire) > 0)
