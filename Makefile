@@ -78,7 +78,8 @@ TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
 CPU_OBJ  := $(CPU_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o $(CPU_OBJ)
+API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o \
+            $(BUILD)/obj/openapi_json.o $(CPU_OBJ)
 SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/web_assets.o
 SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
@@ -124,17 +125,36 @@ $(BUILD)/layers.env: FORCE
 .PHONY: FORCE
 FORCE:
 
-# The contract, embedded so that the binary serves GET /openapi.yaml on its own.
+# The contract, embedded so that the binary serves GET /openapi.yaml and
+# GET /openapi.json on its own: each file as a byte array (a NUL after it)
+# and its length, $(call embed,FILE,NAME).
+define embed
+@mkdir -p $(dir $@)
+@{ echo '#include <stddef.h>'; \
+   echo 'const char $(2)[] = {'; \
+   od -An -v -tx1 $(1) | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+   echo '0x00};'; \
+   echo 'const size_t $(2)_len = sizeof $(2) - 1;'; } > $@
+endef
 $(BUILD)/openapi_yaml.c: api/openapi.yaml
-	@mkdir -p $(dir $@)
-	@{ echo '#include <stddef.h>'; \
-	   echo 'const char api_openapi_yaml[] = {'; \
-	   od -An -v -tx1 $< | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
-	   echo '0x00};'; \
-	   echo 'const size_t api_openapi_yaml_len = sizeof api_openapi_yaml - 1;'; } > $@
-$(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c | $(DEPS_STAMP)
+	$(call embed,$<,api_openapi_yaml)
+$(BUILD)/openapi_json.c: $(BUILD)/openapi.json
+	$(call embed,$<,api_openapi_json)
+$(BUILD)/obj/openapi_%.o: $(BUILD)/openapi_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# The JSON form of the contract, converted at build time by a converter of
+# ours (tools/yaml2json.c: C and libc only, no new build dependency), which
+# reads the part of YAML the contract is written in and refuses anything
+# else, or anything YAML 1.1 and 1.2 read differently, rather than guess.
+# tests/test_openapi.sh checks it against PyYAML's reading of the YAML.
+HOSTCC ?= $(CC)
+$(BUILD)/yaml2json: tools/yaml2json.c
+	@mkdir -p $(dir $@)
+	$(HOSTCC) -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -o $@ $<
+$(BUILD)/openapi.json: api/openapi.yaml $(BUILD)/yaml2json
+	./$(BUILD)/yaml2json $< > $@.tmp && mv $@.tmp $@
 
 # The page (GET /, server/web/), embedded the same way: one byte array per file.
 # server/web/package.json only tells Node (18, Debian's) that attnd.js is an
