@@ -1,7 +1,9 @@
 # attnd — `make` builds, `make test` proves, `make bench` measures, `make run` serves.
 #
 #   make              build/attnd, build/libattn.a
-#   make test         every suite, then every suite again under ASan + UBSan
+#   make check        the quick loop: the C suites once, no sanitizer, no script
+#   make test         every suite and script, the kernel's cases on each kernel,
+#                     then the C suites under ASan + UBSan
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
@@ -29,6 +31,7 @@ ifneq ($(filter check test,$(MAKECMDGOALS)),)
 WERROR := 1
 endif
 endif
+export WERROR # to the makes that make test starts
 CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -pthread
 # Recursively expanded on purpose: pkg-config may only exist once tools/deps.sh ran.
 PKG_CFLAGS = $(shell pkg-config --cflags openblas jansson libmicrohttpd 2>/dev/null)
@@ -188,17 +191,34 @@ $(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libatt
 $(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
 
-# Runs every suite of this build; tests/run-suite.sh prints each suite's
-# result line and fails when any suite fails.
+# The quick loop: every C suite of this build once, on the kernel libattn
+# picks (ATTN_KERNEL=generic or ATTN_KERNELS="avx2 generic" choose), no
+# sanitizer, no script. tests/run-suites.sh prints each suite's result line
+# and fails when any suite fails; it says how to run one suite or one case.
 check: $(TESTS) $(BUILD)/attnd
-	@sh tests/run-suites.sh $(BUILD) $(TESTS) $(TEST_SCRIPTS)
+	@sh tests/run-suites.sh $(BUILD) $(TESTS)
 
+# What CI runs: every suite and script once on the widest kernel this CPU
+# runs, the test cases tagged "kernel" again on each other kernel
+# (TEST_KERNELS, or ATTN_KERNELS when set); then the C suites once more
+# under ASan + UBSan, on that widest kernel only. The other kernels' forward
+# and backward tiles (lib/kern_body.h, the same C over other vector
+# operations) run in the plain pass only; their micro-kernels and row steps,
+# which test_kernels and test_lib call by name for every kernel, run under
+# the sanitizers too.
+TEST_KERNELS = $(or $(ATTN_KERNELS),avx512 avx2 generic)
+SAN_KERNELS = $(firstword $(TEST_KERNELS))
 test: $(DEPS_STAMP)
 	@sh tools/deps.sh test
-	$(MAKE) --no-print-directory check BUILD=build
-	# No fork under the sanitizers: each suite is one process, so LeakSanitizer
-	# checks everything it allocated when it exits (and fails the suite).
-	CK_FORK=no $(MAKE) --no-print-directory check BUILD=build/san SAN=1 OPT=-O1
+	@$(MAKE) --no-print-directory build/attnd $(TEST_SRC:tests/%.c=build/%)
+	@ATTN_KERNELS="$(TEST_KERNELS)" sh tests/run-suites.sh build \
+	    $(TEST_SRC:tests/%.c=build/%) $(TEST_SCRIPTS)
+	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 \
+	    build/san/attnd $(TEST_SRC:tests/%.c=build/san/%)
+	@# No fork under the sanitizers: each suite is one process, so LeakSanitizer
+	@# checks everything it allocated when it exits (and fails the suite).
+	@CK_FORK=no ATTN_KERNELS="$(SAN_KERNELS)" sh tests/run-suites.sh build/san \
+	    $(TEST_SRC:tests/%.c=build/san/%)
 
 run: $(BUILD)/attnd
 	./$(BUILD)/attnd

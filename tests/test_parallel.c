@@ -486,21 +486,27 @@ END_TEST
 static Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
+    /* kernel: the group's results depend on libattn's kernel, and make test
+     * runs it once per kernel (the tag "kernel", tests/run-suites.sh). */
     struct {
         const char *name;
+        bool kernel;
         const TTest *tests[8];
     } groups[] = {
-        {"units",
+        {"units", false,
          {every_unit_runs_once_on_a_worker_below_threads,
           more_threads_than_helpers_runs_every_unit, a_helper_runs_units_of_the_call}},
-        {"helpers", {helpers_outlive_the_call, helpers_run_at_their_callers_policy_and_nice}},
-        {"callers",
+        {"helpers", false,
+         {helpers_outlive_the_call, helpers_run_at_their_callers_policy_and_nice}},
+        {"callers", false,
          {concurrent_callers_each_run_every_unit_once,
           nested_call_runs_inline_on_its_units_thread, forked_child_gets_helpers_of_its_own}},
-        {"attention", {attention_bit_identical_across_calls_and_callers}},
+        {"attention", true, {attention_bit_identical_across_calls_and_callers}},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         TCase *tc = tcase_create(groups[g].name);
+        if (groups[g].kernel)
+            tcase_set_tags(tc, "kernel");
         /* Generous: the sanitizer build at -O1 is several times slower. */
         tcase_set_timeout(tc, 120);
         for (size_t t = 0; t < 8 && groups[g].tests[t]; t++)
