@@ -207,8 +207,11 @@ export class Client {
         body,
       });
     } catch (e) {
-      // A refused connection and a CORS refusal look the same from a page.
-      throw new AttndError(0, 'network', `no answer from ${this.base || 'this server'}${path}: ${e.message}`, null);
+      // A refused connection and a CORS refusal look the same from a page;
+      // in Node.js the cause says which (e.cause.code: ECONNREFUSED, ...).
+      const err = new AttndError(0, 'network', `no answer from ${this.base || 'this server'}${path}: ${e.message}`, null);
+      err.cause = e;
+      throw err;
     }
     const text = await res.text();
     let json;
