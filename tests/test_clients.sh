@@ -107,7 +107,7 @@ if [ -n "$py" ]; then
     expect "examples/attnd_client.py: the URL from ATTND_URL" 'ATTND_URL=$url "$py" "$root/examples/attnd_client.py" >"$tmp/pyenv" 2>&1 && grep -q "^server: " "$tmp/pyenv" && grep -q "^error: 422 shape_mismatch" "$tmp/pyenv"'
     expect "examples/attnd_client.py: the argument before ATTND_URL" 'ATTND_URL=$nowhere "$py" "$root/examples/attnd_client.py" "$url" 2>&1 | grep -q "^error: 422 shape_mismatch"'
     one_line_failures examples/attnd_client.py "$py" "$root/examples/attnd_client.py"
-    # issue 10: the keys of one context split across two attnd processes,
+    # The keys of one context split across two attnd processes,
     # merged exactly with return_lse (the script checks the merge itself
     # against one request and a float64 reference, and exits 1 otherwise).
     "$bin" --bind 127.0.0.1 --port 0 2>"$tmp/log2" &

@@ -227,8 +227,10 @@ function niceStep(k) {
  * readers).
  */
 function fitHeatmap(table, width) {
+  const corner = table.querySelector('th.corner');
   table.classList.remove('dense');
   table.style.removeProperty('width');
+  corner.style.removeProperty('width');
   for (const th of table.querySelectorAll('th.minor')) th.classList.remove('minor');
   if (!table.classList.contains('many') && table.offsetWidth <= width) return;
   table.classList.add('dense');
@@ -239,10 +241,10 @@ function fitHeatmap(table, width) {
   const header = Math.max(16, Math.min(widest(rowSpans) + 8, Math.floor(width * 0.3)));
   // The separate border model puts 1 px before, between and after columns.
   const cell = Math.max(2, Math.min(18, Math.floor((width - header - cols - 2) / cols)));
-  table.style.width = `${header + cols * (cell + 1) + 1}px`;
+  table.style.width = `${header + cols * (cell + 1) + 2}px`;
   table.style.setProperty('--cell', `${cell}px`);
   table.style.setProperty('--label', `${header - 6}px`);
-  table.querySelector('th.corner').style.width = `${header}px`;
+  corner.style.width = `${header}px`;
   const thin = (spans, step) => spans.forEach((s, i) => s.parentElement.classList.toggle('minor', i % step !== 0));
   thin(colSpans, niceStep((widest(colSpans) + 6) / (cell + 1)));
   thin(rowSpans, niceStep(14 / (cell + 1)));
@@ -258,7 +260,10 @@ function showMaps(container, figures) {
 
 // ------------------------------------------------------------- charts
 
-/** [lo, hi] and the ticks of one y axis. */
+/**
+ * One y axis: its ends as values (min, max), its ticks, and at(y), a value
+ * on the axis's own scale (log10 for a log axis), whose ends are lo and hi.
+ */
 function yScale({ log = false, min, max }, values) {
   if (log) {
     const lo = Math.floor(Math.log10(Math.min(...values.filter((y) => y > 0))));
@@ -266,7 +271,7 @@ function yScale({ log = false, min, max }, values) {
     if (hi === lo) hi = lo + 1;
     const ticks = [];
     for (let e = lo; e <= hi; e++) ticks.push(10 ** e);
-    return { lo, hi, ticks, at: (y) => Math.log10(y) };
+    return { lo, hi, min: 10 ** lo, max: 10 ** hi, ticks, at: (y) => Math.log10(y) };
   }
   const lo = min ?? 0;
   const hi = max ?? (Math.max(...values) * 1.05 || 1);
@@ -274,7 +279,7 @@ function yScale({ log = false, min, max }, values) {
   const n = Number.isInteger(hi - lo) && hi - lo >= 2 && hi - lo <= 8 ? hi - lo : 4;
   const ticks = [];
   for (let k = 0; k <= n; k++) ticks.push(lo + ((hi - lo) * k) / n);
-  return { lo, hi, ticks, at: (y) => y };
+  return { lo, hi, min: lo, max: hi, ticks, at: (y) => y };
 }
 
 const tickText = (y, log) => (!log ? fmt(y, 3) : y >= 1e-3 ? String(y) : y.toExponential(0));
@@ -287,9 +292,12 @@ const tickText = (y, log) => (!log ? fmt(y, 3) : y >= 1e-3 ? String(y) : y.toExp
  * and positions (data-value on the tick labels).
  */
 function lineChart({ id, width, axes, series }) {
-  const keyAtRight = width >= 560;
+  // The key goes right of the plot when that leaves the plot 420 px, else
+  // under it (its width: a 20 px line, and 7 px a character at 12 px).
+  const keyW = 38 + 7 * Math.max(...series.map((s) => s.name.length));
+  const keyAtRight = width - keyW >= 420;
   const W = width, T = 14, plotH = Math.min(240, Math.max(170, Math.round(width * 0.5)));
-  const L = 60, R = (axes.right ? 60 : 16) + (keyAtRight ? 160 : 0);
+  const L = 60, R = (axes.right ? 60 : 16) + (keyAtRight ? keyW : 0);
   const B = 46 + (keyAtRight ? 0 : series.length * 20 + 6);
   const H = T + plotH + B;
   const xs = series[0].values.map((p) => p.x);
@@ -310,7 +318,7 @@ function lineChart({ id, width, axes, series }) {
   const step = Math.ceil(34 / ((W - L - R) / Math.max(1, xs.length - 1)));
   xs.forEach((x, i) => {
     xAxis.append(svg('line', { x1: fx(x), x2: fx(x), y1: T, y2: T + plotH, class: 'grid' }));
-    if (i % step === 0 || i === xs.length - 1 && step === 1)
+    if (i % step === 0)
       xAxis.append(svg('text', { x: fx(x), y: T + plotH + 18, 'text-anchor': 'middle', 'data-value': x }, String(x)));
   });
   xAxis.append(svg('text', { x: (L + W - R) / 2, y: T + plotH + 38, 'text-anchor': 'middle', class: 'label' }, 'd_k'));
@@ -319,7 +327,7 @@ function lineChart({ id, width, axes, series }) {
   // The y axes: the left one draws the grid; the right one only its ticks.
   for (const [side, s] of Object.entries(scales)) {
     const left = side === 'left';
-    const g = svg('g', { class: 'axis', 'data-axis': side, 'data-lo': s.lo, 'data-hi': s.hi, 'data-log': axes[side].log ? 'true' : null });
+    const g = svg('g', { class: 'axis', 'data-axis': side, 'data-min': s.min, 'data-max': s.max, 'data-log': axes[side].log ? 'true' : null });
     const edge = left ? L : W - R;
     for (const y of s.ticks) {
       if (left) g.append(svg('line', { x1: L, x2: W - R, y1: s.fy(y), y2: s.fy(y), class: 'grid' }));
@@ -344,10 +352,10 @@ function lineChart({ id, width, axes, series }) {
       g.append(c);
     }
     // The key: at the right of the plot on a wide screen, under it on a narrow one.
-    const kx = keyAtRight ? W - 160 + 8 : L;
+    const kx = keyAtRight ? W - keyW + 8 : L;
     const ky = keyAtRight ? T + 14 + n * 20 : T + plotH + 58 + n * 20;
     g.append(svg('line', { x1: kx, x2: kx + 20, y1: ky, y2: ky }));
-    g.append(svg('text', { x: kx + 26, y: ky + 4, class: 'key' }, s.name + (axes.right ? (side === 'right' ? ' (right axis)' : ' (left axis)') : '')));
+    g.append(svg('text', { x: kx + 26, y: ky + 4, class: 'key' }, s.name));
     root.append(g);
   });
   return root;

@@ -95,6 +95,24 @@ async function desktopPage() {
   return desktop;
 }
 
+/**
+ * Waits for predicate(arg) to hold in the page; if it does not within a
+ * minute, fails saying what was awaited and what the page shows instead.
+ */
+async function until(page, what, predicate, arg = null) {
+  try {
+    await page.waitForFunction(predicate, arg, { timeout: 60000 });
+  } catch (e) {
+    const seen = await page.evaluate(() => ({
+      body: document.body.dataset.state,
+      sections: [...document.querySelectorAll('[data-state]')].map((s) => `${s.id || s.tagName}=${s.dataset.state}`).join(' '),
+      errors: [...document.querySelectorAll('.error:not([hidden])')].map((b) => b.textContent).join(' | '),
+      focus: document.activeElement?.outerHTML.slice(0, 80),
+    })).catch((err) => String(err));
+    assert.fail(`waited for ${what}: ${e.message.split('\n')[0]}; the page shows ${JSON.stringify(seen)}`);
+  }
+}
+
 /** The numbers a heatmap table draws, row-major. */
 const drawn = (page, name) =>
   page.$$eval(`table.heatmap[data-name="${name}"] td`, (tds) => tds.map((td) => Number(td.dataset.value)));
@@ -188,7 +206,7 @@ async function randomInputs(page, { nq, nk, dk = 4, dv = 3, heads = 1, seed = 1,
     f.scale.value = '';
   }, { nq, nk, dk, dv, heads, seed, causal, mask });
   await page.click('#pg-random');
-  await page.waitForFunction(({ nq, nk }) => {
+  await until(page, `the playground's ${nq} x ${nk} weights`, ({ nq, nk }) => {
     const t = document.querySelector('table.heatmap[data-name="weights-h0"]');
     return document.querySelector('#playground').dataset.state !== 'loading' && t && t.dataset.rows === String(nq) && t.dataset.cols === String(nk);
   }, { nq, nk });
@@ -203,7 +221,7 @@ async function computeTyped(page, fields, { causal = false, form = '#pg-form', s
   await page.setChecked(`${form} input[name="causal"]`, causal);
   await page.evaluate((s) => { document.querySelector(s).dataset.state = 'sent'; }, section);
   await page.click(`${form} button[type="submit"]`);
-  await page.waitForFunction((s) => ['ready', 'error'].includes(document.querySelector(s).dataset.state), section);
+  await until(page, `an answer in ${section}`, (s) => ['ready', 'error'].includes(document.querySelector(s).dataset.state), section);
 }
 
 /** What an error box says and names. */
@@ -299,7 +317,7 @@ async function test_multihead(page, computes) {
   // Cross-attention: a second sentence becomes the keys.
   await page.fill('#mh-form input[name="context"]', 'a dog ran');
   await page.click('#mh-form button[type="submit"]');
-  await page.waitForFunction(() => document.querySelector('#multihead').dataset.state === 'ready' &&
+  await until(page, 'cross-attention over 3 words', () => document.querySelector('#multihead').dataset.state === 'ready' &&
     document.querySelectorAll('table[data-name="mh-mean"] thead th').length === 4);
   const cols = await page.$$eval('table[data-name="mh-mean"] thead th', (ths) => ths.slice(1).map((t) => t.textContent));
   assert.deepEqual(cols, ['a', 'dog', 'ran']);
@@ -406,7 +424,7 @@ test('Corollary 1: the largest weight against its own axis (0 to 1), the entropy
   const { page } = await desktopPage();
   const chart = 'svg[data-name="co1-chart"]';
   const axes = Object.fromEntries(await page.$$eval(`${chart} g.axis[data-axis="left"], ${chart} g.axis[data-axis="right"]`, (gs) => gs.map((g) => [g.dataset.axis, {
-    lo: Number(g.dataset.lo), hi: Number(g.dataset.hi), label: g.querySelector('text.label').textContent,
+    lo: Number(g.dataset.min), hi: Number(g.dataset.max), label: g.querySelector('text.label').textContent,
     ticks: [...g.querySelectorAll('text[data-y]')].map((t) => ({ value: Number(t.dataset.value), y: Number(t.dataset.y) })),
   }])));
   assert.deepEqual(Object.keys(axes).sort(), ['left', 'right']);
@@ -451,10 +469,16 @@ test('at 390 px (a phone): nothing scrolls sideways, labels of 10 px or more, ev
   assert.equal(await page.$eval('table[data-name="weights-h0"]', (t) => t.classList.contains('dense')), true);
   assert.deepEqual(await layoutProblems(page), []);
   await shot(page, 'page-phone-dense.png', '#pg-weights');
-  // Turned sideways, it is drawn again for the new width.
-  await page.setViewportSize({ width: 844, height: 390 });
-  await page.waitForFunction(() => document.querySelector('svg[data-name="co1-chart"]').getBoundingClientRect().width > 500);
-  assert.deepEqual(await layoutProblems(page), []);
+  // Turned sideways, it is drawn again for the new width; and so at a
+  // width where the charts' keys move from under the plot to its right.
+  for (const width of [844, 700, 620]) {
+    await page.setViewportSize({ width, height: 390 });
+    await until(page, `the chart redrawn for ${width} px`, () => {
+      const box = document.getElementById('co1-plot').getBoundingClientRect().width;
+      return box > 390 && Math.abs(document.querySelector('svg[data-name="co1-chart"]').getBoundingClientRect().width - box) < 1.5;
+    });
+    assert.deepEqual(await layoutProblems(page), [], `at ${width} px`);
+  }
   assert.deepEqual(problems, []);
   await page.close();
 });
@@ -469,7 +493,7 @@ async function test_errors(page) {
   // By keyboard: focus the submit button and press Enter.
   await page.focus('#pg-form button[type="submit"]');
   await page.keyboard.press('Enter');
-  await page.waitForFunction(() => document.body.dataset.state === 'error');
+  await until(page, 'the shape error', () => document.body.dataset.state === 'error');
   const want = await post(`${server.url}/v1/attention`, { q: [[1, 0]], k: [[1, 0, 0]], v: [[1]] });
   assert.equal(want.status, 422);
   const box = '#playground > .error';
@@ -480,13 +504,12 @@ async function test_errors(page) {
   assert.match(await page.getAttribute('#pg-form [data-field="k"]', 'class'), /\binvalid\b/);
   assert.equal(await page.getAttribute('#pg-form textarea[name="k"]', 'aria-invalid'), 'true');
   assert.equal(await page.getAttribute('#pg-form textarea[name="q"]', 'aria-invalid'), null);
-  await page.screenshot({ path: path.join(shots, 'page-error.png'), clip: await page.$eval('#playground', (e) => { const r = e.getBoundingClientRect(); return { x: r.x, y: r.y + window.scrollY, width: r.width, height: Math.min(r.height, 700) }; }), fullPage: true });
 
   // A number that is not a float32: 400, field q.
   await page.fill('#pg-form textarea[name="q"]', '[[1e39, 0]]');
   await page.fill('#pg-form textarea[name="k"]', '[[1, 0]]');
   await page.click('#pg-form button[type="submit"]');
-  await page.waitForFunction(() => document.querySelector('#playground > .error').dataset.code === 'invalid_number');
+  await until(page, 'the invalid_number error', () => document.querySelector('#playground > .error').dataset.code === 'invalid_number');
   assert.equal(await page.getAttribute('#pg-form textarea[name="q"]', 'aria-invalid'), 'true');
   assert.equal(await page.getAttribute('#pg-form textarea[name="k"]', 'aria-invalid'), null);
   assert.match(await page.textContent('#playground > .error'), /^400 invalid_number/);
@@ -494,7 +517,7 @@ async function test_errors(page) {
   // Fixed, it computes again and the error goes.
   await page.fill('#pg-form textarea[name="q"]', '[[1, 0]]');
   await page.click('#pg-form button[type="submit"]');
-  await page.waitForFunction(() => document.body.dataset.state === 'ready');
+  await until(page, 'the fixed request answered', () => document.body.dataset.state === 'ready');
   assert.equal(await page.isVisible('#playground > .error'), false);
   assert.deepEqual(await drawn(page, 'weights-h0'), [1]);
 }
@@ -541,6 +564,11 @@ test('a JSON mistake is traced from the body to the field, line and column typed
   box = await errorBox(page, '#playground');
   assert.deepEqual([box.code, box.field, box.line, box.column], ['invalid_json', 'q', '2', '6']);
   assert.deepEqual(await selected('q'), { focused: true, text: '\u2212', invalid: 'true' });
+  // The top of the playground: the error, and the character selected in Q.
+  await page.screenshot({ path: path.join(shots, 'page-error.png'), fullPage: true, clip: await page.$eval('#playground', (e) => {
+    const r = e.getBoundingClientRect();
+    return { x: r.x, y: r.y + window.scrollY, width: r.width, height: Math.min(r.height, 560) };
+  }) });
   assert.equal(await page.getAttribute('#pg-form textarea[name="k"]', 'aria-invalid'), null);
 
   // K missing its last bracket: the parser stops in the page's text after K,
@@ -617,7 +645,7 @@ test('rows that see no key are marked, and the page says why (causal with n_q > 
   await page.setChecked('#mh-form input[name="causal"]', true);
   await page.evaluate(() => { document.querySelector('#multihead').dataset.state = 'sent'; });
   await page.click('#mh-form button[type="submit"]');
-  await page.waitForFunction(() => document.querySelector('#multihead').dataset.state === 'ready');
+  await until(page, 'the multi-head answer', () => document.querySelector('#multihead').dataset.state === 'ready');
   n = await note('#multihead');
   assert.equal(n?.rows, '0,1,2');
   assert.match(n.text, /^Queries 0 \(“the”\)–2 \(“sat”\) see no key: with causal/);
@@ -627,7 +655,7 @@ test('rows that see no key are marked, and the page says why (causal with n_q > 
   await page.setChecked('#mh-form input[name="causal"]', false);
   await page.evaluate(() => { document.querySelector('#multihead').dataset.state = 'sent'; });
   await page.click('#mh-form button[type="submit"]');
-  await page.waitForFunction(() => document.querySelector('#multihead').dataset.state === 'ready');
+  await until(page, 'the multi-head answer', () => document.querySelector('#multihead').dataset.state === 'ready');
   assert.equal(await note('#multihead'), null);
 });
 
