@@ -5,7 +5,6 @@
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
-#   make screenshots  the same, writing the screenshots of docs/ as it passes
 #   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated
 #   make container-test  docker/Dockerfile and compose.yaml run with podman
 #   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
@@ -49,7 +48,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
 
 DEPS_STAMP = build/.deps-ok
 
-.PHONY: all test check run bench clean deps sanitize web-test screenshots ops-test container-test install \
+.PHONY: all test check run bench clean deps sanitize web-test ops-test container-test install \
         fuzz fuzz-build fuzz-corpus reliability exhaustive
 # Keep the test objects between runs (they are intermediate to pattern rules).
 .SECONDARY:
@@ -133,9 +132,6 @@ bench: $(BUILD)/attnd $(BUILD)/libattn.a
 # cannot be had (tests/node/run.sh).
 web-test: $(BUILD)/attnd
 	@sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
-# docs/page*.png: the page at 1400 and 390 px as the browser test sees it.
-screenshots: $(BUILD)/attnd
-	@ATTND_SHOT_DIR=docs sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
 
 # Prometheus (Debian's, with promtool) and the Kubernetes manifests.
 ops-test: $(BUILD)/attnd
