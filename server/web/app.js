@@ -1012,7 +1012,6 @@ function setupServerForm() {
   if (server.refused) {
     base.setAttribute('aria-invalid', 'true');
     notice = `Ignored ?api=${server.refused}: only an http: or https: URL can name a server; this page talks to its own.`;
-    document.body.dataset.apiRefused = '';
   } else if (server.base) {
     document.getElementById('openapi-link').href = `${server.base}/openapi.yaml`;
     document.getElementById('metrics-link').href = `${server.base}/metrics`;
