@@ -26,7 +26,8 @@
  * j0 .. j0 + cols, cols <= KERN_BK):
  *   q_t [rows, d_k], k_t [cols, d_k], v_t [cols, d_v]   slices of the inputs,
  *                                   rows at the call's strides ldq, ldk, ldv
- *   kt  [d_k, KERN_BK], vt [d_v, KERN_BK]                packed k_t^T, v_t^T
+ *   kt  [d_k, ld], vt [d_v, ld]                          packed k_t^T, v_t^T,
+ *                                   ld = kern_panel_ld(cols)
  *   scores [KMR, KERN_BK]                                one strip, in L1
  */
 #include <math.h>
@@ -148,20 +149,21 @@ static void KF(gemm)(int rows, int64_t cols, int64_t kdim, const float *a, int64
     }
 }
 
-/* dst [cols, KERN_BK] = src^T for src [rows, cols] (row stride lds):
- * whole VW x VW blocks by the register transpose, the edges one by one,
- * and columns rows .. KERN_BK of dst zero (the kernels read whole panels). */
-static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst)
+/* dst [cols, ldd] = src^T for src [rows, cols] (row stride lds): whole
+ * VW x VW blocks by the register transpose, the edges one by one, and
+ * columns rows .. ldd of dst zero. */
+static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst,
+                       int64_t ldd)
 {
     const int64_t rows_v = rows / VW * VW, cols_v = cols / VW * VW;
     for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
         for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
-            vtranspose(src + r0 * lds + c0, lds, dst + c0 * KERN_BK + r0, KERN_BK);
+            vtranspose(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
     for (int64_t c = 0; c < cols; c++) {
-        float *d = dst + c * KERN_BK;
+        float *d = dst + c * ldd;
         for (int64_t r = c < cols_v ? rows_v : 0; r < rows; r++)
             d[r] = src[r * lds + c];
-        for (int64_t r = rows; r < KERN_BK; r++)
+        for (int64_t r = rows; r < ldd; r++)
             d[r] = 0.0f;
     }
 }
@@ -453,7 +455,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
     float *s = st->strip;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
-        KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
+        KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, keys->ld, s, KERN_BK,
                  false);
         float m_new[KMR], sum[KMR];
         if (st->stats == NULL && st->weights == NULL &&
@@ -575,9 +577,9 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
         float *ps = P + r0 * KERN_BK, *ds = dS + r0 * KERN_BK;
-        KF(gemm)(rows, cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, ps, KERN_BK,
+        KF(gemm)(rows, cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, keys->ld, ps, KERN_BK,
                  false);
-        KF(gemm)(rows, cols, d_v, st->dout + r0 * ldo, ldo, 1, keys->vt, KERN_BK, ds,
+        KF(gemm)(rows, cols, d_v, st->dout + r0 * ldo, ldo, 1, keys->vt, keys->ld, ds,
                  KERN_BK, false);
         bool all_weighted = true;
         for (int r = 0; r < rows; r++)

@@ -137,7 +137,8 @@ void sdpa_fwd_keep_weights(const sdpa_call *c, sdpa_fwd_state *st, const sdpa_ti
 
 /* The key tile a backward unit owns, packed once for all its query rows. */
 typedef struct {
-    const float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK]: k_t^T, v_t^T */
+    const float *kt, *vt; /* [d_k, ld], [d_v, ld]: k_t^T, v_t^T (kern_panel_ld) */
+    int64_t ld;
     const float *k;       /* [cols, d_k] rows j0 .. of k (row stride ldk) */
 } sdpa_bwd_keys;
 

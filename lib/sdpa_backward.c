@@ -24,7 +24,7 @@
 #include "kern.h"
 
 typedef struct {
-    float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK] */
+    float *kt, *vt; /* [d_k, ld], [d_v, ld], ld = kern_panel_ld(n_k) at most */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
     float *capped;  /* [KERN_BK] */
     void *block;
@@ -67,9 +67,10 @@ static void backward_unit(void *ctx, int64_t u, int worker)
         sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
         if (i_start == i_end)
             continue;
-        job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
-        job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
-        const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        const int64_t ld = kern_panel_ld(t.cols);
+        job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt, ld);
+        job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt, ld);
+        const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k};
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
@@ -169,7 +170,9 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
     bwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
-    const int64_t panel_k = p->d_k * KERN_BK, panel_v = p->d_v * KERN_BK;
+    /* Panels as wide as the widest tile: n_k < 64 keys pack no more. */
+    const int64_t keys = kern_panel_ld(p->n_k);
+    const int64_t panel_k = p->d_k * keys, panel_v = p->d_v * keys;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
     for (int i = 0; i < n; i++) {
         float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK, sizeof(float));

@@ -7,7 +7,8 @@
  * (In ATTN_LAYOUT_BNHD the tensors are [B, n, H, d] instead; see attn.h.)
  *
  * First k is packed, once per key/value head, into KERN_BK-wide panels of
- *   kt [B, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile)
+ *   kt [B, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile; the last
+ *                                            tile only as wide as its keys)
  * which every query block of every query head that reads the head shares
  * (when only one unit reads each panel, short sequences, the unit packs it
  * itself, right before it uses it).
@@ -26,7 +27,7 @@
 /* One worker's workspaces, carved from a single allocation (block). */
 typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
-    float *panel; /* [d_k, KERN_BK]: k^T of the tile, when units pack their own */
+    float *panel; /* [d_k, ld]: k^T of the tile, when units pack their own */
     double *l, *ent;
     void *block;
 } fwd_worker;
@@ -45,6 +46,13 @@ typedef struct {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* --------------------------------------------------------------- packing */
+
+/* The packed panel of keys j0.. of (batch, key/value head) pair `pair`: a
+ * pair's panels hold d_k * n_k floats, as many as its keys. */
+static float *panel_at(const float *kt, const attn_sdpa_params *p, int64_t pair, int64_t j0)
+{
+    return (float *)kt + (pair * p->n_k + j0) * p->d_k;
+}
 
 typedef struct {
     const sdpa_call *call;
@@ -65,7 +73,8 @@ static void pack_unit(void *ctx, int64_t u, int worker)
                      sdpa_head_at(p, pair / p->heads_kv, pair % p->heads_kv, p->heads_kv,
                                   p->n_k, p->d_k) +
                      j0 * j->call->ldk;
-    j->kern->pack_t(k, j->call->ldk, keys, p->d_k, j->kt + u * p->d_k * KERN_BK);
+    j->kern->pack_t(k, j->call->ldk, keys, p->d_k, panel_at(j->kt, p, pair, j0),
+                    kern_panel_ld(keys));
 }
 
 /* --------------------------------------------------------------- weights */
@@ -140,12 +149,16 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         st.kt = t.j0 / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
-        kern_keys keys = {.v = v + t.j0 * c->ldv};
+        /* The panel holds the tile's keys; the tile may stop short of its
+         * end (causal), the panel's stride does not. */
+        kern_keys keys = {.v = v + t.j0 * c->ldv,
+                          .ld = kern_panel_ld(min64(p->n_k - t.j0, KERN_BK))};
         if (job->kt != NULL) {
-            keys.kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK;
+            keys.kt = panel_at(job->kt, p, pair, t.j0);
         } else {
+            keys.ld = kern_panel_ld(t.cols);
             job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols, p->d_k,
-                              w->panel);
+                              w->panel, keys.ld);
             keys.kt = w->panel;
         }
         job->kern->forward_tile(c, &t, &keys, &st);
@@ -233,9 +246,10 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         return NULL;
     memset(w, 0, (size_t)n * sizeof *w);
     const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
+    const int64_t panel_keys = min64(job->call.p->n_k, KERN_BK);
     const bool weights = job->weights != NULL;
     size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
-                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * bk, sizeof(float));
+                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * panel_keys, sizeof(float));
     if (stats)
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
@@ -254,7 +268,7 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         w[i].l = (double *)(void *)b;
         b += lines(bq, sizeof(double));
         w[i].panel = (float *)(void *)b;
-        b += lines(job->call.p->d_k * bk, sizeof(float));
+        b += lines(job->call.p->d_k * panel_keys, sizeof(float));
         if (stats) {
             w[i].raw = (float *)(void *)b;
             b += lines(bk, sizeof(float));
@@ -296,7 +310,9 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     const bool shared = job.q_tiles > 1 || job.call.group > 1;
     _Alignas(64) char small[SMALL_WORKSPACE];
     fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
-    float *kt = shared ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
+    float *kt = shared ? ws_alloc(&arena, p->batch * p->heads_kv * p->n_k * p->d_k,
+                                  sizeof(float))
+                       : NULL;
     job.kt = kt;
     if (stats != NULL)
         job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
