@@ -168,6 +168,19 @@ static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols
     }
 }
 
+/* acc [rows, cols] (row stride lda) += part [rows, cols] (ldp): a long
+ * sum's double accumulator takes one product's float partial. */
+static void KF(add_to_double)(double *acc, int64_t lda, const float *part, int64_t ldp,
+                              int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double *a = acc + r * lda;
+        const float *x = part + r * ldp;
+        for (int64_t j = 0; j < cols; j++)
+            a[j] += (double)x[j];
+    }
+}
+
 /* ----------------------------------------------------------- row steps */
 
 static float KF(max)(const float *x, int64_t n)
@@ -199,16 +212,6 @@ static float KF(exp_sum)(float *x, int64_t n, float shift)
         acc = vadd(acc, vmasked(e, m));
     }
     return vhsum(acc);
-}
-
-static void KF(scale_row)(float *x, int64_t n, float f)
-{
-    const vf s = vset1(f);
-    int64_t j = 0;
-    for (; j + VW <= n; j += VW)
-        vstore(x + j, vmul(vload(x + j), s));
-    for (; j < n; j++)
-        x[j] *= f;
 }
 
 /* x[0..n) *= f; false when a result is not finite (inf or nan). */
@@ -360,15 +363,17 @@ static float KF(score_row)(const sdpa_call *c, const sdpa_tile *t, int64_t i, fl
  * m_old to m_new first shrinks the sum and output so far by
  * exp(m_old - m_new); then the tile's sum of exp(x - m_new) is added. */
 static inline void KF(fold_row)(sdpa_fwd_state *st, int64_t row, float m_old, float m_new,
-                                float sum, int64_t d_v, int64_t ldo)
+                                float sum, int64_t d_v)
 {
     if (m_new > m_old) {
-        /* Before anything was visible l and the output row are 0 (the
-         * row's first product overwrites it): nothing to scale. */
+        /* Before anything was visible l and the output row are 0: nothing
+         * to scale. */
         if (m_old != -INFINITY) {
-            float shrink = expf(m_old - m_new);
-            st->l[row] *= (double)shrink;
-            KF(scale_row)(st->out + row * ldo, d_v, shrink);
+            double shrink = (double)expf(m_old - m_new);
+            st->l[row] *= shrink;
+            double *acc = st->acc + row * d_v;
+            for (int64_t j = 0; j < d_v; j++)
+                acc[j] *= shrink;
         }
         st->m[row] = m_new;
     }
@@ -450,7 +455,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
                              sdpa_fwd_state *st)
 {
     const attn_sdpa_params *p = c->p;
-    const int64_t d_k = p->d_k, d_v = p->d_v, ldq = c->ldq, ldo = c->ldo;
+    const int64_t d_k = p->d_k, d_v = p->d_v, ldq = c->ldq;
     const float *q = sdpa_head_q(c, t->b, t->h) + t->i0 * ldq;
     float *s = st->strip;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
@@ -462,7 +467,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
             KF(strip_sees_all)(c, t, t->i0 + r0, rows) &&
             KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)) {
             for (int r = 0; r < KMR; r++)
-                KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
+                KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v);
         } else {
             for (int r = 0; r < rows; r++) {
                 const int64_t row = r0 + r, i = t->i0 + row;
@@ -488,16 +493,15 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
                 }
                 if (st->stats != NULL)
                     sdpa_fwd_stats_scores(st, row, x, t->cols, m_old, m_row);
-                KF(fold_row)(st, row, m_old, m_row, KF(exp_sum)(x, t->cols, m_row), d_v, ldo);
+                KF(fold_row)(st, row, m_old, m_row, KF(exp_sum)(x, t->cols, m_row), d_v);
                 if (st->stats != NULL)
                     sdpa_fwd_stats_entropy(st, row, x, t->cols, m_row);
                 if (st->weights != NULL)
                     sdpa_fwd_keep_weights(c, st, t, row, x);
             }
         }
-        /* The first key tile writes the output rows, later ones add. */
-        KF(gemm)(rows, d_v, t->cols, s, KERN_BK, 1, keys->v, c->ldv, st->out + r0 * ldo, ldo,
-                 st->accumulate);
+        KF(gemm)(rows, d_v, t->cols, s, KERN_BK, 1, keys->v, c->ldv, st->part, d_v, false);
+        KF(add_to_double)(st->acc + r0 * d_v, d_v, st->part, d_v, rows, d_v);
     }
 }
 
@@ -563,6 +567,7 @@ static void KF(bwd_strip_plain)(float *ps, float *ds, const attn_softmax_row *ro
  *   dP = dO v_t^T, dS = P * (dP - delta)          [rows, cols]
  *   dq += scale dS k_t   (strip by strip, while dS is in L1)
  *   dv += P^T dO         dk += scale dS^T q_t     (after the last strip)
+ * (each += into the double accumulators of the state).
  * A hidden score has P = 0 and contributes nothing; a fully masked row
  * (l = 0) is zeroed outright, so its gradients stay exactly 0.
  */
@@ -571,7 +576,7 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
 {
     const attn_sdpa_params *p = c->p;
     const int64_t d_k = p->d_k, d_v = p->d_v, cols = t->cols;
-    const int64_t ldq = c->ldq, ldk = c->ldk, ldv = c->ldv, ldo = c->ldo;
+    const int64_t ldq = c->ldq, ldk = c->ldk, ldo = c->ldo;
     const float *q = sdpa_head_q(c, t->b, t->h) + t->i0 * ldq;
     float *P = st->p, *dS = st->ds;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
@@ -586,8 +591,8 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
             all_weighted &= st->rows[r0 + r].sum > 0.0f;
         if (all_weighted && KF(strip_sees_all)(c, t, t->i0 + r0, rows)) {
             KF(bwd_strip_plain)(ps, ds, st->rows + r0, st->delta + r0, p->scale);
-            KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq,
-                     true);
+            KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->part, d_k, false);
+            KF(add_to_double)(st->dq + r0 * ldq, ldq, st->part, d_k, rows, d_k);
             continue;
         }
         for (int r = 0; r < rows; r++) {
@@ -604,14 +609,16 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
             KF(softmax_grad_row)(x, g, cols, sm.max, 1.0f / sm.sum, st->delta[row], p->scale,
                                  capped);
         }
-        KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq, true);
+        KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->part, d_k, false);
+        KF(add_to_double)(st->dq + r0 * ldq, ldq, st->part, d_k, rows, d_k);
     }
     for (int64_t c0 = 0; c0 < cols; c0 += KMR) {
         const int keys_n = (int)KMIN((int64_t)KMR, cols - c0);
-        KF(gemm)(keys_n, d_v, t->rows, P + c0, 1, KERN_BK, st->dout, ldo, st->dv + c0 * ldv,
-                 ldv, true);
-        KF(gemm)(keys_n, d_k, t->rows, dS + c0, 1, KERN_BK, q, ldq, st->dk + c0 * ldk, ldk,
-                 true);
+        KF(gemm)(keys_n, d_v, t->rows, P + c0, 1, KERN_BK, st->dout, ldo, st->part, d_v,
+                 false);
+        KF(add_to_double)(st->dv + c0 * d_v, d_v, st->part, d_v, keys_n, d_v);
+        KF(gemm)(keys_n, d_k, t->rows, dS + c0, 1, KERN_BK, q, ldq, st->part, d_k, false);
+        KF(add_to_double)(st->dk + c0 * d_k, d_k, st->part, d_k, keys_n, d_k);
     }
 }
 

@@ -103,18 +103,22 @@ void sdpa_stats_finish(const sdpa_stats_acc *a, attn_stats *out);
 /* ------------------------------------------------------- forward state */
 
 /* A forward unit's state for its query rows [rows]: running row maxima m
- * and sums l of the online softmax, and the unnormalised output rows. */
+ * and sums l of the online softmax, and the unnormalised output rows.
+ * Both sums run over every key of a row, n_k / KERN_BK tiles of them: they
+ * are kept in double, each tile's float partial added once, so that a row
+ * of 1e5 or 1e6 keys ends as close to the exact answer as a row of 100
+ * (a float accumulator drifts by about one rounding per tile). */
 typedef struct {
     float *strip;          /* [KERN_MR_MAX, KERN_BK] scores, then P, of one strip */
     float *m;              /* [rows] */
-    double *l;             /* [rows]; double, so that long rows sum without drift */
-    float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, row stride ldo */
+    double *l;             /* [rows] */
+    double *acc;           /* [rows, d_v] = sum_j exp(x_j - m) v_j */
+    float *part;           /* [KERN_MR_MAX, d_v]: one strip's P v_t, before acc */
     /* With weights: the call's weights [B, H_q, n_q, n_k] and, per row and
      * key tile, the maximum P was taken against (sdpa_fwd_keep_weights). */
     float *weights;
     float *tile_max;       /* [rows, k_tiles] */
     int64_t k_tiles, kt;   /* key tiles of a row; the current one */
-    bool accumulate;       /* false on the unit's first tile: it writes out */
     /* With statistics: */
     sdpa_stats_acc *stats; /* NULL without */
     float scale, softcap;  /* for the scaled scores' statistics */
@@ -142,15 +146,19 @@ typedef struct {
     const float *k;       /* [cols, d_k] rows j0 .. of k (row stride ldk) */
 } sdpa_bwd_keys;
 
-/* A backward worker's view of one (query tile, key tile) pair. */
+/* A backward worker's view of one (query tile, key tile) pair. dq sums
+ * over every key tile, dk and dv over every query tile (of every query
+ * head of the group): long sums, kept in double as the forward's are, each
+ * product's float partial (part) added once. */
 typedef struct {
     float *p, *ds;                /* [KERN_BWD_BQ, KERN_BK] workspaces */
     float *capped;                /* [KERN_BK] workspace: tanh of a row, with softcap */
+    float *part;                  /* [KERN_MR_MAX, max(d_k, d_v)] workspace */
     const attn_softmax_row *rows; /* [rows] from the forward pass */
     const float *delta;           /* [rows] rowsum(dO * O) */
     const float *dout;            /* [rows, d_v] (row stride ldo) */
-    float *dq;                    /* [rows, d_k] accumulated (ldq) */
-    float *dk, *dv;               /* [cols, d_k], [cols, d_v] accumulated (ldk, ldv) */
+    double *dq;                   /* [rows, d_k] accumulated (ldq) */
+    double *dk, *dv;              /* [cols, d_k], [cols, d_v] accumulated (rows d_k, d_v) */
 } sdpa_bwd_state;
 
 /* ------------------------------------------------------ double precision */

@@ -12,10 +12,11 @@
  *
  * dq rows receive contributions from every key tile. When there are enough
  * pairs to keep every thread busy, a unit takes all the key tiles of its
- * pair and adds straight into dq. Otherwise each pair is split S ways (key
- * tiles s, s + S, s + 2S, ... to split s: interleaved, so causal splits cost
- * alike), and split s adds into its own copy of dq, summed in split order at
- * the end. Either way which thread runs which unit changes nothing: the
+ * pair and adds into one double sum of dq. Otherwise each pair is split S
+ * ways (key tiles s, s + S, s + 2S, ... to split s: interleaved, so causal
+ * splits cost alike), and split s adds into its own sums, added in split
+ * order at the end. dk and dv are summed over the query tiles in double in
+ * the worker, and written when the key tile is done. Either way which thread runs which unit changes nothing: the
  * result is the same for a given thread count, bit for bit.
  */
 #include <stdlib.h>
@@ -27,6 +28,8 @@ typedef struct {
     float *kt, *vt; /* [d_k, ld], [d_v, ld], ld = kern_panel_ld(n_k) at most */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
     float *capped;  /* [KERN_BK] */
+    float *part;    /* [KERN_MR_MAX, max(d_k, d_v)] */
+    double *dk, *dv; /* [ld, d_k], [ld, d_v]: the key tile's sums */
     void *block;
 } bwd_worker;
 
@@ -36,7 +39,7 @@ typedef struct {
     const attn_softmax_row *rows;
     const float *dout, *delta;
     float *dq, *dk, *dv;
-    float **dq_split; /* [splits]: dq itself, then the copies */
+    double **dq_split; /* [splits]: each split's sums of dq (the layout of dq) */
     int64_t k_tiles, splits;
     bwd_worker *workers;
 } bwd_job;
@@ -51,7 +54,7 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     const bwd_worker *w = &job->workers[worker];
     const int64_t pair = u / job->splits, split = u % job->splits;
     const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
-    float *dq = job->dq_split[split];
+    double *dq = job->dq_split[split];
     const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
     const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
     for (int64_t kt = split; kt < job->k_tiles; kt += job->splits) {
@@ -59,19 +62,17 @@ static void backward_unit(void *ctx, int64_t u, int worker)
         t.cols = min64(p->n_k - t.j0, KERN_BK);
         const float *k = c->k + k_at + t.j0 * c->ldk, *v = c->v + v_at + t.j0 * c->ldv;
         float *dk = job->dk + k_at + t.j0 * c->ldk, *dv = job->dv + v_at + t.j0 * c->ldv;
-        for (int64_t j = 0; j < t.cols; j++) {
-            memset(dk + j * c->ldk, 0, (size_t)p->d_k * sizeof *dk);
-            memset(dv + j * c->ldv, 0, (size_t)p->d_v * sizeof *dv);
-        }
+        memset(w->dk, 0, (size_t)(t.cols * p->d_k) * sizeof *w->dk);
+        memset(w->dv, 0, (size_t)(t.cols * p->d_v) * sizeof *w->dv);
         int64_t i_start, i_end; /* the query rows that see these keys */
         sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
-        if (i_start == i_end)
-            continue;
         const int64_t ld = kern_panel_ld(t.cols);
-        job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt, ld);
-        job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt, ld);
         const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k};
-        for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
+        if (i_start < i_end) { /* otherwise no query sees these keys: gradients 0 */
+            job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt, ld);
+            job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt, ld);
+        }
+        for (t.h = hk * c->group; i_start < i_end && t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
@@ -79,14 +80,20 @@ static void backward_unit(void *ctx, int64_t u, int worker)
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
                 const int64_t row = bh * p->n_q + t.i0;
                 const sdpa_bwd_state st = {
-                    .p = w->p, .ds = w->ds, .capped = w->capped,
+                    .p = w->p, .ds = w->ds, .capped = w->capped, .part = w->part,
                     .rows = job->rows + row, .delta = job->delta + row,
                     .dout = job->dout + o_at + t.i0 * c->ldo,
                     .dq = dq + q_at + t.i0 * c->ldq,
-                    .dk = dk, .dv = dv,
+                    .dk = w->dk, .dv = w->dv,
                 };
                 job->kern->backward_tile(c, &t, &keys, &st);
             }
+        }
+        for (int64_t j = 0; j < t.cols; j++) {
+            for (int64_t e = 0; e < p->d_k; e++)
+                dk[j * c->ldk + e] = (float)w->dk[j * p->d_k + e];
+            for (int64_t e = 0; e < p->d_v; e++)
+                dv[j * c->ldv + e] = (float)w->dv[j * p->d_v + e];
         }
     }
 }
@@ -99,7 +106,7 @@ typedef struct {
     const sdpa_call *call;
     const float *dout, *out;
     float *delta;
-    float **dq_split;
+    double **dq_split;
     int64_t splits, rows;
 } prologue_job;
 
@@ -121,26 +128,29 @@ static void prologue_block(void *ctx, int64_t block, int worker)
         j->delta[r] = (float)s;
     }
     for (int64_t s = 0; s < j->splits; s++)
-        memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
+        memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(double));
 }
 
 typedef struct {
-    float **dq_split;
+    double **dq_split;
+    float *dq;
     int64_t splits, count;
 } reduce_job;
 
-/* dq += the copies of splits 1 .. S-1, in that order. */
+/* dq = the sums of splits 0 .. S-1, added in that order. */
 static void reduce_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
     const reduce_job *j = ctx;
     int64_t f0 = block * BWD_SUM_BLOCK, f1 = min64(f0 + BWD_SUM_BLOCK, j->count);
-    float *dq = j->dq_split[0];
+    double *sum = j->dq_split[0];
     for (int64_t s = 1; s < j->splits; s++) {
-        const float *copy = j->dq_split[s];
+        const double *copy = j->dq_split[s];
         for (int64_t f = f0; f < f1; f++)
-            dq[f] += copy[f];
+            sum[f] += copy[f];
     }
+    for (int64_t f = f0; f < f1; f++)
+        j->dq[f] = (float)sum[f];
 }
 
 static int64_t blocks(int64_t count, int64_t per_block)
@@ -149,8 +159,8 @@ static int64_t blocks(int64_t count, int64_t per_block)
 }
 
 /* Splits per pair: 1 when the pairs alone give every thread two units or
- * more; otherwise one per thread (at most one per key tile), each a copy of
- * dq more. */
+ * more; otherwise one per thread (at most one per key tile), each with its
+ * own sums of dq. */
 static int64_t splits_for(int threads, int64_t pairs, int64_t k_tiles)
 {
     if (threads <= 1 || pairs >= 2 * (int64_t)threads)
@@ -174,18 +184,25 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
     const int64_t keys = kern_panel_ld(p->n_k);
     const int64_t panel_k = p->d_k * keys, panel_v = p->d_v * keys;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
+    const int64_t part = KERN_MR_MAX * (p->d_k > p->d_v ? p->d_k : p->d_v);
+    /* The double sums first (their alignment), then the floats. */
+    const int64_t floats = panel_k + panel_v + 2 * tile + KERN_BK + part;
     for (int i = 0; i < n; i++) {
-        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK, sizeof(float));
-        if (b == NULL) {
+        double *d = sdpa_alloc(panel_k + panel_v + (floats + 1) / 2, sizeof(double));
+        if (d == NULL) {
             free_workers(w, n);
             return NULL;
         }
-        w[i].block = b;
+        w[i].block = d;
+        w[i].dk = d;
+        w[i].dv = d + panel_k;
+        float *b = (float *)(void *)(d + panel_k + panel_v);
         w[i].p = b;
         w[i].ds = b + tile;
         w[i].kt = b + 2 * tile;
         w[i].vt = b + 2 * tile + panel_k;
         w[i].capped = b + 2 * tile + panel_k + panel_v;
+        w[i].part = b + 2 * tile + panel_k + panel_v + KERN_BK;
     }
     return w;
 }
@@ -230,11 +247,8 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         job.call.q = q_rot;
         job.call.k = k_rot;
     }
-    if (ok) {
-        job.dq_split[0] = dq;
-        for (int64_t i = 1; ok && i < job.splits; i++)
-            ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL;
-    }
+    for (int64_t i = 0; ok && i < job.splits; i++)
+        ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(double))) != NULL;
     if (ok) {
         prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
                             .dq_split = job.dq_split, .splits = job.splits,
@@ -242,16 +256,15 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
         job.delta = delta;
         attn_parallel_for(threads, pairs * job.splits, backward_unit, &job);
-        reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
+        reduce_job red = {.dq_split = job.dq_split, .dq = dq, .splits = job.splits,
                           .count = n_rows * p->d_k};
-        if (job.splits > 1)
-            attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
+        attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
         if (rope)
             ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     }
     free(q_rot);
     free(k_rot);
-    for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
+    for (int64_t i = 0; job.dq_split != NULL && i < job.splits; i++)
         free(job.dq_split[i]);
     free(job.dq_split);
     free_workers(job.workers, threads);

@@ -28,7 +28,9 @@
 typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
     float *panel; /* [d_k, ld]: k^T of the tile, when units pack their own */
+    float *part;  /* [KERN_MR_MAX, d_v] */
     double *l, *ent;
+    double *acc;  /* [KERN_FWD_BQ, d_v] */
     void *block;
 } fwd_worker;
 
@@ -124,13 +126,15 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         w->m[r] = -INFINITY;
         w->l[r] = 0.0;
     }
+    memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
     sdpa_stats_acc *stats = NULL;
     if (job->unit_stats != NULL) {
         stats = &job->unit_stats[bh * job->q_tiles + qt];
         sdpa_stats_init(stats);
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
     }
-    sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
+    sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .acc = w->acc,
+                         .part = w->part,
                          .weights = job->weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
@@ -142,12 +146,8 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     int64_t k_begin, k_end;
     sdpa_key_range(c, t.i0, t.rows, &k_begin, &k_end);
     const int64_t k_first = k_begin / KERN_BK * KERN_BK;
-    if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
-        for (int64_t r = 0; r < t.rows; r++)
-            memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
         st.kt = t.j0 / KERN_BK;
-        st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
         /* The panel holds the tile's keys; the tile may stop short of its
          * end (causal), the panel's stride does not. */
@@ -168,7 +168,12 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
-        bool finite = job->kern->scale_finite(o, p->d_v, l > 0.0 ? (float)(1.0 / l) : 1.0f);
+        const double *acc = w->acc + r * p->d_v, inv = l > 0.0 ? 1.0 / l : 0.0;
+        bool finite = true;
+        for (int64_t j = 0; j < p->d_v; j++) {
+            o[j] = (float)(acc[j] * inv);
+            finite &= isfinite(o[j]);
+        }
         attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
         bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
         if (!sm_finite || !finite) {
@@ -248,8 +253,10 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
     const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
     const int64_t panel_keys = min64(job->call.p->n_k, KERN_BK);
     const bool weights = job->weights != NULL;
+    const int64_t d_v = job->call.p->d_v;
     size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
-                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * panel_keys, sizeof(float));
+                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * panel_keys, sizeof(float)) +
+                   lines(KERN_MR_MAX * d_v, sizeof(float)) + lines(bq * d_v, sizeof(double));
     if (stats)
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
@@ -269,6 +276,10 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         b += lines(bq, sizeof(double));
         w[i].panel = (float *)(void *)b;
         b += lines(job->call.p->d_k * panel_keys, sizeof(float));
+        w[i].part = (float *)(void *)b;
+        b += lines(KERN_MR_MAX * d_v, sizeof(float));
+        w[i].acc = (double *)(void *)b;
+        b += lines(bq * d_v, sizeof(double));
         if (stats) {
             w[i].raw = (float *)(void *)b;
             b += lines(bk, sizeof(float));
