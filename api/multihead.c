@@ -71,7 +71,6 @@ typedef struct {
     bool want_mean;         /* return_weights: "mean" */
     int out, weights, lse;  /* the planned results, -1 when not asked */
     int grad[N_INPUTS];     /* the planned gradients, -1 for inputs not given */
-    float *per_head;        /* [B, h, n, m] weights before their head mean */
     attn_softmax_row *rows; /* [B, h, n] for lse */
 } multihead_state;
 
@@ -263,7 +262,8 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->rows = B * h * (double)p->n;
     t->scores = t->rows * (double)p->m;
     t->masked = p->mask.kind != ATTN_MASK_NONE;
-    /* computed per head even when only the mean is sent */
+    /* computed per head even when only the mean is sent (in a block of
+     * rows at a time) */
     t->weights = st->weights >= 0 ? t->scores : 0;
     t->averaged = st->want_mean ? t->scores : 0;
     /* the variants, per head, as attn_mha_flops counts the attention */
@@ -340,34 +340,14 @@ static float *result(api_call *c, int index)
     return index >= 0 ? c->results[index].data : NULL;
 }
 
-/* The head average of weights [B, h, n, m] into mean [B, n, m]. */
-static void head_mean(const float *w, const attn_mha_params *p, float *mean)
-{
-    int64_t plane = p->n * p->m;
-    for (int64_t b = 0; b < p->batch; b++) {
-        float *dst = mean + b * plane;
-        for (int64_t e = 0; e < plane; e++) {
-            double sum = 0; /* in double, so that many heads average exactly */
-            for (int64_t h = 0; h < p->heads; h++)
-                sum += w[(b * p->heads + h) * plane + e];
-            dst[e] = (float)(sum / (double)p->heads);
-        }
-    }
-}
-
 static bool compute(api_call *c, int threads, api_error *err)
 {
     multihead_state *st = state(c);
     attn_mha_params *p = &st->p;
     p->threads = threads;
+    /* "mean": libattn averages the heads itself, without their [B, h, n, m]. */
+    p->weights_mean = st->want_mean;
     float *weights = result(c, st->weights);
-    if (st->want_mean) {
-        st->per_head = api_alloc_floats(p->batch * p->heads * p->n * p->m);
-        if (!st->per_head)
-            return api_fail(err, 500, "out_of_memory", "",
-                            "out of memory for the weights of this request");
-        weights = st->per_head;
-    }
     if (st->lse >= 0 &&
         !(st->rows = malloc((size_t)(p->batch * p->heads * p->n) * sizeof *st->rows)))
         return api_fail(err, 500, "out_of_memory", "",
@@ -398,11 +378,6 @@ static bool compute(api_call *c, int threads, api_error *err)
         return api_fail_attn(err, &ae);
     if (st->lse >= 0)
         api_lse_rows(st->rows, p->batch * p->heads * p->n, result(c, st->lse));
-    if (st->want_mean) {
-        head_mean(st->per_head, p, result(c, st->weights));
-        free(st->per_head);
-        st->per_head = NULL;
-    }
     return true;
 }
 
@@ -421,8 +396,6 @@ static size_t meta_dims(const api_call *c, api_dim *d)
 static void release(api_call *c)
 {
     multihead_state *st = state(c);
-    free(st->per_head);
-    st->per_head = NULL;
     free(st->rows);
     st->rows = NULL;
     st->p.mask = (attn_mask){0}; /* it pointed into the mask field */

@@ -158,6 +158,11 @@ typedef struct {
     int threads;    /* >= 1 */
     attn_layout layout;
     attn_variants variants;
+    /* With weights: false, weights is [B, H_q, n_q, n_k], each head's;
+     * true, it is [B, n_q, n_k], their mean over the query heads, summed
+     * block of rows by block of rows (in double) without the per-head
+     * tensor ever existing. */
+    bool weights_mean;
 } attn_sdpa_params;
 
 /* 1 / sqrt(d_k) (Eq. 7). */
@@ -188,7 +193,8 @@ double attn_softmax_lse(attn_softmax_row row);
  * Optional outputs (NULL to skip):
  *   rows    [B,H_q,n_q]      each row's softmax maximum and sum (above);
  *                            attn_sdpa_backward needs them.
- *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here)
+ *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here);
+ *                            [B,n_q,n_k], their head mean, with weights_mean
  *   stats                    see attn_stats
  * An output is the weighted mean of finite values of v, so it is finite even
  * when the weighted sum on the way overflows float32 (v near 3e38): such
@@ -240,6 +246,7 @@ typedef struct {
     attn_mask mask;         /* strides over [B, h, n, m] */
     attn_variants variants; /* applied per head, after the projections */
     int threads;            /* >= 1 */
+    bool weights_mean;      /* weights is [B, n, m], the mean over the heads */
 } attn_mha_params;
 
 typedef struct {
@@ -266,7 +273,8 @@ typedef struct {
 /*
  * Forward: out [B, n, d_out]; optional (NULL to skip) rows [B, h, n] (each
  * query row's softmax maximum and sum, per head), weights [B, h, n, m] (per
- * head) and stats (over every head), as for attn_sdpa_forward.
+ * head; [B, n, m], their mean, with weights_mean) and stats (over every
+ * head), as for attn_sdpa_forward.
  */
 attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in,
                              float *out, attn_softmax_row *rows, float *weights,

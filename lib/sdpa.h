@@ -114,7 +114,7 @@ typedef struct {
     double *l;             /* [rows] */
     double *acc;           /* [rows, d_v] = sum_j exp(x_j - m) v_j */
     float *part;           /* [KERN_MR_MAX, d_v]: one strip's P v_t, before acc */
-    /* With weights: the call's weights [B, H_q, n_q, n_k] and, per row and
+    /* With weights: the unit's rows of weights [rows, n_k] and, per row and
      * key tile, the maximum P was taken against (sdpa_fwd_keep_weights). */
     float *weights;
     float *tile_max;       /* [rows, k_tiles] */

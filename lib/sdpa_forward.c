@@ -15,7 +15,9 @@
  * Then a work unit is one block of KERN_FWD_BQ query rows of one (batch,
  * head): it streams the key tiles past its rows (the kernel's forward_tile)
  * and owns its output rows, so units run in parallel without sharing
- * anything but read-only inputs. Extra memory: the packed copy of k, and a
+ * anything but read-only inputs. (For the head mean of the weights a unit
+ * is one block of one batch through every head, which then owns its rows of
+ * the mean.) Extra memory: the packed copy of k, and a
  * few rows per worker.
  */
 #include <math.h>
@@ -31,6 +33,10 @@ typedef struct {
     float *part;  /* [KERN_MR_MAX, d_v] */
     double *l, *ent;
     double *acc;  /* [KERN_FWD_BQ, d_v] */
+    /* With the head mean of the weights: one head's weights of the block,
+     * and their sum over the heads so far. [KERN_FWD_BQ, n_k] each. */
+    float *head_weights;
+    double *mean_sum;
     void *block;
 } fwd_worker;
 
@@ -85,12 +91,11 @@ static void pack_unit(void *ctx, int64_t u, int worker)
  * time (tile_max); now that the final maximum m and sum l are known, every
  * tile is rescaled by exp(tile_max - m) / l. */
 static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_worker *w,
-                           int64_t k_first, int64_t k_end)
+                           float *weights, int64_t k_first, int64_t k_end)
 {
     const attn_sdpa_params *p = job->call.p;
-    const int64_t bh = t->b * p->heads_q + t->h;
     for (int64_t r = 0; r < t->rows; r++) {
-        float *row = job->weights + (bh * p->n_q + t->i0 + r) * p->n_k;
+        float *row = weights + r * p->n_k;
         for (int64_t j0 = k_first; j0 < k_end; j0 += KERN_BK) {
             int64_t cols = min64(k_end - j0, KERN_BK);
             float m_t = w->tile_max[r * job->k_tiles + j0 / KERN_BK];
@@ -108,18 +113,15 @@ static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_wor
 
 /* ------------------------------------------------------------------ units */
 
-static void forward_unit(void *ctx, int64_t u, int worker)
+/* Query block qt of head (b, h), through all its key tiles; its weights,
+ * when asked for, go to `weights` [rows, n_k]. */
+static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h, int64_t qt,
+                         float *weights)
 {
-    const fwd_job *job = ctx;
     const sdpa_call *c = &job->call;
     const attn_sdpa_params *p = c->p;
-    fwd_worker *w = &job->workers[worker];
-    int64_t qt = u % job->q_tiles, bh = u / job->q_tiles;
-    /* Causal query blocks grow in cost with their index: hand out the
-     * expensive ones first so that the last units to finish are cheap. */
-    if (p->causal)
-        qt = job->q_tiles - 1 - qt;
-    sdpa_tile t = {.b = bh / p->heads_q, .h = bh % p->heads_q, .i0 = qt * KERN_FWD_BQ};
+    const int64_t bh = b * p->heads_q + h;
+    sdpa_tile t = {.b = b, .h = h, .i0 = qt * KERN_FWD_BQ};
     t.rows = min64(p->n_q - t.i0, KERN_FWD_BQ);
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
@@ -135,7 +137,7 @@ static void forward_unit(void *ctx, int64_t u, int worker)
     }
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .acc = w->acc,
                          .part = w->part,
-                         .weights = job->weights, .tile_max = w->tile_max,
+                         .weights = weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
@@ -163,8 +165,8 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         }
         job->kern->forward_tile(c, &t, &keys, &st);
     }
-    if (job->weights != NULL)
-        finish_weights(job, &t, w, k_end > k_begin ? k_first : k_end, k_end);
+    if (weights != NULL)
+        finish_weights(job, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
@@ -180,10 +182,8 @@ static void forward_unit(void *ctx, int64_t u, int worker)
             /* The weighted sum overflowed (the row is redone in double), or
              * the scores did (then the row's maximum and sum are redone too;
              * otherwise they stay those the kernel's weights were made with). */
-            float *weights = job->weights == NULL || sm_finite
-                                 ? NULL
-                                 : job->weights + ((bh * p->n_q) + t.i0 + r) * p->n_k;
-            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o, weights);
+            float *row = weights == NULL || sm_finite ? NULL : weights + r * p->n_k;
+            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o, row);
             if (!sm_finite)
                 sm = exact;
         }
@@ -194,6 +194,49 @@ static void forward_unit(void *ctx, int64_t u, int worker)
              * the largest weight is exp(m - lse) = 1 / l. */
             sdpa_stats_row(stats, log(l) - w->ent[r] / l, 1.0 / l);
     }
+}
+
+/* Causal query blocks grow in cost with their index: hand out the
+ * expensive ones first so that the last units to finish are cheap. */
+static int64_t block_of(const fwd_job *job, int64_t u)
+{
+    int64_t qt = u % job->q_tiles;
+    return job->call.p->causal ? job->q_tiles - 1 - qt : qt;
+}
+
+/* Unit: one query block of one (batch, head). */
+static void forward_unit(void *ctx, int64_t u, int worker)
+{
+    const fwd_job *job = ctx;
+    const attn_sdpa_params *p = job->call.p;
+    int64_t qt = block_of(job, u), bh = u / job->q_tiles;
+    float *weights = job->weights == NULL
+                         ? NULL
+                         : job->weights + (bh * p->n_q + qt * KERN_FWD_BQ) * p->n_k;
+    forward_rows(job, &job->workers[worker], bh / p->heads_q, bh % p->heads_q, qt, weights);
+}
+
+/* Unit, for the head mean of the weights: one query block of one batch,
+ * through every head in turn. Each head's weights land in the worker's
+ * rows and are added (in double, so that thousands of heads average
+ * exactly) to the block's sums; the unit alone writes its rows of the mean. */
+static void forward_mean_unit(void *ctx, int64_t u, int worker)
+{
+    const fwd_job *job = ctx;
+    const attn_sdpa_params *p = job->call.p;
+    fwd_worker *w = &job->workers[worker];
+    int64_t qt = block_of(job, u), b = u / job->q_tiles;
+    const int64_t i0 = qt * KERN_FWD_BQ, count = min64(p->n_q - i0, KERN_FWD_BQ) * p->n_k;
+    memset(w->mean_sum, 0, (size_t)count * sizeof *w->mean_sum);
+    for (int64_t h = 0; h < p->heads_q; h++) {
+        forward_rows(job, w, b, h, qt, w->head_weights);
+        for (int64_t e = 0; e < count; e++)
+            w->mean_sum[e] += w->head_weights[e];
+    }
+    float *mean = job->weights + (b * p->n_q + i0) * p->n_k;
+    const double inv = 1.0 / (double)p->heads_q;
+    for (int64_t e = 0; e < count; e++)
+        mean[e] = (float)(w->mean_sum[e] * inv);
 }
 
 /* ------------------------------------------------------------- workspace */
@@ -261,6 +304,10 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
         bytes += lines(bq * job->k_tiles, sizeof(float));
+    const bool mean = weights && job->call.p->weights_mean;
+    const int64_t block_weights = min64(job->call.p->n_q, bq) * job->call.p->n_k;
+    if (mean)
+        bytes += lines(block_weights, sizeof(double)) + lines(block_weights, sizeof(float));
     for (int i = 0; i < n; i++) {
         char *b = ws_alloc(a, (int64_t)bytes, 1);
         if (b == NULL) {
@@ -288,6 +335,12 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
             w[i].ent = (double *)(void *)b;
             b += lines(bq, sizeof(double));
         }
+        if (mean) {
+            w[i].mean_sum = (double *)(void *)b;
+            b += lines(block_weights, sizeof(double));
+            w[i].head_weights = (float *)(void *)b;
+            b += lines(block_weights, sizeof(float));
+        }
         if (weights)
             w[i].tile_max = (float *)(void *)b;
     }
@@ -314,7 +367,10 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     };
     const int64_t units = p->batch * p->heads_q * job.q_tiles;
     const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
-    int threads = sdpa_threads(p, units, attn_sdpa_flops(p));
+    const bool mean = weights != NULL && p->weights_mean;
+    /* The head mean's units take every head of a block: fewer, larger. */
+    const int64_t run_units = mean ? p->batch * job.q_tiles : units;
+    int threads = sdpa_threads(p, run_units, attn_sdpa_flops(p));
     /* A panel read by one unit only (one query block, no query heads
      * sharing the key head) is packed by that unit, while it is in cache;
      * otherwise once for all of them, before. */
@@ -355,7 +411,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
         attn_parallel_for(threads, panels, pack_unit, &pack);
     }
-    attn_parallel_for(threads, units, forward_unit, &job);
+    attn_parallel_for(threads, run_units, mean ? forward_mean_unit : forward_unit, &job);
     if (stats != NULL) {
         for (int64_t u = 1; u < units; u++)
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
