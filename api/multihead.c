@@ -273,6 +273,21 @@ static void cost(const api_call *c, api_cost_terms *t)
         .variants = p->variants,
     };
     api_variant_cost(&inner, t);
+    /* Memory: the projections of every head and the attention's
+     * workspaces, for the most threads the request may get; the softmax
+     * rows kept for the lse. */
+    attn_mha_params at_most = *p;
+    at_most.threads = api_max_threads(&c->lim);
+    at_most.weights_mean = st->want_mean;
+    t->workspace = attn_mha_workspace(&at_most, w_o, st->weights >= 0, c->want_stats,
+                                      c->want_grad) +
+                   (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0);
+    snprintf(t->workspace_what, sizeof t->workspace_what,
+             "the projections of %lld head%s (q [%lld, %lld, %lld], k and v [%lld, %lld, "
+             "%lld]) and the attention's tiles",
+             (long long)p->heads, p->heads == 1 ? "" : "s", (long long)p->batch,
+             (long long)p->n, (long long)(p->heads * p->d_k), (long long)p->batch,
+             (long long)p->m, (long long)(p->kv_heads * p->d_k));
 }
 
 static bool validate(api_call *c, api_error *err)

@@ -140,6 +140,9 @@ bool api_check_score_bound(double bound, const char *what, api_error *err);
 /* Threads for libattn: lim->threads, at least 1. */
 int api_threads(const api_limits *lim);
 
+/* The most threads the request may be given: lim->max_threads, or threads. */
+int api_max_threads(const api_limits *lim);
+
 /* ------------------------------------------------------------- timing */
 
 /* The three steps of a handler, measured with CLOCK_MONOTONIC. */
@@ -199,6 +202,12 @@ typedef struct {
     double biased;     /* scores given an ALiBi term */
     double angles;     /* RoPE: (position, pair) angles whose cosine and sine are taken */
     double rotated;    /* RoPE: elements of q and k turned */
+    /* Memory: the bytes computing it allocates beyond the inputs and the
+     * planned results (libattn's workspaces, the operation's own buffers),
+     * for lim->max_threads threads, and the largest part of it, named for
+     * a message ("the projections of 4 heads of 16384 x 16384"). */
+    double workspace;
+    char workspace_what[120];
 } api_cost_terms;
 
 /* The work of terms (backward: with the gradients), without the decoding

@@ -166,3 +166,9 @@ int api_threads(const api_limits *lim)
 {
     return lim && lim->threads > 1 ? lim->threads : 1;
 }
+
+int api_max_threads(const api_limits *lim)
+{
+    int threads = api_threads(lim);
+    return lim && lim->max_threads > threads ? lim->max_threads : threads;
+}

@@ -224,6 +224,16 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
  * backward pass costs 2.5 times as much (five products instead of two). */
 double attn_sdpa_flops(const attn_sdpa_params *p);
 
+/*
+ * The most bytes attn_sdpa_forward (and, when `backward`, the
+ * attn_sdpa_backward after it) allocates for p beyond the caller's tensors,
+ * with weights and statistics asked for or not: known before the call, so
+ * that a caller can bound a request's memory before anything is allocated.
+ * An upper bound (every worker p->threads allows).
+ */
+double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
+                           bool backward);
+
 /* ------------------------------------------------ multi-head attention */
 
 /*
@@ -300,6 +310,13 @@ attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_i
 
 /* Nominal FLOPs of the forward pass: projections, attention, output projection. */
 double attn_mha_flops(const attn_mha_params *p);
+
+/* The most bytes attn_mha_forward (or, when `backward`,
+ * attn_mha_forward_backward) allocates for p beyond the caller's tensors:
+ * the projections of every head, the attention's workspace, and the
+ * projections' gradients. has_w_o: the inputs have an output projection. */
+double attn_mha_workspace(const attn_mha_params *p, bool has_w_o, bool weights, bool stats,
+                          bool backward);
 
 /* ------------------------------------------------------------- kernels */
 

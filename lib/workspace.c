@@ -1,0 +1,111 @@
+/*
+ * What a call allocates beyond the caller's tensors, known from its
+ * parameters before it runs: so that a caller (a server) can bound the
+ * memory of a request before anything is allocated, as it bounds its time.
+ * The sums follow the allocations of sdpa_forward.c, sdpa_backward.c,
+ * mha.c and mha_backward.c term by term; each is an upper bound (every
+ * worker a call may start, every optional buffer its options ask for,
+ * allocations rounded up to whole cache lines).
+ */
+#include <math.h>
+
+#include "kern.h"
+#include "mha.h"
+
+static double min_d(double a, double b) { return a < b ? a : b; }
+static double max_d(double a, double b) { return a > b ? a : b; }
+
+/* Bytes of n items of size, rounded up to whole cache lines. */
+static double lines(double n, double size)
+{
+    return (double)(((int64_t)(n * size) + 63) / 64 * 64);
+}
+
+/* The most workers a call starts: `threads`, at most SDPA_MAX_THREADS. */
+static double workers(const attn_sdpa_params *p)
+{
+    return (double)(p->threads < 1 ? 1 : p->threads < SDPA_MAX_THREADS ? p->threads
+                                                                       : SDPA_MAX_THREADS);
+}
+
+/* RoPE's rotated copies of q and k. */
+static double rope_copies(const attn_sdpa_params *p)
+{
+    if (!(p->variants.rope_base > 0.0f))
+        return 0;
+    return 4.0 * (double)p->batch *
+           ((double)p->heads_q * p->n_q + (double)p->heads_kv * p->n_k) * (double)p->d_k;
+}
+
+static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
+{
+    const double B = (double)p->batch, hq = (double)p->heads_q, hkv = (double)p->heads_kv;
+    const double n_q = (double)p->n_q, n_k = (double)p->n_k;
+    const double d_k = (double)p->d_k, d_v = (double)p->d_v;
+    const double bq = KERN_FWD_BQ, bk = KERN_BK;
+    const double q_tiles = ceil(n_q / bq), k_tiles = ceil(n_k / bk);
+    /* The packed panels of k: as many floats as k. */
+    double bytes = lines(B * hkv * n_k * d_k, 4);
+    if (stats)
+        bytes += B * hq * q_tiles * (double)sizeof(sdpa_stats_acc);
+    double worker = lines(KERN_MR_MAX * bk, 4) + lines(bq, 4) + lines(bq, 8) +
+                    lines(d_k * min_d(n_k, bk), 4) + lines(KERN_MR_MAX * d_v, 4) +
+                    lines(bq * d_v, 8);
+    if (stats)
+        worker += 2 * lines(bk, 4) + lines(bq, 8);
+    if (weights)
+        worker += lines(bq * k_tiles, 4);
+    if (weights && p->weights_mean)
+        worker += lines(min_d(n_q, bq) * n_k, 8) + lines(min_d(n_q, bq) * n_k, 4);
+    return bytes + workers(p) * (worker + sizeof(void *) * 16) + rope_copies(p);
+}
+
+static double backward_bytes(const attn_sdpa_params *p)
+{
+    const double rows = (double)p->batch * p->heads_q * p->n_q;
+    const double d_k = (double)p->d_k, d_v = (double)p->d_v, n_k = (double)p->n_k;
+    const double keys = min_d(n_k, KERN_BK), k_tiles = ceil(n_k / KERN_BK);
+    const double splits = min_d(workers(p), k_tiles);
+    const double panels = (d_k + d_v) * keys;
+    const double worker = lines(panels * 8 + (panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK +
+                                              KERN_MR_MAX * max_d(d_k, d_v)) * 4 + 8, 1);
+    return lines(rows, 4) + splits * lines(rows * d_k, 8) + workers(p) * worker +
+           rope_copies(p);
+}
+
+double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
+                           bool backward)
+{
+    if (p == NULL)
+        return 0;
+    double fwd = forward_bytes(p, weights, stats);
+    /* The backward runs after the forward has freed its own. */
+    return backward ? max_d(fwd, backward_bytes(p)) : fwd;
+}
+
+double attn_mha_workspace(const attn_mha_params *p, bool has_w_o, bool weights, bool stats,
+                          bool backward)
+{
+    if (p == NULL)
+        return 0;
+    const double B = (double)p->batch, n = (double)p->n, m = (double)p->m;
+    const double h = (double)p->heads, hkv = (double)p->kv_heads;
+    const double d_k = (double)p->d_k, d_v = (double)p->d_v;
+    /* The projections [B, n, h*d_k], [B, m, h_kv*d_k], [B, m, h_kv*d_v],
+     * the heads' output [B, n, h*d_v] before w_o, the softmax rows. */
+    const double q = 4 * B * n * h * d_k, k = 4 * B * m * hkv * d_k, v = 4 * B * m * hkv * d_v;
+    const double o = 4 * B * n * h * d_v;
+    double held = q + k + v + (has_w_o ? o : 0) + (backward ? 8 * B * h * n : 0);
+    attn_sdpa_params inner = {
+        .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads, .n_q = p->n,
+        .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v, .threads = p->threads,
+        .variants = p->variants, .weights_mean = p->weights_mean,
+    };
+    double peak = held + forward_bytes(&inner, weights, stats);
+    if (backward) {
+        /* do [B, n, h*d_v] through w_o, and the projections' gradients. */
+        double grads = (has_w_o ? o : 0) + q + k + v;
+        peak = max_d(peak, held + grads + backward_bytes(&inner));
+    }
+    return peak;
+}
