@@ -122,7 +122,8 @@ bool api_check_output(const float *x, int64_t count, const char *what, api_encod
 /* Largest Euclidean norm of the `rows` rows of x [rows, cols], in double. */
 double api_max_row_norm(const float *x, int64_t rows, int64_t cols);
 
-/* Largest |x[i]|; Frobenius norm sqrt(sum x[i]^2); both in double. */
+/* Largest finite |x[i]| (an additive mask's -inf hides a key, it is not a
+ * score); Frobenius norm sqrt(sum x[i]^2); both in double. */
 double api_max_abs(const float *x, int64_t count);
 double api_norm(const float *x, int64_t count);
 

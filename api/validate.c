@@ -137,7 +137,7 @@ double api_max_abs(const float *x, int64_t count)
 {
     double best = 0;
     for (int64_t i = 0; i < count; i++)
-        if (fabs(x[i]) > best)
+        if (fabs(x[i]) > best && isfinite(x[i]))
             best = fabs(x[i]);
     return best;
 }

@@ -55,7 +55,9 @@ typedef struct {
 typedef enum {
     ATTN_MASK_NONE = 0,
     ATTN_MASK_BOOL, /* allowed[...] != 0: the query may attend to the key */
-    ATTN_MASK_BIAS, /* bias[...] is added to the scaled score (finite values) */
+    ATTN_MASK_BIAS, /* bias[...] is added to the scaled score: finite values, or
+                     * -INFINITY, which hides the key exactly as a boolean false
+                     * (weight 0, and not counted in the statistics) */
 } attn_mask_kind;
 
 /*
@@ -85,7 +87,8 @@ attn_status attn_mask_broadcast(attn_mask *mask, int rank, const int64_t *shape,
 
 /*
  * The chapter's variance analysis (Theorem 1, Corollary 1), over the entries
- * that are not masked (causal or boolean; an additive bias masks nothing):
+ * that are not masked (causal, boolean, or a bias of -inf; a finite bias
+ * masks nothing):
  * mean and population variance of the raw scores S = Q K^T and of the scaled
  * scores scale * S (bias not included); and, over the rows that are not fully
  * masked, the entropy of each weight row in nats and each row's largest

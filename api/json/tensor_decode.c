@@ -301,25 +301,31 @@ static bool base64_text(const json_member *m, const char *sub, cursor *s, size_t
 }
 
 /* Elements must be finite, as numbers in the text must be: float32, or
- * float16 / bfloat16 (an exponent of all ones is an infinity or a NaN). */
-static bool check_finite(const uint8_t *bytes, size_t n, api_dtype dtype, const char *sub,
-                         api_error *err)
+ * float16 / bfloat16 (an exponent of all ones is an infinity or a NaN).
+ * A mask's may also be -inf: the additive masks of PyTorch and Hugging
+ * Face spell "hidden" so. */
+static bool check_finite(const uint8_t *bytes, size_t n, api_dtype dtype, bool mask,
+                         const char *sub, api_error *err)
 {
     for (size_t i = 0; i < n; i++) {
-        bool nan;
+        bool nan, negative;
         if (dtype == API_F32) {
             uint32_t u = (uint32_t)bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 |
                          (uint32_t)bytes[4 * i + 2] << 16 | (uint32_t)bytes[4 * i + 3] << 24;
             if ((u & 0x7f800000u) != 0x7f800000u)
                 continue;
             nan = (u & 0x7fffffu) != 0;
+            negative = (u & 0x80000000u) != 0;
         } else {
             unsigned h = (unsigned)bytes[2 * i] | (unsigned)bytes[2 * i + 1] << 8;
             unsigned exponent = dtype == API_F16 ? 0x7c00 : 0x7f80;
             if ((h & exponent) != exponent)
                 continue;
             nan = (h & ~(exponent | 0x8000u)) != 0;
+            negative = (h & 0x8000u) != 0;
         }
+        if (mask && negative && !nan)
+            continue;
         return api_fail(err, 400, "invalid_number", sub,
                         "%s element %zu is %s; values must be finite", sub, i,
                         nan ? "NaN" : "infinite");
@@ -408,7 +414,8 @@ static bool bytes_to_tensor(uint8_t *bytes, const char *sub, api_dtype dtype,
  * finite (400), the shape was valid (422, deferred), the byte count fits
  * the shape (422), bools are 0 or 1 (422). */
 static bool decode_base64_form(const json_member *m_b64, const char *field, api_dtype dtype,
-                               const declared_shape *ds, api_tensor *t, api_error *err)
+                               bool mask, const declared_shape *ds, api_tensor *t,
+                               api_error *err)
 {
     char sub[64];
     join(sub, sizeof sub, field, "base64");
@@ -420,7 +427,7 @@ static bool decode_base64_form(const json_member *m_b64, const char *field, api_
     uint8_t *bytes = NULL;
     size_t elem = dtype_size(dtype);
     bool ok = base64_bytes(s, len, sub, &bytes, &have, err) &&
-              (dtype == API_BOOL || check_finite(bytes, have / elem, dtype, sub, err));
+              (dtype == API_BOOL || check_finite(bytes, have / elem, dtype, mask, sub, err));
     free(copy);
     if (ok && ds->bad) {
         *err = ds->err;
@@ -566,7 +573,7 @@ static bool decode_object(cursor p, cursor end, const char *field, bool accept_b
         ds.bad = true;
     }
     if (tm.base64)
-        return decode_base64_form(tm.base64, field, dtype, &ds, t, err);
+        return decode_base64_form(tm.base64, field, dtype, accept_bool, &ds, t, err);
     return decode_flat_form(tm.data, field, accept_bool, dtype, tm.dtype != NULL, &ds, t, err);
 }
 
