@@ -180,20 +180,8 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
         .response_bytes = bytes,
         .memory = memory,
     };
-    if (lim->max_work > 0 && c->cost.work > lim->max_work)
-        return api_fail(err, 422, "work_limit", "",
-                        "this request needs %.4g units of work (%.4g FLOPs of products, "
-                        "the rest for its heads, rows, scores and the numbers of its "
-                        "answer), more than this server's limit of %.4g (--max-work); "
-                        "send smaller tensors or split the batch",
-                        c->cost.work, c->cost.flops, lim->max_work);
-    if (lim->max_response > 0 && bytes > lim->max_response)
-        return api_fail(err, 422, "response_too_large", "",
-                        "the answer could take %.4g bytes (%.4g numbers), more than this "
-                        "server's limit of %.4g bytes for one response (--max-response); "
-                        "ask for less (without return_weights, a smaller batch) or use "
-                        "\"output_encoding\": \"base64\"",
-                        bytes, numbers, lim->max_response);
+    /* Memory first: what a request holds is judged before how long it
+     * takes, so that a refusal names the bound that matters most. */
     if (lim->max_memory > 0 && memory > lim->max_memory) {
         /* Name the largest part: what to change. */
         const char *why = terms.workspace_what;
@@ -219,6 +207,20 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
                         memory / MiB, lim->max_memory / MiB, why, part / MiB, inputs / MiB,
                         results / MiB, terms.workspace / MiB, bytes / MiB);
     }
+    if (lim->max_work > 0 && c->cost.work > lim->max_work)
+        return api_fail(err, 422, "work_limit", "",
+                        "this request needs %.4g units of work (%.4g FLOPs of products, "
+                        "the rest for its heads, rows, scores and the numbers of its "
+                        "answer), more than this server's limit of %.4g (--max-work); "
+                        "send smaller tensors or split the batch",
+                        c->cost.work, c->cost.flops, lim->max_work);
+    if (lim->max_response > 0 && bytes > lim->max_response)
+        return api_fail(err, 422, "response_too_large", "",
+                        "the answer could take %.4g bytes (%.4g numbers), more than this "
+                        "server's limit of %.4g bytes for one response (--max-response); "
+                        "ask for less (without return_weights, a smaller batch) or use "
+                        "\"output_encoding\": \"base64\"",
+                        bytes, numbers, lim->max_response);
     const char *blame = "the inputs";
     double bound = c->op->score_bound(c, &blame);
     return api_check_score_bound(bound, blame, err);

@@ -21,11 +21,13 @@ static double lines(double n, double size)
     return (double)(((int64_t)(n * size) + 63) / 64 * 64);
 }
 
-/* The most workers a call starts: `threads`, at most SDPA_MAX_THREADS. */
-static double workers(const attn_sdpa_params *p)
+/* The most workers a call of `units` units starts: `threads`, at most
+ * SDPA_MAX_THREADS, at most one per unit (sdpa_threads). */
+static double workers(const attn_sdpa_params *p, double units)
 {
-    return (double)(p->threads < 1 ? 1 : p->threads < SDPA_MAX_THREADS ? p->threads
-                                                                       : SDPA_MAX_THREADS);
+    double t = p->threads < 1 ? 1 : p->threads < SDPA_MAX_THREADS ? p->threads
+                                                                  : SDPA_MAX_THREADS;
+    return units < t ? (units < 1 ? 1 : units) : t;
 }
 
 /* RoPE's rotated copies of q and k. */
@@ -44,8 +46,10 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
     const double d_k = (double)p->d_k, d_v = (double)p->d_v;
     const double bq = KERN_FWD_BQ, bk = KERN_BK;
     const double q_tiles = ceil(n_q / bq), k_tiles = ceil(n_k / bk);
-    /* The packed panels of k: as many floats as k. */
-    double bytes = lines(B * hkv * n_k * d_k, 4);
+    /* The packed panels of k, as many floats as k, when more than one unit
+     * reads each (otherwise each unit packs its own, in its worker). */
+    const bool shared = q_tiles > 1 || p->heads_q > p->heads_kv;
+    double bytes = shared ? lines(B * hkv * n_k * d_k, 4) : 0;
     if (stats)
         bytes += B * hq * q_tiles * (double)sizeof(sdpa_stats_acc);
     double worker = lines(KERN_MR_MAX * bk, 4) + lines(bq, 4) + lines(bq, 8) +
@@ -57,7 +61,8 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
         worker += lines(bq * k_tiles, 4);
     if (weights && p->weights_mean)
         worker += lines(min_d(n_q, bq) * n_k, 8) + lines(min_d(n_q, bq) * n_k, 4);
-    return bytes + workers(p) * (worker + sizeof(void *) * 16) + rope_copies(p);
+    const double units = B * (weights && p->weights_mean ? 1 : hq) * q_tiles;
+    return bytes + workers(p, units) * (worker + sizeof(void *) * 16) + rope_copies(p);
 }
 
 static double backward_bytes(const attn_sdpa_params *p)
@@ -65,11 +70,13 @@ static double backward_bytes(const attn_sdpa_params *p)
     const double rows = (double)p->batch * p->heads_q * p->n_q;
     const double d_k = (double)p->d_k, d_v = (double)p->d_v, n_k = (double)p->n_k;
     const double keys = min_d(n_k, KERN_BK), k_tiles = ceil(n_k / KERN_BK);
-    const double splits = min_d(workers(p), k_tiles);
+    const double pairs = (double)p->batch * p->heads_kv;
+    const double threads = workers(p, pairs * k_tiles);
+    const double splits = threads <= 1 || pairs >= 2 * threads ? 1 : min_d(threads, k_tiles);
     const double panels = (d_k + d_v) * keys;
     const double worker = lines(panels * 8 + (panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK +
                                               KERN_MR_MAX * max_d(d_k, d_v)) * 4 + 8, 1);
-    return lines(rows, 4) + splits * lines(rows * d_k, 8) + workers(p) * worker +
+    return lines(rows, 4) + splits * lines(rows * d_k, 8) + threads * worker +
            rope_copies(p);
 }
 

@@ -240,6 +240,97 @@ START_TEST(head_mean_of_many_heads_never_holds_every_heads_weights)
 }
 END_TEST
 
+/* ------------------------------------------- the estimate is a bound */
+
+/* Under AddressSanitizer freed blocks wait in quarantine and every block
+ * has red zones: the peak is larger than what the code holds at once. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+typedef struct {
+    attn_sdpa_params p;
+    bool weights, stats, backward;
+    double caller; /* bytes of the caller's tensors, set by the child */
+} bound_call;
+
+static float *filled(int64_t n, float x)
+{
+    float *a = malloc((size_t)(n > 0 ? n : 1) * sizeof *a);
+    for (int64_t i = 0; a && i < n; i++)
+        a[i] = x * (float)(1 + i % 5);
+    return a;
+}
+
+static bool run_bound(void *ctx)
+{
+    bound_call *bc = ctx;
+    const attn_sdpa_params *p = &bc->p;
+    const int64_t B = p->batch, nq = B * p->heads_q * p->n_q, nk = B * p->heads_kv * p->n_k;
+    const int64_t w_count = B * (p->weights_mean ? 1 : p->heads_q) * p->n_q * p->n_k;
+    float *q = filled(nq * p->d_k, 1e-2f), *k = filled(nk * p->d_k, 2e-2f);
+    float *v = filled(nk * p->d_v, 1.0f), *out = filled(nq * p->d_v, 0);
+    float *dout = filled(nq * p->d_v, 1.0f);
+    float *w = bc->weights ? filled(w_count, 0) : NULL;
+    attn_softmax_row *rows = calloc((size_t)nq, sizeof *rows);
+    float *dq = bc->backward ? filled(nq * p->d_k, 0) : NULL;
+    float *dk = bc->backward ? filled(nk * p->d_k, 0) : NULL;
+    float *dv = bc->backward ? filled(nk * p->d_v, 0) : NULL;
+    attn_stats st;
+    attn_error err = {0};
+    bool ok = attn_sdpa_forward(p, q, k, v, out, rows, w, bc->stats ? &st : NULL, &err) ==
+              ATTN_OK;
+    if (ok && bc->backward)
+        ok = attn_sdpa_backward(p, q, k, v, out, rows, dout, dq, dk, dv, &err) == ATTN_OK;
+    return ok;
+}
+
+START_TEST(workspace_estimate_bounds_what_the_calls_hold)
+{
+    bound_call cases[] = {
+        {.p = sdpa_shape(1, 2, 1, 1, 1, 4000000, 1), .backward = true},
+        {.p = sdpa_shape(2, 4, 2, 700, 900, 64, 32), .weights = true, .stats = true,
+         .backward = true},
+        {.p = sdpa_shape(1, 8, 8, 300, 300, 16, 16), .weights = true},
+        {.p = sdpa_shape(1, 2, 2, 2000, 3000, 32, 32), .backward = true},
+        {.p = sdpa_shape(1, 1, 1, 5, 100000, 64, 64), .backward = true},
+    };
+    cases[2].p.weights_mean = true;
+    cases[3].p.variants.rope_base = 10000.0f;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bound_call *bc = &cases[i];
+        attn_sdpa_params *p = &bc->p;
+        p->threads = 2;
+        const double B = (double)p->batch, nq = B * p->heads_q * p->n_q;
+        const double nk = B * p->heads_kv * p->n_k;
+        double caller = 4 * (nq * p->d_k * 2 + nk * p->d_k * 2 + nk * p->d_v * 2 +
+                             nq * p->d_v * 2) + 8 * nq;
+        if (bc->weights)
+            caller += 4 * B * (p->weights_mean ? 1 : p->heads_q) * (double)p->n_q * p->n_k;
+        double estimate = attn_sdpa_workspace(p, bc->weights, bc->stats, bc->backward);
+        double grew = peak_growth(run_bound, bc);
+        /* Pages of the allocator, thread stacks: a few MiB beyond. */
+        double bound = SANITIZED ? 3 * (caller + estimate) + 128 * MiB
+                                 : caller + estimate + 16 * MiB;
+        ck_assert_msg(grew <= bound,
+                      "case %zu: grew by %.1f MiB, beyond the caller's %.1f MiB and the "
+                      "estimated %.1f MiB",
+                      i, grew / MiB, caller / MiB, estimate / MiB);
+        /* And not wildly above: an estimate that says 10x is no budget. */
+        ck_assert_msg(SANITIZED || estimate <= 4 * (grew > caller ? grew - caller : 0) + 32 * MiB,
+                      "case %zu: estimated %.1f MiB, used %.1f MiB", i, estimate / MiB,
+                      (grew - caller) / MiB);
+    }
+}
+END_TEST
+
 static Suite *memory_suite(void)
 {
     Suite *s = suite_create("memory");
@@ -249,6 +340,7 @@ static Suite *memory_suite(void)
     tcase_add_test(tc, narrow_key_tail_with_huge_d_k_packs_no_more_than_its_keys);
     tcase_add_test(tc, head_mean_of_weights_matches_reference_average_of_heads);
     tcase_add_test(tc, head_mean_of_many_heads_never_holds_every_heads_weights);
+    tcase_add_test(tc, workspace_estimate_bounds_what_the_calls_hold);
     suite_add_tcase(s, tc);
     return s;
 }
