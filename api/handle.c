@@ -180,8 +180,16 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
         .response_bytes = bytes,
         .memory = memory,
     };
-    /* Memory first: what a request holds is judged before how long it
-     * takes, so that a refusal names the bound that matters most. */
+    if (lim->max_response > 0 && bytes > lim->max_response)
+        return api_fail(err, 422, "response_too_large", "",
+                        "the answer could take %.4g bytes (%.4g numbers), more than this "
+                        "server's limit of %.4g bytes for one response (--max-response); "
+                        "ask for less (without return_weights, a smaller batch) or use "
+                        "\"output_encoding\": \"base64\"",
+                        bytes, numbers, lim->max_response);
+    /* Then memory, before time: what a request would hold is judged before
+     * how long it takes (a server can be probed for what it admits, with
+     * --max-work 1, without computing anything). */
     if (lim->max_memory > 0 && memory > lim->max_memory) {
         /* Name the largest part: what to change. */
         const char *why = terms.workspace_what;
@@ -214,13 +222,6 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
                         "answer), more than this server's limit of %.4g (--max-work); "
                         "send smaller tensors or split the batch",
                         c->cost.work, c->cost.flops, lim->max_work);
-    if (lim->max_response > 0 && bytes > lim->max_response)
-        return api_fail(err, 422, "response_too_large", "",
-                        "the answer could take %.4g bytes (%.4g numbers), more than this "
-                        "server's limit of %.4g bytes for one response (--max-response); "
-                        "ask for less (without return_weights, a smaller batch) or use "
-                        "\"output_encoding\": \"base64\"",
-                        bytes, numbers, lim->max_response);
     const char *blame = "the inputs";
     double bound = c->op->score_bound(c, &blame);
     return api_check_score_bound(bound, blame, err);
