@@ -264,7 +264,10 @@ def admitted(probe, make, lo, hi):
     work_limit there), by bisection; None when lo is refused."""
     def ok(x):
         path, body = make(x)
-        status, _, b = post(probe, path, body)
+        try:
+            status, _, b = post(probe, path, body)
+        except OSError:  # a body past --max-body: 413 and the connection closed
+            return False
         return status == 422 and error_code(b) == "work_limit"
     if not ok(lo):
         return None
