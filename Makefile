@@ -22,11 +22,13 @@ SAN     ?=
 CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra -Werror -pthread \
                 -Ilib -Iapi -Iserver
 # Recursively expanded on purpose: pkg-config may only exist once tools/deps.sh ran.
-PKG_CFLAGS = $(shell pkg-config --cflags openblas jansson libmicrohttpd 2>/dev/null)
+PKG_CFLAGS = $(shell pkg-config --cflags openblas libmicrohttpd 2>/dev/null)
 PKG_LIBS_LIB = $(shell pkg-config --libs openblas 2>/dev/null) -lm
-PKG_LIBS_API = $(shell pkg-config --libs jansson 2>/dev/null)
 PKG_LIBS_SRV = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
-PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null)
+# jansson is the tests' independent JSON parser, the reference the codec
+# (api/json/) is held to; attnd itself does not link it.
+PKG_LIBS_JANSSON = $(shell pkg-config --libs jansson 2>/dev/null)
+PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null) $(PKG_LIBS_JANSSON)
 ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
@@ -69,6 +71,7 @@ endif
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+$(BUILD)/obj/tests/%.o: PKG_CFLAGS += $(shell pkg-config --cflags jansson 2>/dev/null)
 
 # The contract, embedded so that the binary serves GET /openapi.yaml on its own.
 $(BUILD)/openapi_yaml.c: api/openapi.yaml
@@ -104,10 +107,10 @@ $(BUILD)/libattnsrv.a: $(SRV_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_SRV) $(PKG_LIBS_LIB)
 
 $(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_LIB)
 
 # Runs every suite of this build; tests/run-suite.sh prints each suite's
 # result line and fails when any suite fails.
@@ -168,10 +171,10 @@ FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -fsanitize=fuzzer-no-link
 $(BUILD)/fuzz_api: $(BUILD)/obj/tests/fuzz/fuzz_api.o $(BUILD)/obj/tests/support/api_invariants.o \
                    $(BUILD)/obj/tests/support/ref.o $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_JANSSON) $(PKG_LIBS_LIB)
 $(BUILD)/capture_test_api: $(BUILD)/obj/tests/test_api.o $(BUILD)/obj/tests/fuzz/capture.o \
                            $(SUPPORT_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -Wl,--wrap=api_handle -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+	$(CC) $(LDFLAGS_ALL) -Wl,--wrap=api_handle -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_LIB)
 fuzz-build: $(DEPS_STAMP)
 	@sh tools/deps.sh fuzz
 	@$(MAKE) --no-print-directory build/capture_test_api
@@ -200,7 +203,7 @@ exhaustive: $(BUILD)/float_exhaustive
 	./$(BUILD)/float_exhaustive
 $(BUILD)/float_exhaustive: $(BUILD)/obj/tests/float_exhaustive.o $(BUILD)/obj/tests/support/float_check.o \
                            $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_LIB)
 
 clean:
 	rm -rf build

@@ -144,10 +144,10 @@ static char *put_real6(char *p, double x)
 }
 
 /* Appends text[0..end), or marks b failed when a step gave NULL. */
-static void append_composed(api_buf *b, const char *text, const char *end)
+static void append_composed(codec_buf *b, const char *text, const char *end)
 {
     if (end)
-        api_buf_append(b, text, (size_t)(end - text));
+        codec_buf_append(b, text, (size_t)(end - text));
     else
         b->failed = true;
 }
@@ -161,7 +161,7 @@ static char *put_stat(char *p, const char *name, double value, int64_t count,
     return count > 0 ? put_real(p, value, 17) : put_text(p, "null");
 }
 
-void api_write_stats(api_buf *b, const attn_stats *s)
+void api_write_stats(codec_buf *b, const attn_stats *s)
 {
     int64_t ns = s->scores_count, nr = s->rows_count;
     char text[512], *p = text; /* 7 numbers, under 150 bytes of keys */
@@ -186,7 +186,7 @@ void api_write_stats(api_buf *b, const attn_stats *s)
 #define META_DIMS_MAX 16
 #define META_NAME_MAX 16
 
-void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
+void api_write_meta(codec_buf *b, const api_dim *shape, size_t n_dims,
                     const api_cost *cost, api_timing *t)
 {
     api_lap(t, &t->encode_ms);

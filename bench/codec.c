@@ -1,5 +1,5 @@
 /*
- * Tensor codec speed: api_tensor_decode / api_tensor_encode against jansson's
+ * Tensor codec speed: codec_tensor_decode / codec_tensor_encode against jansson's
  * json_loadb / json_dumps on the same text.
  *
  *   codec COUNT
@@ -7,7 +7,7 @@
  * The text is a JSON array of COUNT random float32 values, each written the
  * way NumPy's repr writes a float32 (the shortest decimal that reads back to
  * the same float32), separated by ", " as Python's json.dumps does.
- * Our decode includes json_text_validate, since a request body is validated
+ * Our decode includes codec_validate, since a request body is validated
  * once before its tensors are read. jansson reads with flags 0 and writes
  * with flags 0 (its defaults: 17 significant digits).
  * Each figure is the best of several repetitions after a warm-up; ours and
@@ -81,16 +81,16 @@ static int time_ours(const char *text, size_t len, bool warm_up, timing *best)
 {
     {
         api_error err;
-        api_tensor t;
+        codec_tensor t;
         double t0 = now_s();
-        if (!json_text_validate(text, len, &err) ||
-            !api_tensor_decode(text, text + len, "x", false, &t, &err)) {
+        if (!codec_validate(text, len, &err) ||
+            !codec_tensor_decode(text, text + len, "x", false, &t, &err)) {
             fprintf(stderr, "codec: decode: %s %s\n", err.code, err.message);
             return -1;
         }
         double t1 = now_s();
-        api_buf b = {0};
-        api_tensor_encode(&b, t.f32, t.rank, t.shape, API_ENC_NESTED);
+        codec_buf b = {0};
+        codec_tensor_encode(&b, t.f32, t.rank, t.shape, CODEC_ENC_NESTED);
         double t2 = now_s();
         if (b.failed) {
             fprintf(stderr, "codec: encode ran out of memory\n");
@@ -101,8 +101,8 @@ static int time_ours(const char *text, size_t len, bool warm_up, timing *best)
             best->encode_s = fmin(best->encode_s, t2 - t1);
         }
         best->encoded_len = b.len;
-        api_buf_free(&b);
-        api_tensor_free(&t);
+        codec_buf_free(&b);
+        codec_tensor_free(&t);
     }
     return 0;
 }
@@ -139,22 +139,22 @@ static int time_jansson(const char *text, size_t len, bool warm_up, timing *best
 static int check_round_trip(const char *text, size_t len)
 {
     api_error err;
-    api_tensor a, b;
-    if (!api_tensor_decode(text, text + len, "x", false, &a, &err))
+    codec_tensor a, b;
+    if (!codec_tensor_decode(text, text + len, "x", false, &a, &err))
         return -1;
-    api_buf buf = {0};
-    api_tensor_encode(&buf, a.f32, a.rank, a.shape, API_ENC_NESTED);
+    codec_buf buf = {0};
+    codec_tensor_encode(&buf, a.f32, a.rank, a.shape, CODEC_ENC_NESTED);
     int rc = -1;
     if (!buf.failed &&
-        api_tensor_decode(buf.data, buf.data + buf.len, "x", false, &b, &err)) {
+        codec_tensor_decode(buf.data, buf.data + buf.len, "x", false, &b, &err)) {
         rc = b.count == a.count &&
                      memcmp(a.f32, b.f32, (size_t)a.count * sizeof(float)) == 0
                  ? 0
                  : -1;
-        api_tensor_free(&b);
+        codec_tensor_free(&b);
     }
-    api_buf_free(&buf);
-    api_tensor_free(&a);
+    codec_buf_free(&buf);
+    codec_tensor_free(&a);
     return rc;
 }
 

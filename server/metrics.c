@@ -6,7 +6,8 @@
  */
 #include "server.h"
 
-#include <stdarg.h>
+#include "json/codec.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,50 +66,12 @@ long metrics_in_flight(srv_metrics *m)
     return atomic_load_explicit(&m->in_flight, memory_order_acquire);
 }
 
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool failed;
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...)
-{
-    if (t->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->data + t->len, t->cap - t->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = true;
-            return;
-        }
-        if ((size_t)n < t->cap - t->len) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap * 2 + (size_t)n;
-        char *p = realloc(t->data, cap);
-        if (!p) {
-            t->failed = true;
-            return;
-        }
-        t->data = p;
-        t->cap = cap;
-    }
-}
-
 char *metrics_render(srv_server *srv, size_t *len)
 {
     srv_metrics *m = &srv->metrics;
-    text t = {.cap = 8192};
-    t.data = malloc(t.cap);
-    if (!t.data)
-        return NULL;
+    codec_buf t = {0};
 
-    put(&t, "# HELP attnd_requests_total HTTP requests answered, by route and status.\n"
+    codec_buf_printf(&t, "# HELP attnd_requests_total HTTP requests answered, by route and status.\n"
             "# TYPE attnd_requests_total counter\n");
     for (int r = 0; r < m->n_labels; r++)
         for (size_t s = 0; s <= METRICS_N_STATUS; s++) {
@@ -116,14 +79,14 @@ char *metrics_render(srv_server *srv, size_t *len)
             if (!v)
                 continue;
             if (s < METRICS_N_STATUS)
-                put(&t, "attnd_requests_total{route=\"%s\",status=\"%d\"} %lu\n",
+                codec_buf_printf(&t, "attnd_requests_total{route=\"%s\",status=\"%d\"} %lu\n",
                     m->labels[r], statuses[s], v);
             else
-                put(&t, "attnd_requests_total{route=\"%s\",status=\"other\"} %lu\n",
+                codec_buf_printf(&t, "attnd_requests_total{route=\"%s\",status=\"other\"} %lu\n",
                     m->labels[r], v);
         }
 
-    put(&t, "# HELP attnd_request_duration_seconds Time from the request's headers to "
+    codec_buf_printf(&t, "# HELP attnd_request_duration_seconds Time from the request's headers to "
             "its last response byte.\n"
             "# TYPE attnd_request_duration_seconds histogram\n");
     for (int r = 0; r < m->n_labels; r++) {
@@ -131,39 +94,39 @@ char *metrics_render(srv_server *srv, size_t *len)
         for (size_t b = 0; b <= METRICS_N_BUCKETS; b++) {
             cumulative += relaxed_load(m->counters[r].bucket[b]);
             if (b < METRICS_N_BUCKETS)
-                put(&t, "attnd_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %lu\n",
+                codec_buf_printf(&t, "attnd_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %lu\n",
                     m->labels[r], buckets[b], cumulative);
             else
-                put(&t, "attnd_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %lu\n",
+                codec_buf_printf(&t, "attnd_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %lu\n",
                     m->labels[r], cumulative);
         }
-        put(&t, "attnd_request_duration_seconds_sum{route=\"%s\"} %.9f\n", m->labels[r],
+        codec_buf_printf(&t, "attnd_request_duration_seconds_sum{route=\"%s\"} %.9f\n", m->labels[r],
             (double)relaxed_load(m->counters[r].duration_ns) / 1e9);
-        put(&t, "attnd_request_duration_seconds_count{route=\"%s\"} %lu\n", m->labels[r],
+        codec_buf_printf(&t, "attnd_request_duration_seconds_count{route=\"%s\"} %lu\n", m->labels[r],
             cumulative);
     }
 
-    put(&t, "# HELP attnd_in_flight_requests Requests received and not yet answered.\n"
+    codec_buf_printf(&t, "# HELP attnd_in_flight_requests Requests received and not yet answered.\n"
             "# TYPE attnd_in_flight_requests gauge\n"
             "attnd_in_flight_requests %ld\n", relaxed_load(m->in_flight));
-    put(&t, "# HELP attnd_queue_depth Requests waiting for a compute slot.\n"
+    codec_buf_printf(&t, "# HELP attnd_queue_depth Requests waiting for a compute slot.\n"
             "# TYPE attnd_queue_depth gauge\n"
             "attnd_queue_depth %d\n", compute_queue_depth(srv));
-    put(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
+    codec_buf_printf(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
             "# TYPE attnd_computing_requests gauge\n"
             "attnd_computing_requests %d\n", compute_running(srv));
-    put(&t, "# HELP attnd_response_bytes_pending Bytes held by answers computed or "
+    codec_buf_printf(&t, "# HELP attnd_response_bytes_pending Bytes held by answers computed or "
             "being computed and not yet sent (bounded by --max-response).\n"
             "# TYPE attnd_response_bytes_pending gauge\n"
             "attnd_response_bytes_pending %.0f\n", compute_response_pending(srv));
-    put(&t, "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
+    codec_buf_printf(&t, "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
             "(stderr) was full.\n"
             "# TYPE attnd_log_dropped_total counter\n"
             "attnd_log_dropped_total %lu\n", log_dropped(&srv->log));
-    put(&t, "# HELP attnd_bytes_received_total Request body bytes received.\n"
+    codec_buf_printf(&t, "# HELP attnd_bytes_received_total Request body bytes received.\n"
             "# TYPE attnd_bytes_received_total counter\n"
             "attnd_bytes_received_total %lu\n", relaxed_load(m->bytes_received));
-    put(&t, "# HELP attnd_bytes_sent_total Response body bytes sent.\n"
+    codec_buf_printf(&t, "# HELP attnd_bytes_sent_total Response body bytes sent.\n"
             "# TYPE attnd_bytes_sent_total counter\n"
             "attnd_bytes_sent_total %lu\n", relaxed_load(m->bytes_sent));
 

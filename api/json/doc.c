@@ -1,0 +1,65 @@
+/*
+ * The notes a validated document keeps for its readers: for each long block
+ * of a row of numbers that the validator classified (row_scan.c), where the
+ * block starts and which of its bytes belong to numbers. The tensor reader
+ * (number.c) then goes through the numbers of those blocks at once, from
+ * the notes, without classifying the bytes a second time.
+ *
+ * Two arrays in text order, 12 bytes a block of 32 to 64 bytes; they grow
+ * by doubling. Texts of 4 GiB and more are noted up to there only (the
+ * offsets are 32-bit).
+ */
+#include "codec_internal.h"
+
+#include <stdlib.h>
+
+void codec_doc_note(codec_doc *doc, cursor p, uint64_t numbers)
+{
+    size_t at = (size_t)(p - doc->text);
+    if (at > UINT32_MAX || doc->block_cap == SIZE_MAX)
+        return;
+    if (doc->n_blocks == doc->block_cap) {
+        size_t cap = doc->block_cap ? 2 * doc->block_cap : 256;
+        uint32_t *a = realloc(doc->block_at, cap * sizeof *a);
+        if (a)
+            doc->block_at = a;
+        uint64_t *m = a ? realloc(doc->block_numbers, cap * sizeof *m) : NULL;
+        if (m)
+            doc->block_numbers = m;
+        if (!a || !m) {
+            doc->block_cap = SIZE_MAX; /* no more notes; those taken stay good */
+            return;
+        }
+        doc->block_cap = cap;
+    }
+    doc->block_at[doc->n_blocks] = (uint32_t)at;
+    doc->block_numbers[doc->n_blocks] = numbers;
+    doc->n_blocks++;
+}
+
+void codec_doc_free(codec_doc *doc)
+{
+    free(doc->block_at);
+    free(doc->block_numbers);
+    doc->block_at = NULL;
+    doc->block_numbers = NULL;
+    doc->n_blocks = doc->block_cap = 0;
+}
+
+void codec_notes_from(codec_notes *notes, const codec_doc *doc, cursor p)
+{
+    *notes = (codec_notes){0};
+    if (!doc || !doc->n_blocks || p < doc->text)
+        return;
+    /* the first block at or after p: a binary search over the offsets */
+    size_t at = (size_t)(p - doc->text), lo = 0, hi = doc->n_blocks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (doc->block_at[mid] < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *notes = (codec_notes){.text = doc->text, .at = doc->block_at,
+                           .numbers = doc->block_numbers, .i = lo, .n = doc->n_blocks};
+}
