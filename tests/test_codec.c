@@ -2364,6 +2364,254 @@ START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
 }
 END_TEST
 
+/* ============================================================ the library */
+
+/* A tensor through codec_doc_tensor (the validator's notes) and through
+ * codec_tensor_decode (none): the same floats, or the same error. */
+static void expect_doc_reads_alike(const char *body, size_t len, const char *value,
+                                   const char *value_end)
+{
+    codec_doc doc;
+    codec_span spans[4];
+    codec_error e1, e2;
+    ck_assert_msg(codec_doc_validate(&doc, body, len, spans, 4, &e1), "%s", e1.message);
+    codec_tensor a, b;
+    bool ok1 = codec_doc_tensor(&doc, value, value_end, "q", false, &a, &e1);
+    bool ok2 = codec_tensor_decode(value, value_end, "q", false, &b, &e2);
+    codec_doc_free(&doc);
+    CHECK(ok1 == ok2, "%.200s: with notes %d (%s), without %d (%s)", value, ok1,
+          ok1 ? "" : e1.message, ok2, ok2 ? "" : e2.message);
+    if (ok1) {
+        CHECK(a.rank == b.rank && a.count == b.count &&
+                  memcmp(a.shape, b.shape, sizeof a.shape[0] * (size_t)a.rank) == 0,
+              "%.200s: shapes differ", value);
+        for (int64_t i = 0; i < a.count; i++)
+            CHECK(same_bits(a.f32[i], b.f32[i]), "%.200s: element %lld differs", value,
+                  (long long)i);
+        codec_tensor_free(&a);
+        codec_tensor_free(&b);
+    } else {
+        /* the same error, its place counted from the document's start with
+         * the notes and from the value's without */
+        CHECK(e1.kind == e2.kind && !strcmp(e1.message, e2.message) &&
+                  !strcmp(e1.field, e2.field) &&
+                  e1.offset == e2.offset + (e2.line ? (size_t)(value - body) : 0),
+              "%.200s: %s (at %zu) / %s (at %zu)", value, e1.message, e1.offset, e2.message,
+              e2.offset);
+    }
+}
+
+START_TEST(doc_tensor_reads_rows_from_the_notes_as_from_the_text)
+{
+    uint64_t seed = 11;
+    size_t cap = 1 << 16;
+    char *body = malloc(cap);
+    ck_assert(body != NULL);
+    size_t noted = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        /* {"q": [[row], [row], ...]} or {"q": {"shape": [n], "data": [row]}},
+         * rows of short integers (which outrun the reader's first guess at
+         * the element count), of client floats, of anything */
+        int rows = 1 + (int)(rng_next(&seed) % 6), width = 1 + (int)(rng_next(&seed) % 200);
+        bool flat = iter % 4 == 3;
+        size_t w = (size_t)sprintf(body, "{\"k\": 1, \"q\": ");
+        const char *value = body + w;
+        if (flat)
+            w += (size_t)sprintf(body + w, "{\"shape\": [%d], \"data\": ", width);
+        w += (size_t)sprintf(body + w, "[");
+        for (int r = 0; r < (flat ? 1 : rows); r++) {
+            w += (size_t)sprintf(body + w, "%s%s", r ? ", " : "", flat ? "" : "[");
+            for (int i = 0; i < width && w + 200 < cap; i++) {
+                if (i)
+                    w += (size_t)sprintf(body + w, "%s", SEPARATORS[rng_next(&seed) % 6]);
+                uint64_t kind = rng_next(&seed) % 8;
+                if (iter % 3 == 0 && kind < 6)
+                    w += (size_t)sprintf(body + w, "%d", (int)(rng_next(&seed) % 10));
+                else
+                    w += random_number(body + w, &seed);
+            }
+            w += (size_t)sprintf(body + w, "%s", flat ? "" : "]");
+        }
+        w += (size_t)sprintf(body + w, "]%s", flat ? "}" : "");
+        const char *value_end = body + w;
+        w += (size_t)sprintf(body + w, ", \"v\": [1, 2]}");
+        codec_doc doc;
+        codec_error e;
+        ck_assert(codec_doc_validate(&doc, body, w, NULL, 0, &e));
+        noted += doc.n_blocks;
+        codec_doc_free(&doc);
+        expect_doc_reads_alike(body, w, value, value_end);
+    }
+    /* the notes were there to be used */
+    ck_assert_uint_gt(noted, 10000);
+    free(body);
+}
+END_TEST
+
+START_TEST(codec_error_gives_the_place_of_the_fault)
+{
+    codec_error e;
+    /* the validator: the ']' after the trailing comma */
+    const char *s = "{\n  \"a\": [1, 2,]\n}";
+    ck_assert(!codec_validate(s, strlen(s), &e));
+    ck_assert_int_eq(e.kind, CODEC_ERR_SYNTAX);
+    ck_assert_uint_eq(e.offset, 15);
+    ck_assert_int_eq(e.line, 2);
+    ck_assert_int_eq(e.column, 14);
+    /* a tensor's element: counted from the value given, or with a document
+     * from the document's start */
+    const char *body = "{\"q\":\n [[1, 2],\n  [3, \"x\"]]}";
+    const char *value = strchr(body, '[');
+    codec_tensor t;
+    ck_assert(!codec_tensor_decode(value, body + strlen(body) - 1, "q", false, &t, &e));
+    ck_assert_int_eq(e.kind, CODEC_ERR_WRONG_TYPE);
+    ck_assert_uint_eq(e.offset, (size_t)(strchr(body, 'x') - 1 - value));
+    ck_assert_int_eq(e.line, 2);
+    ck_assert_int_eq(e.column, 7);
+    codec_doc doc;
+    codec_span spans[4];
+    ck_assert(codec_doc_validate(&doc, body, strlen(body), spans, 4, &e));
+    ck_assert(!codec_doc_tensor(&doc, value, body + strlen(body) - 1, "q", false, &t, &e));
+    codec_doc_free(&doc);
+    ck_assert_uint_eq(e.offset, (size_t)(strchr(body, 'x') - 1 - body));
+    ck_assert_int_eq(e.line, 3);
+    ck_assert_int_eq(e.column, 7);
+    ck_assert_str_eq(e.field, "q");
+    /* a ragged row: the ']' that closes the row of the wrong length */
+    const char *ragged = "[[1, 2], [3]]";
+    ck_assert(!codec_tensor_decode(ragged, ragged + strlen(ragged), "q", false, &t, &e));
+    ck_assert_int_eq(e.kind, CODEC_ERR_RAGGED);
+    ck_assert_uint_eq(e.offset, 11);
+    /* a length that does not match the shape is at no one byte */
+    const char *mismatch = "{\"shape\": [3], \"data\": [1, 2]}";
+    ck_assert(!codec_tensor_decode(mismatch, mismatch + strlen(mismatch), "q", false, &t, &e));
+    ck_assert_int_eq(e.kind, CODEC_ERR_SHAPE_MISMATCH);
+    ck_assert_int_eq(e.line, 0);
+    ck_assert_int_eq(e.column, 0);
+    /* a duplicate key: the second one */
+    const char *dup = "{\"a\": 1, \"a\": 2}";
+    codec_member m[4];
+    size_t n;
+    ck_assert(!codec_members(dup, dup + strlen(dup), m, 4, &n, "", &e));
+    ck_assert_int_eq(e.kind, CODEC_ERR_DUPLICATE_KEY);
+    ck_assert_uint_eq(e.offset, 9);
+}
+END_TEST
+
+/* The number at s as an integer within limit. */
+static codec_int_result integer(const char *s, int64_t limit, int64_t *out)
+{
+    const char *stop;
+    codec_int_result r = codec_parse_integer(s, s + strlen(s), limit, &stop, out);
+    ck_assert_msg(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
+    return r;
+}
+
+START_TEST(parse_integer_decides_on_the_digits)
+{
+    static const struct {
+        const char *text;
+        int64_t limit;
+        codec_int_result want;
+        int64_t value;
+    } cases[] = {
+        {"0", 10, CODEC_INT_OK, 0},
+        {"-0", 10, CODEC_INT_OK, 0},
+        {"-0.0e7", 10, CODEC_INT_OK, 0},
+        {"7", 10, CODEC_INT_OK, 7},
+        {"-7", 10, CODEC_INT_OK, -7},
+        {"2.0", 10, CODEC_INT_OK, 2},
+        {"2e0", 10, CODEC_INT_OK, 2},
+        {"0.2e1", 10, CODEC_INT_OK, 2},
+        {"200e-2", 10, CODEC_INT_OK, 2},
+        {"2.5", 10, CODEC_INT_FRACTION, 0},
+        {"-2.5", 10, CODEC_INT_FRACTION, 0},
+        {"1e-400", 10, CODEC_INT_FRACTION, 0},
+        {"2.0000000000000000001", 10, CODEC_INT_FRACTION, 0},
+        {"2.00000000000000000000000000000000000000", 10, CODEC_INT_OK, 2},
+        {"10", 10, CODEC_INT_OK, 10},
+        {"10.5", 10, CODEC_INT_RANGE, 0},
+        {"11", 10, CODEC_INT_RANGE, 0},
+        {"-11", 10, CODEC_INT_RANGE, 0},
+        {"1e15", 1000000000000000, CODEC_INT_OK, 1000000000000000},
+        {"1000000000000000", 1000000000000000, CODEC_INT_OK, 1000000000000000},
+        {"-1000000000000000.0", 1000000000000000, CODEC_INT_OK, -1000000000000000},
+        {"1000000000000000.1", 1000000000000000, CODEC_INT_RANGE, 0},
+        {"1000000000000001", 1000000000000000, CODEC_INT_RANGE, 0},
+        {"999999999999999.5", 1000000000000000, CODEC_INT_FRACTION, 0},
+        {"4611686018427387904", INT64_C(1) << 62, CODEC_INT_OK, INT64_C(1) << 62},
+        {"4611686018427387905", INT64_C(1) << 62, CODEC_INT_RANGE, 0},
+        {"4.611686018427387904e18", INT64_C(1) << 62, CODEC_INT_OK, INT64_C(1) << 62},
+        {"1e19", INT64_C(1) << 62, CODEC_INT_RANGE, 0},
+        {"99999999999999999999999", INT64_C(1) << 62, CODEC_INT_RANGE, 0},
+        {"1e100000000", INT64_C(1) << 62, CODEC_INT_RANGE, 0},
+        {"123456789012345678.5", 1000000000000000000, CODEC_INT_FRACTION, 0},
+        {"0.000000000000000000000000000000000000000003e42", 10, CODEC_INT_OK, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t v = -99;
+        codec_int_result r = integer(cases[i].text, cases[i].limit, &v);
+        ck_assert_msg(r == cases[i].want, "%s: %d, want %d", cases[i].text, r, cases[i].want);
+        if (r == CODEC_INT_OK)
+            ck_assert_msg(v == cases[i].value, "%s: %lld", cases[i].text, (long long)v);
+    }
+    /* every way of writing random integers reads back as them, and a half
+     * added never does */
+    uint64_t seed = 21;
+    for (int iter = 0; iter < 200000; iter++) {
+        int64_t x = (int64_t)(rng_next(&seed) % 2000000000000001u) - 1000000000000000;
+        char text[80];
+        int zeros = (int)(rng_next(&seed) % 4);
+        switch (iter % 4) {
+        case 0: snprintf(text, sizeof text, "%lld", (long long)x); break;
+        case 1: snprintf(text, sizeof text, "%lld.%.*s", (long long)x, zeros + 1, "0000"); break;
+        case 2: snprintf(text, sizeof text, "%lld%.*se-%d", (long long)x, zeros, "0000", zeros);
+            break;
+        default: snprintf(text, sizeof text, "%lld.5", (long long)x); break;
+        }
+        int64_t v;
+        codec_int_result r = integer(text, 1000000000000000, &v);
+        if (iter % 4 == 3)
+            CHECK(r == CODEC_INT_FRACTION || (r == CODEC_INT_RANGE && llabs(x) == 1000000000000000),
+                  "%s: %d", text, r);
+        else
+            CHECK(r == CODEC_INT_OK && v == x, "%s: %d %lld", text, r, (long long)v);
+    }
+}
+END_TEST
+
+START_TEST(simd_switch_caps_the_width_in_use)
+{
+    codec_simd was = codec_simd_in_use();
+    for (int s = CODEC_SIMD_PORTABLE; s <= CODEC_SIMD_AVX512; s++) {
+        codec_set_simd((codec_simd)s);
+        codec_simd now = codec_simd_in_use();
+        ck_assert_int_le(now, s);
+        ck_assert(codec_simd_supported(now));
+        /* the widest the CPU runs up to the cap */
+        for (int wider = now + 1; wider <= s; wider++)
+            ck_assert(!codec_simd_supported((codec_simd)wider));
+    }
+    codec_set_simd(CODEC_SIMD_PORTABLE);
+    ck_assert_int_eq(codec_half_path_in_use(), CODEC_HALF_PORTABLE);
+    ck_assert_str_eq(codec_simd_name(codec_simd_in_use()), "portable");
+    codec_set_simd(was);
+    ck_assert_int_eq(codec_simd_in_use(), was);
+}
+END_TEST
+
+START_TEST(buf_string_quotes_and_escapes)
+{
+    codec_buf b = {0};
+    codec_buf_string(&b, "a\"b\\c\n\x01 \xe2\x82\xac");
+    codec_buf_puts(&b, ",");
+    codec_buf_string(&b, "");
+    ck_assert(!b.failed);
+    ck_assert_str_eq(b.data, "\"a\\\"b\\\\c\\n\\u0001 \xe2\x82\xac\",\"\"");
+    codec_buf_free(&b);
+}
+END_TEST
+
 static TCase *tcase(Suite *s, const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -2436,6 +2684,12 @@ Suite *codec_suite(void)
     tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
     tc = tcase(s, "robustness");
     tcase_add_test(tc, mutated_documents_never_crash);
+    tc = tcase(s, "library");
+    tcase_add_test(tc, doc_tensor_reads_rows_from_the_notes_as_from_the_text);
+    tcase_add_test(tc, codec_error_gives_the_place_of_the_fault);
+    tcase_add_test(tc, parse_integer_decides_on_the_digits);
+    tcase_add_test(tc, simd_switch_caps_the_width_in_use);
+    tcase_add_test(tc, buf_string_quotes_and_escapes);
     return s;
 }
 

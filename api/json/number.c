@@ -574,16 +574,19 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
     const char *blocks_from = p;
     while (n < room) {
         if (end - p >= BLOCK_READ) {
-            /* A block: one the validator noted here, or else one classified
-             * now, unless the validator noted one just ahead, which the
-             * numbers one by one lead to. */
+            /* A block: with notes, one the validator noted here (where it
+             * noted none, the row's numbers here are few or unusual, and
+             * are read one by one up to the next note); without, one
+             * classified now. */
             uint64_t numbers = 0;
-            const char *comma = NULL, *noted = next_note(notes, p);
-            if (noted == p) {
-                numbers = notes->numbers[notes->i++];
-                /* its last comma follows its last number (and whitespace) */
-                comma = codec_skip_ws(p + 64 - __builtin_clzll(numbers), end);
-            } else if (p >= blocks_from && !(noted && noted - p < 64)) {
+            const char *comma = NULL;
+            if (notes) {
+                if (next_note(notes, p) == p) {
+                    numbers = notes->numbers[notes->i++];
+                    /* its last comma follows its last number (and spaces) */
+                    comma = codec_skip_ws(p + 64 - __builtin_clzll(numbers), end);
+                }
+            } else if (p >= blocks_from) {
                 codec_row_block b;
                 codec_row_scan(p, &b);
                 if (b.len && codec_row_grammar(&b)) {
