@@ -208,7 +208,7 @@ static char *build_info(const srv_server *srv, size_t *len)
     codec_buf_printf(&t, ", \"threads\": 1}, \"threads\": %d, ", cfg->threads);
     /* whether they are on, never what they are */
     codec_buf_printf(&t, "\"security\": {\"api_key_required\": %s, \"tls\": %s}, ",
-             auth_required(&srv->auth) ? "true" : "false", tls_enabled(srv) ? "true" : "false");
+                     auth_required(&srv->auth) ? "true" : "false", tls_enabled(srv) ? "true" : "false");
     codec_buf_printf(&t, "\"cors_origins\": [");
     for (int i = 0; i < cfg->n_origins; i++) {
         if (i)

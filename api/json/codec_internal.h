@@ -259,9 +259,9 @@ codec_half_path codec_half_path_in_use(void);
 /* n little-endian 2-byte elements of dtype (CODEC_F16 or CODEC_BF16) at in,
  * widened into out; and back, rounded to nearest even. */
 void codec_half_to_f32(codec_dtype dtype, const uint8_t *in, float *out, size_t n,
-                     codec_half_path path);
+                       codec_half_path path);
 void codec_f32_to_half(codec_dtype dtype, const float *in, uint8_t *out, size_t n,
-                     codec_half_path path);
+                       codec_half_path path);
 
 /* One element each way, the portable reference. */
 float codec_f16_to_f32_one(uint16_t h);

@@ -11,8 +11,9 @@
  * vcvtps2ph on 16 lanes, vcvtne2ps2bf16 with AVX512_BF16), F16C with AVX
  * (8 lanes), and portable C. They give the same bits for every input;
  * tests/test_codec.c holds each path the CPU supports to the portable one
- * over every float16 and bfloat16 and over every float32 rounding case. vcvtne2ps2bf16 reads float32 subnormals as zero,
- * so the few vectors that hold one are redone by the portable code.
+ * over every float16 and bfloat16 and over every float32 rounding case.
+ * vcvtne2ps2bf16 reads float32 subnormals as zero, so the few vectors that
+ * hold one are redone by the portable code.
  */
 #include "codec_internal.h"
 
@@ -199,7 +200,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void f32_to_bf16_avx512(con
 /* ------------------------------------------------------------ dispatch */
 
 void codec_half_to_f32(codec_dtype dtype, const uint8_t *in, float *out, size_t n,
-                     codec_half_path path)
+                       codec_half_path path)
 {
 #ifdef HALF_X86
     if (path == CODEC_HALF_AVX512 || path == CODEC_HALF_AVX512_BF16) {
@@ -223,7 +224,7 @@ void codec_half_to_f32(codec_dtype dtype, const uint8_t *in, float *out, size_t 
 }
 
 void codec_f32_to_half(codec_dtype dtype, const float *in, uint8_t *out, size_t n,
-                     codec_half_path path)
+                       codec_half_path path)
 {
 #ifdef HALF_X86
     if (dtype == CODEC_F16 && (path == CODEC_HALF_AVX512 || path == CODEC_HALF_AVX512_BF16)) {

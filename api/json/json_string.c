@@ -270,7 +270,7 @@ static const char *iter_after(const string_iter *it)
 }
 
 size_t codec_string_decode(const char *start, const char *end, char *out,
-                          size_t cap, const char **after)
+                           size_t cap, const char **after)
 {
     cursor p = start + 1;
     /* the common case: no escapes */

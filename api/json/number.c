@@ -405,7 +405,8 @@ static const uint64_t pow10_u64[20] = {
  * not of that kind (nothing is written then); *ok says whether it is finite
  * as a float32.
  */
-__attribute__((always_inline)) static inline bool parse_fast(const char *p, const char **stop, float *out, bool *ok)
+__attribute__((always_inline)) static inline bool parse_fast(const char *p, const char **stop,
+                                                             float *out, bool *ok)
 {
     bool neg = *p == '-';
     const char *digits = p + neg, *s = digits;
@@ -462,7 +463,7 @@ __attribute__((always_inline)) static inline bool parse_one(const char *p, const
 }
 
 bool codec_parse_float(const char *p, const char *end, const char **stop,
-                      float *out)
+                       float *out)
 {
     return parse_one(p, end, stop, out);
 }
@@ -532,9 +533,11 @@ static size_t parse_block(const char *p, uint64_t numbers, float *out, size_t ro
                 const char *frac = digits + n_whole + 1;
                 int head = n_frac < 16 ? n_frac : 16;
                 uint64_t f = value16(frac, head);
-                if (n_frac > 16) /* a float32 printed as a double: 17 digits */
+                if (n_frac > 16) { /* a float32 printed as a double: 17 digits */
+                    uint64_t tail = codec_load8(frac + 16);
                     f = f * pow10_run[n_frac - 16] +
-                        codec_digits8_value(codec_digit_values(codec_load8(frac + 16), n_frac - 16));
+                        codec_digits8_value(codec_digit_values(tail, n_frac - 16));
+                }
                 w = w * pow10_u64[n_frac] + f;
             }
             if (w == 0) {

@@ -115,7 +115,8 @@ __attribute__((target("avx2"))) static void classify_avx2(const char *p, codec_r
     }
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void classify_avx512(const char *p, codec_row_block *b)
+__attribute__((target("avx512f,avx512bw"))) static void classify_avx512(const char *p,
+                                                                      codec_row_block *b)
 {
     __m512i x = _mm512_loadu_si512((const void *)p);
     b->digit = _mm512_cmplt_epu8_mask(_mm512_sub_epi8(x, _mm512_set1_epi8('0')),

@@ -141,17 +141,17 @@ static array_state open_array(array_walk *a)
     if (a->depth == a->max_depth) {
         if (a->max_depth == 1)
             codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
-                     "%s must be a flat array of numbers; %s is an array", a->field,
-                     here(a, a->depth));
+                       "%s must be a flat array of numbers; %s is an array", a->field,
+                       here(a, a->depth));
         else
-            codec_fail(a->err, CODEC_ERR_SHAPE, a->field, a->text, a->p, "%s has more than %d dimensions",
-                     a->field, CODEC_MAX_RANK);
+            codec_fail(a->err, CODEC_ERR_SHAPE, a->field, a->text, a->p,
+                       "%s has more than %d dimensions", a->field, CODEC_MAX_RANK);
         return FAILED;
     }
     if (a->rank >= 0 && a->depth >= a->rank) {
         codec_fail(a->err, CODEC_ERR_RAGGED, a->field, a->text, a->p,
-                 "%s is ragged: %s is an array where a number belongs", a->field,
-                 here(a, a->depth));
+                   "%s is ragged: %s is an array where a number belongs", a->field,
+                   here(a, a->depth));
         return FAILED;
     }
     a->idx[a->depth++] = 0;
@@ -171,11 +171,12 @@ static bool settle_dtype(array_walk *a, codec_dtype dtype)
     if (s->dtype == dtype)
         return true;
     if (s->declared)
-        return codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p, "%s is %s but dtype is \"%s\"",
-                        here(a, a->depth), s->dtype == CODEC_BOOL ? "a number" : "a boolean",
-                        s->dtype == CODEC_BOOL ? "bool" : "float32");
-    return codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p, "%s mixes numbers and booleans (at %s)",
-                    a->field, here(a, a->depth));
+        return codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                          "%s is %s but dtype is \"%s\"", here(a, a->depth),
+                          s->dtype == CODEC_BOOL ? "a number" : "a boolean",
+                          s->dtype == CODEC_BOOL ? "bool" : "float32");
+    return codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                      "%s mixes numbers and booleans (at %s)", a->field, here(a, a->depth));
 }
 
 /* At a number: the innermost row, numbers separated by commas and nearly
@@ -213,8 +214,8 @@ static array_state read_numbers(array_walk *a)
 static array_state read_boolean(array_walk *a)
 {
     if (!a->accept_bool) {
-        codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p, "%s must hold numbers; %s is a boolean",
-                 a->field, here(a, a->depth));
+        codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                   "%s must hold numbers; %s is a boolean", a->field, here(a, a->depth));
         return FAILED;
     }
     if (!settle_dtype(a, CODEC_BOOL))
@@ -247,17 +248,18 @@ static array_state read_element(array_walk *a)
         a->rank = a->depth;
     else if (a->depth != a->rank) {
         codec_fail(a->err, CODEC_ERR_RAGGED, a->field, a->text, a->p,
-                 "%s is ragged: %s is %s where an array belongs", a->field, here(a, a->depth),
-                 codec_kind_name(c));
+                   "%s is ragged: %s is %s where an array belongs", a->field, here(a, a->depth),
+                   codec_kind_name(c));
         return FAILED;
     }
     if (codec_starts_number(c))
         return read_numbers(a);
     if (c == 't' || c == 'f')
         return read_boolean(a);
-    codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p, "%s must hold %s; %s is %s", a->field,
-             a->accept_bool ? "numbers or booleans" : "numbers", here(a, a->depth),
-             codec_kind_name(c));
+    codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+               "%s must hold %s; %s is %s", a->field,
+               a->accept_bool ? "numbers or booleans" : "numbers", here(a, a->depth),
+               codec_kind_name(c));
     return FAILED;
 }
 

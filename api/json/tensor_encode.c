@@ -119,11 +119,13 @@ static void put_base64(codec_buf *b, const float *data, size_t n, codec_dtype dt
 
 codec_dtype codec_encoding_dtype(codec_encoding enc)
 {
-    return enc == CODEC_ENC_BASE64_F16 ? CODEC_F16 : enc == CODEC_ENC_BASE64_BF16 ? CODEC_BF16 : CODEC_F32;
+    return enc == CODEC_ENC_BASE64_F16    ? CODEC_F16
+           : enc == CODEC_ENC_BASE64_BF16 ? CODEC_BF16
+                                          : CODEC_F32;
 }
 
 void codec_tensor_encode(codec_buf *b, const float *data, int rank, const int64_t *shape,
-                       codec_encoding enc)
+                         codec_encoding enc)
 {
     int64_t count = 1;
     for (int i = 0; i < rank; i++)
