@@ -2544,6 +2544,30 @@ START_TEST(error_window_type_then_range)
 }
 END_TEST
 
+/* An integer field is judged on its digits as written: 2.0 and 2e0 are 2,
+ * while a fraction that a double would round away, or a tiny number that
+ * it would round to 0, is no integer; messages quote the text as sent. */
+START_TEST(integers_are_judged_on_their_digits)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        expect_variant_error(op, "\"window\":[2.0000000000000000001,0]", 400, "wrong_type",
+                             "window");
+        expect_variant_error(op, "\"window\":[1e-400,0]", 400, "wrong_type", "window");
+        expect_variant_message(op, "\"window\":[0,1.5e-1]", 400,
+                               "window[1] must be an integer, got 1.5e-1", NULL);
+        expect_variant_message(op, "\"window\":[1000000000000000.5,0]", 422,
+                               "window[0]=1000000000000000.5 is out of range", NULL);
+        expect_variant_ok(op, "\"window\":[2e0,0.00e3]");
+        expect_variant_ok(op, "\"window\":[1000000000000000,-1]");
+    }
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":2.00000000000000000001}", 400,
+                 "wrong_type", "num_heads");
+    const char *two = "{" MHA ",\"num_heads\":0.2e1}";
+    json_decref(call(API_OP_MULTIHEAD, two, strlen(two), &LIM, 200));
+}
+END_TEST
+
 /* [-1, -1] is no window (openapi: Window): a causal request with it is the
  * request without it, meta.flops included (it counted the band below the
  * diagonal, not causal's nominal n_q * n_k, before). */
@@ -3139,6 +3163,7 @@ static Suite *api_suite(void)
     TCase *va = tcase_create("variants");
     tcase_set_timeout(va, 60);
     tcase_add_test(va, error_window_type_then_range);
+    tcase_add_test(va, integers_are_judged_on_their_digits);
     tcase_add_test(va, window_unbounded_both_sides_is_no_window);
     tcase_add_test(va, error_window_message_names_the_side);
     tcase_add_test(va, error_alibi_slopes_shape_and_values);
