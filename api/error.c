@@ -72,9 +72,8 @@ static char *put_string(char *p, const char *s, size_t cap)
     return p;
 }
 
-/* Written directly rather than through jansson objects (an allocation per
- * member and a sizing dump before the real one): this is the body of every
- * refused request. */
+/* Written directly into one block, the only allocation: this is the body
+ * of every refused request. */
 char *api_error_json(const api_error *e, size_t *len)
 {
     char text[64 + QUOTED_MAX(sizeof e->code) + QUOTED_MAX(sizeof e->message) +

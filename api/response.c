@@ -1,11 +1,10 @@
 /*
  * Writing the parts of an answer: tensors through the codec (straight from
  * float32 to text), and the small objects (stats, meta) composed on the
- * stack and appended once. Building those as jansson objects and dumping
- * them cost more than all the rest of a small request (an allocation per
- * key and value, a printf per number, and two dumps: json_dumpb sizes,
- * then writes). The text is still the one jansson wrote: keys in the same
- * order, compact, integers in decimal and reals as put_real() below.
+ * stack and appended once, since a tree of JSON nodes (an allocation per
+ * key and value, then a dump to size the text and one to write it) would
+ * cost more than all the rest of a small request. The text: keys in a
+ * fixed order, compact, integers in decimal and reals as put_real() below.
  *
  * The put_* helpers write at p and return the end; given NULL (an earlier
  * step failed) they return NULL, so that a sequence of them needs one check.
@@ -61,11 +60,11 @@ static char *put_int(char *p, int64_t x)
 #define REAL_TEXT_MAX 32
 
 /*
- * jansson's text of a real with `precision` (<= 17) significant digits:
- * printf's %.*g, then ".0" when there is neither '.' nor 'e' (so that it
- * reads back as a real), and the exponent without '+' or leading zeros.
- * NULL for a non-finite value, which has no JSON text (jansson refused it
- * too, and the answer became a 500).
+ * The text of a real with `precision` (<= 17) significant digits: printf's
+ * %.*g, then ".0" when there is neither '.' nor 'e' (so that it reads back
+ * as a real), and the exponent without '+' or leading zeros. NULL for a
+ * non-finite value, which has no JSON text (callers check finiteness first:
+ * the statistics are a 422 numerical_overflow before anything is written).
  */
 static char *put_real(char *p, double x, int precision)
 {
@@ -152,8 +151,8 @@ static void append_composed(codec_buf *b, const char *text, const char *end)
         b->failed = true;
 }
 
-/* A statistic as jansson wrote a json_real (17 digits), or null when it
- * was taken over no entries. */
+/* A statistic as a real of 17 significant digits (which read back as the
+ * same double), or null when it was taken over no entries. */
 static char *put_stat(char *p, const char *name, double value, int64_t count,
                       bool first)
 {

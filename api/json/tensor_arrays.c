@@ -3,7 +3,7 @@
  * array of the object form), checked to be rectangular as they are read.
  *
  * One pass over the (validated) text, reading numbers straight into a
- * growing float32 buffer: no json_t per number, no recursion (the open
+ * growing float32 buffer: no node per number, no recursion (the open
  * arrays are a small array of counters), and a tight loop for the innermost
  * rows, where nearly all of the bytes are. Every read is still bounded by
  * `end`, so text that did not pass the validator gives an error or a wrong
