@@ -146,7 +146,8 @@ typedef struct {
  * when a key appears twice (compared after decoding escapes),
  * CODEC_ERR_TOO_MANY_MEMBERS when there are more than `max`, or
  * CODEC_ERR_WRONG_TYPE when p is not an object. `where` names the object in
- * messages: "" for the body, "q" for a tensor object, and so on.
+ * fields and messages: "q" for a tensor object, and so on; "" for the
+ * top-level one, which messages call "the request body".
  */
 bool codec_members(const char *p, const char *end, codec_member *out, size_t max,
                    size_t *count, const char *where, codec_error *err);

@@ -4,8 +4,8 @@
  * Widening is exact: every float16 and bfloat16 value is a float32. The
  * narrowing rounds to nearest, ties to even, as PyTorch's .to(torch.float16)
  * and .to(torch.bfloat16) do: subnormal results are kept, values past the
- * largest finite one become infinity (the API refuses to send those, see
- * codec_half_fits), and a NaN stays a (quiet) NaN.
+ * largest finite one become infinity (a writer that must not send those
+ * checks with codec_half_fits first), and a NaN stays a (quiet) NaN.
  *
  * Three paths, following the width in use (simd.c): AVX-512 (vcvtph2ps /
  * vcvtps2ph on 16 lanes, vcvtne2ps2bf16 with AVX512_BF16), F16C with AVX

@@ -23,8 +23,9 @@
  * 3. What the fast paths leave: more than 19 significant digits (the value
  *    lies between w * 10^q and (w + 1) * 10^q, and when both read as the
  *    same float32 so does it), and the undecided cases: strtod on a
- *    NUL-terminated copy. strtod follows LC_NUMERIC; attnd never calls
- *    setlocale, so the "C" locale (decimal point '.') holds.
+ *    NUL-terminated copy. strtod follows LC_NUMERIC: a program that uses
+ *    the codec must leave it at "C" (decimal point '.'); attnd never calls
+ *    setlocale.
  *
  * An integer is w * 10^q with no fractional part: decided on the digits,
  * never on a rounded double.

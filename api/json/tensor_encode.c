@@ -1,7 +1,7 @@
 /*
- * Tensors out, in the three forms of SPEC §3 (nested arrays, the flat
+ * Tensors out, in their three forms (nested arrays, the flat
  * {"shape", "data"} object, the {"shape", "dtype", "base64"} object),
- * written straight into the response buffer.
+ * written straight into the growing text of the answer.
  */
 #include "codec_internal.h"
 
