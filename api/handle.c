@@ -217,13 +217,11 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
     else {
         const char *text = body ? body : "";
         codec_span spans[API_MAX_FIELDS];
-        codec_doc doc;
-        ok = check_body(&doc, text, len, spans, &err);
-        if (ok) {
-            ok = api_read_fields(&doc, o->fields, o->n_fields, o->other->fields,
-                                 o->other->n_fields, o->other->route, c->f, &err);
-            codec_doc_free(&doc);
-        }
+        codec_doc doc; /* filled by check_body whatever it finds */
+        ok = check_body(&doc, text, len, spans, &err) &&
+             api_read_fields(&doc, o->fields, o->n_fields, o->other->fields,
+                             o->other->n_fields, o->other->route, c->f, &err);
+        codec_doc_free(&doc);
     }
     if (ok) {
         c->want_stats = c->f[o->f_return_stats].present && c->f[o->f_return_stats].flag;
