@@ -2271,6 +2271,35 @@ START_TEST(row_scan_paths_classify_every_byte_alike)
 }
 END_TEST
 
+/* The points and minus signs a noted block's reader finds, on every path,
+ * are the classifier's (before the block is cut to its last comma). */
+START_TEST(row_signs_match_the_classifier_on_every_path)
+{
+    uint64_t seed = 8;
+    char text[64 + 1];
+    for (int path = CODEC_SIMD_PORTABLE; path <= CODEC_SIMD_AVX512; path++) {
+        if (!codec_simd_supported((codec_simd)path))
+            continue;
+        for (int iter = 0; iter < 20000; iter++) {
+            char row[512];
+            size_t n = random_row(row, sizeof row, 8, (int)(iter % 3), &seed);
+            if (n < 64)
+                continue;
+            memcpy(text, row + rng_next(&seed) % (n - 63), 64);
+            if (iter % 7 == 0)
+                text[rng_next(&seed) % 64] = (char)rng_next(&seed);
+            codec_row_block want;
+            ref_classify(text, &want);
+            uint64_t keep = want.len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << want.len) - 1;
+            uint64_t point, minus;
+            codec_row_signs_with(text, &point, &minus, (codec_simd)path);
+            CHECK((point & keep) == want.point && (minus & keep) == want.minus,
+                  "path %s: %.64s", codec_simd_name((codec_simd)path), text);
+        }
+    }
+}
+END_TEST
+
 START_TEST(row_block_grammar_matches_a_reference_recognizer)
 {
     uint64_t seed = 6;
@@ -2680,6 +2709,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, base64_rfc4648_vectors);
     tc = tcase(s, "rows");
     tcase_add_test(tc, row_scan_paths_classify_every_byte_alike);
+    tcase_add_test(tc, row_signs_match_the_classifier_on_every_path);
     tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
     tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
     tc = tcase(s, "robustness");

@@ -107,7 +107,7 @@ typedef struct {
  * numbers it classified (which bytes belong to numbers, 64 bytes at a
  * time), so that codec_doc_tensor reads them without classifying them
  * again. The notes take at most 12 bytes for each 32 bytes of such rows;
- * when memory for them cannot be had, the readers classify for themselves.
+ * when memory for them cannot be had, the readers read number by number.
  * The fields are the codec's: read them through the calls below.
  */
 typedef struct {

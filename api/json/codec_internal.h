@@ -82,6 +82,12 @@ void codec_row_scan_with(const char *p, codec_row_block *b, codec_simd simd);
  * comma, every one valid JSON: what the validator would accept there. */
 bool codec_row_grammar(const codec_row_block *b);
 
+/* The points and minus signs among the 64 bytes at p (all readable), at
+ * the width in use: with the bounds of a noted block's numbers, all that
+ * reading them needs. */
+void codec_row_signs(const char *p, uint64_t *point, uint64_t *minus);
+void codec_row_signs_with(const char *p, uint64_t *point, uint64_t *minus, codec_simd simd);
+
 /* The bytes of a block's numbers: digits, points and minus signs. */
 static inline uint64_t codec_row_numbers(const codec_row_block *b)
 {
@@ -110,8 +116,7 @@ typedef struct {
     size_t i, n;
 } codec_notes;
 
-/* The notes of doc from the first block at or after p on (doc may be NULL:
- * no notes). */
+/* The notes of doc from the first block at or after p on. */
 void codec_notes_from(codec_notes *notes, const codec_doc *doc, cursor p);
 
 /* ------------------------------------------------------------- number.c */
@@ -225,7 +230,8 @@ typedef struct {
     cursor text;       /* where error offsets count from */
     const char *field; /* the tensor's name in messages: "q" */
     bool accept_bool;  /* a mask: booleans (dtype "bool") allowed */
-    codec_notes notes; /* the validator's notes on its rows (or none) */
+    codec_notes notes; /* the validator's notes on its rows; text NULL: no
+                        * document, the rows are classified as they are read */
     codec_error *err;
 } codec_reading;
 

@@ -5,8 +5,11 @@
  * (number.c) then goes through the numbers of those blocks at once, from
  * the notes, without classifying the bytes a second time.
  *
- * Two arrays in text order, 12 bytes a block of 32 to 64 bytes; they grow
- * by doubling. Texts of 4 GiB and more are noted up to there only (the
+ * Two arrays in text order, 12 bytes a block of 32 to 64 bytes, in one
+ * allocation made at the first note for as many as the text could hold:
+ * large ones are mapped by malloc and only the pages written are ever
+ * touched, and nothing is copied or faulted in twice as a growing array
+ * would be. Texts of 4 GiB and more are noted up to there only (the
  * offsets are 32-bit).
  */
 #include "codec_internal.h"
@@ -16,22 +19,21 @@
 void codec_doc_note(codec_doc *doc, cursor p, uint64_t numbers)
 {
     size_t at = (size_t)(p - doc->text);
-    if (at > UINT32_MAX || doc->block_cap == SIZE_MAX)
+    if (at > UINT32_MAX)
         return;
-    if (doc->n_blocks == doc->block_cap) {
-        size_t cap = doc->block_cap ? 2 * doc->block_cap : 256;
-        uint32_t *a = realloc(doc->block_at, cap * sizeof *a);
-        if (a)
-            doc->block_at = a;
-        uint64_t *m = a ? realloc(doc->block_numbers, cap * sizeof *m) : NULL;
-        if (m)
-            doc->block_numbers = m;
-        if (!a || !m) {
-            doc->block_cap = SIZE_MAX; /* no more notes; those taken stay good */
+    if (!doc->block_numbers) {
+        if (doc->block_cap) /* the allocation failed: no notes */
             return;
-        }
+        /* every noted block takes CODEC_NOTE_MIN_LEN bytes of text or more */
+        size_t cap = (size_t)(doc->end - doc->text) / CODEC_NOTE_MIN_LEN + 1;
         doc->block_cap = cap;
+        doc->block_numbers = malloc(cap * (sizeof(uint64_t) + sizeof(uint32_t)));
+        if (!doc->block_numbers)
+            return;
+        doc->block_at = (uint32_t *)(void *)(doc->block_numbers + cap);
     }
+    if (doc->n_blocks == doc->block_cap) /* not on a validated text */
+        return;
     doc->block_at[doc->n_blocks] = (uint32_t)at;
     doc->block_numbers[doc->n_blocks] = numbers;
     doc->n_blocks++;
@@ -39,8 +41,7 @@ void codec_doc_note(codec_doc *doc, cursor p, uint64_t numbers)
 
 void codec_doc_free(codec_doc *doc)
 {
-    free(doc->block_at);
-    free(doc->block_numbers);
+    free(doc->block_numbers); /* block_at lies in the same block */
     doc->block_at = NULL;
     doc->block_numbers = NULL;
     doc->n_blocks = doc->block_cap = 0;
@@ -48,8 +49,8 @@ void codec_doc_free(codec_doc *doc)
 
 void codec_notes_from(codec_notes *notes, const codec_doc *doc, cursor p)
 {
-    *notes = (codec_notes){0};
-    if (!doc || !doc->n_blocks || p < doc->text)
+    *notes = (codec_notes){.text = doc->text};
+    if (!doc->n_blocks || p < doc->text)
         return;
     /* the first block at or after p: a binary search over the offsets */
     size_t at = (size_t)(p - doc->text), lo = 0, hi = doc->n_blocks;

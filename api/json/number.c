@@ -509,24 +509,25 @@ codec_int_result codec_parse_integer(const char *p, const char *end, int64_t lim
 
 /*
  * The numbers of a block (row_scan.c) whose grammar holds, given by the
- * bytes that belong to them (digits, points, minus signs), at most room of
- * them, into out; returns how many were read. When one is not finite as a
- * float32, the count stops before it, *bad is its first byte and *stop the
- * byte after it. The bounds come from the mask, so no number waits for the
- * one before it.
+ * bytes that belong to them (digits, points, minus signs) and, among those,
+ * the points and the minus signs; at most room of them, into out; returns
+ * how many were read. When one is not finite as a float32, the count stops
+ * before it, *bad is its first byte and *stop the byte after it. The bounds
+ * come from the masks, so no number waits for the one before it.
  */
-static size_t parse_block(const char *p, uint64_t numbers, float *out, size_t room,
-                          const char **stop, const char **bad)
+static size_t parse_block(const char *p, uint64_t numbers, uint64_t points, uint64_t minus,
+                          float *out, size_t room, const char **stop, const char **bad)
 {
     uint64_t starts = numbers & ~(numbers << 1), ends = numbers & ~(numbers >> 1);
     size_t n = 0;
     for (; starts && n < room; starts &= starts - 1, ends &= ends - 1, n++) {
         int s = __builtin_ctzll(starts), e = __builtin_ctzll(ends) + 1;
-        bool neg = p[s] == '-';
+        uint64_t span = (ends & -ends) * 2 - (starts & -starts); /* bits s..e-1 */
+        uint64_t point = points & span;
+        bool neg = minus >> s & 1;
         const char *digits = p + s + neg, *after = p + e;
-        /* the whole part's digits, then a point or the number's end */
-        int n_whole = codec_digit_run16(digits);
-        int n_frac = digits + n_whole < after ? (int)(after - digits) - n_whole - 1 : 0;
+        int n_whole = (int)((point ? p + __builtin_ctzll(point) : after) - digits);
+        int n_frac = point ? (int)(after - digits) - n_whole - 1 : 0;
         bool ok;
         if (n_whole <= 8 && n_frac <= 19 && n_whole + n_frac <= 19) {
             uint64_t w = codec_digits8_value(codec_digit_values(codec_load8(digits), n_whole));
@@ -582,11 +583,14 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
              * noted none, the row's numbers here are few or unusual, and
              * are read one by one up to the next note); without, one
              * classified now. */
-            uint64_t numbers = 0;
+            uint64_t numbers = 0, points = 0, minus = 0;
             const char *comma = NULL;
             if (notes) {
                 if (next_note(notes, p) == p) {
                     numbers = notes->numbers[notes->i++];
+                    codec_row_signs(p, &points, &minus);
+                    points &= numbers; /* the block ends at its last comma */
+                    minus &= numbers;
                     /* its last comma follows its last number (and spaces) */
                     comma = codec_skip_ws(p + 64 - __builtin_clzll(numbers), end);
                 }
@@ -595,6 +599,8 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
                 codec_row_scan(p, &b);
                 if (b.len && codec_row_grammar(&b)) {
                     numbers = codec_row_numbers(&b);
+                    points = b.point;
+                    minus = b.minus;
                     comma = p + b.len - 1;
                 } else
                     blocks_from = p + 64;
@@ -606,7 +612,7 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
                                    ? 32
                                    : (size_t)__builtin_popcountll(numbers & ~(numbers << 1));
                 if (count <= room - n) {
-                    n += parse_block(p, numbers, out + n, count, stop, bad);
+                    n += parse_block(p, numbers, points, minus, out + n, count, stop, bad);
                     if (*bad)
                         return n;
                     /* on the comma, as after ", <number>" below */

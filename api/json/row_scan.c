@@ -132,6 +132,74 @@ __attribute__((target("avx512f,avx512bw"))) static void classify_avx512(const ch
 }
 #endif
 
+/* ------------------------------------------------ points and minus signs */
+
+/* What the reader of a noted block needs besides its numbers' bounds (which
+ * the validator noted): which bytes are points and minus signs. Two byte
+ * compares per vector, a fraction of a classification and no grammar. */
+static void signs_portable(const char *p, uint64_t *point, uint64_t *minus)
+{
+    *point = *minus = 0;
+    for (int i = 0; i < 8; i++) {
+        uint64_t x = codec_load8(p + 8 * i);
+        *point |= high_bits8(bytes_equal8(x, '.')) << 8 * i;
+        *minus |= high_bits8(bytes_equal8(x, '-')) << 8 * i;
+    }
+}
+
+#ifdef ROW_SCAN_X86
+static void signs_sse2(const char *p, uint64_t *point, uint64_t *minus)
+{
+    *point = *minus = 0;
+    for (int i = 0; i < 4; i++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
+        *point |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')))
+                  << 16 * i;
+        *minus |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('-')))
+                  << 16 * i;
+    }
+}
+
+__attribute__((target("avx2"))) static void signs_avx2(const char *p, uint64_t *point,
+                                                        uint64_t *minus)
+{
+    *point = *minus = 0;
+    for (int i = 0; i < 2; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * i));
+        *point |= (uint64_t)(uint32_t)_mm256_movemask_epi8(
+                      _mm256_cmpeq_epi8(x, _mm256_set1_epi8('.'))) << 32 * i;
+        *minus |= (uint64_t)(uint32_t)_mm256_movemask_epi8(
+                      _mm256_cmpeq_epi8(x, _mm256_set1_epi8('-'))) << 32 * i;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void signs_avx512(const char *p,
+                                                                   uint64_t *point,
+                                                                   uint64_t *minus)
+{
+    __m512i x = _mm512_loadu_si512((const void *)p);
+    *point = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8('.'));
+    *minus = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8('-'));
+}
+#endif
+
+void codec_row_signs_with(const char *p, uint64_t *point, uint64_t *minus, codec_simd simd)
+{
+    switch (simd) {
+#ifdef ROW_SCAN_X86
+    case CODEC_SIMD_SSE2: signs_sse2(p, point, minus); break;
+    case CODEC_SIMD_AVX2: signs_avx2(p, point, minus); break;
+    case CODEC_SIMD_AVX512: signs_avx512(p, point, minus); break;
+#endif
+    default: signs_portable(p, point, minus); break;
+    }
+}
+
+void codec_row_signs(const char *p, uint64_t *point, uint64_t *minus)
+{
+    codec_row_signs_with(p, point, minus, codec_simd_in_use());
+}
+
 /* -------------------------------------------------------------- a block */
 
 void codec_row_scan_with(const char *p, codec_row_block *b, codec_simd simd)

@@ -323,7 +323,7 @@ static void walk_start(array_walk *a, codec_reading *r, const char *field, curso
     a->accept_bool = r->accept_bool;
     a->max_depth = max_depth;
     a->types_only = types_only;
-    a->notes = types_only ? NULL : &r->notes;
+    a->notes = types_only || !r->notes.text ? NULL : &r->notes;
     a->s = s;
     a->shape = shape;
     a->depth = 0;
