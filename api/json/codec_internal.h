@@ -54,7 +54,7 @@ static inline bool codec_error_is_late(const codec_error *e)
  * the kernel offers them (Linux's transparent huge pages in "madvise"
  * mode, the default of many distributions): a buffer's first writes then
  * fault once per 2 MiB instead of once per 4 KiB. On a virtual machine,
- * where a fault can cost 10 us, that was most of the time of reading a
+ * where a fault can cost 10 us, that is most of the time of reading a
  * million numbers into fresh memory. Does nothing below 4 MiB. */
 void codec_advise_huge(void *p, size_t len);
 

@@ -1,5 +1,6 @@
 /*
- * float16 and bfloat16 <-> float32 for base64 tensors of 2-byte elements.
+ * float16 and bfloat16 <-> float32 for base64 tensors of 2-byte elements, as
+ * half-precision models store them.
  *
  * Widening is exact: every float16 and bfloat16 value is a float32. The
  * narrowing rounds to nearest, ties to even, as PyTorch's .to(torch.float16)
