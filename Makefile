@@ -1,7 +1,9 @@
 # attnd — `make` builds, `make test` proves, `make bench` measures, `make run` serves.
 #
 #   make              build/attnd, build/libattn.a
-#   make test         every suite, then every suite again under ASan + UBSan
+#   make check        the quick loop: the C suites once, no sanitizer, no script
+#   make test         every suite and script, the kernel's cases on each kernel,
+#                     then the C suites under ASan + UBSan
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
@@ -19,31 +21,76 @@ CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
-CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra -Werror -pthread \
-                -Ilib -Iapi -Iserver
+# Warnings are errors for whoever works on attnd (a git checkout) and in make
+# check and make test, but not for a packager's build of a release (no .git)
+# or any build that sets WERROR=0: a newer compiler's new warning must not
+# stop a distribution's build.
+ifeq ($(origin WERROR),undefined)
+WERROR := $(if $(wildcard .git),1,0)
+ifneq ($(filter check test,$(MAKECMDGOALS)),)
+WERROR := 1
+endif
+endif
+export WERROR # to the makes that make test starts
+CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -pthread
 # Recursively expanded on purpose: pkg-config may only exist once tools/deps.sh ran.
-PKG_CFLAGS = $(shell pkg-config --cflags openblas libmicrohttpd 2>/dev/null)
+# jansson is the tests' independent JSON parser, the reference the codec
+# (api/json/) is held to; attnd itself neither includes nor links it.
+PKG_CFLAGS = $(shell pkg-config --cflags openblas jansson libmicrohttpd 2>/dev/null)
+PKG_CFLAGS_LIB = $(shell pkg-config --cflags openblas 2>/dev/null)
+PKG_CFLAGS_SRV = $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 PKG_LIBS_LIB = $(shell pkg-config --libs openblas 2>/dev/null) -lm
 PKG_LIBS_SRV = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
-# jansson is the tests' independent JSON parser, the reference the codec
-# (api/json/) is held to; attnd itself does not link it.
 PKG_LIBS_JANSSON = $(shell pkg-config --libs jansson 2>/dev/null)
 PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null) $(PKG_LIBS_JANSSON)
 ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
-CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(PKG_CFLAGS) $(CFLAGS_ISA) $(CFLAGS)
-LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
 
+# The layers. Each is compiled seeing only the headers it may use, so that an
+# include that reaches across a layer does not compile (tests/test_layers.sh
+# checks that it does not):
+#   cpu/       what this CPU can run; libc only (libattn and the codec use it)
+#   lib/       libattn: lib/, cpu/ and OpenBLAS
+#   api/json/  the codec, a library of its own: api/json/ and cpu/ only,
+#              nothing of the API layer or of libattn
+#   api/       api/ and the codec's header (json/codec.h), and of libattn
+#              only its public header, attn.h, linked alone into BUILD/include
+#   server/    server/ and api/: nothing of libattn
+#   tests/     everything
+INC_CPU    = -Icpu
+INC_LIB    = -Ilib -Icpu $(PKG_CFLAGS_LIB)
+INC_CODEC  = -Iapi/json -Icpu
+INC_API    = -Iapi -I$(BUILD)/include
+INC_SERVER = -Iserver -Iapi $(PKG_CFLAGS_SRV)
+INC_TESTS  = -Ilib -Iapi -Iserver -Icpu $(PKG_CFLAGS)
+# (of two patterns, the one with the shorter stem, api/json/, wins)
+$(BUILD)/obj/cpu/%.o:      CFLAGS_LAYER = $(INC_CPU)
+$(BUILD)/obj/lib/%.o:      CFLAGS_LAYER = $(INC_LIB)
+$(BUILD)/obj/api/%.o:      CFLAGS_LAYER = $(INC_API)
+$(BUILD)/obj/api/json/%.o: CFLAGS_LAYER = $(INC_CODEC)
+$(BUILD)/obj/server/%.o:   CFLAGS_LAYER = $(INC_SERVER)
+$(BUILD)/obj/tests/%.o:    CFLAGS_LAYER = $(INC_TESTS)
+$(BUILD)/obj/web_assets.o: CFLAGS_LAYER = $(INC_SERVER)
+
+CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(CFLAGS_LAYER) $(CFLAGS_ISA) $(CFLAGS)
+LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
+OBJCOPY ?= objcopy
+
+CPU_SRC  := $(sort $(wildcard cpu/*.c))
 LIB_SRC  := $(sort $(wildcard lib/*.c))
-API_SRC  := $(sort $(wildcard api/*.c api/json/*.c))
+CODEC_SRC := $(sort $(wildcard api/json/*.c))
+API_SRC  := $(sort $(wildcard api/*.c))
 SRV_SRC  := $(sort $(filter-out server/main.c,$(wildcard server/*.c)))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_SCRIPTS := $(sort $(wildcard tests/test_*.sh))
 TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
+CPU_OBJ  := $(CPU_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o
+CODEC_OBJ := $(CODEC_SRC:%.c=$(BUILD)/obj/%.o)
+API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o \
+            $(BUILD)/obj/openapi_json.o
 SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/web_assets.o
 SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
@@ -68,22 +115,58 @@ $(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma
 $(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma
 endif
 
-$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(BUILD)/include/attn.h $(BUILD)/layers.env
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
-$(BUILD)/obj/tests/%.o: PKG_CFLAGS += $(shell pkg-config --cflags jansson 2>/dev/null)
 
-# The contract, embedded so that the binary serves GET /openapi.yaml on its own.
-$(BUILD)/openapi_yaml.c: api/openapi.yaml
+# libattn's public header, alone in a directory of its own for api/ to see.
+# A link, so that an error message's path opens the real file.
+$(BUILD)/include/attn.h: lib/attn.h
 	@mkdir -p $(dir $@)
-	@{ echo '#include <stddef.h>'; \
-	   echo 'const char api_openapi_yaml[] = {'; \
-	   od -An -v -tx1 $< | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
-	   echo '0x00};'; \
-	   echo 'const size_t api_openapi_yaml_len = sizeof api_openapi_yaml - 1;'; } > $@
-$(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c | $(DEPS_STAMP)
+	ln -sf $(abspath $<) $@
+
+# Each layer's flags, for tests/test_layers.sh; rewritten only when they change.
+$(BUILD)/layers.env: FORCE
+	@mkdir -p $(dir $@)
+	@{ echo "CC='$(CC)'"; echo "CFLAGS_COMMON='$(CFLAGS_COMMON) $(CFLAGS)'"; \
+	   echo "INC_CPU='$(INC_CPU)'"; echo "INC_LIB='$(INC_LIB)'"; \
+	   echo "INC_CODEC='$(INC_CODEC)'"; echo "INC_API='$(INC_API)'"; \
+	   echo "INC_SERVER='$(INC_SERVER)'"; \
+	   echo "LDFLAGS_ALL='$(LDFLAGS_ALL)'"; echo "PKG_LIBS_LIB='$(PKG_LIBS_LIB)'"; } > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
+.PHONY: FORCE
+FORCE:
+
+# The contract, embedded so that the binary serves GET /openapi.yaml and
+# GET /openapi.json on its own: each file as a byte array (a NUL after it)
+# and its length, $(call embed,FILE,NAME).
+define embed
+@mkdir -p $(dir $@)
+@{ echo '#include <stddef.h>'; \
+   echo 'const char $(2)[] = {'; \
+   od -An -v -tx1 $(1) | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+   echo '0x00};'; \
+   echo 'const size_t $(2)_len = sizeof $(2) - 1;'; } > $@
+endef
+$(BUILD)/openapi_yaml.c: api/openapi.yaml
+	$(call embed,$<,api_openapi_yaml)
+$(BUILD)/openapi_json.c: $(BUILD)/openapi.json
+	$(call embed,$<,api_openapi_json)
+$(BUILD)/obj/openapi_%.o: $(BUILD)/openapi_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# The JSON form of the contract, converted at build time by a converter of
+# ours (tools/yaml2json.c: C and libc only, no new build dependency), which
+# reads the part of YAML the contract is written in and refuses anything
+# else, or anything YAML 1.1 and 1.2 read differently, rather than guess.
+# tests/test_openapi.sh checks it against PyYAML's reading of the YAML.
+HOSTCC ?= $(CC)
+$(BUILD)/yaml2json: tools/yaml2json.c
+	@mkdir -p $(dir $@)
+	$(HOSTCC) -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -o $@ $<
+$(BUILD)/openapi.json: api/openapi.yaml $(BUILD)/yaml2json
+	./$(BUILD)/yaml2json $< > $@.tmp && mv $@.tmp $@
 
 # The page (GET /, server/web/), embedded the same way: one byte array per file.
 # server/web/package.json only tells Node (18, Debian's) that attnd.js is an
@@ -96,9 +179,22 @@ $(BUILD)/obj/web_assets.o: $(BUILD)/web_assets.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(BUILD)/libattn.a: $(LIB_OBJ)
+# libattn.a is one object: libattn's files (and cpu/) linked together, every
+# name but the attn_ ones made local, so that a program may have a function
+# of its own called sdpa_alloc or cpu_features. The tests link it too.
+$(BUILD)/libattn.a: $(LIB_OBJ) $(CPU_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(LD) -r -o $(BUILD)/obj/libattn.o $^
+	$(OBJCOPY) --wildcard --keep-global-symbol='attn_*' $(BUILD)/obj/libattn.o
+	ar rcs $@ $(BUILD)/obj/libattn.o
+# libcodec.a, the JSON codec (api/json/, with its own copy of cpu/), made the
+# same way: only the codec_ names global. It needs nothing of libattnapi.a
+# or libattn.a (tests/test_layers.sh links a program against it alone).
+$(BUILD)/libcodec.a: $(CODEC_OBJ) $(CPU_OBJ)
+	@rm -f $@
+	$(LD) -r -o $(BUILD)/obj/libcodec.o $^
+	$(OBJCOPY) --wildcard --keep-global-symbol='codec_*' $(BUILD)/obj/libcodec.o
+	ar rcs $@ $(BUILD)/obj/libcodec.o
 $(BUILD)/libattnapi.a: $(API_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -106,23 +202,43 @@ $(BUILD)/libattnsrv.a: $(SRV_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+$(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a \
+               $(BUILD)/libcodec.a $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_SRV) $(PKG_LIBS_LIB)
 
-$(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+# The tests call cpu/ too (its copies in the libraries are hidden).
+$(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(CPU_OBJ) $(BUILD)/libattnsrv.a \
+                 $(BUILD)/libattnapi.a $(BUILD)/libcodec.a $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_LIB)
 
-# Runs every suite of this build; tests/run-suite.sh prints each suite's
-# result line and fails when any suite fails.
+# The quick loop: every C suite of this build once, on the kernel libattn
+# picks (ATTN_KERNEL=generic or ATTN_KERNELS="avx2 generic" choose), no
+# sanitizer, no script. tests/run-suites.sh prints each suite's result line
+# and fails when any suite fails; it says how to run one suite or one case.
 check: $(TESTS) $(BUILD)/attnd
-	@sh tests/run-suites.sh $(BUILD) $(TESTS) $(TEST_SCRIPTS)
+	@sh tests/run-suites.sh $(BUILD) $(TESTS)
 
+# What CI runs: every suite and script once on the widest kernel this CPU
+# runs, the test cases tagged "kernel" again on each other kernel
+# (TEST_KERNELS, or ATTN_KERNELS when set); then the C suites once more
+# under ASan + UBSan, on that widest kernel only. The other kernels' forward
+# and backward tiles (lib/kern_body.h, the same C over other vector
+# operations) run in the plain pass only; their micro-kernels and row steps,
+# which test_kernels and test_lib call by name for every kernel, run under
+# the sanitizers too.
+TEST_KERNELS = $(or $(ATTN_KERNELS),avx512 avx2 generic)
+SAN_KERNELS = $(firstword $(TEST_KERNELS))
 test: $(DEPS_STAMP)
 	@sh tools/deps.sh test
-	$(MAKE) --no-print-directory check BUILD=build
-	# No fork under the sanitizers: each suite is one process, so LeakSanitizer
-	# checks everything it allocated when it exits (and fails the suite).
-	CK_FORK=no $(MAKE) --no-print-directory check BUILD=build/san SAN=1 OPT=-O1
+	@$(MAKE) --no-print-directory build/attnd $(TEST_SRC:tests/%.c=build/%)
+	@ATTN_KERNELS="$(TEST_KERNELS)" sh tests/run-suites.sh build \
+	    $(TEST_SRC:tests/%.c=build/%) $(TEST_SCRIPTS)
+	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 \
+	    build/san/attnd $(TEST_SRC:tests/%.c=build/san/%)
+	@# No fork under the sanitizers: each suite is one process, so LeakSanitizer
+	@# checks everything it allocated when it exits (and fails the suite).
+	@CK_FORK=no ATTN_KERNELS="$(SAN_KERNELS)" sh tests/run-suites.sh build/san \
+	    $(TEST_SRC:tests/%.c=build/san/%)
 
 run: $(BUILD)/attnd
 	./$(BUILD)/attnd
@@ -171,10 +287,12 @@ install: $(BUILD)/attnd $(BUILD)/libattn.a
 FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -fsanitize=fuzzer-no-link
 $(BUILD)/fuzz_api: $(BUILD)/obj/tests/fuzz/fuzz_api.o $(BUILD)/obj/tests/support/api_invariants.o \
-                   $(BUILD)/obj/tests/support/ref.o $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+                   $(BUILD)/obj/tests/support/ref.o $(BUILD)/libattnapi.a $(BUILD)/libcodec.a \
+                   $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_JANSSON) $(PKG_LIBS_LIB)
 $(BUILD)/capture_test_api: $(BUILD)/obj/tests/test_api.o $(BUILD)/obj/tests/fuzz/capture.o \
-                           $(SUPPORT_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libattn.a
+                           $(SUPPORT_OBJ) $(CPU_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libcodec.a \
+                           $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -Wl,--wrap=api_handle -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_LIB)
 fuzz-build: $(DEPS_STAMP)
 	@sh tools/deps.sh fuzz
@@ -203,8 +321,8 @@ reliability: $(DEPS_STAMP)
 exhaustive: $(BUILD)/float_exhaustive
 	./$(BUILD)/float_exhaustive
 $(BUILD)/float_exhaustive: $(BUILD)/obj/tests/float_exhaustive.o $(BUILD)/obj/tests/support/float_check.o \
-                           $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_LIB)
+                           $(BUILD)/libcodec.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
 
 clean:
 	rm -rf build

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,13 +40,15 @@ static bool check_body(codec_doc *doc, const char *body, size_t len, codec_span 
                        api_error *err)
 {
     codec_error ce;
-    if (!codec_doc_validate(doc, body, len, spans, API_MAX_FIELDS, &ce))
-        return api_fail_codec(err, &ce);
-    size_t i = 0;
-    while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' ||
-                       body[i] == '\r'))
-        i++;
-    if (i < len && body[i] != '{')
+    if (!codec_doc_validate(doc, body, len, spans, API_MAX_FIELDS, &ce)) {
+        api_fail_codec(err, &ce);
+        /* where the text stopped being JSON, to say what it looks like */
+        if (ce.kind == CODEC_ERR_SYNTAX)
+            api_hint_not_json(body, len, ce.offset, err);
+        return false;
+    }
+    const char *first = codec_skip_ws(body, body + len);
+    if (first < body + len && *first != '{')
         return api_fail(err, 400, "wrong_type", "",
                         "the request body must be a JSON object of fields, "
                         "e.g. {\"q\": ..., \"k\": ..., \"v\": ...}");
@@ -72,11 +75,19 @@ void api_codec_setup(void)
     pthread_once(&once, match_codec_to_kernel);
 }
 
+double api_total_ms(const api_timing *t)
+{
+    double ms = t->arrival > 0 ? t->mark - t->arrival
+                               : t->decode_ms + t->compute_ms + t->encode_ms;
+    return ms > 0 ? round(ms * 1e3) / 1e3 : 0;
+}
+
 static void respond_error(api_response *res, api_error *err)
 {
     if (err->status < 400 || err->status > 599 || !err->code[0])
         api_fail(err, 500, "internal", "", "internal error (no error recorded)");
     res->status = err->status;
+    snprintf(res->error_code, sizeof res->error_code, "%s", err->code);
     res->body = api_error_json(err, &res->body_len);
     res->body_cap = res->body ? res->body_len + 1 : 0;
     if (!res->body) {
@@ -91,6 +102,7 @@ static void timings(api_response *res, const api_timing *t)
     res->decode_ms = t->decode_ms;
     res->compute_ms = t->compute_ms;
     res->encode_ms = t->encode_ms;
+    res->total_ms = api_total_ms(t);
 }
 
 /* ---------------------------------------------------------------- plans */
@@ -204,7 +216,7 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
     api_codec_setup();
     memset(res, 0, sizeof *res);
     api_error err = {0};
-    api_timing t = {.mark = api_now_ms()};
+    api_timing t = {.arrival = lim->arrival_ms, .mark = api_now_ms()};
     const api_operation *o = operation(op);
     api_call *c = o ? call_new(o, lim) : NULL;
     bool ok;

@@ -8,7 +8,8 @@
  * largest finite one become infinity (a writer that must not send those
  * checks with codec_half_fits first), and a NaN stays a (quiet) NaN.
  *
- * Three paths, following the width in use (simd.c): AVX-512 (vcvtph2ps /
+ * Three paths, following the codec's width in use (simd.c, which asks
+ * cpu/cpu_features.h what this CPU runs): AVX-512 (vcvtph2ps /
  * vcvtps2ph on 16 lanes, vcvtne2ps2bf16 with AVX512_BF16), F16C with AVX
  * (8 lanes), and portable C. They give the same bits for every input;
  * tests/test_codec.c holds each path the CPU supports to the portable one

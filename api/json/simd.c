@@ -1,47 +1,22 @@
 /*
- * The codec's one switch for instruction sets: what this CPU runs, asked
- * once per process, and how wide the codec may go (codec_set_simd). The row
+ * The codec's one switch for instruction sets: how wide the codec may go
+ * (codec_set_simd), within what this CPU runs (cpu/cpu_features.h, which
+ * asks the CPU once per process and knows nothing of the codec). The row
  * classifier (row_scan.c) and the float16 / bfloat16 conversions (half.c)
  * read the width in use from here, so that neither asks the CPU per call.
  */
 #include "codec_internal.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
+
+#include "cpu_features.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SIMD_X86 1
-#include <cpuid.h>
 #endif
-
-/* What the CPU (and the OS, which must save the wider registers) runs. */
-static struct {
-    bool avx2, avx512bw, avx, f16c, avx512f, avx512bf16;
-} cpu;
-
-static pthread_once_t probed = PTHREAD_ONCE_INIT;
-
-static void probe(void)
-{
-#ifdef SIMD_X86
-    __builtin_cpu_init();
-    cpu.avx2 = __builtin_cpu_supports("avx2");
-    cpu.avx512f = __builtin_cpu_supports("avx512f");
-    cpu.avx512bw = cpu.avx512f && __builtin_cpu_supports("avx512bw");
-    cpu.avx = __builtin_cpu_supports("avx");
-    /* F16C (CPUID leaf 1, ECX bit 29) and AVX512_BF16 (leaf 7, subleaf 1,
-     * EAX bit 5) asked of CPUID directly: clang 14's __builtin_cpu_supports
-     * knows neither name. Whether the OS saves the AVX and AVX-512
-     * registers is what "avx" and "avx512f" check, next to them. */
-    unsigned a, b, c, d;
-    cpu.f16c = cpu.avx && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
-    cpu.avx512bf16 = cpu.avx512f && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
-#endif
-}
 
 bool codec_simd_supported(codec_simd simd)
 {
-    pthread_once(&probed, probe);
     switch (simd) {
     case CODEC_SIMD_PORTABLE:
         return true;
@@ -49,9 +24,9 @@ bool codec_simd_supported(codec_simd simd)
     case CODEC_SIMD_SSE2:
         return true;
     case CODEC_SIMD_AVX2:
-        return cpu.avx2;
+        return cpu_has(CPU_AVX2);
     case CODEC_SIMD_AVX512:
-        return cpu.avx512bw;
+        return cpu_has(CPU_AVX512F | CPU_AVX512BW);
 #endif
     default:
         return false;
@@ -60,16 +35,17 @@ bool codec_simd_supported(codec_simd simd)
 
 bool codec_half_path_supported(codec_half_path path)
 {
-    pthread_once(&probed, probe);
     switch (path) {
     case CODEC_HALF_PORTABLE:
         return true;
+#ifdef SIMD_X86
     case CODEC_HALF_F16C:
-        return cpu.f16c;
+        return cpu_has(CPU_AVX | CPU_F16C);
     case CODEC_HALF_AVX512:
-        return cpu.avx512f;
+        return cpu_has(CPU_AVX512F);
     case CODEC_HALF_AVX512_BF16:
-        return cpu.avx512bf16;
+        return cpu_has(CPU_AVX512F | CPU_AVX512_BF16);
+#endif
     default:
         return false;
     }
