@@ -241,12 +241,12 @@ static bool read_rope(const api_field *f, const codec_member *m, api_value *v,
             base = &members[i];
             continue;
         }
-        snprintf(sub, sizeof sub, "%s.%.*s%s", f->name, 40, members[i].key,
-                 members[i].key_too_long || strlen(members[i].key) > 40 ? "..." : "");
+        char key[44]; /* 40 bytes of it, then "..." */
+        codec_member_key_shown(&members[i], key, sizeof key);
+        snprintf(sub, sizeof sub, "%s.%s", f->name, key);
         return api_fail(err, 400, "unknown_field", sub,
-                        "%s has an unknown field \"%.40s%s\"; its only field is \"base\" "
-                        "(the rotary base, e.g. 10000)", f->name, members[i].key,
-                        members[i].key_too_long || strlen(members[i].key) > 40 ? "..." : "");
+                        "%s has an unknown field \"%s\"; its only field is \"base\" "
+                        "(the rotary base, e.g. 10000)", f->name, key);
     }
     snprintf(sub, sizeof sub, "%s.base", f->name);
     if (!base || *base->value == 'n')

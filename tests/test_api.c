@@ -2785,6 +2785,11 @@ START_TEST(error_rope_is_an_object_with_one_base)
         expect_variant_error(op, "\"rope\":{\"base\":10000,\"theta\":1}", 400, "unknown_field",
                              "rope.theta");
         expect_variant_error(op, "\"rope\":{\"bse\":10000}", 400, "unknown_field", "rope.bse");
+        /* a long key is named by its first 40 bytes and "...", a NUL in it escaped */
+        expect_variant_error(op, "\"rope\":{\"base_of_the_rotation_in_radians_per_position_pair\":1}",
+                             400, "unknown_field", "rope.base_of_the_rotation_in_radians_per_posi...");
+        expect_variant_error(op, "\"rope\":{\"base\\u0000\":1}", 400, "unknown_field",
+                             "rope.base\\u0000");
         expect_variant_error(op, "\"rope\":{\"base\":1,\"base\":2}", 400, "duplicate_key",
                              "rope.base");
         expect_variant_error(op, "\"rope\":{\"base\":\"10000\"}", 400, "wrong_type", "rope.base");
