@@ -2244,7 +2244,7 @@ static size_t random_row(char *buf, size_t cap, int count, int edits, uint64_t *
     return w;
 }
 
-START_TEST(row_scan_paths_classify_every_byte_alike)
+START_TEST(row_scan_paths_classify_every_byte_and_sign_alike)
 {
     uint64_t seed = 5;
     char text[64 + 1];
@@ -2273,40 +2273,18 @@ START_TEST(row_scan_paths_classify_every_byte_alike)
                       want.space == got.space && want.len == got.len,
                   "path %s: %.64s: len %u, want %u", codec_simd_name((codec_simd)path), text,
                   got.len, want.len);
+            /* the points and minus signs a noted block's reader finds are the
+             * classifier's (which cuts them to the block) */
+            uint64_t keep = want.len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << want.len) - 1;
+            uint64_t point, minus;
+            codec_row_signs_with(text, &point, &minus, (codec_simd)path);
+            CHECK((point & keep) == want.point && (minus & keep) == want.minus,
+                  "path %s: %.64s: signs", codec_simd_name((codec_simd)path), text);
         }
     }
     ck_assert_int_ge(paths, 1);
     printf("row scan: %d path(s) checked, %s in use\n", paths,
            codec_simd_name(codec_simd_in_use()));
-}
-END_TEST
-
-/* The points and minus signs a noted block's reader finds, on every path,
- * are the classifier's (before the block is cut to its last comma). */
-START_TEST(row_signs_match_the_classifier_on_every_path)
-{
-    uint64_t seed = 8;
-    char text[64 + 1];
-    for (int path = CODEC_SIMD_PORTABLE; path <= CODEC_SIMD_AVX512; path++) {
-        if (!codec_simd_supported((codec_simd)path))
-            continue;
-        for (int iter = 0; iter < 20000; iter++) {
-            char row[512];
-            size_t n = random_row(row, sizeof row, 8, (int)(iter % 3), &seed);
-            if (n < 64)
-                continue;
-            memcpy(text, row + rng_next(&seed) % (n - 63), 64);
-            if (iter % 7 == 0)
-                text[rng_next(&seed) % 64] = (char)rng_next(&seed);
-            codec_row_block want;
-            ref_classify(text, &want);
-            uint64_t keep = want.len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << want.len) - 1;
-            uint64_t point, minus;
-            codec_row_signs_with(text, &point, &minus, (codec_simd)path);
-            CHECK((point & keep) == want.point && (minus & keep) == want.minus,
-                  "path %s: %.64s", codec_simd_name((codec_simd)path), text);
-        }
-    }
 }
 END_TEST
 
@@ -2725,8 +2703,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, buf_grows_and_formats);
     tcase_add_test(tc, base64_rfc4648_vectors);
     tc = tcase(s, "rows", true);
-    tcase_add_test(tc, row_scan_paths_classify_every_byte_alike);
-    tcase_add_test(tc, row_signs_match_the_classifier_on_every_path);
+    tcase_add_test(tc, row_scan_paths_classify_every_byte_and_sign_alike);
     tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
     tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
     tcase_add_test(tc, doc_tensor_reads_rows_from_the_notes_as_from_the_text);
