@@ -148,18 +148,21 @@ typedef struct {
 
 /* A backward worker's view of one (query tile, key tile) pair. dq sums
  * over every key tile, dk and dv over every query tile (of every query
- * head of the group): long sums, kept in double as the forward's are, each
- * product's float partial (part) added once. */
+ * head of the group): long sums, added here in float and folded by the
+ * caller into double sums every SDPA_FOLD_TILES tiles (blocked summation:
+ * the error stays that of a few tiles' float sums at any length). */
 typedef struct {
     float *p, *ds;                /* [KERN_BWD_BQ, KERN_BK] workspaces */
     float *capped;                /* [KERN_BK] workspace: tanh of a row, with softcap */
-    float *part;                  /* [KERN_MR_MAX, max(d_k, d_v)] workspace */
     const attn_softmax_row *rows; /* [rows] from the forward pass */
     const float *delta;           /* [rows] rowsum(dO * O) */
     const float *dout;            /* [rows, d_v] (row stride ldo) */
-    double *dq;                   /* [rows, d_k] accumulated (ldq) */
-    double *dk, *dv;              /* [cols, d_k], [cols, d_v] accumulated (rows d_k, d_v) */
+    float *dq;                    /* [rows, d_k] accumulated (ldq) */
+    float *dk, *dv;               /* [cols, d_k], [cols, d_v] accumulated (rows d_k, d_v) */
 } sdpa_bwd_state;
+
+/* Tiles a float partial sum takes before it is folded into double. */
+#define SDPA_FOLD_TILES 16
 
 /* ------------------------------------------------------ double precision */
 

@@ -74,10 +74,11 @@ static double backward_bytes(const attn_sdpa_params *p)
     const double threads = workers(p, pairs * k_tiles);
     const double splits = threads <= 1 || pairs >= 2 * threads ? 1 : min_d(threads, k_tiles);
     const double panels = (d_k + d_v) * keys;
-    const double worker = lines(panels * 8 + (panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK +
-                                              KERN_MR_MAX * max_d(d_k, d_v)) * 4 + 8, 1);
-    return lines(rows, 4) + splits * lines(rows * d_k, 8) + threads * worker +
-           rope_copies(p);
+    const double worker =
+        lines(panels * 8 + (2 * panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK) * 4 + 8, 1);
+    /* dq's double sums for each split, and a float copy for each but the first. */
+    return lines(rows, 4) + splits * lines(rows * d_k, 8) + (splits - 1) * lines(rows * d_k, 4) +
+           threads * worker + rope_copies(p);
 }
 
 double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
