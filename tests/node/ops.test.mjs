@@ -130,6 +130,9 @@ test('the Deployment: 2 replicas, probes, resources, non-root, read-only root, t
   assert.equal(c.env.find((e) => e.name === 'ATTND_BIND').value, '0.0.0.0');
   const port = c.ports.find((p) => p.name === 'http').containerPort;
   assert.equal(String(port), c.env.find((e) => e.name === 'ATTND_PORT').value);
+  // By number: podman kube play (make container-test) does not resolve names in probes.
+  assert.equal(c.readinessProbe.httpGet.port, port);
+  assert.equal(c.livenessProbe.httpGet.port, port);
 });
 
 test('the Service, HPA and PDB point at the Deployment\'s pods', () => {
