@@ -105,15 +105,16 @@ const attn_kern *attn_kern_of(attn_kernel_kind kind);
  *   C[r][c] (+)= sum_p dot2(A(r, p), B[p][c]),   r < rows <= mr, c < cols
  * with A(r, p) = a[r * a_rs + p * a_cs] broadcast and B read by rows of
  * vectors, as the float32 product. Operands are rounded once, where they
- * are converted into words:
- *   rows       dst [rows, ceil(cols / 2)] (row stride ldd): the pairs along
- *              each row of src [rows, cols] (q, dO, P, dS for products over
- *              their columns)
- *   row_pairs  dst [pairs, cols] (row stride ldd): rows 2u and 2u + 1 of
- *              src side by side (v, k, q, dO, P, dS for products over rows;
- *              rows past `rows` are zero)
- *   pack_t     dst [ceil(d / 2), KERN_BK]: the pairs of features of up to
- *              KERN_BK keys, transposed (k and v for the score-like products)
+ * are converted into words (kern_body_bf16.h says which elements pair up):
+ *   rows       dst [rows, ceil(cols / 2)] (row stride ldd): each row of src
+ *              [rows, cols] in words (q, dO for products over their columns)
+ *   row_pairs  dst [pairs, cols] (row stride ldd): two rows of src side by
+ *              side in each row of words, 2u and 2u + 1, or u and
+ *              u + ceil(rows / 2) when `split` (v, k, q, dO for products
+ *              over rows; rows past `rows` are zero)
+ *   pack_t     dst [ceil(d / 2), KERN_BK]: the words of the features of up
+ *              to KERN_BK keys, transposed (k and v for the score-like
+ *              products)
  */
 typedef struct attn_kern_bf16 attn_kern_bf16;
 
@@ -128,7 +129,7 @@ struct attn_kern_bf16 {
     void (*rows)(const float *src, int64_t lds, int64_t rows, int64_t cols, uint32_t *dst,
                  int64_t ldd);
     void (*row_pairs)(const float *src, int64_t lds, int64_t rows, int64_t cols,
-                      uint32_t *dst, int64_t ldd, int64_t pairs);
+                      uint32_t *dst, int64_t ldd, int64_t pairs, bool split);
     void (*pack_t)(const float *src, int64_t lds, int64_t keys, int64_t d, uint32_t *dst);
 
     /* As attn_kern's, with the bfloat16 operands of kern_keys, sdpa_fwd_state

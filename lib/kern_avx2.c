@@ -191,14 +191,10 @@ static inline vpair vbf16_words(vf lo, vf hi)
     return _mm256_or_si256(_mm256_srli_epi32(vbf16_bits(lo), 16),
                            _mm256_and_si256(vbf16_bits(hi), vi(BF16_HIGH)));
 }
-static inline vpair vbf16_adjacent(vf x0, vf x1, bool exact)
+static inline vpair vbf16_join(vf lo, vf hi)
 {
-    __m256i a = exact ? _mm256_castps_si256(x0) : vbf16_bits(x0);
-    __m256i b = exact ? _mm256_castps_si256(x1) : vbf16_bits(x1);
-    /* The high halves, packed within each 128-bit lane, then the lanes'
-     * quarters put in order. */
-    __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16));
-    return _mm256_permute4x64_epi64(packed, 0xD8);
+    return _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(lo), 16),
+                           _mm256_castps_si256(hi));
 }
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {

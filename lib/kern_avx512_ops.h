@@ -164,14 +164,10 @@ static inline vpair vbf16_words(vf lo, vf hi)
     return _mm512_or_si512(_mm512_srli_epi32(vbf16_bits(lo), 16),
                            _mm512_and_si512(vbf16_bits(hi), vi(BF16_HIGH)));
 }
-static inline vpair vbf16_adjacent(vf x0, vf x1, bool exact)
+static inline vpair vbf16_join(vf lo, vf hi)
 {
-    __m512i a = exact ? _mm512_castps_si512(x0) : vbf16_bits(x0);
-    __m512i b = exact ? _mm512_castps_si512(x1) : vbf16_bits(x1);
-    /* The high halves, narrowed to 16 bits each, side by side. */
-    __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a, 16));
-    __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
+                           _mm512_castps_si512(hi));
 }
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {

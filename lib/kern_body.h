@@ -155,7 +155,14 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
         KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
                  false);
-        KF(fwd_strip_steps)(c, t, st, s, r0, rows, false);
+        float m_new[KMR], sum[KMR];
+        if (KF(fwd_strip_plain)(c, t, st, r0, rows) &&
+            KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)) {
+            for (int r = 0; r < KMR; r++)
+                KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
+        } else {
+            KF(fwd_rows)(c, t, st, s, r0, rows, false);
+        }
         /* The first key tile writes the output rows, later ones add. */
         KF(gemm)(rows, d_v, t->cols, s, KERN_BK, 1, keys->v, c->ldv, st->out + r0 * ldo, ldo,
                  st->accumulate);

@@ -17,9 +17,7 @@
  *   vdot2(acc, a, b)  per lane: acc += a.hi b.hi, then acc += a.lo b.lo,
  *                   vdpbf16ps's fused steps (see the emulations)
  *   vbf16_words(lo, hi)        lane l: bf16(lo[l]) | bf16(hi[l]) << 16
- *   vbf16_adjacent(x0, x1, exact)  the 2 VW floats x0 ++ x1 as VW words of
- *                   neighbours (word l: elements 2l, 2l + 1); `exact`: the
- *                   floats are bfloat16 values already (no rounding needed)
+ *   vbf16_join(lo, hi)         the same for lo, hi bfloat16 values already
  *   vptranspose(src, lds, dst, ldd)  vtranspose of words
  *   KERN_BF16_BEGIN, KERN_BF16_END  statements around a product (the
  *                   emulations set the MXCSR's flush-to-zero and
@@ -28,6 +26,7 @@
  * Shapes, as in kern_body.h, with d2 = ceil(d / 2) words of pairs:
  *   qb [rows, dk2] (the query rows), kp [dk2, KERN_BK], vp [KERN_BK/2, d_v]
  *   pb [KMR, KERN_BK/2] one strip's P
+ * (which elements pair up: see the conversions below).
  */
 #include "bf16.h"
 #include "kern_steps.h"
@@ -153,39 +152,50 @@ static void KF(gemm2)(int rows, int64_t cols, int64_t kdim, const uint32_t *a, i
 
 /* ---------------------------------------------------------- conversions */
 
-/* The pairs along a row: x [cols] -> d [ceil(cols / 2)] words (the high
- * half of the last zero when cols is odd). */
+/*
+ * Which elements share a word: a word holds element t of the summed index
+ * in its low half and its partner in the high half. Over the features of
+ * q, k, v and dO (the score-like products) and over a tile's keys (P v and
+ * dS k), the partner of t is t + h, h = ceil(n / 2) of the n summed (the
+ * halves side by side: converting is lane by lane, no shuffles); over query
+ * rows (dv, dk), the partner of row 2u is row 2u + 1.
+ */
+
+/* d [ceil(n / 2)] = the words of x [n], halves paired (the high half of the
+ * last word zero when n is odd). `exact`: x holds bfloat16 values already. */
 static inline __attribute__((always_inline)) void
-KF(row_words)(const float *x, int64_t cols, uint32_t *d, const bool exact)
+KF(split_words)(const float *x, int64_t n, uint32_t *d, const bool exact)
 {
-    int64_t j = 0;
-    for (; j + 2 * VW <= cols; j += 2 * VW)
-        vp_store(d + j / 2, vbf16_adjacent(vload(x + j), vload(x + j + VW), exact));
-    if (j < cols) {
-        const int64_t left = cols - j;
-        vf x0 = vload_m(x + j, vmask_first((int)KMIN(left, (int64_t)VW)));
-        vf x1 = left > VW ? vload_m(x + j + VW, vmask_first((int)(left - VW))) : vzero();
-        vp_store_m(d + j / 2, vbf16_adjacent(x0, x1, exact), vmask_first((int)((left + 1) / 2)));
+    const int64_t h = (n + 1) / 2;
+    for (int64_t t = 0; t < h; t += VW) {
+        vmask lo_m = vmask_first((int)KMIN((int64_t)VW, h - t));
+        int64_t hi_n = KMIN((int64_t)VW, n - h - t);
+        vf lo = vload_m(x + t, lo_m);
+        vf hi = hi_n > 0 ? vload_m(x + h + t, vmask_first((int)hi_n)) : vzero();
+        vp_store_m(d + t, exact ? vbf16_join(lo, hi) : vbf16_words(lo, hi), lo_m);
     }
 }
 
-/* dst [rows, ceil(cols / 2)] (row stride ldd) = the pairs along each row
- * of src [rows, cols] (row stride lds), rounded. */
+/* dst [rows, ceil(cols / 2)] (row stride ldd) = the words of each row of
+ * src [rows, cols] (row stride lds), rounded, halves paired. */
 static void KF(bf16_rows)(const float *src, int64_t lds, int64_t rows, int64_t cols,
                           uint32_t *dst, int64_t ldd)
 {
     for (int64_t r = 0; r < rows; r++)
-        KF(row_words)(src + r * lds, cols, dst + r * ldd, false);
+        KF(split_words)(src + r * lds, cols, dst + r * ldd, false);
 }
 
-/* dst [pairs, cols] (row stride ldd): word (u, c) = bf16(src[2u][c]) |
- * bf16(src[2u + 1][c]) << 16, rows of src past `rows` read as zero. */
+/* dst [pairs, cols] (row stride ldd): word (u, c) holds src[lo][c] and
+ * src[hi][c] rounded, for rows lo = 2u, hi = 2u + 1 or, when `split`,
+ * lo = u, hi = u + ceil(rows / 2); rows of src past `rows` read as zero. */
 static void KF(bf16_row_pairs)(const float *src, int64_t lds, int64_t rows, int64_t cols,
-                               uint32_t *dst, int64_t ldd, int64_t pairs)
+                               uint32_t *dst, int64_t ldd, int64_t pairs, bool split)
 {
+    const int64_t h = (rows + 1) / 2;
     for (int64_t u = 0; u < pairs; u++) {
-        const float *lo = src + 2 * u * lds, *hi = lo + lds;
-        const bool has_lo = 2 * u < rows, has_hi = 2 * u + 1 < rows;
+        const int64_t lo_row = split ? u : 2 * u, hi_row = split ? u + h : 2 * u + 1;
+        const float *lo = src + lo_row * lds, *hi = src + hi_row * lds;
+        const bool has_lo = lo_row < rows && (!split || u < h), has_hi = hi_row < rows;
         uint32_t *d = dst + u * ldd;
         for (int64_t c = 0; c < cols; c += VW) {
             vmask m = vmask_first((int)KMIN((int64_t)VW, cols - c));
@@ -197,21 +207,29 @@ static void KF(bf16_row_pairs)(const float *src, int64_t lds, int64_t rows, int6
 }
 
 /* Keys for the score-like products: dst [ceil(d / 2), KERN_BK], word
- * (t, j) = bf16(src[j][2t]) | bf16(src[j][2t + 1]) << 16 for the keys
- * j < keys of src [keys, d] (row stride lds), zero for j >= keys: each row
- * made pairs (a block of features at a time), then transposed. */
-#define KERN_PACK_WORDS 64 /* words of pairs per block: 128 features */
+ * (t, j) holding features t and t + ceil(d / 2) of key j of src [keys, d]
+ * (row stride lds), zero for j >= keys: each key's words (a block of
+ * features at a time), then transposed. */
+#define KERN_PACK_WORDS 64 /* words per block */
 static void KF(bf16_pack_t)(const float *src, int64_t lds, int64_t keys, int64_t d,
                             uint32_t *dst)
 {
     uint32_t rows[KERN_BK * KERN_PACK_WORDS];
-    const int64_t keys_v = keys / VW * VW;
-    for (int64_t f0 = 0; f0 < d; f0 += 2 * KERN_PACK_WORDS) {
-        const int64_t width = KMIN(d - f0, (int64_t)(2 * KERN_PACK_WORDS));
-        const int64_t words = (width + 1) / 2, words_v = words / VW * VW;
-        uint32_t *out = dst + f0 / 2 * KERN_BK;
-        for (int64_t r = 0; r < keys; r++)
-            KF(row_words)(src + r * lds + f0, width, rows + r * KERN_PACK_WORDS, false);
+    const int64_t keys_v = keys / VW * VW, h = (d + 1) / 2;
+    for (int64_t w0 = 0; w0 < h; w0 += KERN_PACK_WORDS) {
+        const int64_t words = KMIN(h - w0, (int64_t)KERN_PACK_WORDS), words_v = words / VW * VW;
+        uint32_t *out = dst + w0 * KERN_BK;
+        for (int64_t r = 0; r < keys; r++) {
+            const float *x = src + r * lds;
+            uint32_t *o = rows + r * KERN_PACK_WORDS;
+            for (int64_t t = 0; t < words; t += VW) {
+                const int64_t lo_n = KMIN((int64_t)VW, words - t);
+                const int64_t hi_n = KMIN((int64_t)VW, d - h - w0 - t);
+                vf lo = vload_m(x + w0 + t, vmask_first((int)lo_n));
+                vf hi = hi_n > 0 ? vload_m(x + h + w0 + t, vmask_first((int)hi_n)) : vzero();
+                vp_store_m(o + t, vbf16_words(lo, hi), vmask_first((int)lo_n));
+            }
+        }
         for (int64_t r0 = 0; r0 < keys_v; r0 += VW)
             for (int64_t c0 = 0; c0 < words_v; c0 += VW)
                 vptranspose(rows + r0 * KERN_PACK_WORDS + c0, KERN_PACK_WORDS,
@@ -228,26 +246,93 @@ static void KF(bf16_pack_t)(const float *src, int64_t lds, int64_t keys, int64_t
 
 /* ---------------------------------------------------------------- forward */
 
+#define KERN_V32 (32 / VW) /* vectors of half a full tile's keys */
+
+/*
+ * strip_plain (kern_steps.h) for bfloat16: KMR rows, KERN_BK keys all
+ * visible, nothing but the scale; each row's weights rounded to bfloat16,
+ * summed in the order of exp_sum_as, and written straight to pb as words
+ * (key t with key t + 32). The same arithmetic as the row-by-row path, bit
+ * for bit, but for two shortcuts that change no bit: the row's largest
+ * scaled score is found as the scale times its largest raw score (scaling
+ * by a positive float is monotone, so this is the largest of the rounded
+ * products), and an overflowed score (+inf or NaN) is found by the NaN it
+ * leaves in the row's sum rather than by testing each score. False then,
+ * with s and pb spoiled: the caller recomputes the scores.
+ */
+static bool KF(strip_bf16)(float *s, float scale, const float *m_old, float *m_new, float *sum,
+                           uint32_t *pb)
+{
+    const vf vs = vset1(scale);
+    vf m[KMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        m[r] = vset1(-INFINITY);
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV; v++)
+            m[r] = vmax(m[r], vload(s + r * KERN_BK + v * VW));
+    }
+    vf shift[KMR], acc[KMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        float tile = vhmax(m[r]) * scale;
+        m_new[r] = tile > m_old[r] ? tile : m_old[r];
+        shift[r] = vset1(m_new[r]);
+        acc[r] = vzero();
+    }
+    bool ok = true;
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        vf e[KERN_BV];
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV; v++) {
+            e[v] = vbf16_weight(vexp(vsub(vmul(vload(s + r * KERN_BK + v * VW), vs), shift[r])));
+            acc[r] = vadd(acc[r], e[v]);
+        }
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV / 2; v++)
+            vp_store(pb + r * (KERN_BK / 2) + v * VW, vbf16_join(e[v], e[v + KERN_BV / 2]));
+        sum[r] = vhsum(acc[r]);
+        ok &= !isnan(sum[r]);
+    }
+    return ok;
+}
+
 /*
  * As kern_body.h's forward_tile, on bfloat16 operands: per strip of KMR
- * query rows, scores = qb kp (dk2 steps), the row steps with each weight
- * rounded to bfloat16 (fwd_strip_steps), then P packed in pairs of keys and
- * out_strip (+)= P vp (ceil(cols / 2) steps).
+ * query rows, scores = qb kp (ceil(d_k / 2) steps), the row steps with each
+ * weight rounded to bfloat16, then P as words and out_strip (+)= P vp. The
+ * keys pair up as the panel packed them, over all of the tile's keys (the
+ * unit may see fewer, t->cols: the others' weights are 0).
  */
 static void KF(forward_tile_bf16)(const sdpa_call *c, const sdpa_tile *t,
                                   const kern_keys *keys, sdpa_fwd_state *st)
 {
     const attn_sdpa_params *p = c->p;
     const int64_t dk2 = (p->d_k + 1) / 2, d_v = p->d_v, ldo = c->ldo;
-    const int64_t key_pairs = (t->cols + 1) / 2;
+    const int64_t panel_keys = KMIN((int64_t)KERN_BK, p->n_k - t->j0);
+    const int64_t key_pairs = (panel_keys + 1) / 2;
     float *s = st->strip;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
-        KF(gemm2)(rows, t->cols, dk2, st->qb + r0 * st->ldqb, st->ldqb, 1, keys->kp, KERN_BK,
-                  s, KERN_BK, false);
-        KF(fwd_strip_steps)(c, t, st, s, r0, rows, true);
-        for (int r = 0; r < rows; r++)
-            KF(row_words)(s + r * KERN_BK, t->cols, st->pb + r * (KERN_BK / 2), true);
+        const uint32_t *qb = st->qb + r0 * st->ldqb;
+        KF(gemm2)(rows, t->cols, dk2, qb, st->ldqb, 1, keys->kp, KERN_BK, s, KERN_BK, false);
+        float m_new[KMR], sum[KMR];
+        bool plain = KF(fwd_strip_plain)(c, t, st, r0, rows);
+        if (plain && KF(strip_bf16)(s, p->scale, st->m + r0, m_new, sum, st->pb)) {
+            for (int r = 0; r < KMR; r++)
+                KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
+        } else {
+            if (plain) /* a score overflowed: the scores again, row by row */
+                KF(gemm2)(rows, t->cols, dk2, qb, st->ldqb, 1, keys->kp, KERN_BK, s, KERN_BK,
+                          false);
+            KF(fwd_rows)(c, t, st, s, r0, rows, true);
+            for (int r = 0; r < rows; r++) {
+                float *x = s + r * KERN_BK;
+                memset(x + t->cols, 0, (size_t)(panel_keys - t->cols) * sizeof *x);
+                KF(split_words)(x, panel_keys, st->pb + r * (KERN_BK / 2), true);
+            }
+        }
         /* The first key tile writes the output rows, later ones add. */
         KF(gemm2)(rows, d_v, key_pairs, st->pb, KERN_BK / 2, 1, keys->vp, d_v,
                   st->out + r0 * ldo, ldo, st->accumulate);
@@ -279,13 +364,14 @@ static void KF(backward_tile_bf16)(const sdpa_call *c, const sdpa_tile *t,
         KF(gemm2)(rows, cols, dv2, st->dob + r0 * st->lddob, st->lddob, 1, keys->vp, KERN_BK,
                   ds, KERN_BK, false);
         KF(bwd_strip_steps)(c, t, st, ps, ds, r0, rows);
-        KF(bf16_rows)(ds, KERN_BK, rows, cols, st->dsb, KERN_BK / 2);
+        for (int r = 0; r < rows; r++)
+            KF(split_words)(ds + r * KERN_BK, cols, st->dsb + r * (KERN_BK / 2), false);
         KF(gemm2)(rows, d_k, key_pairs, st->dsb, KERN_BK / 2, 1, keys->kr, d_k,
                   st->dq + r0 * ldq, ldq, true);
     }
     const int64_t row_pairs = (t->rows + 1) / 2;
-    KF(bf16_row_pairs)(P, KERN_BK, t->rows, cols, st->pp, KERN_BK, row_pairs);
-    KF(bf16_row_pairs)(dS, KERN_BK, t->rows, cols, st->dsp, KERN_BK, row_pairs);
+    KF(bf16_row_pairs)(P, KERN_BK, t->rows, cols, st->pp, KERN_BK, row_pairs, false);
+    KF(bf16_row_pairs)(dS, KERN_BK, t->rows, cols, st->dsp, KERN_BK, row_pairs, false);
     for (int64_t c0 = 0; c0 < cols; c0 += KMR) {
         const int keys_n = (int)KMIN((int64_t)KMR, cols - c0);
         KF(gemm2)(keys_n, d_v, row_pairs, st->pp + c0, 1, KERN_BK, st->dor, d_v,

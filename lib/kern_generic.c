@@ -81,10 +81,12 @@ static inline void vp_store_m(uint32_t *p, vpair x, vmask m)
 static inline vpair vp_set1(uint32_t w) { return w; }
 static inline vf vbf16_weight(vf x) { return bf16_round(x); }
 static inline vpair vbf16_words(vf lo, vf hi) { return bf16_pair(lo, hi); }
-static inline vpair vbf16_adjacent(vf x0, vf x1, bool exact)
+static inline vpair vbf16_join(vf lo, vf hi)
 {
-    (void)exact;
-    return bf16_pair(x0, x1);
+    uint32_t a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, &hi, sizeof b);
+    return (a >> 16) | b;
 }
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {

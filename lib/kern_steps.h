@@ -279,13 +279,12 @@ static inline void KF(fold_row)(sdpa_fwd_state *st, int64_t row, float m_old, fl
  * statistics or weights. The rows go through each phase together, so that
  * the latency of one row's maximum and exponentials hides behind the
  * others' (row by row, each waited for its own). The arithmetic is
- * score_row's and exp_sum_as's, operation for operation, so the bits are
+ * score_row's and exp_sum's, operation for operation, so the bits are
  * those of the row-by-row path. False, with the strip untouched, when a
  * score overflowed (the row-by-row path then marks that row for double).
  */
-static inline __attribute__((always_inline)) bool
-KF(strip_plain)(float *s, float scale, const float *m_old, float *m_new, float *sum,
-                const bool bf16)
+KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_old,
+                                        float *m_new, float *sum)
 {
     const vf vs = vset1(scale);
     vf m[KMR];
@@ -316,8 +315,6 @@ KF(strip_plain)(float *s, float scale, const float *m_old, float *m_new, float *
         for (int v = 0; v < KERN_BV; v++) {
             float *x = s + r * KERN_BK + v * VW;
             vf e = vexp(vsub(vmul(vload(x), vs), shift[r]));
-            if (bf16)
-                e = vbf16_weight(e);
             vstore(x, e);
             acc[r] = vadd(acc[r], e);
         }
@@ -347,24 +344,18 @@ static inline bool KF(strip_sees_all)(const sdpa_call *c, const sdpa_tile *t, in
 
 /*
  * The row steps of the forward for the strip of `rows` query rows from row
- * r0 of tile t, whose scores q k^T are in s [rows, KERN_BK]: each row's
- * final scores become its weights P = exp(x - m) in place (m the row's
- * running maximum), folded into the row's state, the optional outputs fed.
- * With `bf16` every weight is rounded to bfloat16 before it is summed and
- * kept: the row's sum is then the sum of the very weights that multiply v.
+ * r0 of tile t, whose scores q k^T are in s [rows, KERN_BK], row by row:
+ * each row's final scores become its weights P = exp(x - m) in place (m
+ * the row's running maximum), folded into the row's state, the optional
+ * outputs fed. With `bf16` every weight is rounded to bfloat16 before it is
+ * summed and kept: the row's sum is then the sum of the very weights that
+ * multiply v.
  */
 static inline __attribute__((always_inline)) void
-KF(fwd_strip_steps)(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *st, float *s,
-                    int64_t r0, int rows, const bool bf16)
+KF(fwd_rows)(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *st, float *s, int64_t r0,
+             int rows, const bool bf16)
 {
     const int64_t d_v = c->p->d_v, ldo = c->ldo;
-    float m_new[KMR], sum[KMR];
-    if (st->stats == NULL && st->weights == NULL && KF(strip_sees_all)(c, t, t->i0 + r0, rows) &&
-        KF(strip_plain)(s, c->p->scale, st->m + r0, m_new, sum, bf16)) {
-        for (int r = 0; r < KMR; r++)
-            KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
-        return;
-    }
     for (int r = 0; r < rows; r++) {
         const int64_t row = r0 + r, i = t->i0 + row;
         float *x = s + r * KERN_BK;
@@ -395,6 +386,16 @@ KF(fwd_strip_steps)(const sdpa_call *c, const sdpa_tile *t, sdpa_fwd_state *st, 
         if (st->weights != NULL)
             sdpa_fwd_keep_weights(c, st, t, row, x);
     }
+}
+
+/* Whether the strip of `rows` rows from row r0 of tile t may take its row
+ * steps at once: no optional outputs, every row seeing every key with
+ * nothing but the scale. */
+static inline bool KF(fwd_strip_plain)(const sdpa_call *c, const sdpa_tile *t,
+                                       const sdpa_fwd_state *st, int64_t r0, int rows)
+{
+    return st->stats == NULL && st->weights == NULL &&
+           KF(strip_sees_all)(c, t, t->i0 + r0, rows);
 }
 
 /* --------------------------------------------------------------- backward */

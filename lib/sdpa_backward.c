@@ -94,7 +94,7 @@ static void backward_unit(void *ctx, int64_t u, int worker)
             i_start -= i_start % 2;
             kb->pack_t(k, c->ldk, t.cols, p->d_k, w->kp);
             kb->pack_t(v, c->ldv, t.cols, p->d_v, w->vp);
-            kb->row_pairs(k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2);
+            kb->row_pairs(k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
             keys.kp = w->kp;
             keys.vp = w->vp;
             keys.kr = w->kr;
@@ -189,9 +189,9 @@ static void round_head(void *ctx, int64_t bh, int worker)
     j->kern->rows(q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
     j->kern->rows(dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2, h->dv2);
     j->kern->row_pairs(q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k, p->d_k,
-                       h->nq2);
+                       h->nq2, false);
     j->kern->row_pairs(dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v, p->d_v,
-                       h->nq2);
+                       h->nq2, false);
 }
 
 typedef struct {

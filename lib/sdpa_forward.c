@@ -76,7 +76,7 @@ static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, i
     uint32_t *kp = panel, *vp = panel + (p->d_k + 1) / 2 * KERN_BK;
     kb->pack_t(sdpa_head_k(c, b, h) + j0 * c->ldk, c->ldk, keys, p->d_k, kp);
     kb->row_pairs(sdpa_head_v(c, b, h) + j0 * c->ldv, c->ldv, keys, p->d_v, vp, p->d_v,
-                  KERN_BK / 2);
+                  KERN_BK / 2, true);
 }
 
 /* Unit: one key tile of one (batch, key/value head). */
