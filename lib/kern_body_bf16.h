@@ -253,34 +253,43 @@ static void KF(bf16_pack_t)(const float *src, int64_t lds, int64_t keys, int64_t
  * visible, nothing but the scale; each row's weights rounded to bfloat16,
  * summed in the order of exp_sum_as, and written straight to pb as words
  * (key t with key t + 32). The same arithmetic as the row-by-row path, bit
- * for bit, but for two shortcuts that change no bit: the row's largest
- * scaled score is found as the scale times its largest raw score (scaling
- * by a positive float is monotone, so this is the largest of the rounded
- * products), and an overflowed score (+inf or NaN) is found by the NaN it
- * leaves in the row's sum rather than by testing each score. False then,
- * with s and pb spoiled: the caller recomputes the scores.
+ * for bit, with two shortcuts that change no bit: the row's largest scaled
+ * score is found as the scale times its largest raw score (scaling by a
+ * positive float is monotone, so this is the largest of the rounded
+ * products), and a score that is not finite (or scales past float32) is
+ * found by the sum of the row's raw scores, which then is not finite
+ * either (a sum of finite scores that overflows only sends the strip to
+ * the row-by-row path, which finds nothing wrong). False, with pb
+ * untouched, when the row-by-row path must take the strip.
  */
-static bool KF(strip_bf16)(float *s, float scale, const float *m_old, float *m_new, float *sum,
-                           uint32_t *pb)
+static bool KF(strip_bf16)(const float *s, float scale, const float *m_old, float *m_new,
+                           float *sum, uint32_t *pb)
 {
     const vf vs = vset1(scale);
-    vf m[KMR];
+    vf m[KMR], z[KMR];
 #pragma GCC unroll 8
     for (int r = 0; r < KMR; r++) {
         m[r] = vset1(-INFINITY);
+        z[r] = vzero();
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++)
-            m[r] = vmax(m[r], vload(s + r * KERN_BK + v * VW));
+        for (int v = 0; v < KERN_BV; v++) {
+            vf x = vload(s + r * KERN_BK + v * VW);
+            m[r] = vmax(m[r], x);
+            z[r] = vadd(z[r], x);
+        }
     }
     vf shift[KMR], acc[KMR];
+    vmask bad = vmask_first(0);
 #pragma GCC unroll 8
     for (int r = 0; r < KMR; r++) {
         float tile = vhmax(m[r]) * scale;
+        bad |= vnonfinite(vadd(z[r], vset1(tile)));
         m_new[r] = tile > m_old[r] ? tile : m_old[r];
         shift[r] = vset1(m_new[r]);
         acc[r] = vzero();
     }
-    bool ok = true;
+    if (!vmask_none(bad))
+        return false;
 #pragma GCC unroll 8
     for (int r = 0; r < KMR; r++) {
         vf e[KERN_BV];
@@ -293,9 +302,8 @@ static bool KF(strip_bf16)(float *s, float scale, const float *m_old, float *m_n
         for (int v = 0; v < KERN_BV / 2; v++)
             vp_store(pb + r * (KERN_BK / 2) + v * VW, vbf16_join(e[v], e[v + KERN_BV / 2]));
         sum[r] = vhsum(acc[r]);
-        ok &= !isnan(sum[r]);
     }
-    return ok;
+    return true;
 }
 
 /*
@@ -323,9 +331,6 @@ static void KF(forward_tile_bf16)(const sdpa_call *c, const sdpa_tile *t,
             for (int r = 0; r < KMR; r++)
                 KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
         } else {
-            if (plain) /* a score overflowed: the scores again, row by row */
-                KF(gemm2)(rows, t->cols, dk2, qb, st->ldqb, 1, keys->kp, KERN_BK, s, KERN_BK,
-                          false);
             KF(fwd_rows)(c, t, st, s, r0, rows, true);
             for (int r = 0; r < rows; r++) {
                 float *x = s + r * KERN_BK;

@@ -1245,6 +1245,39 @@ START_TEST(overflowing_scores_are_redone_from_rounded_operands)
 }
 END_TEST
 
+/* The same in a strip the kernels take at once (every row sees all of a
+ * full tile's keys): one score of one row overflows; that row is redone in
+ * double (a one-hot row: exactly v~ of its key), the others are as the
+ * reference has them. */
+START_TEST(overflow_in_a_plain_strip_is_redone_from_rounded_operands)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 12, 128, 8, 5);
+    p.threads = 1;
+    sdpa_case c;
+    case_init(&c, &p, 17, 1.0);
+    for (int64_t i = 0; i < 12; i++)
+        c.q[i * 8] = i == 3 ? 3e20f : 0.0f; /* feature 0: only row 3 reads it */
+    for (int64_t j = 0; j < 128; j++)
+        c.k[j * 8] = j == 70 ? 2e20f : 1.0f;
+    case_sync(&c);
+    c.lib.precision = c.ref.precision = ATTN_PRECISION_BFLOAT16;
+    lib_run r = run_lib(&c, ATTN_LAYOUT_BHND, false, false, NULL);
+    bool one_hot = true;
+    for (int64_t t = 0; t < 5; t++)
+        one_hot &= r.out[3 * 5 + t] == attn_bf16_round(c.v[70 * 5 + t]);
+    ck_assert_msg(one_hot, "row 3: %g %g ..., want bf16 of v[70] = %g %g ...", (double)r.out[15],
+                  (double)r.out[16], (double)attn_bf16_round(c.v[350]),
+                  (double)attn_bf16_round(c.v[351]));
+    operands o = operands_of(&c);
+    fwd_ref f = reference_forward_bf16(&c, &o, false);
+    assert_within("plain strip with an overflowed score: out", r.out, &f.out, c.n_out);
+    fwd_ref_free(&f);
+    operands_free(&o);
+    lib_run_free(&r);
+    case_free(&c);
+}
+END_TEST
+
 /* Multi-head attention in bfloat16: projections in float32 (OpenBLAS),
  * the attention between them in bfloat16. The same as projecting by hand
  * and calling attn_sdpa_forward in bfloat16 on [B, n, h, d]. */
@@ -1367,6 +1400,7 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, avx512_bf16_and_emulation_agree_bit_for_bit);
     tcase_add_test(t, precision_is_honoured_and_checked);
     tcase_add_test(t, overflowing_scores_are_redone_from_rounded_operands);
+    tcase_add_test(t, overflow_in_a_plain_strip_is_redone_from_rounded_operands);
     tcase_add_test(t, multihead_projects_in_float32_and_attends_in_bf16);
     tcase_add_test(t, statistics_follow_the_bf16_scores);
     suite_add_tcase(s, t);
