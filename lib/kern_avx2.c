@@ -200,6 +200,13 @@ static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, 
 {
     vtranspose((const float *)src, lds, (float *)dst, ldd);
 }
+/* Two vectors of weights rounded in place, and their words. */
+static inline vpair vbf16_weights2(vf *lo, vf *hi)
+{
+    *lo = vbf16_weight(*lo);
+    *hi = vbf16_weight(*hi);
+    return vbf16_join(*lo, *hi);
+}
 
 /* vdpbf16ps's step per lane: the high halves' fused multiply-add, then the
  * low halves', each rounded to nearest even, with the MXCSR flushing tiny

@@ -22,6 +22,8 @@
 #define KMR2 4
 #define KNV2 4
 
+static inline vpair vbf16_weights2(vf *lo, vf *hi) { return vbf16_weights2_int(lo, hi); }
+
 /* vdpbf16ps's step per lane: the high halves' fused multiply-add, then the
  * low halves', each rounded to nearest even, with the MXCSR flushing tiny
  * results and reading subnormal inputs as zero around the product

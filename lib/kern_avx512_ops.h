@@ -134,16 +134,24 @@ static inline void vp_store_m(uint32_t *p, vpair x, vmask m) { _mm512_mask_store
 static inline vpair vp_set1(uint32_t w) { return _mm512_set1_epi32((int)w); }
 static inline __m512i vi(uint32_t x) { return _mm512_set1_epi32((int)x); }
 
-/* bf16.h's bf16_round_bits, lane by lane (low halves not yet cleared). */
+/* bf16.h's bf16_round_bits, lane by lane (low halves not yet cleared).
+ * Lanes of exponent 1 .. 0xFD (where rounding can neither underflow nor
+ * overflow) need only the rounding itself: when all are such, as the
+ * inputs of attention nearly always are, the special cases are skipped. */
 static inline __m512i vbf16_bits(vf x)
 {
     const __m512i b = _mm512_castps_si512(x);
-    const __m512i exp = _mm512_and_si512(b, vi(BF16_EXP)), sign = _mm512_and_si512(b, vi(BF16_SIGN));
+    const __m512i exp = _mm512_and_si512(b, vi(BF16_EXP));
+    __m512i r = _mm512_add_epi32(
+        b, _mm512_add_epi32(vi(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(b, 16), vi(1))));
+    const __mmask16 ordinary =
+        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(exp, vi(0x00800000u)), vi(0x7E800000u));
+    if (ordinary == 0xFFFFu)
+        return r;
+    const __m512i sign = _mm512_and_si512(b, vi(BF16_SIGN));
     const __mmask16 tiny = _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
     const __mmask16 special = _mm512_cmpeq_epi32_mask(exp, vi(BF16_EXP));
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_andnot_si512(vi(BF16_SIGN), b), vi(BF16_EXP));
-    __m512i r = _mm512_add_epi32(
-        b, _mm512_add_epi32(vi(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(b, 16), vi(1))));
     const __mmask16 over =
         _mm512_cmpeq_epi32_mask(_mm512_and_si512(r, vi(BF16_EXP)), vi(BF16_EXP)) & ~special;
     r = _mm512_mask_mov_epi32(r, over, _mm512_or_si512(sign, vi(BF16_MAX_BITS)));
@@ -168,6 +176,13 @@ static inline vpair vbf16_join(vf lo, vf hi)
 {
     return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
                            _mm512_castps_si512(hi));
+}
+/* Two vectors of weights rounded in place, and their words. */
+static inline vpair vbf16_weights2_int(vf *lo, vf *hi)
+{
+    *lo = vbf16_weight(*lo);
+    *hi = vbf16_weight(*hi);
+    return vbf16_join(*lo, *hi);
 }
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {

@@ -18,6 +18,7 @@
  *                   vdpbf16ps's fused steps (see the emulations)
  *   vbf16_words(lo, hi)        lane l: bf16(lo[l]) | bf16(hi[l]) << 16
  *   vbf16_join(lo, hi)         the same for lo, hi bfloat16 values already
+ *   vbf16_weights2(&lo, &hi)   vbf16_weight of both, in place, and their words
  *   vptranspose(src, lds, dst, ldd)  vtranspose of words
  *   KERN_BF16_BEGIN, KERN_BF16_END  statements around a product (the
  *                   emulations set the MXCSR's flush-to-zero and
@@ -294,13 +295,14 @@ static bool KF(strip_bf16)(const float *s, float scale, const float *m_old, floa
     for (int r = 0; r < KMR; r++) {
         vf e[KERN_BV];
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++) {
-            e[v] = vbf16_weight(vexp(vsub(vmul(vload(s + r * KERN_BK + v * VW), vs), shift[r])));
-            acc[r] = vadd(acc[r], e[v]);
-        }
+        for (int v = 0; v < KERN_BV; v++)
+            e[v] = vexp(vsub(vmul(vload(s + r * KERN_BK + v * VW), vs), shift[r]));
 #pragma GCC unroll 8
         for (int v = 0; v < KERN_BV / 2; v++)
-            vp_store(pb + r * (KERN_BK / 2) + v * VW, vbf16_join(e[v], e[v + KERN_BV / 2]));
+            vp_store(pb + r * (KERN_BK / 2) + v * VW, vbf16_weights2(&e[v], &e[v + KERN_BV / 2]));
+#pragma GCC unroll 8
+        for (int v = 0; v < KERN_BV; v++)
+            acc[r] = vadd(acc[r], e[v]);
         sum[r] = vhsum(acc[r]);
     }
     return true;

@@ -88,6 +88,13 @@ static inline vpair vbf16_join(vf lo, vf hi)
     memcpy(&b, &hi, sizeof b);
     return (a >> 16) | b;
 }
+/* Two weights rounded in place, and their word. */
+static inline vpair vbf16_weights2(vf *lo, vf *hi)
+{
+    *lo = vbf16_weight(*lo);
+    *hi = vbf16_weight(*hi);
+    return vbf16_join(*lo, *hi);
+}
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {
     (void)lds;

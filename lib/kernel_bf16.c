@@ -29,7 +29,8 @@ static bool path_supported(attn_kernel_kind kind, attn_bf16_kind path)
 #if defined(__x86_64__)
     case ATTN_BF16_AVX512_BF16:
         __builtin_cpu_init();
-        return kind == ATTN_KERNEL_AVX512 && __builtin_cpu_supports("avx512bf16");
+        return kind == ATTN_KERNEL_AVX512 && __builtin_cpu_supports("avx512bf16") &&
+               __builtin_cpu_supports("avx512bw");
 #endif
     default:
         return false;
