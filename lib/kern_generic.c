@@ -124,13 +124,19 @@ static inline float daz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x
  * significant bits each and acc 24, and a sum within 2^-150 of 2^-126 has
  * all its bits within double's 53 (or lies too far from the midpoint for
  * double's rounding to carry it across).
+ * A product that is a normal float (or exactly zero) is exact in float, and
+ * then the fused step is a float addition: only the rest calls fmaf.
  */
 static inline float dot2_step(float acc, float a, float b)
 {
     acc = daz(acc);
     a = daz(a);
     b = daz(b);
-    float r = fmaf(a, b, acc);
+    float p = a * b, r;
+    if ((fabsf(p) >= FLT_MIN && fabsf(p) <= FLT_MAX) || a == 0.0f || b == 0.0f)
+        r = p + acc;
+    else
+        r = fmaf(a, b, acc);
     if (fabsf(r) < FLT_MIN)
         return copysignf(0.0f, r);
     if (fabsf(r) == FLT_MIN) {
