@@ -250,6 +250,9 @@ static char *build_info(const srv_server *srv, size_t *len)
     info_string(&t, ai.libattn);
     info_put(&t, ", \"kernel\": ");
     info_string(&t, ai.kernel);
+    /* how "precision": "bfloat16" runs its products: the same bits either way */
+    info_put(&t, ", \"bf16\": ");
+    info_string(&t, ai.bf16);
     /* libattn keeps OpenBLAS single-threaded (attn.h) and parallelises over
      * batch, heads and tiles itself, so BLAS runs on one thread per call. */
     info_put(&t, ", \"blas\": {\"config\": ");

@@ -554,6 +554,8 @@ START_TEST(info_is_never_cut_off)
     for (int i = 0; i < 16; i++)
         ck_assert_str_eq(json_string_value(json_array_get(list, (size_t)i)), origins[i]);
     ck_assert_str_eq(json_string_value(json_object_get(j, "kernel")), attn_kernel_name());
+    /* the server runs with this process's environment: the same bf16 path */
+    ck_assert_str_eq(json_string_value(json_object_get(j, "bf16")), attn_bf16_name());
     ck_assert_ptr_nonnull(json_object_get(json_object_get(j, "limits"), "max_work"));
     json_decref(j);
     reply_free(&r);
