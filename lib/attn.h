@@ -168,10 +168,13 @@ typedef struct {
  *     dK = dS^T q on bfloat16 operands (q, k, v, dO, P, dS rounded),
  *     accumulated in float32.
  * Each product is the AVX512_BF16 instruction vdpbf16ps's: per element of
- * the result, for the pairs (2t, 2t + 1) of the summed index in order,
- * acc += a_(2t+1) b_(2t+1), then acc += a_(2t) b_(2t), each a float32 fused
+ * the result, the summed index taken in pairs (lo, hi), pair by pair,
+ * acc += a_hi b_hi, then acc += a_lo b_lo, each a float32 fused
  * multiply-add rounded to nearest even, with subnormal inputs read as zero
- * and subnormal results flushed to zero. Every way of running it
+ * and subnormal results flushed to zero. The pairs: over the d features of
+ * q k^T and dO v^T, feature t with t + ceil(d / 2); over a block's n keys
+ * (P v, dS k), key t with t + ceil(n / 2); over query rows (dV, dK), rows 2u
+ * and 2u + 1. Every way of running it
  * (attn_bf16()) gives exactly these bits, so bfloat16 results differ
  * between kernels only where float32 ones do (the order of the softmax's
  * sums, the exponential). The weights a caller asks for are the rounded
