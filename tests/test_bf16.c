@@ -15,8 +15,9 @@
  * cancellations; and the vdpbf16ps kernel against the emulated one, bit for
  * bit, on whole forward and backward calls of every variant.
  *
- * The suite runs once per kernel (tests/run-suites.sh sets ATTN_KERNEL):
- * attn_sdpa_forward uses that kernel's bfloat16 path (attn_bf16()).
+ * The cases tagged "kernel" run once per kernel (tests/run-suites.sh sets
+ * ATTN_KERNEL): attn_sdpa_forward uses that kernel's bfloat16 path
+ * (attn_bf16()); the others walk every kernel themselves.
  */
 #include <check.h>
 #include <float.h>
@@ -1384,7 +1385,12 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, products_match_vdpbf16ps_bit_for_bit);
     tcase_add_test(t, block_products_chain_steps_in_order);
     suite_add_tcase(s, t);
+    /* The cases whose results depend on the kernel (its bfloat16 path):
+     * make test runs them once per kernel (the tag "kernel",
+     * tests/run-suites.sh), and once more with the emulation where the
+     * avx512 kernel has vdpbf16ps. */
     t = tcase_create("reference");
+    tcase_set_tags(t, "kernel");
     tcase_set_timeout(t, 600);
     tcase_add_test(t, plain_attention_matches_the_bf16_reference);
     tcase_add_test(t, causal_attention_matches_the_bf16_reference);
@@ -1398,6 +1404,10 @@ static Suite *bf16_suite(void)
     t = tcase_create("paths");
     tcase_set_timeout(t, 600);
     tcase_add_test(t, avx512_bf16_and_emulation_agree_bit_for_bit);
+    suite_add_tcase(s, t);
+    t = tcase_create("edges");
+    tcase_set_tags(t, "kernel");
+    tcase_set_timeout(t, 600);
     tcase_add_test(t, precision_is_honoured_and_checked);
     tcase_add_test(t, overflowing_scores_are_redone_from_rounded_operands);
     tcase_add_test(t, overflow_in_a_plain_strip_is_redone_from_rounded_operands);
