@@ -161,14 +161,14 @@ typedef struct {
     const attn_kern_bf16 *bf16;
 } sdpa_kernels;
 
-attn_status sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                              const float *q, const float *k, const float *v, float *out,
-                              attn_softmax_row *rows, float *weights, attn_stats *stats,
-                              attn_error *err);
-attn_status sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                               const float *q, const float *k, const float *v,
-                               const float *out, const attn_softmax_row *rows,
-                               const float *dout, float *dq, float *dk, float *dv,
-                               attn_error *err);
+attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                   const float *q, const float *k, const float *v, float *out,
+                                   attn_softmax_row *rows, float *weights, attn_stats *stats,
+                                   attn_error *err);
+attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const attn_softmax_row *rows,
+                                    const float *dout, float *dq, float *dk, float *dv,
+                                    attn_error *err);
 
 #endif /* ATTN_KERN_H */

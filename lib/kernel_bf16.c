@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_features.h"
 #include "kern.h"
 
 static const char *const NAMES[] = {
@@ -27,10 +28,10 @@ static bool path_supported(attn_kernel_kind kind, attn_bf16_kind path)
     case ATTN_BF16_EMULATED:
         return true;
 #if defined(__x86_64__)
+    /* kern_avx512_bf16.c is compiled for AVX-512 F and BW and AVX512_BF16
+     * (see Makefile) */
     case ATTN_BF16_AVX512_BF16:
-        __builtin_cpu_init();
-        return kind == ATTN_KERNEL_AVX512 && __builtin_cpu_supports("avx512bf16") &&
-               __builtin_cpu_supports("avx512bw");
+        return kind == ATTN_KERNEL_AVX512 && cpu_has(CPU_AVX512_BF16 | CPU_AVX512BW);
 #endif
     default:
         return false;

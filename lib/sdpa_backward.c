@@ -280,14 +280,14 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                float *dv, attn_error *err)
 {
     const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
-    return sdpa_backward_with(&kernels, p, q, k, v, out, rows, dout, dq, dk, dv, err);
+    return attn_sdpa_backward_with(&kernels, p, q, k, v, out, rows, dout, dq, dk, dv, err);
 }
 
-attn_status sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                               const float *q, const float *k, const float *v,
-                               const float *out, const attn_softmax_row *rows,
-                               const float *dout, float *dq, float *dk, float *dv,
-                               attn_error *err)
+attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const attn_softmax_row *rows,
+                                    const float *dout, float *dq, float *dk, float *dv,
+                                    attn_error *err)
 {
     attn_status s = sdpa_check_params(p, false, err);
     if (s != ATTN_OK)

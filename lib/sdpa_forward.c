@@ -341,13 +341,13 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               attn_error *err)
 {
     const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
-    return sdpa_forward_with(&kernels, p, q, k, v, out, rows, weights, stats, err);
+    return attn_sdpa_forward_with(&kernels, p, q, k, v, out, rows, weights, stats, err);
 }
 
-attn_status sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                              const float *q, const float *k, const float *v, float *out,
-                              attn_softmax_row *rows, float *weights, attn_stats *stats,
-                              attn_error *err)
+attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                   const float *q, const float *k, const float *v, float *out,
+                                   attn_softmax_row *rows, float *weights, attn_stats *stats,
+                                   attn_error *err)
 {
     attn_status s = sdpa_check_params(p, weights != NULL, err);
     if (s != ATTN_OK)

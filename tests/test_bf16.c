@@ -587,16 +587,16 @@ static lib_run run_lib(const sdpa_case *c, attn_layout layout, bool weights, boo
     if (weights)
         r.weights = nan_floats(c->n_w);
     attn_error err = {0};
-    attn_status st = kernels != NULL
-                         ? sdpa_forward_with(kernels, &p, q, k, v, r.out, r.rows, r.weights,
-                                             stats ? &r.stats : NULL, &err)
-                         : attn_sdpa_forward(&p, q, k, v, r.out, r.rows, r.weights,
-                                             stats ? &r.stats : NULL, &err);
+    attn_stats *st_out = stats ? &r.stats : NULL;
+    attn_status st =
+        kernels != NULL
+            ? attn_sdpa_forward_with(kernels, &p, q, k, v, r.out, r.rows, r.weights, st_out, &err)
+            : attn_sdpa_forward(&p, q, k, v, r.out, r.rows, r.weights, st_out, &err);
     ASSERT_OK(st, err);
-    st = kernels != NULL
-             ? sdpa_backward_with(kernels, &p, q, k, v, r.out, r.rows, dout, r.dq, r.dk, r.dv,
-                                  &err)
-             : attn_sdpa_backward(&p, q, k, v, r.out, r.rows, dout, r.dq, r.dk, r.dv, &err);
+    st = kernels != NULL ? attn_sdpa_backward_with(kernels, &p, q, k, v, r.out, r.rows, dout,
+                                                   r.dq, r.dk, r.dv, &err)
+                         : attn_sdpa_backward(&p, q, k, v, r.out, r.rows, dout, r.dq, r.dk,
+                                              r.dv, &err);
     ASSERT_OK(st, err);
     if (bnhd) {
         float *t;
