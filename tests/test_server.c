@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "attn.h"
+#include "cpu_features.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1
@@ -2105,6 +2106,45 @@ START_TEST(help_and_version_exit_0)
 }
 END_TEST
 
+/* "kernel K, bf16 P," of `attnd --version` run with ATTN_KERNEL=kernel and
+ * ATTN_BF16=bf16 (unset when NULL). */
+static bool version_paths(const char *kernel, const char *bf16, char *k, char *p)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "env -u ATTN_BF16 ATTN_KERNEL=%s %s%s '%s' --version", kernel,
+             bf16 ? "ATTN_BF16=" : "", bf16 ? bf16 : "", attnd_bin());
+    FILE *f = popen(cmd, "r");
+    char line[512] = "";
+    bool read = f && fgets(line, sizeof line, f) != NULL;
+    if (f)
+        pclose(f);
+    const char *at = strstr(line, "kernel ");
+    return read && at && sscanf(at, "kernel %15[a-z0-9_], bf16 %15[a-z0-9_],", k, p) == 2;
+}
+
+/* The bfloat16 path follows the kernel and ATTN_BF16: vdpbf16ps only under
+ * the avx512 kernel on a CPU with AVX512_BF16 (and BW), unless ATTN_BF16
+ * forces the emulation; a path that cannot run, or a name that is none,
+ * leaves the default. */
+START_TEST(bf16_path_follows_the_kernel_and_attn_bf16)
+{
+    const char *kernels[] = {"generic", "avx2", "avx512"};
+    const char *forced[] = {NULL, "emulated", "avx512_bf16", "amx"};
+    const bool has = cpu_has(CPU_AVX512_BF16 | CPU_AVX512BW);
+    for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
+        for (size_t j = 0; j < sizeof forced / sizeof *forced; j++) {
+            char k[16], p[16];
+            ck_assert_msg(version_paths(kernels[i], forced[j], k, p),
+                          "attnd --version names no kernel and bf16 path");
+            bool instruction = strcmp(k, "avx512") == 0 && has &&
+                               !(forced[j] && strcmp(forced[j], "emulated") == 0);
+            ck_assert_msg(strcmp(p, instruction ? "avx512_bf16" : "emulated") == 0,
+                          "ATTN_KERNEL=%s (runs %s) ATTN_BF16=%s: bf16 %s", kernels[i], k,
+                          forced[j] ? forced[j] : "(unset)", p);
+        }
+}
+END_TEST
+
 START_TEST(environment_variables_configure_the_server)
 {
     int port = free_port();
@@ -3601,6 +3641,7 @@ static Suite *server_suite(void)
     tcase_add_test(life, sigterm_answers_a_request_sent_just_after_the_last_one_finished);
     tcase_add_test(life, sigterm_answers_connections_waiting_in_the_backlog);
     tcase_add_test(life, bad_flag_values_exit_2_with_a_message);
+    tcase_add_test(life, bf16_path_follows_the_kernel_and_attn_bf16);
     tcase_add_test(life, help_and_version_exit_0);
     tcase_add_test(life, environment_variables_configure_the_server);
     tcase_add_test(life, access_log_has_one_text_line_per_request);
