@@ -28,6 +28,7 @@ typedef struct {
     int64_t before, after;
     /* What the kernels' row step must do beyond scaling and the range. */
     bool plain; /* no explicit mask, no ALiBi, no softcap */
+    bool bf16;  /* ATTN_PRECISION_BFLOAT16 */
 } sdpa_call;
 
 /* "Unbounded": far beyond any n, yet p_i +- SDPA_FAR cannot overflow. */
@@ -104,26 +105,31 @@ void sdpa_stats_finish(const sdpa_stats_acc *a, attn_stats *out);
 
 /* A forward unit's state for its query rows [rows]: running row maxima m
  * and sums l of the online softmax, and the unnormalised output rows.
- * Both sums run over every key of a row, n_k / KERN_BK tiles of them: they
- * are kept in double, each tile's float partial added once, so that a row
- * of 1e5 or 1e6 keys ends as close to the exact answer as a row of 100
- * (a float accumulator drifts by about one rounding per tile). */
+ * Both sums run over every key of a row, n_k / KERN_BK tiles of them: l is
+ * a double, and out a float partial that the caller folds into a double
+ * sum every SDPA_FOLD_TILES tiles (blocked summation), so that a row of
+ * 1e5 or 1e6 keys ends as close to the exact answer as a row of 1000. */
 typedef struct {
     float *strip;          /* [KERN_MR_MAX, KERN_BK] scores, then P, of one strip */
     float *m;              /* [rows] */
     double *l;             /* [rows] */
-    double *acc;           /* [rows, d_v] = sum_j exp(x_j - m) v_j */
-    float *part;           /* [KERN_MR_MAX, d_v]: one strip's P v_t, before acc */
+    float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, row stride ldo,
+                            * since the last fold */
     /* With weights: the unit's rows of weights [rows, n_k] and, per row and
      * key tile, the maximum P was taken against (sdpa_fwd_keep_weights). */
     float *weights;
     float *tile_max;       /* [rows, k_tiles] */
     int64_t k_tiles, kt;   /* key tiles of a row; the current one */
+    bool accumulate;       /* false on the first tile after a fold: it writes out */
     /* With statistics: */
     sdpa_stats_acc *stats; /* NULL without */
     float scale, softcap;  /* for the scaled scores' statistics */
     double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m) */
     float *raw, *x;        /* [KERN_BK] copies of a row's raw and final scores */
+    /* In bfloat16 (kern.h's words of two bfloat16): */
+    const uint32_t *qb;    /* [rows, ceil(d_k / 2)] the unit's q rows (row stride ldqb) */
+    int64_t ldqb;
+    uint32_t *pb;          /* [KERN_MR_MAX, KERN_BK / 2] a strip's P */
 } sdpa_fwd_state;
 
 /* The forward kernels' hooks for the optional outputs, per strip row. */
@@ -144,6 +150,10 @@ typedef struct {
     const float *kt, *vt; /* [d_k, ld], [d_v, ld]: k_t^T, v_t^T (kern_panel_ld) */
     int64_t ld;
     const float *k;       /* [cols, d_k] rows j0 .. of k (row stride ldk) */
+    /* In bfloat16: k_t, v_t as kern_keys.kp [ceil(d_k / 2), KERN_BK] and
+     * vp [ceil(d_v / 2), KERN_BK] (pairs of features), and kr
+     * [KERN_BK / 2, d_k] (pairs of keys). */
+    const uint32_t *kp, *vp, *kr;
 } sdpa_bwd_keys;
 
 /* A backward worker's view of one (query tile, key tile) pair. dq sums
@@ -158,7 +168,15 @@ typedef struct {
     const float *delta;           /* [rows] rowsum(dO * O) */
     const float *dout;            /* [rows, d_v] (row stride ldo) */
     float *dq;                    /* [rows, d_k] accumulated (ldq) */
-    float *dk, *dv;               /* [cols, d_k], [cols, d_v] accumulated (rows d_k, d_v) */
+    float *dk, *dv;               /* [cols, d_k], [cols, d_v] accumulated (ldk, ldv) */
+    /* In bfloat16 (the tile's rows i0 .. start at an even row): */
+    const uint32_t *qb, *dob;     /* [rows, ceil(d_k / 2)], [rows, ceil(d_v / 2)]: pairs
+                                   * along q's and dO's rows (strides ldqb, lddob) */
+    int64_t ldqb, lddob;
+    const uint32_t *qr, *dor;     /* [ceil(rows / 2), d_k], [.., d_v]: pairs of rows */
+    uint32_t *dsb;                /* [KERN_MR_MAX, KERN_BK / 2] workspace: a strip's dS */
+    uint32_t *pp, *dsp;           /* [KERN_BWD_BQ / 2, KERN_BK] workspaces: P, dS by
+                                   * pairs of rows */
 } sdpa_bwd_state;
 
 /* Tiles a float partial sum takes before it is folded into double. */

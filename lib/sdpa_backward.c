@@ -12,14 +12,19 @@
  *
  * dq rows receive contributions from every key tile. When there are enough
  * pairs to keep every thread busy, a unit takes all the key tiles of its
- * pair and adds into dq. Otherwise each pair is split S ways (key tiles s,
- * s + S, s + 2S, ... to split s: interleaved, so causal splits cost alike),
- * and split s adds into its own copy of dq, added in split order at the
- * end. The long sums are blocked: dq's float partials are folded into
- * double sums every SDPA_FOLD_TILES key tiles of a unit, dk's and dv's
- * (in the worker, written when the key tile is done) every
- * SDPA_FOLD_TILES query tiles. Either way which thread runs which unit changes nothing: the
+ * pair and adds straight into dq. Otherwise each pair is split S ways (key
+ * tiles s, s + S, s + 2S, ... to split s: interleaved, so causal splits cost
+ * alike), and split s adds into its own copy of dq, summed in split order at
+ * the end. The long sums are blocked: every SDPA_FOLD_TILES key tiles of a
+ * unit its float partials of dq are folded into double sums, and every
+ * SDPA_FOLD_TILES query tiles those of dk and dv (written when the key tile
+ * is done), so that their error does not grow with n_k or n_q. Either way which thread runs which unit changes nothing: the
  * result is the same for a given thread count, bit for bit.
+ *
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
+ * the units, into the two forms the products read (pairs along each row,
+ * for the scores and dP; pairs of rows, for dk and dv: a query tile then
+ * starts at an even row); a unit rounds its key tile's k and v.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -28,34 +33,49 @@
 
 typedef struct {
     float *kt, *vt; /* [d_k, ld], [d_v, ld], ld = kern_panel_ld(n_k) at most */
+    double *dk_sum, *dv_sum; /* [ld, d_k], [ld, d_v]: the key tile's folded sums */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
     float *capped;  /* [KERN_BK] */
-    float *dk_part, *dv_part; /* [ld, d_k], [ld, d_v]: the key tile's float partials */
-    double *dk, *dv;          /* [ld, d_k], [ld, d_v]: and its sums */
+    /* In bfloat16: the key tile as sdpa_bwd_keys.kp, vp, kr, and the
+     * workspaces of sdpa_bwd_state.dsb, pp, dsp. */
+    uint32_t *kp, *vp, *kr, *dsb, *pp, *dsp;
     void *block;
 } bwd_worker;
+
+/* q and dO rounded to bfloat16, per (batch, query head), in the forms of
+ * sdpa_bwd_state: pairs along each row (qb [n_q, ceil(d_k / 2)], dob [n_q,
+ * ceil(d_v / 2)]) and pairs of rows (qr [ceil(n_q / 2), d_k], dor
+ * [ceil(n_q / 2), d_v]). */
+typedef struct {
+    uint32_t *qb, *dob, *qr, *dor;
+    int64_t dk2, dv2, nq2;
+} bwd_bf16;
 
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
+    bwd_bf16 b16;
     const attn_softmax_row *rows;
     const float *dout, *delta;
     float *dq, *dk, *dv;
-    float **dq_part;   /* [splits]: each split's float partials of dq: dq itself, then copies */
-    double **dq_sum;   /* [splits]: and their sums (the layout of dq) */
+    float **dq_split; /* [splits]: dq itself, then the copies (float partials) */
+    double **dq_sum;  /* [splits]: their folded sums (the layout of dq) */
     int64_t k_tiles, splits;
     bwd_worker *workers;
 } bwd_job;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* acc [n] += part [n], and part back to 0: a float partial folded in. */
-static void fold(double *acc, float *part, int64_t n)
+/* acc += part and part back to 0, for n rows of `width` (strides lda,
+ * ldp): a float partial folded into its double sum. */
+static void fold(double *acc, int64_t lda, float *part, int64_t ldp, int64_t n, int64_t width)
 {
-    for (int64_t e = 0; e < n; e++) {
-        acc[e] += part[e];
-        part[e] = 0.0f;
-    }
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t e = 0; e < width; e++) {
+            acc[r * lda + e] += part[r * ldp + e];
+            part[r * ldp + e] = 0.0f;
+        }
 }
 
 /* Folds the float partials of dq of every query head of pair (b, hk) into
@@ -66,9 +86,8 @@ static void fold_dq(const bwd_job *job, int64_t split, int64_t b, int64_t hk)
     const attn_sdpa_params *p = c->p;
     for (int64_t h = hk * c->group; h < (hk + 1) * c->group; h++) {
         const int64_t q_at = sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k);
-        for (int64_t i = 0; i < p->n_q; i++)
-            fold(job->dq_sum[split] + q_at + i * c->ldq, job->dq_part[split] + q_at + i * c->ldq,
-                 p->d_k);
+        fold(job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq, p->n_q,
+             p->d_k);
     }
 }
 
@@ -80,7 +99,7 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     const bwd_worker *w = &job->workers[worker];
     const int64_t pair = u / job->splits, split = u % job->splits;
     const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
-    float *dq = job->dq_part[split];
+    float *dq = job->dq_split[split];
     const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
     const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
     int64_t key_tiles = 0; /* since dq was last folded */
@@ -89,49 +108,77 @@ static void backward_unit(void *ctx, int64_t u, int worker)
         t.cols = min64(p->n_k - t.j0, KERN_BK);
         const float *k = c->k + k_at + t.j0 * c->ldk, *v = c->v + v_at + t.j0 * c->ldv;
         float *dk = job->dk + k_at + t.j0 * c->ldk, *dv = job->dv + v_at + t.j0 * c->ldv;
-        const int64_t nk = t.cols * p->d_k, nv = t.cols * p->d_v;
-        memset(w->dk, 0, (size_t)nk * sizeof *w->dk);
-        memset(w->dv, 0, (size_t)nv * sizeof *w->dv);
-        memset(w->dk_part, 0, (size_t)nk * sizeof *w->dk_part);
-        memset(w->dv_part, 0, (size_t)nv * sizeof *w->dv_part);
+        for (int64_t j = 0; j < t.cols; j++) {
+            memset(dk + j * c->ldk, 0, (size_t)p->d_k * sizeof *dk);
+            memset(dv + j * c->ldv, 0, (size_t)p->d_v * sizeof *dv);
+        }
         int64_t i_start, i_end; /* the query rows that see these keys */
         sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
+        if (i_start == i_end)
+            continue;
+        memset(w->dk_sum, 0, (size_t)(t.cols * p->d_k) * sizeof *w->dk_sum);
+        memset(w->dv_sum, 0, (size_t)(t.cols * p->d_v) * sizeof *w->dv_sum);
+        const attn_kern_bf16 *kb = job->kern_bf16;
         const int64_t ld = kern_panel_ld(t.cols);
-        const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k};
-        if (i_start < i_end) { /* otherwise no query sees these keys: gradients 0 */
+        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k};
+        if (kb != NULL) {
+            /* Pairs of rows from an even row (the row before sees none of
+             * these keys: its P is 0). */
+            i_start -= i_start % 2;
+            kb->pack_t(k, c->ldk, t.cols, p->d_k, w->kp);
+            kb->pack_t(v, c->ldv, t.cols, p->d_v, w->vp);
+            kb->row_pairs(k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
+            keys.kp = w->kp;
+            keys.vp = w->vp;
+            keys.kr = w->kr;
+        } else {
             job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt, ld);
             job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt, ld);
         }
         int64_t query_tiles = 0; /* since dk and dv were last folded */
-        for (t.h = hk * c->group; i_start < i_end && t.h < (hk + 1) * c->group; t.h++) {
+        for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
                 const int64_t row = bh * p->n_q + t.i0;
-                const sdpa_bwd_state st = {
+                sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
                     .rows = job->rows + row, .delta = job->delta + row,
                     .dout = job->dout + o_at + t.i0 * c->ldo,
                     .dq = dq + q_at + t.i0 * c->ldq,
-                    .dk = w->dk_part, .dv = w->dv_part,
+                    .dk = dk, .dv = dv,
                 };
-                job->kern->backward_tile(c, &t, &keys, &st);
+                if (kb != NULL) {
+                    const bwd_bf16 *h = &job->b16;
+                    st.qb = h->qb + row * h->dk2;
+                    st.ldqb = h->dk2;
+                    st.dob = h->dob + row * h->dv2;
+                    st.lddob = h->dv2;
+                    st.qr = h->qr + (bh * h->nq2 + t.i0 / 2) * p->d_k;
+                    st.dor = h->dor + (bh * h->nq2 + t.i0 / 2) * p->d_v;
+                    st.dsb = w->dsb;
+                    st.pp = w->pp;
+                    st.dsp = w->dsp;
+                    kb->backward_tile(c, &t, &keys, &st);
+                } else {
+                    job->kern->backward_tile(c, &t, &keys, &st);
+                }
                 if (++query_tiles == SDPA_FOLD_TILES) {
-                    fold(w->dk, w->dk_part, nk);
-                    fold(w->dv, w->dv_part, nv);
+                    fold(w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
+                    fold(w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
                     query_tiles = 0;
                 }
             }
         }
         for (int64_t j = 0; j < t.cols; j++) {
             for (int64_t e = 0; e < p->d_k; e++)
-                dk[j * c->ldk + e] = (float)(w->dk[j * p->d_k + e] + w->dk_part[j * p->d_k + e]);
+                dk[j * c->ldk + e] = (float)(w->dk_sum[j * p->d_k + e] + dk[j * c->ldk + e]);
             for (int64_t e = 0; e < p->d_v; e++)
-                dv[j * c->ldv + e] = (float)(w->dv[j * p->d_v + e] + w->dv_part[j * p->d_v + e]);
+                dv[j * c->ldv + e] = (float)(w->dv_sum[j * p->d_v + e] + dv[j * c->ldv + e]);
         }
-        if (i_start < i_end && ++key_tiles == SDPA_FOLD_TILES) {
+        if (++key_tiles == SDPA_FOLD_TILES) {
             fold_dq(job, split, b, hk);
             key_tiles = 0;
         }
@@ -146,7 +193,7 @@ typedef struct {
     const sdpa_call *call;
     const float *dout, *out;
     float *delta;
-    float **dq_part;
+    float **dq_split;
     double **dq_sum;
     int64_t splits, rows;
 } prologue_job;
@@ -169,19 +216,44 @@ static void prologue_block(void *ctx, int64_t block, int worker)
         j->delta[r] = (float)s;
     }
     for (int64_t s = 0; s < j->splits; s++) {
-        memset(j->dq_part[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
+        memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
         memset(j->dq_sum[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(double));
     }
 }
 
 typedef struct {
-    float **dq_part;
+    const sdpa_call *call;
+    const attn_kern_bf16 *kern;
+    const float *dout;
+    const bwd_bf16 *b16;
+} round_job;
+
+/* Unit: one (batch, query head): its q and dO rows rounded, both forms. */
+static void round_head(void *ctx, int64_t bh, int worker)
+{
+    (void)worker;
+    const round_job *j = ctx;
+    const sdpa_call *c = j->call;
+    const attn_sdpa_params *p = c->p;
+    const bwd_bf16 *h = j->b16;
+    const int64_t b = bh / p->heads_q, hq = bh % p->heads_q;
+    const float *q = sdpa_head_q(c, b, hq), *dout = j->dout + sdpa_head_o_at(c, b, hq);
+    j->kern->rows(q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
+    j->kern->rows(dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2, h->dv2);
+    j->kern->row_pairs(q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k, p->d_k,
+                       h->nq2, false);
+    j->kern->row_pairs(dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v, p->d_v,
+                       h->nq2, false);
+}
+
+typedef struct {
+    float **dq_split;
     double **dq_sum;
     int64_t splits, count;
 } reduce_job;
 
-/* dq = the sums and partials of splits 0 .. S-1, added in double in that
- * order (split 0's partials are dq itself). */
+/* dq = the sums and the partials of splits 0 .. S-1, added in double in
+ * that order (split 0's partials are dq itself). */
 static void reduce_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
@@ -189,13 +261,13 @@ static void reduce_block(void *ctx, int64_t block, int worker)
     int64_t f0 = block * BWD_SUM_BLOCK, f1 = min64(f0 + BWD_SUM_BLOCK, j->count);
     double *sum = j->dq_sum[0];
     for (int64_t s = 0; s < j->splits; s++) {
-        const float *part = j->dq_part[s];
+        const float *part = j->dq_split[s];
         const double *other = j->dq_sum[s];
         for (int64_t f = f0; f < f1; f++)
             sum[f] += (s > 0 ? other[f] : 0.0) + part[f];
     }
     for (int64_t f = f0; f < f1; f++)
-        j->dq_part[0][f] = (float)sum[f];
+        j->dq_split[0][f] = (float)sum[f];
 }
 
 static int64_t blocks(int64_t count, int64_t per_block)
@@ -204,8 +276,8 @@ static int64_t blocks(int64_t count, int64_t per_block)
 }
 
 /* Splits per pair: 1 when the pairs alone give every thread two units or
- * more; otherwise one per thread (at most one per key tile), each with its
- * own partials and sums of dq. */
+ * more; otherwise one per thread (at most one per key tile), each a copy of
+ * dq more. */
 static int64_t splits_for(int threads, int64_t pairs, int64_t k_tiles)
 {
     if (threads <= 1 || pairs >= 2 * (int64_t)threads)
@@ -220,7 +292,7 @@ static void free_workers(bwd_worker *w, int n)
     free(w);
 }
 
-static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
+static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p, bool bf16)
 {
     bwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
@@ -229,25 +301,39 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
     const int64_t keys = kern_panel_ld(p->n_k);
     const int64_t panel_k = p->d_k * keys, panel_v = p->d_v * keys;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
-    /* The double sums first (their alignment), then the floats. */
-    const int64_t floats = 2 * (panel_k + panel_v) + 2 * tile + KERN_BK;
+    /* In bfloat16, words (as many as floats, each a multiple of 16): kp,
+     * vp and kr, dsb, pp and dsp. */
+    const int64_t kp = (p->d_k + 1) / 2 * KERN_BK, vp = (p->d_v + 1) / 2 * KERN_BK;
+    const int64_t kr = KERN_BK / 2 * ((p->d_k + 15) / 16 * 16);
+    const int64_t dsb = KERN_MR_MAX * KERN_BK / 2, pairs = tile / 2;
+    const int64_t words = bf16 ? kp + vp + kr + dsb + 2 * pairs : 0;
     for (int i = 0; i < n; i++) {
-        double *d = sdpa_alloc(panel_k + panel_v + (floats + 1) / 2, sizeof(double));
+        /* The double sums first (their alignment), then the floats. */
+        double *d = sdpa_alloc(panel_k + panel_v +
+                                   (panel_k + panel_v + 2 * tile + KERN_BK + words + 1) / 2,
+                               sizeof(double));
         if (d == NULL) {
             free_workers(w, n);
             return NULL;
         }
         w[i].block = d;
-        w[i].dk = d;
-        w[i].dv = d + panel_k;
+        w[i].dk_sum = d;
+        w[i].dv_sum = d + panel_k;
         float *b = (float *)(void *)(d + panel_k + panel_v);
         w[i].p = b;
         w[i].ds = b + tile;
         w[i].kt = b + 2 * tile;
-        w[i].vt = w[i].kt + panel_k;
-        w[i].dk_part = w[i].vt + panel_v;
-        w[i].dv_part = w[i].dk_part + panel_k;
-        w[i].capped = w[i].dv_part + panel_v;
+        w[i].vt = b + 2 * tile + panel_k;
+        w[i].capped = b + 2 * tile + panel_k + panel_v;
+        if (bf16) {
+            uint32_t *u = (uint32_t *)(void *)(w[i].capped + KERN_BK);
+            w[i].kp = u;
+            w[i].vp = u + kp;
+            w[i].kr = u + kp + vp;
+            w[i].dsb = u + kp + vp + kr;
+            w[i].pp = u + kp + vp + kr + dsb;
+            w[i].dsp = u + kp + vp + kr + dsb + pairs;
+        }
     }
     return w;
 }
@@ -257,6 +343,16 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *out, const attn_softmax_row *rows,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err)
+{
+    const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
+    return attn_sdpa_backward_with(&kernels, p, q, k, v, out, rows, dout, dq, dk, dv, err);
+}
+
+attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const attn_softmax_row *rows,
+                                    const float *dout, float *dq, float *dk, float *dv,
+                                    attn_error *err)
 {
     attn_status s = sdpa_check_params(p, false, err);
     if (s != ATTN_OK)
@@ -270,18 +366,31 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     const int64_t pairs = p->batch * p->heads_kv;
     bwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
-        .kern = attn_kern_get(),
+        .kern = kernels->f32,
         .rows = rows, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
         .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
     int threads = sdpa_threads(p, pairs * job.k_tiles, 2.5 * attn_sdpa_flops(p));
     job.splits = splits_for(threads, pairs, job.k_tiles);
     float *delta = sdpa_alloc(n_rows, sizeof(float));
-    job.dq_part = calloc((size_t)job.splits, sizeof *job.dq_part);
+    job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
     job.dq_sum = calloc((size_t)job.splits, sizeof *job.dq_sum);
-    job.workers = alloc_workers(threads, p);
-    bool ok = delta != NULL && job.dq_part != NULL && job.dq_sum != NULL &&
+    job.workers = alloc_workers(threads, p, job.call.bf16);
+    bool ok = delta != NULL && job.dq_split != NULL && job.dq_sum != NULL &&
               job.workers != NULL;
+    bwd_bf16 *h = &job.b16;
+    if (ok && job.call.bf16) {
+        job.kern_bf16 = kernels->bf16;
+        const int64_t heads = p->batch * p->heads_q;
+        h->dk2 = (p->d_k + 1) / 2;
+        h->dv2 = (p->d_v + 1) / 2;
+        h->nq2 = (p->n_q + 1) / 2;
+        h->qb = sdpa_alloc(heads * p->n_q * h->dk2, sizeof(uint32_t));
+        h->dob = sdpa_alloc(heads * p->n_q * h->dv2, sizeof(uint32_t));
+        h->qr = sdpa_alloc(heads * h->nq2 * p->d_k, sizeof(uint32_t));
+        h->dor = sdpa_alloc(heads * h->nq2 * p->d_v, sizeof(uint32_t));
+        ok = h->qb != NULL && h->dob != NULL && h->qr != NULL && h->dor != NULL;
+    }
     /* With RoPE the scores come from rotated copies of q and k, and the
      * gradients they give are turned back at the end. */
     const bool rope = p->variants.rope_base > 0.0f;
@@ -294,32 +403,41 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         job.call.q = q_rot;
         job.call.k = k_rot;
     }
-    if (ok)
-        job.dq_part[0] = dq;
-    for (int64_t i = 0; ok && i < job.splits; i++)
-        ok = (job.dq_sum[i] = sdpa_alloc(n_rows * p->d_k, sizeof(double))) != NULL &&
-             (i == 0 || (job.dq_part[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL);
+    if (ok) {
+        job.dq_split[0] = dq;
+        for (int64_t i = 1; ok && i < job.splits; i++)
+            ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL;
+        for (int64_t i = 0; ok && i < job.splits; i++)
+            ok = (job.dq_sum[i] = sdpa_alloc(n_rows * p->d_k, sizeof(double))) != NULL;
+    }
     if (ok) {
         prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
-                            .dq_part = job.dq_part, .dq_sum = job.dq_sum,
+                            .dq_split = job.dq_split, .dq_sum = job.dq_sum,
                             .splits = job.splits, .rows = n_rows};
         attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
         job.delta = delta;
+        if (job.kern_bf16 != NULL) {
+            round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = dout, .b16 = h};
+            attn_parallel_for(threads, p->batch * p->heads_q, round_head, &rj);
+        }
         attn_parallel_for(threads, pairs * job.splits, backward_unit, &job);
-        reduce_job red = {.dq_part = job.dq_part, .dq_sum = job.dq_sum, .splits = job.splits,
-                          .count = n_rows * p->d_k};
+        reduce_job red = {.dq_split = job.dq_split, .dq_sum = job.dq_sum,
+                          .splits = job.splits, .count = n_rows * p->d_k};
         attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
         if (rope)
             ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     }
     free(q_rot);
     free(k_rot);
-    for (int64_t i = 0; job.dq_sum != NULL && i < job.splits; i++) {
+    free(h->qb);
+    free(h->dob);
+    free(h->qr);
+    free(h->dor);
+    for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
+        free(job.dq_split[i]);
+    for (int64_t i = 0; job.dq_sum != NULL && i < job.splits; i++)
         free(job.dq_sum[i]);
-        if (i > 0 && job.dq_part != NULL)
-            free(job.dq_part[i]);
-    }
-    free(job.dq_part);
+    free(job.dq_split);
     free(job.dq_sum);
     free_workers(job.workers, threads);
     free(delta);

@@ -17,8 +17,17 @@
  * and owns its output rows, so units run in parallel without sharing
  * anything but read-only inputs. (For the head mean of the weights a unit
  * is one block of one batch through every head, which then owns its rows of
- * the mean.) Extra memory: the packed copy of k, and a
- * few rows per worker.
+ * the mean.) Extra memory: the packed copy of k, and a few rows per worker.
+ *
+ * A row's output sums over all its keys: the kernels add each tile into
+ * the float output rows, and every SDPA_FOLD_TILES tiles the unit folds
+ * them into a double sum (rescaled with the row's maximum as the float
+ * rows are), so that the error does not grow with n_k.
+ *
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16) a panel holds the tile's k and v
+ * rounded to bfloat16, in the pairs the kernel's products read (kern.h's
+ * kern_keys.kp and .vp), packed the same way (once, or by the unit), and a
+ * unit rounds its own query rows once, before its key tiles.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,20 +39,27 @@
 typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
     float *panel; /* [d_k, ld]: k^T of the tile, when units pack their own */
-    float *part;  /* [KERN_MR_MAX, d_v] */
+    float *m_tile; /* [KERN_FWD_BQ]: the row maxima before the tile */
     double *l, *ent;
-    double *acc;  /* [KERN_FWD_BQ, d_v] */
+    double *acc;  /* [KERN_FWD_BQ, d_v]: the output rows folded so far */
     /* With the head mean of the weights: one head's weights of the block,
      * and their sum over the heads so far. [KERN_FWD_BQ, n_k] each. */
     float *head_weights;
     double *mean_sum;
+    /* In bfloat16: the unit's q rows [KERN_FWD_BQ, ceil(d_k / 2)], a
+     * strip's P [KERN_MR_MAX, KERN_BK / 2], and the tile's panel when
+     * units pack their own. */
+    uint32_t *qb, *pb, *panel_b;
     void *block;
 } fwd_worker;
 
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
+    int64_t panel_words;             /* in bfloat16: words of one packed tile */
     const float *kt; /* the packed panels; NULL when each unit packs its own */
+    const uint32_t *kv_b; /* in bfloat16, the same */
     float *out, *weights;
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
@@ -65,9 +81,23 @@ static float *panel_at(const float *kt, const attn_sdpa_params *p, int64_t pair,
 typedef struct {
     const sdpa_call *call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16;
     float *kt;
-    int64_t k_tiles;
+    uint32_t *kv_b;
+    int64_t k_tiles, panel_words;
 } pack_job;
+
+/* The bfloat16 panel of keys j0 .. j0 + keys of head (b, h)'s key/value
+ * head: kp [ceil(d_k / 2), KERN_BK], then vp [KERN_BK / 2, d_v]. */
+static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, int64_t h,
+                      int64_t j0, int64_t keys, uint32_t *panel)
+{
+    const attn_sdpa_params *p = c->p;
+    uint32_t *kp = panel, *vp = panel + (p->d_k + 1) / 2 * KERN_BK;
+    kb->pack_t(sdpa_head_k(c, b, h) + j0 * c->ldk, c->ldk, keys, p->d_k, kp);
+    kb->row_pairs(sdpa_head_v(c, b, h) + j0 * c->ldv, c->ldv, keys, p->d_v, vp, p->d_v,
+                  KERN_BK / 2, true);
+}
 
 /* Unit: one key tile of one (batch, key/value head). */
 static void pack_unit(void *ctx, int64_t u, int worker)
@@ -77,9 +107,14 @@ static void pack_unit(void *ctx, int64_t u, int worker)
     const attn_sdpa_params *p = j->call->p;
     int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
     int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
-    const float *k = j->call->k +
-                     sdpa_head_at(p, pair / p->heads_kv, pair % p->heads_kv, p->heads_kv,
-                                  p->n_k, p->d_k) +
+    int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
+    if (j->kern_bf16 != NULL) {
+        /* Head hk * group of the query heads reads key/value head hk. */
+        pack_bf16(j->kern_bf16, j->call, b, hk * j->call->group, j0, keys,
+                  j->kv_b + u * j->panel_words);
+        return;
+    }
+    const float *k = j->call->k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) +
                      j0 * j->call->ldk;
     j->kern->pack_t(k, j->call->ldk, keys, p->d_k, panel_at(j->kt, p, pair, j0),
                     kern_panel_ld(keys));
@@ -113,6 +148,27 @@ static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_wor
 
 /* ------------------------------------------------------------------ units */
 
+/* The unit's float output rows (since the last fold) into its double
+ * sums, after a tile: first the sums are rescaled as the tile rescaled the
+ * float rows, where it raised a row's maximum; with `fold`, the float rows
+ * are then added in, and the next tile writes them afresh. */
+static void fold_rows(const sdpa_call *c, fwd_worker *w, const float *out, int64_t rows,
+                      bool fold)
+{
+    const int64_t d_v = c->p->d_v;
+    for (int64_t r = 0; r < rows; r++) {
+        double *acc = w->acc + r * d_v;
+        if (w->m[r] > w->m_tile[r] && w->m_tile[r] != -INFINITY) {
+            double shrink = (double)expf(w->m_tile[r] - w->m[r]);
+            for (int64_t e = 0; e < d_v; e++)
+                acc[e] *= shrink;
+        }
+        w->m_tile[r] = w->m[r];
+        for (int64_t e = 0; fold && e < d_v; e++)
+            acc[e] += out[r * c->ldo + e];
+    }
+}
+
 /* Query block qt of head (b, h), through all its key tiles; its weights,
  * when asked for, go to `weights` [rows, n_k]. */
 static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h, int64_t qt,
@@ -125,7 +181,7 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
     t.rows = min64(p->n_q - t.i0, KERN_FWD_BQ);
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
-        w->m[r] = -INFINITY;
+        w->m[r] = w->m_tile[r] = -INFINITY;
         w->l[r] = 0.0;
     }
     memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
@@ -135,35 +191,65 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
         sdpa_stats_init(stats);
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
     }
-    sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .acc = w->acc,
-                         .part = w->part,
+    sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
                          .weights = weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
     const int64_t pair = t.b * p->heads_kv + t.h / c->group;
     const float *v = sdpa_head_v(c, t.b, t.h);
+    const attn_kern_bf16 *kb = job->kern_bf16;
+    if (kb != NULL) {
+        const int64_t dk2 = (p->d_k + 1) / 2;
+        kb->rows(sdpa_head_q(c, t.b, t.h) + t.i0 * c->ldq, c->ldq, t.rows, p->d_k, w->qb, dk2);
+        st.qb = w->qb;
+        st.ldqb = dk2;
+        st.pb = w->pb;
+    }
     /* Key tiles wholly outside the causal diagonal and the window are
      * skipped; the last one is cut where the block's last row stops. */
     int64_t k_begin, k_end;
     sdpa_key_range(c, t.i0, t.rows, &k_begin, &k_end);
     const int64_t k_first = k_begin / KERN_BK * KERN_BK;
+    if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
+        for (int64_t r = 0; r < t.rows; r++)
+            memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
+    int64_t since_fold = 0; /* tiles in the float rows */
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        if (since_fold == SDPA_FOLD_TILES) {
+            fold_rows(c, w, out, t.rows, true);
+            since_fold = 0;
+        }
         st.kt = t.j0 / KERN_BK;
+        st.accumulate = since_fold++ > 0;
         t.cols = min64(k_end - t.j0, KERN_BK);
         /* The panel holds the tile's keys; the tile may stop short of its
          * end (causal), the panel's stride does not. */
         kern_keys keys = {.v = v + t.j0 * c->ldv,
                           .ld = kern_panel_ld(min64(p->n_k - t.j0, KERN_BK))};
-        if (job->kt != NULL) {
-            keys.kt = panel_at(job->kt, p, pair, t.j0);
+        if (kb != NULL) {
+            const uint32_t *panel = job->kv_b;
+            if (panel != NULL) {
+                panel += (pair * job->k_tiles + st.kt) * job->panel_words;
+            } else {
+                pack_bf16(kb, c, t.b, t.h, t.j0, t.cols, w->panel_b);
+                panel = w->panel_b;
+            }
+            keys.kp = panel;
+            keys.vp = panel + (p->d_k + 1) / 2 * KERN_BK;
+            kb->forward_tile(c, &t, &keys, &st);
         } else {
-            keys.ld = kern_panel_ld(t.cols);
-            job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols, p->d_k,
-                              w->panel, keys.ld);
-            keys.kt = w->panel;
+            if (job->kt != NULL) {
+                keys.kt = panel_at(job->kt, p, pair, t.j0);
+            } else {
+                keys.ld = kern_panel_ld(t.cols);
+                job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols,
+                                  p->d_k, w->panel, keys.ld);
+                keys.kt = w->panel;
+            }
+            job->kern->forward_tile(c, &t, &keys, &st);
         }
-        job->kern->forward_tile(c, &t, &keys, &st);
+        fold_rows(c, w, out, t.rows, false);
     }
     if (weights != NULL)
         finish_weights(job, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
@@ -172,9 +258,9 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
         float *o = out + r * c->ldo;
         const double *acc = w->acc + r * p->d_v, inv = l > 0.0 ? 1.0 / l : 0.0;
         bool finite = true;
-        for (int64_t j = 0; j < p->d_v; j++) {
-            o[j] = (float)(acc[j] * inv);
-            finite &= isfinite(o[j]);
+        for (int64_t e = 0; e < p->d_v; e++) {
+            o[e] = (float)((acc[e] + (since_fold > 0 ? o[e] : 0.0f)) * inv);
+            finite &= isfinite(o[e]);
         }
         attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
         bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
@@ -294,20 +380,25 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         return NULL;
     memset(w, 0, (size_t)n * sizeof *w);
     const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
-    const int64_t panel_keys = min64(job->call.p->n_k, KERN_BK);
+    const int64_t panel_keys = min64(job->call.p->n_k, KERN_BK), d_v = job->call.p->d_v;
     const bool weights = job->weights != NULL;
-    const int64_t d_v = job->call.p->d_v;
-    size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
-                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * panel_keys, sizeof(float)) +
-                   lines(KERN_MR_MAX * d_v, sizeof(float)) + lines(bq * d_v, sizeof(double));
+    const bool mean = weights && job->call.p->weights_mean;
+    const int64_t block_weights = min64(job->call.p->n_q, bq) * job->call.p->n_k;
+    size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + 2 * lines(bq, sizeof(float)) +
+                   lines(bq, sizeof(double)) +
+                   lines(job->call.p->d_k * panel_keys, sizeof(float)) +
+                   lines(bq * d_v, sizeof(double));
+    if (mean)
+        bytes += lines(block_weights, sizeof(double)) + lines(block_weights, sizeof(float));
     if (stats)
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
         bytes += lines(bq * job->k_tiles, sizeof(float));
-    const bool mean = weights && job->call.p->weights_mean;
-    const int64_t block_weights = min64(job->call.p->n_q, bq) * job->call.p->n_k;
-    if (mean)
-        bytes += lines(block_weights, sizeof(double)) + lines(block_weights, sizeof(float));
+    const int64_t dk2 = (job->call.p->d_k + 1) / 2;
+    if (job->kern_bf16 != NULL)
+        bytes += lines(bq * dk2, sizeof(uint32_t)) +
+                 lines(KERN_MR_MAX * bk / 2, sizeof(uint32_t)) +
+                 lines(job->panel_words, sizeof(uint32_t));
     for (int i = 0; i < n; i++) {
         char *b = ws_alloc(a, (int64_t)bytes, 1);
         if (b == NULL) {
@@ -323,10 +414,16 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         b += lines(bq, sizeof(double));
         w[i].panel = (float *)(void *)b;
         b += lines(job->call.p->d_k * panel_keys, sizeof(float));
-        w[i].part = (float *)(void *)b;
-        b += lines(KERN_MR_MAX * d_v, sizeof(float));
+        w[i].m_tile = (float *)(void *)b;
+        b += lines(bq, sizeof(float));
         w[i].acc = (double *)(void *)b;
         b += lines(bq * d_v, sizeof(double));
+        if (mean) {
+            w[i].mean_sum = (double *)(void *)b;
+            b += lines(block_weights, sizeof(double));
+            w[i].head_weights = (float *)(void *)b;
+            b += lines(block_weights, sizeof(float));
+        }
         if (stats) {
             w[i].raw = (float *)(void *)b;
             b += lines(bk, sizeof(float));
@@ -335,14 +432,17 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
             w[i].ent = (double *)(void *)b;
             b += lines(bq, sizeof(double));
         }
-        if (mean) {
-            w[i].mean_sum = (double *)(void *)b;
-            b += lines(block_weights, sizeof(double));
-            w[i].head_weights = (float *)(void *)b;
-            b += lines(block_weights, sizeof(float));
-        }
-        if (weights)
+        if (weights) {
             w[i].tile_max = (float *)(void *)b;
+            b += lines(bq * job->k_tiles, sizeof(float));
+        }
+        if (job->kern_bf16 != NULL) {
+            w[i].qb = (uint32_t *)(void *)b;
+            b += lines(bq * dk2, sizeof(uint32_t));
+            w[i].pb = (uint32_t *)(void *)b;
+            b += lines(KERN_MR_MAX * bk / 2, sizeof(uint32_t));
+            w[i].panel_b = (uint32_t *)(void *)b;
+        }
     }
     return w;
 }
@@ -352,6 +452,15 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               attn_softmax_row *rows, float *weights, attn_stats *stats,
                               attn_error *err)
 {
+    const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
+    return attn_sdpa_forward_with(&kernels, p, q, k, v, out, rows, weights, stats, err);
+}
+
+attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                   const float *q, const float *k, const float *v, float *out,
+                                   attn_softmax_row *rows, float *weights, attn_stats *stats,
+                                   attn_error *err)
+{
     attn_status s = sdpa_check_params(p, weights != NULL, err);
     if (s != ATTN_OK)
         return s;
@@ -360,11 +469,15 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
 
     fwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
-        .kern = attn_kern_get(),
+        .kern = kernels->f32,
         .out = out, .rows = rows, .weights = weights,
         .q_tiles = (p->n_q + KERN_FWD_BQ - 1) / KERN_FWD_BQ,
         .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
+    if (job.call.bf16) {
+        job.kern_bf16 = kernels->bf16;
+        job.panel_words = (p->d_k + 1) / 2 * KERN_BK + KERN_BK / 2 * p->d_v;
+    }
     const int64_t units = p->batch * p->heads_q * job.q_tiles;
     const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
     const bool mean = weights != NULL && p->weights_mean;
@@ -377,10 +490,14 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     const bool shared = job.q_tiles > 1 || job.call.group > 1;
     _Alignas(64) char small[SMALL_WORKSPACE];
     fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
-    float *kt = shared ? ws_alloc(&arena, p->batch * p->heads_kv * p->n_k * p->d_k,
-                                  sizeof(float))
-                       : NULL;
+    float *kt = shared && !job.call.bf16
+                    ? ws_alloc(&arena, p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float))
+                    : NULL;
+    uint32_t *kv_b = shared && job.call.bf16
+                         ? ws_alloc(&arena, panels * job.panel_words, sizeof(uint32_t))
+                         : NULL;
     job.kt = kt;
+    job.kv_b = kv_b;
     if (stats != NULL)
         job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
     job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
@@ -391,7 +508,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
     }
-    bool ok = (!shared || kt != NULL) && job.workers != NULL &&
+    bool ok = (!shared || kt != NULL || kv_b != NULL) && job.workers != NULL &&
               (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
@@ -401,6 +518,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     }
     if (!ok) {
         ws_free(&arena, kt);
+        ws_free(&arena, kv_b);
         free(q_rot);
         free(k_rot);
         free(job.unit_stats);
@@ -408,7 +526,9 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     }
     if (shared) {
-        pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
+        pack_job pack = {.call = &job.call, .kern = job.kern, .kern_bf16 = job.kern_bf16,
+                         .kt = kt, .kv_b = kv_b, .k_tiles = job.k_tiles,
+                         .panel_words = job.panel_words};
         attn_parallel_for(threads, panels, pack_unit, &pack);
     }
     attn_parallel_for(threads, run_units, mean ? forward_mean_unit : forward_unit, &job);
@@ -418,6 +538,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         sdpa_stats_finish(&job.unit_stats[0], stats);
     }
     ws_free(&arena, kt);
+    ws_free(&arena, kv_b);
     free(q_rot);
     free(k_rot);
     free(job.unit_stats);

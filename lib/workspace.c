@@ -50,6 +50,12 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
      * reads each (otherwise each unit packs its own, in its worker). */
     const bool shared = q_tiles > 1 || p->heads_q > p->heads_kv;
     double bytes = shared ? lines(B * hkv * n_k * d_k, 4) : 0;
+    /* In bfloat16 the panels hold k and v in pairs, padded to whole tiles,
+     * and each worker its rounded q rows, a strip of P and a panel. */
+    const bool bf16 = p->precision == ATTN_PRECISION_BFLOAT16;
+    const double panel_words = ceil(d_k / 2) * bk + bk / 2 * d_v;
+    if (bf16)
+        bytes = shared ? lines(B * hkv * k_tiles * panel_words, 4) : 0;
     if (stats)
         bytes += B * hq * q_tiles * (double)sizeof(sdpa_stats_acc);
     double worker = lines(KERN_MR_MAX * bk, 4) + lines(bq, 4) + lines(bq, 8) +
@@ -61,6 +67,9 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
         worker += lines(bq * k_tiles, 4);
     if (weights && p->weights_mean)
         worker += lines(min_d(n_q, bq) * n_k, 8) + lines(min_d(n_q, bq) * n_k, 4);
+    if (bf16)
+        worker += lines(bq * ceil(d_k / 2), 4) + lines(KERN_MR_MAX * bk / 2, 4) +
+                  lines(panel_words, 4);
     const double units = B * (weights && p->weights_mean ? 1 : hq) * q_tiles;
     return bytes + workers(p, units) * (worker + sizeof(void *) * 16) + rope_copies(p);
 }
@@ -74,11 +83,20 @@ static double backward_bytes(const attn_sdpa_params *p)
     const double threads = workers(p, pairs * k_tiles);
     const double splits = threads <= 1 || pairs >= 2 * threads ? 1 : min_d(threads, k_tiles);
     const double panels = (d_k + d_v) * keys;
-    const double worker =
+    double worker =
         lines(panels * 8 + (2 * panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK) * 4 + 8, 1);
+    double rounded = 0;
+    if (p->precision == ATTN_PRECISION_BFLOAT16) {
+        /* q and dO rounded, by rows and by pairs of rows; the worker's
+         * bfloat16 panels and strips. */
+        rounded = 2 * lines(rows * (ceil(d_k / 2) + ceil(d_v / 2)) + rows * (d_k + d_v), 4);
+        worker += 4 * ((ceil(d_k / 2) + ceil(d_v / 2)) * KERN_BK +
+                       KERN_BK / 2 * (ceil(d_k / 16) * 16) + KERN_MR_MAX * KERN_BK / 2 +
+                       KERN_BWD_BQ * KERN_BK);
+    }
     /* dq's double sums for each split, and a float copy for each but the first. */
     return lines(rows, 4) + splits * lines(rows * d_k, 8) + (splits - 1) * lines(rows * d_k, 4) +
-           threads * worker + rope_copies(p);
+           threads * worker + rounded + rope_copies(p);
 }
 
 double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
@@ -107,7 +125,7 @@ double attn_mha_workspace(const attn_mha_params *p, bool has_w_o, bool weights, 
     attn_sdpa_params inner = {
         .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads, .n_q = p->n,
         .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v, .threads = p->threads,
-        .variants = p->variants, .weights_mean = p->weights_mean,
+        .variants = p->variants, .weights_mean = p->weights_mean, .precision = p->precision,
     };
     double peak = held + forward_bytes(&inner, weights, stats);
     if (backward) {
