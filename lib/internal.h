@@ -4,6 +4,14 @@
 
 #include "attn.h"
 
+/* Whether the caller asked the call to stop (attn.h, "Cancellation"): read
+ * by every unit of work before it starts, and relaxed, since the flag only
+ * ever goes from 0 to non-zero and a unit more or less does not matter. */
+static inline bool attn_cancelled(const atomic_int *cancel)
+{
+    return cancel != NULL && atomic_load_explicit(cancel, memory_order_relaxed) != 0;
+}
+
 /* Calls fn(ctx, i, worker) for every i in [0, count) on up to `threads`
  * threads (the calling thread is one of them); worker is in [0, threads).
  * Runs inline when threads <= 1 or count <= 1; when threads cannot be

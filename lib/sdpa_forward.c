@@ -59,6 +59,8 @@ static void pack_unit(void *ctx, int64_t u, int worker)
     (void)worker;
     const pack_job *j = ctx;
     const attn_sdpa_params *p = j->call->p;
+    if (attn_cancelled(p->cancel))
+        return;
     int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
     int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
     const float *k = j->call->k +
@@ -137,6 +139,10 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left as they are (the call's outputs
+         * are unspecified then), rather than finished from partial sums. */
+        if (attn_cancelled(p->cancel))
+            return;
         st.kt = t.j0 / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
@@ -329,7 +335,8 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         attn_parallel_for(threads, panels, pack_unit, &pack);
     }
     attn_parallel_for(threads, units, forward_unit, &job);
-    if (stats != NULL) {
+    const bool cancelled = attn_cancelled(p->cancel);
+    if (stats != NULL && !cancelled) {
         for (int64_t u = 1; u < units; u++)
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
         sdpa_stats_finish(&job.unit_stats[0], stats);
@@ -339,5 +346,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }
