@@ -30,6 +30,24 @@
 
 #include "attn.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+
+/* n of a slow request (2 heads of [SLOW_N, 64], with gradients), whose
+ * computation lasts long enough for a test to act while it runs (the tests
+ * wait until it does). libattn's kernels run ten to twenty times slower
+ * under ASan: a quarter of the work lasts longer there still. */
+#ifdef SANITIZED
+#define SLOW_N 512
+#else
+#define SLOW_N 1024
+#endif
+
 /* ------------------------------------------------------------ processes */
 
 typedef struct {
@@ -184,6 +202,60 @@ static bool alive(const server *s)
     return state && state[1] == ' ' && state[2] != 'Z';
 }
 
+/* Whether a line of the server's log has `text` within `seconds`: how a
+ * test knows that attnd has come to a point of its own (an event line, such
+ * as "draining" after SIGTERM, is written at once; access lines within
+ * 50 ms). */
+static bool log_says(const server *s, const char *text, double seconds)
+{
+    double end = now_s() + seconds;
+    for (;;) {
+        FILE *f = fopen(s->log, "r");
+        char line[4096];
+        bool found = false;
+        while (f && !found && fgets(line, sizeof line, f))
+            found = strstr(line, text) != NULL;
+        if (f)
+            fclose(f);
+        if (found)
+            return true;
+        if (now_s() >= end)
+            return false;
+        usleep(5000);
+    }
+}
+
+/* The TCP connections to `port` that are open on the server's side (any
+ * state but LISTEN in /proc/net/tcp): a client's close is only done with
+ * once the server has closed its end too. -1 when /proc cannot be read. */
+static int server_side_connections(int port)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned local_port, state;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x", &local_port, &state) == 2 &&
+            (int)local_port == port && state != 0x0A /* LISTEN */)
+            n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Waits until the server has closed every connection to it (start_server's
+ * probe included); false after `seconds`. */
+static bool no_connections_left(int port, double seconds)
+{
+    double end = now_s() + seconds;
+    int n;
+    while ((n = server_side_connections(port)) != 0 && now_s() < end)
+        usleep(5000);
+    return n == 0;
+}
+
 /* ------------------------------------------------------------- requests */
 
 typedef struct {
@@ -194,15 +266,26 @@ typedef struct {
     size_t body_len;
 } reply;
 
+/* Appends p[0..n) and a NUL to the *len bytes of *buf. The room is the
+ * power of two above the text (so known from *len alone): a body built a
+ * number at a time is copied a few times over, not once per number, as
+ * ASan's realloc, which always moves, would. */
 static size_t append(char **buf, size_t *len, const char *p, size_t n)
 {
-    char *q = realloc(*buf, *len + n + 1);
-    if (!q)
-        return 0;
-    memcpy(q + *len, p, n);
+    size_t room = 64;
+    while (room < *len + 1)
+        room *= 2;
+    if (!*buf || *len + n + 1 > room) {
+        while (room < *len + n + 1)
+            room *= 2;
+        char *q = realloc(*buf, room);
+        if (!q)
+            return 0;
+        *buf = q;
+    }
+    memcpy(*buf + *len, p, n);
     *len += n;
-    q[*len] = '\0';
-    *buf = q;
+    (*buf)[*len] = '\0';
     return n;
 }
 
@@ -1379,13 +1462,13 @@ static void *post_multihead_thread(void *arg)
     return NULL;
 }
 
-/* Waits until a request holds a compute slot (its body is in and it is
- * being computed). */
-static bool wait_computing(int port)
+/* Waits until `n` requests hold a compute slot (their bodies are in and
+ * they are being computed). */
+static bool wait_computing(int port, int n)
 {
     double end = now_s() + 20;
     while (now_s() < end) {
-        if (metric(port, "attnd_computing_requests") >= 1)
+        if (metric(port, "attnd_computing_requests") >= n)
             return true;
         usleep(5000);
     }
@@ -1395,11 +1478,11 @@ static bool wait_computing(int port)
 START_TEST(burst_beyond_queue_gets_503_with_retry_after)
 {
     server s = start_server("--threads", "1", "--queue", "0");
-    char *slow = slow_attention_body(2, 1024, 64, true);
+    char *slow = slow_attention_body(2, SLOW_N, 64, true);
     async_post a = {s.port, slow, {0}};
     pthread_t t;
     pthread_create(&t, NULL, post_thread, &a);
-    ck_assert(wait_computing(s.port));
+    ck_assert(wait_computing(s.port, 1));
     /* Both fit the one slot only one at a time, and nothing may wait. */
     int overloaded = 0;
     for (int i = 0; i < 5; i++) {
@@ -1449,14 +1532,6 @@ START_TEST(work_beyond_max_work_is_422_work_limit)
     ck_assert_int_eq(stop_server(&s), 0);
 }
 END_TEST
-
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
 
 /* A multi-head body of about 2 KB that asks for a second or more of work:
  * `heads` heads of width 1 over 1300 positions (long work that must not
@@ -1522,15 +1597,13 @@ START_TEST(health_answers_at_once_while_small_heavy_bodies_compute)
     ck_assert_uint_le(strlen(body), 4096);
     async_req a[N];
     pthread_t t[N];
-    /* One after another, so that whichever I/O thread is free reads the
-     * next: each of them gets one. */
+    /* One after another, each sent once the one before computes, so that
+     * whichever I/O thread is free reads the next: each of them gets one. */
     for (int i = 0; i < N; i++) {
         a[i] = (async_req){s.port, "/v1/multihead", body, {0}, 0};
         pthread_create(&t[i], NULL, async_post_thread, &a[i]);
-        usleep(50000);
+        ck_assert_msg(wait_computing(s.port, i + 1), "heavy request %d is not computing", i);
     }
-    /* No waiting on /metrics here: every probe is timed. */
-    usleep(100000);
     double worst = 0;
     int ok = 0;
     const char *paths[] = {"/healthz", "/readyz", "/metrics"};
@@ -1689,18 +1762,22 @@ START_TEST(sigterm_lets_in_flight_request_finish_and_exits_0)
     ck_assert_int_eq(r.status, 200);
     reply_free(&r);
 
-    char *slow = slow_attention_body(2, 1024, 64, true);
+    char *slow = slow_attention_body(2, SLOW_N, 64, true);
     async_post a = {s.port, slow, {0}};
     pthread_t t;
     pthread_create(&t, NULL, post_thread, &a);
-    ck_assert(wait_computing(s.port));
+    ck_assert(wait_computing(s.port, 1));
     kill(s.pid, SIGTERM);
-    usleep(100000);
+    ck_assert_msg(log_says(&s, "SIGTERM: draining", 10), "no \"draining\" in the log");
 
     /* Draining: new connections are refused at once (not left in the backlog
-     * to be reset later), so a load balancer tries another replica... */
-    int fd = connect_port(s.port);
-    ck_assert_msg(fd < 0, "a new connection was accepted during the drain");
+     * to be reset later), so a load balancer tries another replica. The
+     * listening socket closes just after the log line: a connection made
+     * in between is answered, and the next one is refused. */
+    int fd;
+    for (double end = now_s() + 1; (fd = connect_port(s.port)) >= 0 && now_s() < end;)
+        close(fd);
+    ck_assert_msg(fd < 0, "new connections still accepted 1 s into the drain");
 
     /* ... an open connection still gets answers, and /readyz says no. */
     r = request_on(keep, s.port, "GET", "/readyz", NULL, NULL, 0, false);
@@ -1761,14 +1838,18 @@ START_TEST(sigterm_answers_a_request_sent_just_after_the_last_one_finished)
     async_post a = {s.port, slow, {0}};
     pthread_t t;
     pthread_create(&t, NULL, post_multihead_thread, &a);
-    ck_assert(wait_computing(s.port));
+    ck_assert(wait_computing(s.port, 1));
     kill(s.pid, SIGTERM);
     pthread_join(t, NULL);
     ck_assert_msg(a.r.status == 200, "in-flight request: %ld", a.r.status);
     reply_free(&a.r);
     free(slow);
 
-    usleep(100000); /* nothing has been in flight for 100 ms now */
+    /* The drain has begun, and the request is done with: attnd logs a
+     * request as it finishes with it, just before it stops counting it in
+     * flight, and writes access lines out only up to 50 ms later. */
+    ck_assert_msg(log_says(&s, "SIGTERM: draining", 5), "no \"draining\" in the log");
+    ck_assert_msg(log_says(&s, "\"POST /v1/multihead\" 200", 5), "the request is not logged");
     send_all(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
     bool closed;
     read_until_close(idle, buf, sizeof buf, 5, &closed);
@@ -1791,7 +1872,7 @@ END_TEST
 START_TEST(sigterm_answers_connections_waiting_in_the_backlog)
 {
     server s = start_server("--threads", "1", "--max-conns-per-ip", "0");
-    usleep(200000); /* start_server's probe connection is gone */
+    ck_assert_msg(no_connections_left(s.port, 5), "start_server's probe connection is still open");
     kill(s.pid, SIGSTOP);
     /* Enough that the I/O threads, woken with the main thread, cannot
      * accept them all before the listening socket is closed. */
@@ -2279,7 +2360,7 @@ START_TEST(api_key_needed_on_every_route_but_health)
     }
     /* Tokens that are not a key, or not a bearer token. */
     const char *wrong[] = {"Bearer nope", "Bearer " KEY_ONE "x", "Bearer k1-3f9a",
-                           "Bearer " KEY_TWO " " KEY_ONE, "Basic " KEY_ONE, KEY_ONE,
+                           ("Bearer " KEY_TWO " " KEY_ONE), ("Basic " KEY_ONE), KEY_ONE,
                            "Bearer"};
     for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
         r = with_key(s.port, "GET", "/v1/info", wrong[i]);
@@ -2383,7 +2464,7 @@ START_TEST(sighup_reads_the_key_file_again)
     /* A file that cannot be used keeps the keys in force (and says so). */
     rewrite_file(keys, "# nothing here\n");
     kill(s.pid, SIGHUP);
-    usleep(300000);
+    ck_assert_msg(log_says(&s, "the keys in force stay", 5), "the second SIGHUP is not logged");
     r = with_key(s.port, "GET", "/v1/info", "Bearer second-key");
     ck_assert_int_eq(r.status, 200);
     reply_free(&r);
@@ -2955,7 +3036,7 @@ START_TEST(queue_depth_and_wait_are_counted_per_route)
     async_req b = {s.port, "/v1/attention", tiny_attention, {0}, 0};
     pthread_t ta, tb;
     pthread_create(&ta, NULL, async_post_thread, &a);
-    ck_assert(wait_computing(s.port));
+    ck_assert(wait_computing(s.port, 1));
     pthread_create(&tb, NULL, async_post_thread, &b);
     const char *depth = "attnd_queue_depth{route=\"/v1/attention\"}";
     ck_assert_msg(metric_reaching(s.port, depth, 1) == 1, "the second never queued");
