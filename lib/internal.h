@@ -5,7 +5,8 @@
 #include "attn.h"
 
 /* Whether the caller asked the call to stop (attn.h, "Cancellation"): read
- * by every unit of work before it starts, and relaxed, since the flag only
+ * before every unit of work starts (attn_parallel_for_until, and the units
+ * that walk many key tiles before each tile), and relaxed, since the flag only
  * ever goes from 0 to non-zero and a unit more or less does not matter. */
 static inline bool attn_cancelled(const atomic_int *cancel)
 {
@@ -20,6 +21,15 @@ static inline bool attn_cancelled(const atomic_int *cancel)
  * run when it returns. */
 void attn_parallel_for(int threads, int64_t count,
                        void (*fn)(void *ctx, int64_t i, int worker), void *ctx);
+
+/* attn_parallel_for that starts no unit once *cancel (a call's cancellation
+ * flag, attn.h; NULL: none) is non-zero: every worker reads it before it
+ * takes its next unit, so a cancelled call ends when the units running
+ * then end. The caller then finds attn_cancelled(cancel) true and must not
+ * read what the skipped units would have written. */
+void attn_parallel_for_until(int threads, int64_t count,
+                             void (*fn)(void *ctx, int64_t i, int worker), void *ctx,
+                             const atomic_int *cancel);
 
 /* Keeps OpenBLAS single-threaded (once per process); every public entry
  * point calls it before its first BLAS call. */

@@ -46,8 +46,6 @@ static void gemm_block(void *ctx, int64_t t, int worker)
 {
     (void)worker;
     const gemm_task *g = ctx;
-    if (attn_cancelled(g->cancel))
-        return;
     int64_t r0 = 0, rows = g->M, c0 = 0, cols = g->N;
     if (g->by_rows) {
         r0 = t * g->block;
@@ -87,7 +85,8 @@ void mha_gemm(const mha_state *st, bool trans_a, bool trans_b, int64_t M, int64_
     g.block = per < MHA_GEMM_BLOCK ? MHA_GEMM_BLOCK : per;
     if (threads <= 1)
         g.block = along;
-    attn_parallel_for(threads, (along + g.block - 1) / g.block, gemm_block, &g);
+    attn_parallel_for_until(threads, (along + g.block - 1) / g.block, gemm_block, &g,
+                            g.cancel);
 }
 
 /* Columns summed per pass: a double accumulator on the stack, and each row

@@ -239,9 +239,10 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
                             .dq_split = job.dq_split, .splits = job.splits,
                             .rows = n_rows};
-        attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
+        attn_parallel_for_until(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro,
+                                p->cancel);
         job.delta = delta;
-        attn_parallel_for(threads, pairs * job.splits, backward_unit, &job);
+        attn_parallel_for_until(threads, pairs * job.splits, backward_unit, &job, p->cancel);
         cancelled = attn_cancelled(p->cancel);
     }
     if (ok && !cancelled) {

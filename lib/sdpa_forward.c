@@ -59,8 +59,6 @@ static void pack_unit(void *ctx, int64_t u, int worker)
     (void)worker;
     const pack_job *j = ctx;
     const attn_sdpa_params *p = j->call->p;
-    if (attn_cancelled(p->cancel))
-        return;
     int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
     int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
     const float *k = j->call->k +
@@ -332,9 +330,9 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     }
     if (shared) {
         pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
-        attn_parallel_for(threads, panels, pack_unit, &pack);
+        attn_parallel_for_until(threads, panels, pack_unit, &pack, p->cancel);
     }
-    attn_parallel_for(threads, units, forward_unit, &job);
+    attn_parallel_for_until(threads, units, forward_unit, &job, p->cancel);
     const bool cancelled = attn_cancelled(p->cancel);
     if (stats != NULL && !cancelled) {
         for (int64_t u = 1; u < units; u++)
