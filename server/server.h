@@ -411,7 +411,10 @@ typedef struct {
 } srv_log;
 
 void log_init(srv_log *log, log_format fmt); /* also starts the flusher */
-void log_flush(srv_log *log);    /* asks the flusher to write out now */
+/* For an exit that does not wait for every thread: stops the flusher and
+ * writes out what is logged so far before it returns (a line logged after
+ * it is lost at the exit). */
+void log_flush(srv_log *log);
 /* After http_stop: stops the flusher and writes what is left (waiting at
  * most a second for a full sink). */
 void log_shutdown(srv_log *log);
