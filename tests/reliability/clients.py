@@ -19,7 +19,8 @@
       second, each of which would restart an idle timeout), more in all than
       the server's --max-connections; meanwhile new connections from another
       address ask for /healthz, timed. None of the trickling connections may
-      live past --header-timeout, and every other request must be answered.
+      live past --header-timeout (seen within 2 s), and every other request
+      must be answered 200, at p99 within the bar.
 
   clients.py drain PORT --pid PID [--drain-timeout S]
       A body trickled a byte every 5 s (by Content-Length and chunked),
@@ -381,7 +382,9 @@ def slots(args):
     still = sum(1 for c in closed_at if c is None)
     for s in held:
         s.close()
-    bar_life = args.header_timeout + 1.0
+    # A closure is seen between two requests of the other address, so up to
+    # one request late.
+    bar_life = args.header_timeout + 2.0
     if still:
         problems.append(f"{still} trickling connections outlived --header-timeout")
     if any(x > bar_life for x in lived):
@@ -396,9 +399,10 @@ def slots(args):
     print(f"other_requests: {len(lat)} {statuses}")
     print(f"max_ms: {max(lat) if lat else float('nan'):.1f}")
     print(f"p99_ms: {percentile(lat, 99):.1f}")
-    ok = not problems and lat and max(lat) < args.bar_ms
+    ok = not problems and lat and percentile(lat, 99) < args.bar_ms
     reason = ("" if ok else problems[0] if problems else
-              f"max {max(lat):.1f} ms >= {args.bar_ms} ms" if lat else "no other request")
+              f"p99 {percentile(lat, 99):.1f} ms >= {args.bar_ms} ms" if lat
+              else "no other request")
     print(f"result: {'PASS' if ok else 'FAIL'} {reason}")
     return 0 if ok else 1
 
@@ -588,7 +592,7 @@ def main():
     t.add_argument("--addresses", type=int, default=4)
     t.add_argument("--per-address", type=int, default=255)
     t.add_argument("--header-timeout", type=float, default=10)
-    t.add_argument("--bar-ms", type=float, default=1000.0)
+    t.add_argument("--bar-ms", type=float, default=200.0)
     d = sub.add_parser("drain")
     d.add_argument("port", type=int)
     d.add_argument("--pid", type=int, required=True)
