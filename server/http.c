@@ -161,9 +161,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         request_begin(cx, method, url, &h);
         r = &cx->request;
         *con_cls = r;
-        conn_reading(cx);
         on_headers(r, &h);
-        if (r->responded)
+        /* Reading only while a body is to come: the drain drops reading
+         * connections, and the idlest of them may be shed, which must never
+         * befall a request that is whole (a GET between this call and the
+         * next). */
+        bool body_to_come = h.n_encoding > 0 || (h.n_length > 0 && h.length_ok && h.value > 0);
+        if (body_to_come && !r->responded)
+            conn_reading(cx);
+        else
             conn_serving(cx);
         return MHD_YES;
     }

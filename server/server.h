@@ -493,9 +493,9 @@ bool conn_limit_accept(srv_conn_limit *cl, const struct sockaddr *sa);
 void conn_limit_open(srv_conn_limit *cl, srv_connection *cx, const struct sockaddr *sa);
 void conn_limit_close(srv_conn_limit *cl, srv_connection *cx);
 /* What its request does now (cx's state moves; see conn_state). */
-void conn_reading(srv_connection *cx);   /* its headers are in */
+void conn_reading(srv_connection *cx);   /* its headers are in, a body to come */
 void conn_progress(srv_connection *cx);  /* more of its body arrived */
-void conn_serving(srv_connection *cx);   /* its body is in, or it is answered */
+void conn_serving(srv_connection *cx);   /* no body to come, or it is answered */
 void conn_computing(srv_connection *cx); /* suspended for a compute slot */
 void conn_computed(srv_connection *cx);  /* back from compute, before resuming */
 void conn_waiting(srv_connection *cx);   /* its request is over */
