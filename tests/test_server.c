@@ -3755,6 +3755,36 @@ static int status_on(int fd, double seconds)
     return sscanf(buf, "HTTP/1.1 %d", &status) == 1 ? status : 0;
 }
 
+/* Whether attnd has read everything this client sent on fd: the kernel's
+ * receive queue of the server's end of the connection (/proc/net/tcp,
+ * matched by the two ports) is empty. attnd reads a request whole and
+ * hands it on (queues it, or answers it) in the same pass of its I/O
+ * thread, so a little after this is true the request is no longer waiting
+ * to be read, and no other connection is needed to ask the server. */
+static bool server_read_all(int fd, int server_port)
+{
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    if (getsockname(fd, (struct sockaddr *)&me, &len) != 0)
+        return false;
+    unsigned mine = ntohs(me.sin_port);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f)
+        return false;
+    char line[512];
+    bool found = false, empty = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned local_port, remote_port, tx, rx;
+        if (sscanf(line, " %*d: %*x:%x %*x:%x %*x %x:%x", &local_port, &remote_port, &tx, &rx) == 4
+            && local_port == (unsigned)server_port && remote_port == mine) {
+            found = true;
+            empty = rx == 0;
+        }
+    }
+    fclose(f);
+    return found && empty;
+}
+
 /* When every held connection is busy (one computing, the others queued
  * behind it), none is shed: a new connection gets a JSON 503
  * too_many_connections with Retry-After at once, and every busy one is
@@ -3779,7 +3809,13 @@ START_TEST(every_connection_busy_means_503_for_a_newcomer_not_silence)
     ck_assert_msg(metric_reaching(s.port, depth, BUSY - 2) == BUSY - 2,
                   "the small requests did not queue");
     fd[BUSY - 1] = post_from(src[BUSY - 1], s.port, tiny_attention);
-    usleep(300000); /* its body in and queued: no scrape, it would need a slot */
+    /* Its body read and queued: asked of the kernel, since a scrape would
+     * need a slot. */
+    bool read_all = false;
+    for (int i = 0; i < 1000 && !(read_all = server_read_all(fd[BUSY - 1], s.port)); i++)
+        usleep(10000);
+    ck_assert_msg(read_all, "attnd did not read the last busy connection's request");
+    usleep(50000);
     double t0 = now_s();
     int late = connect_from("127.0.1.99", s.port);
     ck_assert_int_ge(late, 0);
