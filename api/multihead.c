@@ -372,6 +372,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     p->threads = threads;
     /* "mean": libattn averages the heads itself, without their [B, h, n, m]. */
     p->weights_mean = st->want_mean;
+    p->cancel = c->lim.cancel;
     float *weights = result(c, st->weights);
     if (st->lse >= 0 &&
         !(st->rows = malloc((size_t)(p->batch * p->heads * p->n) * sizeof *st->rows)))

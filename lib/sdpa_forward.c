@@ -216,6 +216,10 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     int64_t since_fold = 0; /* tiles in the float rows */
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left as they are (the call's outputs
+         * are unspecified then), rather than finished from partial sums. */
+        if (attn_cancelled(p->cancel))
+            return;
         if (since_fold == SDPA_FOLD_TILES) {
             fold_rows(c, w, out, t.rows, true);
             since_fold = 0;
@@ -529,10 +533,12 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         pack_job pack = {.call = &job.call, .kern = job.kern, .kern_bf16 = job.kern_bf16,
                          .kt = kt, .kv_b = kv_b, .k_tiles = job.k_tiles,
                          .panel_words = job.panel_words};
-        attn_parallel_for(threads, panels, pack_unit, &pack);
+        attn_parallel_for_until(threads, panels, pack_unit, &pack, p->cancel);
     }
-    attn_parallel_for(threads, run_units, mean ? forward_mean_unit : forward_unit, &job);
-    if (stats != NULL) {
+    attn_parallel_for_until(threads, run_units, mean ? forward_mean_unit : forward_unit, &job,
+                            p->cancel);
+    const bool cancelled = attn_cancelled(p->cancel);
+    if (stats != NULL && !cancelled) {
         for (int64_t u = 1; u < units; u++)
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
         sdpa_stats_finish(&job.unit_stats[0], stats);
@@ -543,5 +549,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }

@@ -34,7 +34,9 @@ typedef struct {
     int64_t max_memory;  /* bytes the requests queued or computing may hold together */
     int64_t max_body_memory; /* bytes the bodies being received may hold together */
     int queue;           /* requests that may wait for a compute slot */
-    int timeout;         /* seconds a connection may stay idle */
+    int timeout;         /* seconds a connection may stay idle mid-request */
+    int header_timeout;  /* seconds a request's headers may take, in all */
+    int drain_timeout;   /* seconds the drain after SIGTERM may take */
     int max_connections; /* connections held at once */
     int max_conns_per_ip; /* connections one client address may hold; 0: any */
     int log_format;      /* log_format */
