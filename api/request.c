@@ -63,8 +63,7 @@ static size_t edit_distance(const char *a, const char *b)
 /* The field name nearest to `key`, when near enough to be a likely typo:
  * at most two edits, and fewer than half the name's letters (so that "x"
  * is not offered "q"). */
-static const char *nearest_field(const char *key, const api_field *schema,
-                                 size_t n)
+const char *api_nearest_field(const char *key, const api_field *schema, size_t n)
 {
     const char *best = NULL;
     size_t best_d = 3;
@@ -97,7 +96,7 @@ static bool unknown_field(const json_member *m, const api_field *schema,
         return api_fail(err, 400, "unknown_field", m->key,
                         "unknown field \"%s\" (it belongs to %s)", m->key,
                         other_route);
-    const char *near = m->key_too_long ? NULL : nearest_field(m->key, schema, n);
+    const char *near = m->key_too_long ? NULL : api_nearest_field(m->key, schema, n);
     if (near)
         return api_fail(err, 400, "unknown_field", m->key,
                         "unknown field \"%s\" (did you mean \"%s\"?)", m->key,
@@ -122,7 +121,7 @@ static bool unknown_field(const json_member *m, const api_field *schema,
  * jansson's decoding (the text was validated already, so jansson fails
  * only when out of memory; it ends the string at an escaped NUL, and so
  * does this). */
-static bool string_value(const json_member *m, char *text, size_t cap)
+bool api_string_value(const json_member *m, char *text, size_t cap)
 {
     const char *s = m->value + 1, *end = m->value_end - 1;
     if (!memchr(s, '\\', (size_t)(end - s))) {
@@ -298,7 +297,7 @@ static bool read_encoding(const api_field *f, const json_member *m,
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
     char s[64];
-    if (!string_value(m, s, sizeof s))
+    if (!api_string_value(m, s, sizeof s))
         return out_of_memory(f, err);
     bool ok = true;
     if (strcmp(s, "nested") == 0)
@@ -320,7 +319,7 @@ static bool read_dtype(const api_field *f, const json_member *m, api_value *v,
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"float32\", \"float16\", \"bfloat16\"", err);
     char s[64];
-    if (!string_value(m, s, sizeof s))
+    if (!api_string_value(m, s, sizeof s))
         return out_of_memory(f, err);
     static const api_dtype dtypes[] = {API_F32, API_F16, API_BF16};
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
@@ -359,7 +358,7 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
     if (*m->value != '"')
         return wrong_type(f, m, "true, false or \"mean\"", err);
     char s[64];
-    if (!string_value(m, s, sizeof s))
+    if (!api_string_value(m, s, sizeof s))
         return out_of_memory(f, err);
     bool ok = strcmp(s, "mean") == 0;
     if (ok)
@@ -402,8 +401,7 @@ static bool read_tensor(const api_field *f, const json_member *m,
     return true;
 }
 
-static bool read_value(const api_field *f, const json_member *m, api_value *v,
-                       api_error *err)
+bool api_read_value(const api_field *f, const json_member *m, api_value *v, api_error *err)
 {
     switch (f->kind) {
     case API_FIELD_TENSOR:
@@ -456,7 +454,7 @@ bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
         const json_member *m = of_field[f];
         if (!m || *m->value == 'n')
             continue;
-        if (!read_value(&schema[f], m, &values[f], err)) {
+        if (!api_read_value(&schema[f], m, &values[f], err)) {
             api_values_free(values, n_fields);
             return false;
         }

@@ -75,6 +75,21 @@ bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
 
 void api_values_free(api_value *values, size_t n_fields);
 
+/* One member's value for the field f (its kind's reader, as
+ * api_read_fields uses it); v is not marked present. For a front end that
+ * finds a field's value elsewhere than among the body's members. */
+bool api_read_value(const api_field *f, const json_member *m, api_value *v, api_error *err);
+
+/* A string member's value (validated JSON text) into text[0..cap),
+ * NUL-terminated, escapes resolved (a longer one is cut; one holding an
+ * escaped NUL comes out as a value that matches no name). False only when
+ * out of memory. */
+bool api_string_value(const json_member *m, char *text, size_t cap);
+
+/* The name of schema[0..n) nearest to key, when near enough to be a likely
+ * typo (at most two edits, fewer than half the name's letters), or NULL. */
+const char *api_nearest_field(const char *key, const api_field *schema, size_t n);
+
 /* The encoding of the response's tensors from the output_encoding and
  * output_dtype fields (each may be absent): nested by default, base64 in
  * the dtype asked for. output_dtype with another encoding is a 422
@@ -278,6 +293,7 @@ typedef struct {
 #define API_MAX_RESULTS 16
 
 typedef struct api_operation api_operation;
+typedef struct api_oip api_oip;
 
 struct api_call {
     const api_operation *op;
@@ -289,6 +305,7 @@ struct api_call {
     attn_stats stats;
     int n_results;
     void *state; /* the operation's own (state_size bytes, zeroed) */
+    api_oip *oip; /* the Open Inference Protocol's request (oip.c), or NULL for /v1 */
     /* The two arrays last: api_prepare zeroes everything before them, the
      * op's n_fields values, and nothing of the 6 KB it does not use. */
     api_result results[API_MAX_RESULTS]; /* [0, n_results) planned */
@@ -325,5 +342,24 @@ int api_plan(api_call *c, const char *name, bool in_grad, const char *what, int 
 const float *api_field_data(const api_call *c, int field);
 
 extern const api_operation api_attention_op, api_multihead_op;
+
+/* ------------------------------------------- Open Inference Protocol */
+
+/*
+ * The second front end of the same calls (oip.c). api_oip_read fills the
+ * call's fields (c->f) from an infer request: body[0..len), whose JSON text
+ * ends where json_length (the Inference-Header-Content-Length value, NULL
+ * when absent) says; the skeleton then validates the call as it does a /v1
+ * body's. api_oip_plan, after the operation's validate, matches the outputs
+ * asked for to the planned results and sets c->enc; api_oip_encode writes
+ * the answer (JSON text, then the binary outputs; *header_len is the JSON
+ * text's length when binary data follows it, else 0) and closes the encode
+ * step.
+ */
+bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
+                  api_error *err);
+bool api_oip_plan(api_call *c, api_error *err);
+void api_oip_encode(api_call *c, api_buf *b, size_t *header_len);
+void api_oip_free(api_oip *o);
 
 #endif /* API_REQUEST_H */

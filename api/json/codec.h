@@ -190,6 +190,18 @@ void api_tensor_encode(api_buf *b, const float *data, int rank,
  * API_BF16)? If not, *at is the first that does not. */
 bool api_half_fits(api_dtype dtype, const float *x, size_t n, size_t *at);
 
+/* Tensors as raw bytes (raw.c): little-endian, row-major, no padding.
+ * api_dtype_size: 4 for API_F32, 2 for API_F16 and API_BF16, 1 for API_BOOL.
+ * api_tensor_from_bytes reads `count` elements of `dtype` (API_F32, API_F16
+ * or API_BF16) into float32, exactly; api_tensor_to_bytes writes them, the
+ * 2-byte dtypes rounded to nearest even (check with api_half_fits first);
+ * api_tensor_round rounds x in place to the values `dtype` holds (nothing
+ * for API_F32). */
+size_t api_dtype_size(api_dtype dtype);
+void api_tensor_from_bytes(api_dtype dtype, const uint8_t *in, float *out, size_t count);
+void api_tensor_to_bytes(api_dtype dtype, const float *in, uint8_t *out, size_t count);
+void api_tensor_round(api_dtype dtype, float *x, size_t count);
+
 /* The dtype's name in the API ("float32", "float16", "bfloat16", "bool"). */
 const char *api_dtype_name(api_dtype dtype);
 

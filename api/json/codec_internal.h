@@ -11,6 +11,7 @@
  *   number.c         decimal text -> float32
  *   float_text.c     float32 -> shortest decimal text
  *   half.c           float16 and bfloat16 <-> float32
+ *   raw.c            tensors as raw little-endian bytes
  *   base64.c, buf.c  base64; the growing output buffer
  */
 #ifndef API_CODEC_INTERNAL_H

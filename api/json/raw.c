@@ -1,0 +1,71 @@
+/*
+ * Tensors as raw bytes: little-endian, row-major, no padding, each element
+ * in its native size (float32 four bytes, float16 and bfloat16 two, bool
+ * one). The form binary protocols carry tensors in, beside the JSON text.
+ */
+#include "codec_internal.h"
+
+#include <stdint.h>
+#include <string.h>
+
+size_t api_dtype_size(api_dtype dtype)
+{
+    return dtype == API_F32 ? 4 : dtype == API_BOOL ? 1 : 2;
+}
+
+/* The machine's byte order decides whether float32 bytes are copied or
+ * turned around. */
+static bool little_endian(void)
+{
+    const uint32_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+void api_tensor_from_bytes(api_dtype dtype, const uint8_t *in, float *out, size_t count)
+{
+    if (dtype == API_F16 || dtype == API_BF16) {
+        api_half_to_f32(dtype, in, out, count, api_half_best_path());
+        return;
+    }
+    if (little_endian()) {
+        memcpy(out, in, count * 4);
+        return;
+    }
+    for (size_t i = 0; i < count; i++) {
+        uint32_t u = (uint32_t)in[4 * i] | (uint32_t)in[4 * i + 1] << 8 |
+                     (uint32_t)in[4 * i + 2] << 16 | (uint32_t)in[4 * i + 3] << 24;
+        memcpy(&out[i], &u, 4);
+    }
+}
+
+void api_tensor_to_bytes(api_dtype dtype, const float *in, uint8_t *out, size_t count)
+{
+    if (dtype == API_F16 || dtype == API_BF16) {
+        api_f32_to_half(dtype, in, out, count, api_half_best_path());
+        return;
+    }
+    if (little_endian()) {
+        memcpy(out, in, count * 4);
+        return;
+    }
+    for (size_t i = 0; i < count; i++) {
+        uint32_t u;
+        memcpy(&u, &in[i], 4);
+        for (int b = 0; b < 4; b++)
+            out[4 * i + b] = (uint8_t)(u >> (8 * b));
+    }
+}
+
+void api_tensor_round(api_dtype dtype, float *x, size_t count)
+{
+    if (dtype != API_F16 && dtype != API_BF16)
+        return;
+    uint8_t chunk[2 * 256];
+    for (size_t i = 0; i < count; i += 256) {
+        size_t n = count - i < 256 ? count - i : 256;
+        api_tensor_to_bytes(dtype, x + i, chunk, n);
+        api_tensor_from_bytes(dtype, chunk, x + i, n);
+    }
+}

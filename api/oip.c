@@ -1,0 +1,953 @@
+/*
+ * The Open Inference Protocol (KServe v2, REST) as a second front end of the
+ * same operations: POST /v2/models/{attention|multihead}/infer is read into
+ * the very call that a /v1 body makes (the fields of the operation's table,
+ * api_value by api_value), and that call's results are written back as the
+ * protocol's outputs. Validation, cost, limits, computation and errors are
+ * the skeleton's (handle.c), once for both protocols.
+ *
+ * The mapping:
+ *   inputs      the operation's tensor fields by name (q, k, v, mask,
+ *               grad_output, alibi_slopes; x, context, w_q, ...): datatype
+ *               FP32, FP16 or BF16 (BOOL or a float type for a mask), "shape",
+ *               and either "data" (a JSON array, flat or nested) or
+ *               "parameters": {"binary_data_size": N} with N bytes after the
+ *               JSON text (the binary tensor data extension).
+ *   parameters  every other field of the table, in its /v1 form (causal,
+ *               scale, window, rope, num_heads, output_dtype, ...), and
+ *               binary_data_output.
+ *   outputs     output, lse, weights, stats, grad_<input>; asking for lse,
+ *               weights or stats is asking for return_lse, return_weights
+ *               or return_stats. Without "outputs": the output, what the
+ *               return_* parameters ask for, and the gradients when
+ *               grad_output is given.
+ *
+ * A binary body is [JSON text][tensor bytes...]: Inference-Header-Content-
+ * Length says where the JSON ends, and the inputs' binary_data_size must add
+ * up to exactly the rest, all of which is checked before anything the sizes
+ * announce is allocated.
+ */
+#include "request.h"
+#include "json/json_string.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* output, lse, weights, stats, and a gradient per input */
+#define OIP_MAX_OUTPUTS (API_MAX_RESULTS + 1)
+/* The output that is the statistics, not a planned result. */
+#define OIP_STATS (-2)
+
+typedef struct {
+    char name[48];
+    int binary;  /* -1: as binary_data_output says; 0 or 1: its own binary_data */
+    int result;  /* index in the call's results, or OIP_STATS */
+} oip_output;
+
+struct api_oip {
+    const char *model;
+    char *id;            /* the request's "id" as its JSON string text, or NULL */
+    bool binary_default; /* binary_data_output */
+    bool listed;         /* the request named its outputs */
+    int n_outputs;
+    oip_output outputs[OIP_MAX_OUTPUTS];
+    api_dtype dtype;     /* of the outputs: output_dtype */
+};
+
+void api_oip_free(api_oip *o)
+{
+    if (!o)
+        return;
+    free(o->id);
+    free(o);
+}
+
+static const char *model_name(const api_operation *o)
+{
+    return o == &api_multihead_op ? "multihead" : "attention";
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static int field_index(const api_operation *o, const char *name)
+{
+    for (size_t i = 0; i < o->n_fields; i++)
+        if (!strcmp(o->fields[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+static bool is_tensor(const api_field *f)
+{
+    return f->kind == API_FIELD_TENSOR || f->kind == API_FIELD_MASK;
+}
+
+/* The text of a string member (validated JSON) into out, or 400 wrong_type. */
+static bool string_member(const json_member *m, const char *what, char *out, size_t cap,
+                          api_error *err)
+{
+    if (*m->value != '"')
+        return api_fail(err, 400, "wrong_type", what, "%s must be a string", what);
+    if (!api_string_value(m, out, cap))
+        return api_fail(err, 500, "out_of_memory", what, "out of memory while reading %s",
+                        what);
+    return true;
+}
+
+static bool bool_member(const json_member *m, const char *what, bool *out, api_error *err)
+{
+    if (*m->value != 't' && *m->value != 'f')
+        return api_fail(err, 400, "wrong_type", what,
+                        "%s must be true or false (a JSON boolean)", what);
+    *out = *m->value == 't';
+    return true;
+}
+
+/* The members of the object at m's value, at most max. */
+static bool object_members(const json_member *m, const char *what, json_member *out,
+                           size_t max, size_t *count, api_error *err)
+{
+    if (*m->value != '{')
+        return api_fail(err, 400, "wrong_type", what, "%s must be an object", what);
+    return json_text_members(m->value, m->value_end, out, max, count, what, err);
+}
+
+static bool unknown_member(const json_member *m, const char *where, const char *known,
+                           api_error *err)
+{
+    char key[80];
+    json_member_key_shown(m, key, sizeof key);
+    return api_fail(err, 400, "unknown_field", where, "%s has an unknown field \"%s\"; its "
+                    "fields are %s", where, key, known);
+}
+
+/* "FP32" ... for a dtype, and back. */
+static const char *datatype_name(api_dtype d)
+{
+    switch (d) {
+    case API_F32: return "FP32";
+    case API_F16: return "FP16";
+    case API_BF16: return "BF16";
+    case API_BOOL: return "BOOL";
+    }
+    return "FP32";
+}
+
+static bool datatype_of(const char *s, api_dtype *d)
+{
+    static const api_dtype all[] = {API_F32, API_F16, API_BF16, API_BOOL};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (!strcmp(s, datatype_name(all[i]))) {
+            *d = all[i];
+            return true;
+        }
+    return false;
+}
+
+/* --------------------------------------------------------------- inputs */
+
+/* One entry of "inputs", read but not decoded yet. */
+typedef struct {
+    int field;            /* in the operation's table */
+    api_dtype dtype;
+    int rank;
+    int64_t shape[API_MAX_RANK];
+    int64_t count;
+    json_member data;     /* the JSON data (data.value NULL when absent) */
+    bool binary;
+    uint64_t size;        /* binary_data_size */
+} oip_input;
+
+static bool read_shape(const json_member *m, const char *name, oip_input *in, api_error *err)
+{
+    char what[80];
+    snprintf(what, sizeof what, "the shape of %s", name);
+    if (*m->value != '[')
+        return api_fail(err, 400, "wrong_type", name, "%s must be an array of integers",
+                        what);
+    const char *p = json_skip_ws(m->value + 1, m->value_end);
+    in->rank = 0;
+    in->count = 1;
+    while (p < m->value_end && *p != ']') {
+        const char *after = json_text_skip(p, m->value_end);
+        if (in->rank == API_MAX_RANK)
+            return api_fail(err, 422, "invalid_shape", name,
+                            "%s has more than %d dimensions", what, API_MAX_RANK);
+        float x;
+        const char *stop;
+        if ((*p != '-' && (*p < '0' || *p > '9')) || !api_parse_number(p, after, &stop, &x) ||
+            x != floorf(x))
+            return api_fail(err, 400, "wrong_type", name, "%s must be an array of integers",
+                            what);
+        if (x < 0 || x > 1e12f)
+            return api_fail(err, 422, "invalid_shape", name,
+                            "%s has a dimension %.0f; dimensions are 0 or more", what,
+                            (double)x);
+        int64_t d = (int64_t)x;
+        if (__builtin_mul_overflow(in->count, d, &in->count) || in->count > ((int64_t)1 << 40))
+            return api_fail(err, 422, "invalid_shape", name, "%s holds too many elements",
+                            what);
+        in->shape[in->rank++] = d;
+        p = json_skip_ws(after, m->value_end);
+        if (p < m->value_end && *p == ',')
+            p = json_skip_ws(p + 1, m->value_end);
+    }
+    return true;
+}
+
+/* The input's own members: name, shape, datatype, parameters, data. */
+static bool read_input(const api_operation *o, const json_member *entry, int index,
+                       oip_input *in, api_error *err)
+{
+    char where[40];
+    snprintf(where, sizeof where, "inputs[%d]", index);
+    json_member m[8];
+    size_t n = 0;
+    if (!object_members(entry, where, m, 8, &n, err))
+        return false;
+    const json_member *name = NULL, *shape = NULL, *datatype = NULL, *params = NULL;
+    *in = (oip_input){.field = -1};
+    for (size_t i = 0; i < n; i++) {
+        const char *k = m[i].key_too_long ? "" : m[i].key;
+        if (!strcmp(k, "name")) name = &m[i];
+        else if (!strcmp(k, "shape")) shape = &m[i];
+        else if (!strcmp(k, "datatype")) datatype = &m[i];
+        else if (!strcmp(k, "parameters")) params = &m[i];
+        else if (!strcmp(k, "data")) in->data = m[i];
+        else
+            return unknown_member(&m[i], where, "name, shape, datatype, parameters, data",
+                                  err);
+    }
+    if (!name)
+        return api_fail(err, 400, "missing_field", where, "%s has no \"name\"", where);
+    char text[64];
+    if (!string_member(name, where, text, sizeof text, err))
+        return false;
+    in->field = field_index(o, text);
+    if (in->field < 0 || !is_tensor(&o->fields[in->field])) {
+        if (in->field >= 0)
+            return api_fail(err, 400, "unknown_field", text,
+                            "%s is not an input of the model %s: send it among the "
+                            "request's \"parameters\"", text, model_name(o));
+        api_field names[API_MAX_FIELDS];
+        size_t k = 0;
+        char list[300] = "";
+        for (size_t i = 0; i < o->n_fields; i++)
+            if (is_tensor(&o->fields[i])) {
+                names[k++] = o->fields[i];
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                         k > 1 ? ", " : "", o->fields[i].name);
+            }
+        const char *near = api_nearest_field(text, names, k);
+        if (near)
+            return api_fail(err, 400, "unknown_field", text,
+                            "the model %s has no input \"%.40s\" (did you mean \"%s\"?)",
+                            model_name(o), text, near);
+        return api_fail(err, 400, "unknown_field", text,
+                        "the model %s has no input \"%.40s\"; its inputs are %s",
+                        model_name(o), text, list);
+    }
+    const char *fname = o->fields[in->field].name;
+    if (!shape)
+        return api_fail(err, 400, "missing_field", fname, "input %s has no \"shape\"", fname);
+    if (!datatype)
+        return api_fail(err, 400, "missing_field", fname, "input %s has no \"datatype\"",
+                        fname);
+    if (!read_shape(shape, fname, in, err))
+        return false;
+    if (!string_member(datatype, fname, text, sizeof text, err))
+        return false;
+    bool mask = o->fields[in->field].kind == API_FIELD_MASK;
+    if (!datatype_of(text, &in->dtype) || (in->dtype == API_BOOL && !mask))
+        return api_fail(err, 400, "wrong_type", fname,
+                        "input %s has datatype \"%.20s\"; it takes %s", fname, text,
+                        mask ? "BOOL, FP32, FP16 or BF16" : "FP32, FP16 or BF16");
+    if (params) {
+        json_member pm[4];
+        size_t np = 0;
+        char pwhere[80];
+        snprintf(pwhere, sizeof pwhere, "the parameters of input %s", fname);
+        if (!object_members(params, pwhere, pm, 4, &np, err))
+            return false;
+        for (size_t i = 0; i < np; i++) {
+            if (pm[i].key_too_long || strcmp(pm[i].key, "binary_data_size") != 0)
+                return unknown_member(&pm[i], pwhere, "binary_data_size", err);
+            const char *stop;
+            float x;
+            /* a byte count: digits only, and below 2^53 to stay exact */
+            const char *v = pm[i].value;
+            size_t len = (size_t)(pm[i].value_end - v);
+            bool digits = len > 0 && len <= 15;
+            for (size_t j = 0; digits && j < len; j++)
+                digits = v[j] >= '0' && v[j] <= '9';
+            if (!digits || !api_parse_number(v, pm[i].value_end, &stop, &x))
+                return api_fail(err, 400, "wrong_type", fname,
+                                "binary_data_size of input %s must be a byte count (an "
+                                "integer of at most 15 digits)", fname);
+            in->size = 0;
+            for (size_t j = 0; j < len; j++)
+                in->size = in->size * 10 + (uint64_t)(v[j] - '0');
+            in->binary = true;
+        }
+    }
+    if (in->binary && in->data.value)
+        return api_fail(err, 400, "wrong_type", fname,
+                        "input %s has both \"data\" and binary_data_size; send one", fname);
+    if (!in->binary && !in->data.value)
+        return api_fail(err, 400, "missing_field", fname,
+                        "input %s has no \"data\" (nor a binary_data_size)", fname);
+    if (in->data.value && *in->data.value == 'n')
+        return api_fail(err, 400, "missing_field", fname, "input %s has \"data\": null",
+                        fname);
+    if (in->binary) {
+        uint64_t want = (uint64_t)in->count * api_dtype_size(in->dtype);
+        char s[120];
+        if (in->size != want)
+            return api_fail(err, 422, "shape_mismatch", fname,
+                            "input %s has binary_data_size %llu, but %s of shape %s takes "
+                            "%llu bytes", fname, (unsigned long long)in->size,
+                            datatype_name(in->dtype),
+                            api_shape_text(s, sizeof s, in->rank, in->shape),
+                            (unsigned long long)want);
+    }
+    return true;
+}
+
+/* The decoded tensor of a JSON input: numbers (or booleans for a BOOL mask)
+ * in the declared shape, rounded to the declared datatype. */
+static bool decode_json(const api_operation *o, const oip_input *in, api_tensor *t,
+                        api_error *err)
+{
+    const char *fname = o->fields[in->field].name;
+    const json_member *d = &in->data;
+    if (*d->value != '[')
+        return api_fail(err, 400, "wrong_type", fname,
+                        "the data of input %s must be an array (flat or nested)", fname);
+    bool mask = o->fields[in->field].kind == API_FIELD_MASK;
+    if (!api_tensor_decode(d->value, d->value_end, fname, mask, t, err))
+        return false;
+    char s1[120], s2[120];
+    bool is_bool = t->dtype == API_BOOL;
+    if (t->count > 0 && is_bool != (in->dtype == API_BOOL)) {
+        api_tensor_free(t);
+        return api_fail(err, 400, "wrong_type", fname, "input %s is %s but its data holds %s",
+                        fname, datatype_name(in->dtype), is_bool ? "booleans" : "numbers");
+    }
+    bool same_shape = t->rank == in->rank;
+    for (int i = 0; same_shape && i < t->rank; i++)
+        same_shape = t->shape[i] == in->shape[i];
+    if (t->count != in->count || (t->rank > 1 && !same_shape)) {
+        api_fail(err, 422, "shape_mismatch", fname,
+                 "input %s has shape %s (%lld elements) but its data is %s", fname,
+                 api_shape_text(s1, sizeof s1, in->rank, in->shape), (long long)in->count,
+                 api_shape_text(s2, sizeof s2, t->rank, t->shape));
+        api_tensor_free(t);
+        return false;
+    }
+    if (in->dtype == API_BOOL && t->count == 0) {
+        /* [] holds no booleans to say so: an empty mask all the same */
+        free(t->f32);
+        *t = (api_tensor){.dtype = API_BOOL, .b8 = malloc(1)};
+        if (!t->b8)
+            return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
+    }
+    t->rank = in->rank;
+    memcpy(t->shape, in->shape, sizeof t->shape);
+    t->count = in->count;
+    if (t->dtype == API_F32 && t->f32)
+        api_tensor_round(in->dtype, t->f32, (size_t)t->count);
+    return true;
+}
+
+/* The decoded tensor of a binary input at bytes[0..in->size). */
+static bool decode_binary(const api_operation *o, const oip_input *in, const uint8_t *bytes,
+                          api_tensor *t, api_error *err)
+{
+    const char *fname = o->fields[in->field].name;
+    *t = (api_tensor){.dtype = in->dtype == API_BOOL ? API_BOOL : API_F32, .rank = in->rank,
+                      .count = in->count};
+    memcpy(t->shape, in->shape, sizeof t->shape);
+    size_t n = (size_t)in->count;
+    if (in->dtype == API_BOOL) {
+        for (size_t i = 0; i < n; i++)
+            if (bytes[i] > 1)
+                return api_fail(err, 400, "wrong_type", fname,
+                                "input %s is BOOL, but its byte %zu is %u (BOOL bytes are 0 "
+                                "or 1)", fname, i, bytes[i]);
+        if (!(t->b8 = malloc(n ? n : 1)))
+            return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
+        memcpy(t->b8, bytes, n);
+        return true;
+    }
+    if (!(t->f32 = api_alloc_floats(in->count)))
+        return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
+    api_tensor_from_bytes(in->dtype, bytes, t->f32, n);
+    /* As /v1's base64: attention over NaN or infinity has no meaning (a
+     * -inf bias is spelled as a BOOL mask). */
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(t->f32[i])) {
+            api_tensor_free(t);
+            return api_fail(err, 400, "invalid_number", fname,
+                            "%s[%zu] (row-major) is not a finite number; use a BOOL mask "
+                            "to exclude positions", fname, i);
+        }
+    return true;
+}
+
+/* Where the JSON text ends: Inference-Header-Content-Length, or the body. */
+static bool header_length(const char *text, size_t len, size_t *json_len, api_error *err)
+{
+    if (!text) {
+        *json_len = len;
+        return true;
+    }
+    size_t n = strlen(text);
+    uint64_t v = 0;
+    bool ok = n > 0 && n <= 19;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = text[i] >= '0' && text[i] <= '9';
+        v = v * 10 + (uint64_t)(text[i] - '0');
+    }
+    if (!ok)
+        return api_fail(err, 400, "invalid_header", "Inference-Header-Content-Length",
+                        "Inference-Header-Content-Length \"%.40s\" is not a byte count", text);
+    if (v > len)
+        return api_fail(err, 400, "invalid_header", "Inference-Header-Content-Length",
+                        "Inference-Header-Content-Length is %llu, but the body has %zu bytes",
+                        (unsigned long long)v, len);
+    *json_len = (size_t)v;
+    return true;
+}
+
+static bool read_inputs(api_call *c, const json_member *inputs, const char *bytes,
+                        size_t n_bytes, api_error *err)
+{
+    const api_operation *o = c->op;
+    if (*inputs->value != '[')
+        return api_fail(err, 400, "wrong_type", "inputs", "inputs must be an array of tensors");
+    oip_input in[API_MAX_FIELDS];
+    json_member entries[API_MAX_FIELDS];
+    int n = 0;
+    const char *p = json_skip_ws(inputs->value + 1, inputs->value_end);
+    while (p < inputs->value_end && *p != ']') {
+        if (n == (int)o->n_fields)
+            return api_fail(err, 400, "too_many_fields", "inputs",
+                            "inputs has more entries than the model %s has inputs",
+                            model_name(o));
+        entries[n] = (json_member){.value = p, .value_end = json_text_skip(p, inputs->value_end)};
+        if (!read_input(o, &entries[n], n, &in[n], err))
+            return false;
+        for (int j = 0; j < n; j++)
+            if (in[j].field == in[n].field)
+                return api_fail(err, 400, "duplicate_key", o->fields[in[n].field].name,
+                                "input %s is given twice", o->fields[in[n].field].name);
+        p = json_skip_ws(entries[n].value_end, inputs->value_end);
+        if (p < inputs->value_end && *p == ',')
+            p = json_skip_ws(p + 1, inputs->value_end);
+        n++;
+    }
+    /* The binary blocks, in the order of the inputs that have them, must be
+     * the rest of the body exactly: judged before any is allocated. */
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (in[i].binary)
+            total += in[i].size; /* each below 2^53: no overflow */
+    if (total != n_bytes)
+        return api_fail(err, 400, "invalid_body", "inputs",
+                        total > n_bytes
+                            ? "the inputs' binary_data_size add up to %llu bytes, but %llu "
+                              "follow the JSON text (Inference-Header-Content-Length): the "
+                              "body is cut short"
+                            : "the inputs' binary_data_size add up to %llu bytes, but %llu "
+                              "follow the JSON text (Inference-Header-Content-Length): the "
+                              "body is longer than its tensors",
+                        (unsigned long long)total, (unsigned long long)n_bytes);
+    for (size_t f = 0; f < o->n_fields; f++) {
+        bool given = false;
+        for (int i = 0; i < n; i++)
+            given = given || in[i].field == (int)f;
+        if (o->fields[f].required && is_tensor(&o->fields[f]) && !given)
+            return api_fail(err, 400, "missing_field", o->fields[f].name,
+                            "the input \"%s\" is required", o->fields[f].name);
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        api_value *v = &c->f[in[i].field];
+        bool ok = in[i].binary
+                      ? decode_binary(o, &in[i], (const uint8_t *)bytes + at, &v->tensor, err)
+                      : decode_json(o, &in[i], &v->tensor, err);
+        if (!ok)
+            return false;
+        v->present = true;
+        if (in[i].binary)
+            at += (size_t)in[i].size;
+    }
+    return true;
+}
+
+/* ----------------------------------------------------------- parameters */
+
+static bool read_parameters(api_call *c, const json_member *params, api_error *err)
+{
+    const api_operation *o = c->op;
+    json_member m[API_MAX_FIELDS];
+    size_t n = 0;
+    if (!object_members(params, "parameters", m, API_MAX_FIELDS, &n, err))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const char *k = m[i].key_too_long ? "" : m[i].key;
+        if (!strcmp(k, "binary_data_output")) {
+            if (!bool_member(&m[i], "binary_data_output", &c->oip->binary_default, err))
+                return false;
+            continue;
+        }
+        int f = field_index(o, k);
+        if (f >= 0 && is_tensor(&o->fields[f]))
+            return api_fail(err, 400, "unknown_field", k,
+                            "%s is a tensor: send it among the \"inputs\"", k);
+        if (f >= 0 && o->fields[f].kind == API_FIELD_ENCODING)
+            return api_fail(err, 400, "unknown_field", k,
+                            "%s is /v1's; here each output is JSON data or binary "
+                            "(\"binary_data_output\": true, or \"binary_data\" on an output)",
+                            k);
+        if (f < 0) {
+            api_field names[API_MAX_FIELDS + 1];
+            size_t kk = 0;
+            for (size_t j = 0; j < o->n_fields; j++)
+                if (!is_tensor(&o->fields[j]) && o->fields[j].kind != API_FIELD_ENCODING)
+                    names[kk++] = o->fields[j];
+            names[kk++] = (api_field){"binary_data_output", API_FIELD_BOOL, false};
+            char key[80];
+            json_member_key_shown(&m[i], key, sizeof key);
+            const char *near = m[i].key_too_long ? NULL : api_nearest_field(k, names, kk);
+            if (near)
+                return api_fail(err, 400, "unknown_field", key,
+                                "unknown parameter \"%s\" (did you mean \"%s\"?)", key, near);
+            return api_fail(err, 400, "unknown_field", key,
+                            "unknown parameter \"%s\"; the parameters are the fields of "
+                            "/v1/%s that are not tensors, and binary_data_output", key,
+                            model_name(o));
+        }
+        if (*m[i].value == 'n')
+            continue; /* null: the default, as on /v1 */
+        if (!api_read_value(&o->fields[f], &m[i], &c->f[f], err))
+            return false;
+        c->f[f].present = true;
+    }
+    return true;
+}
+
+/* -------------------------------------------------------------- outputs */
+
+/* The return_* field an output asks for (or -1 when it asks for none). */
+static int return_field(const api_operation *o, const char *output)
+{
+    char name[48];
+    if (strcmp(output, "lse") && strcmp(output, "weights") && strcmp(output, "stats"))
+        return -1;
+    snprintf(name, sizeof name, "return_%s", output);
+    return field_index(o, name);
+}
+
+static bool read_outputs(api_call *c, const json_member *outputs, api_error *err)
+{
+    api_oip *x = c->oip;
+    if (*outputs->value != '[')
+        return api_fail(err, 400, "wrong_type", "outputs",
+                        "outputs must be an array of {\"name\": ...}");
+    x->listed = true;
+    const char *p = json_skip_ws(outputs->value + 1, outputs->value_end);
+    while (p < outputs->value_end && *p != ']') {
+        char where[40];
+        snprintf(where, sizeof where, "outputs[%d]", x->n_outputs);
+        if (x->n_outputs == OIP_MAX_OUTPUTS)
+            return api_fail(err, 400, "too_many_fields", "outputs",
+                            "outputs has more than %d entries", OIP_MAX_OUTPUTS);
+        json_member entry = {.value = p, .value_end = json_text_skip(p, outputs->value_end)};
+        json_member m[4];
+        size_t n = 0;
+        if (!object_members(&entry, where, m, 4, &n, err))
+            return false;
+        oip_output *out = &x->outputs[x->n_outputs];
+        *out = (oip_output){.binary = -1};
+        bool named = false;
+        for (size_t i = 0; i < n; i++) {
+            const char *k = m[i].key_too_long ? "" : m[i].key;
+            if (!strcmp(k, "name")) {
+                if (!string_member(&m[i], where, out->name, sizeof out->name, err))
+                    return false;
+                named = true;
+            } else if (!strcmp(k, "parameters")) {
+                json_member pm[4];
+                size_t np = 0;
+                char pwhere[60];
+                snprintf(pwhere, sizeof pwhere, "the parameters of %s", where);
+                if (!object_members(&m[i], pwhere, pm, 4, &np, err))
+                    return false;
+                for (size_t j = 0; j < np; j++) {
+                    bool b = false;
+                    if (pm[j].key_too_long || strcmp(pm[j].key, "binary_data") != 0)
+                        return unknown_member(&pm[j], pwhere, "binary_data", err);
+                    if (!bool_member(&pm[j], "binary_data", &b, err))
+                        return false;
+                    out->binary = b;
+                }
+            } else {
+                return unknown_member(&m[i], where, "name, parameters", err);
+            }
+        }
+        if (!named)
+            return api_fail(err, 400, "missing_field", where, "%s has no \"name\"", where);
+        for (int j = 0; j < x->n_outputs; j++)
+            if (!strcmp(x->outputs[j].name, out->name))
+                return api_fail(err, 400, "duplicate_key", "outputs",
+                                "the output %s is asked for twice", out->name);
+        /* Asking for lse, weights or stats is asking for them to be computed. */
+        int f = return_field(c->op, out->name);
+        if (f >= 0) {
+            api_value *v = &c->f[f];
+            if (v->present && !v->flag)
+                return api_fail(err, 422, "invalid_value", c->op->fields[f].name,
+                                "outputs asks for %s, but the parameter %s is false",
+                                out->name, c->op->fields[f].name);
+            if (!v->present)
+                *v = (api_value){.present = true, .flag = true};
+        }
+        x->n_outputs++;
+        p = json_skip_ws(entry.value_end, outputs->value_end);
+        if (p < outputs->value_end && *p == ',')
+            p = json_skip_ws(p + 1, outputs->value_end);
+    }
+    /* A return_* parameter for an output the list leaves out would be
+     * computed for nothing. */
+    static const char *const asked[] = {"lse", "weights", "stats"};
+    for (size_t i = 0; i < sizeof asked / sizeof *asked; i++) {
+        int f = return_field(c->op, asked[i]);
+        bool listed = false;
+        for (int j = 0; j < x->n_outputs; j++)
+            listed = listed || !strcmp(x->outputs[j].name, asked[i]);
+        if (f >= 0 && c->f[f].present && c->f[f].flag && !listed)
+            return api_fail(err, 422, "invalid_value", c->op->fields[f].name,
+                            "the parameter %s asks for %s, which \"outputs\" does not list",
+                            c->op->fields[f].name, asked[i]);
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- read */
+
+bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
+                  api_error *err)
+{
+    if (!(c->oip = calloc(1, sizeof *c->oip)))
+        return api_fail(err, 500, "out_of_memory", "", "out of memory for this request");
+    api_oip *x = c->oip;
+    x->model = model_name(c->op);
+    size_t json_len = 0;
+    if (!header_length(json_length, len, &json_len, err))
+        return false;
+    json_span spans[8];
+    size_t n_members = 0;
+    if (!json_text_validate_spans(body, json_len, spans, 8, &n_members, err))
+        return false;
+    const char *end = body + json_len;
+    const char *start = json_skip_ws(body, end);
+    if (start == end || *start != '{')
+        return api_fail(err, 400, "wrong_type", "",
+                        "the request must be a JSON object {\"inputs\": [...], ...}");
+    json_member m[8];
+    size_t n = 0;
+    if (!json_spans_members(spans, n_members, end, m, 8, &n, "", err))
+        return false;
+    const json_member *id = NULL, *params = NULL, *inputs = NULL, *outputs = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *k = m[i].key_too_long ? "" : m[i].key;
+        if (*m[i].value == 'n')
+            continue; /* null: absent */
+        if (!strcmp(k, "id")) id = &m[i];
+        else if (!strcmp(k, "parameters")) params = &m[i];
+        else if (!strcmp(k, "inputs")) inputs = &m[i];
+        else if (!strcmp(k, "outputs")) outputs = &m[i];
+        else
+            return unknown_member(&m[i], "the request", "id, parameters, inputs, outputs",
+                                  err);
+    }
+    if (id) {
+        if (*id->value != '"')
+            return api_fail(err, 400, "wrong_type", "id", "id must be a string");
+        size_t n_id = (size_t)(id->value_end - id->value);
+        if (!(x->id = malloc(n_id + 1)))
+            return api_fail(err, 500, "out_of_memory", "id", "out of memory for the id");
+        memcpy(x->id, id->value, n_id);
+        x->id[n_id] = '\0';
+    }
+    if (!inputs)
+        return api_fail(err, 400, "missing_field", "inputs", "the request has no \"inputs\"");
+    x->dtype = API_F32;
+    return (!params || read_parameters(c, params, err)) &&
+           (!outputs || read_outputs(c, outputs, err)) &&
+           read_inputs(c, inputs, body + json_len, len - json_len, err);
+}
+
+/* ---------------------------------------------------------------- plan */
+
+static const char *output_name(const api_result *r, char *buf, size_t cap)
+{
+    if (!r->in_grad)
+        return r->name;
+    snprintf(buf, cap, "grad_%s", r->name);
+    return buf;
+}
+
+static int find_result(const api_call *c, const char *name)
+{
+    char buf[48];
+    for (int i = 0; i < c->n_results; i++)
+        if (!strcmp(output_name(&c->results[i], buf, sizeof buf), name))
+            return i;
+    return -1;
+}
+
+bool api_oip_plan(api_call *c, api_error *err)
+{
+    api_oip *x = c->oip;
+    const api_value *dt = &c->f[c->op->f_output_dtype];
+    x->dtype = dt->present ? dt->dtype : API_F32;
+    if (!x->listed) {
+        char buf[48];
+        for (int i = 0; i < c->n_results; i++) {
+            x->outputs[x->n_outputs] = (oip_output){.binary = -1, .result = i};
+            snprintf(x->outputs[x->n_outputs++].name, sizeof x->outputs[0].name, "%s",
+                     output_name(&c->results[i], buf, sizeof buf));
+        }
+        if (c->want_stats)
+            x->outputs[x->n_outputs++] = (oip_output){.name = "stats", .binary = -1,
+                                                      .result = OIP_STATS};
+    }
+    bool any_json = false;
+    for (int i = 0; i < x->n_outputs; i++) {
+        oip_output *o = &x->outputs[i];
+        if (x->listed) {
+            o->result = !strcmp(o->name, "stats") ? OIP_STATS : find_result(c, o->name);
+            if (o->result == -1) {
+                bool grad = !strncmp(o->name, "grad_", 5);
+                int f = grad ? field_index(c->op, o->name + 5) : -1;
+                if (grad && f >= 0 && !c->want_grad)
+                    return api_fail(err, 400, "missing_field", "grad_output",
+                                    "the output %s needs the input grad_output (the "
+                                    "gradient of a loss with respect to the output)", o->name);
+                if (f >= 0 && !c->f[f].present)
+                    return api_fail(err, 422, "invalid_value", "outputs",
+                                    "the output %s needs the input %s, which this request "
+                                    "does not give", o->name, o->name + 5);
+                return api_fail(err, 400, "unknown_field", "outputs",
+                                "the model %s has no output \"%.40s\"; its outputs are "
+                                "output, lse, weights, stats and grad_<input> for each "
+                                "differentiable input given", x->model, o->name);
+            }
+        }
+        if (o->binary < 0)
+            o->binary = x->binary_default;
+        any_json = any_json || !o->binary;
+    }
+    if (any_json && x->dtype != API_F32)
+        return api_fail(err, 422, "invalid_value", "output_dtype",
+                        "%s outputs travel as binary data only: ask for them with "
+                        "\"binary_data_output\": true (or \"binary_data\" on each output)",
+                        datatype_name(x->dtype));
+    c->enc = any_json ? API_ENC_FLAT
+           : x->dtype == API_F16 ? API_ENC_BASE64_F16
+           : x->dtype == API_BF16 ? API_ENC_BASE64_BF16 : API_ENC_BASE64;
+    return true;
+}
+
+/* -------------------------------------------------------------- encode */
+
+/* The statistics as /v1 writes them: {"scores": ..., ...}. */
+static void stats_text(const api_call *c, api_buf *t)
+{
+    api_write_stats(t, &c->stats); /* `,"stats":{...}` */
+}
+
+static const char *stats_object(const api_buf *t)
+{
+    static const char prefix[] = ",\"stats\":";
+    return t->len >= sizeof prefix - 1 ? t->data + sizeof prefix - 1 : "";
+}
+
+static void put_shape(api_buf *b, int rank, const int64_t *shape)
+{
+    api_buf_puts(b, "[");
+    for (int i = 0; i < rank; i++)
+        api_buf_printf(b, "%s%lld", i ? "," : "", (long long)shape[i]);
+    api_buf_puts(b, "]");
+}
+
+/* The n floats at x as raw bytes of dtype, a block at a time through the
+ * stack (for float32 on a little-endian machine, a copy). */
+static void append_bytes(api_buf *b, api_dtype dtype, const float *x, size_t n)
+{
+    uint8_t block[16384];
+    size_t size = api_dtype_size(dtype), per = sizeof block / size;
+    for (size_t i = 0; i < n; i += per) {
+        size_t k = n - i < per ? n - i : per;
+        api_tensor_to_bytes(dtype, x + i, block, k);
+        api_buf_append(b, (const char *)block, k * size);
+    }
+}
+
+void api_oip_encode(api_call *c, api_buf *b, size_t *header_len)
+{
+    api_oip *x = c->oip;
+    api_buf stats = {0};
+    if (c->want_stats)
+        stats_text(c, &stats);
+    const char *stats_json = stats.data ? stats_object(&stats) : "";
+    size_t stats_len = strlen(stats_json);
+    api_buf_puts(b, "{\"model_name\":\"");
+    api_buf_puts(b, x->model);
+    api_buf_puts(b, "\"");
+    if (x->id) {
+        api_buf_puts(b, ",\"id\":");
+        api_buf_puts(b, x->id);
+    }
+    api_buf_puts(b, ",\"outputs\":[");
+    bool any_binary = false;
+    for (int i = 0; i < x->n_outputs; i++) {
+        const oip_output *o = &x->outputs[i];
+        api_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"", i ? "," : "", o->name);
+        if (o->result == OIP_STATS) {
+            /* One string: the /v1 statistics object, as BYTES. */
+            api_buf_puts(b, "BYTES\",\"shape\":[1],");
+            if (o->binary) {
+                api_buf_printf(b, "\"parameters\":{\"binary_data_size\":%zu}}", 4 + stats_len);
+                any_binary = true;
+                continue;
+            }
+            api_buf_puts(b, "\"data\":[\"");
+            size_t cap = JSON_ESCAPED_MAX(stats_len) + 1;
+            char *esc = malloc(cap);
+            if (!esc) {
+                b->failed = true;
+                break;
+            }
+            json_escape_text(esc, cap, stats_json, stats_len, 0);
+            api_buf_puts(b, esc);
+            free(esc);
+            api_buf_puts(b, "\"]}");
+            continue;
+        }
+        const api_result *r = &c->results[o->result];
+        api_dtype d = o->binary ? x->dtype : API_F32;
+        api_buf_puts(b, datatype_name(d));
+        api_buf_puts(b, "\",\"shape\":");
+        put_shape(b, r->rank, r->shape);
+        if (o->binary) {
+            api_buf_printf(b, ",\"parameters\":{\"binary_data_size\":%lld}}",
+                           (long long)(r->count * (int64_t)api_dtype_size(d)));
+            any_binary = true;
+            continue;
+        }
+        api_buf_puts(b, ",\"data\":");
+        /* a rank-1 view: the flat array of numbers */
+        api_tensor_encode(b, r->data, 1, &r->count, API_ENC_NESTED);
+        api_buf_puts(b, "}");
+    }
+    api_buf_puts(b, "]}");
+    *header_len = any_binary ? b->len : 0;
+    for (int i = 0; any_binary && i < x->n_outputs; i++) {
+        const oip_output *o = &x->outputs[i];
+        if (!o->binary)
+            continue;
+        if (o->result == OIP_STATS) {
+            uint8_t n[4] = {(uint8_t)stats_len, (uint8_t)(stats_len >> 8),
+                            (uint8_t)(stats_len >> 16), (uint8_t)(stats_len >> 24)};
+            api_buf_append(b, (const char *)n, 4);
+            api_buf_append(b, stats_json, stats_len);
+            continue;
+        }
+        api_result *r = &c->results[o->result];
+        append_bytes(b, x->dtype, r->data, (size_t)r->count);
+        free(r->data);
+        r->data = NULL;
+    }
+    api_buf_free(&stats);
+    api_lap(&c->t, &c->t.encode_ms);
+}
+
+/* ------------------------------------------------------------- metadata */
+
+/* The largest rank each input takes (its metadata shape is that many -1s)
+ * and whether the answer has its gradient. */
+typedef struct {
+    const char *name;
+    int rank;
+    bool grad;
+} oip_input_meta;
+
+static const oip_input_meta attention_inputs[] = {
+    {"q", 4, true}, {"k", 4, true}, {"v", 4, true}, {"mask", 4, false},
+    {"grad_output", 4, false}, {"alibi_slopes", 2, false},
+};
+static const oip_input_meta multihead_inputs[] = {
+    {"x", 3, true}, {"context", 3, true}, {"w_q", 2, true}, {"w_k", 2, true},
+    {"w_v", 2, true}, {"w_o", 2, true}, {"b_q", 1, true}, {"b_k", 1, true},
+    {"b_v", 1, true}, {"b_o", 1, true}, {"mask", 4, false}, {"grad_output", 3, false},
+    {"alibi_slopes", 2, false},
+};
+
+static void put_meta(api_buf *b, const char *name, const char *datatype, int rank, bool *first)
+{
+    api_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", *first ? "" : ",",
+                   name, datatype);
+    for (int i = 0; i < rank; i++)
+        api_buf_puts(b, i ? ",-1" : "-1");
+    api_buf_puts(b, "]}");
+    *first = false;
+}
+
+char *api_oip_model_metadata(api_op op, size_t *len)
+{
+    const api_operation *o = op == API_OP_MULTIHEAD ? &api_multihead_op : &api_attention_op;
+    const oip_input_meta *meta = op == API_OP_MULTIHEAD ? multihead_inputs : attention_inputs;
+    size_t n_meta = op == API_OP_MULTIHEAD
+                        ? sizeof multihead_inputs / sizeof *multihead_inputs
+                        : sizeof attention_inputs / sizeof *attention_inputs;
+    int out_rank = op == API_OP_MULTIHEAD ? 3 : 4;
+    api_buf b = {0};
+    api_buf_printf(&b, "{\"name\":\"%s\",\"platform\":\"attnd\",\"inputs\":[",
+                   model_name(o));
+    bool first = true;
+    for (size_t i = 0; i < o->n_fields; i++) {
+        if (!is_tensor(&o->fields[i]))
+            continue;
+        const oip_input_meta *m = NULL;
+        for (size_t j = 0; j < n_meta; j++)
+            if (!strcmp(meta[j].name, o->fields[i].name))
+                m = &meta[j];
+        put_meta(&b, o->fields[i].name,
+                 o->fields[i].kind == API_FIELD_MASK ? "BOOL" : "FP32",
+                 m ? m->rank : API_MAX_RANK, &first);
+    }
+    api_buf_puts(&b, "],\"outputs\":[");
+    first = true;
+    put_meta(&b, "output", "FP32", out_rank, &first);
+    put_meta(&b, "lse", "FP32", out_rank - 1, &first);
+    put_meta(&b, "weights", "FP32", 4, &first);
+    api_buf_puts(&b, ",{\"name\":\"stats\",\"datatype\":\"BYTES\",\"shape\":[1]}");
+    for (size_t j = 0; j < n_meta; j++)
+        if (meta[j].grad) {
+            char name[48];
+            snprintf(name, sizeof name, "grad_%s", meta[j].name);
+            put_meta(&b, name, "FP32", meta[j].rank, &first);
+        }
+    api_buf_puts(&b, "]}");
+    if (b.failed) {
+        api_buf_free(&b);
+        return NULL;
+    }
+    *len = b.len;
+    return b.data;
+}
