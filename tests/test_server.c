@@ -742,7 +742,7 @@ END_TEST
 
 START_TEST(unknown_path_is_404_not_found)
 {
-    reply r = get(shared.port, "/v2/attention");
+    reply r = get(shared.port, "/v0/attention");
     ck_assert_error(r, 404, "not_found");
     reply_free(&r);
     r = post_json(shared.port, "/v1/attention/", tiny_attention);
@@ -3397,6 +3397,286 @@ START_TEST(flood_under_pressure_refuses_the_top_address_first)
 }
 END_TEST
 
+/* ---------------------------------------------- Open Inference Protocol */
+
+/* The message of a /v2 error body, which must be exactly {"error": string}
+ * ("" when it is not). */
+static const char *oip_error(const reply *r, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    json_t *root = r->body ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
+    const char *msg = json_string_value(json_object_get(root, "error"));
+    if (msg && json_object_size(root) == 1)
+        snprintf(buf, cap, "%s", msg);
+    json_decref(root);
+    return buf;
+}
+
+#define ck_assert_oip_error(rep, want_status, mention)                                   \
+    do {                                                                                 \
+        char msg_[400];                                                                  \
+        ck_assert_msg((rep).status == (want_status), "status %ld, want %d: %s",          \
+                      (rep).status, (want_status), (rep).body ? (rep).body : "");       \
+        oip_error(&(rep), msg_, sizeof msg_);                                            \
+        ck_assert_msg(msg_[0] && strstr(msg_, (mention)),                                \
+                      "want {\"error\": \"...%s...\"}, got %s", (mention),               \
+                      (rep).body ? (rep).body : "");                                     \
+    } while (0)
+
+/* An infer body: `json` (the JSON text), then `n_bin` bytes of `bin`, with
+ * Inference-Header-Content-Length `header_len` ("" for none). */
+static reply oip_post(const char *path, const char *json, const void *bin, size_t n_bin,
+                      const char *header_len)
+{
+    size_t n = strlen(json);
+    char *body = malloc(n + n_bin + 1);
+    ck_assert_ptr_nonnull(body);
+    memcpy(body, json, n);
+    if (n_bin)
+        memcpy(body + n, bin, n_bin);
+    char h[80];
+    snprintf(h, sizeof h, "Inference-Header-Content-Length: %s", header_len);
+    const char *const headers[] = {"Content-Type: application/octet-stream",
+                                   header_len[0] ? h : NULL, NULL};
+    reply r = request(shared.port, "POST", path, headers, body, (long)(n + n_bin));
+    free(body);
+    return r;
+}
+
+/* q, k and v [1, 1] as binary FP32 (4 bytes each), the JSON text alone. */
+static const char oip_binary_qkv[] =
+    "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": \"FP32\", "
+    "\"parameters\": {\"binary_data_size\": 4}}, {\"name\": \"k\", \"shape\": [1, 1], "
+    "\"datatype\": \"FP32\", \"parameters\": {\"binary_data_size\": 4}}, {\"name\": \"v\", "
+    "\"shape\": [1, 1], \"datatype\": \"FP32\", \"parameters\": {\"binary_data_size\": 4}}]}";
+
+#define OIP_KV                                                                          \
+    ", {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, "          \
+    "{\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}"
+
+START_TEST(oip_errors_have_v1_status_in_protocol_form)
+{
+    static const struct {
+        const char *what, *body; /* JSON only */
+        int status;
+        const char *mention;
+        const char *v1_body; /* the same fault on /v1, for its status; or NULL */
+    } cases[] = {
+        {"not JSON", "{\"inputs\": [", 400, "JSON", "{\"q\": ["},
+        {"an unknown input", "{\"inputs\": [{\"name\": \"grad_ouptut\", \"shape\": [1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}]}", 400, "did you mean \"grad_output\"", NULL},
+        {"a missing input", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": "
+         "\"FP32\", \"data\": [1]}]}", 400, "\"k\" is required", "{\"q\": [[1]]}"},
+        {"a typo in a parameter", "{\"parameters\": {\"casual\": true}, \"inputs\": []}", 400,
+         "did you mean \"causal\"", "{\"casual\": true}"},
+        {"a tensor as a parameter", "{\"parameters\": {\"q\": [[1]]}, \"inputs\": []}", 400,
+         "inputs", NULL},
+        {"shapes that do not fit",
+         "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\", \"data\": "
+         "[1, 0]}, {\"name\": \"k\", \"shape\": [1, 3], \"datatype\": \"FP32\", \"data\": [1, 0, "
+         "0]}, {\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}]}", 422,
+         "d_k", "{\"q\": [[1, 0]], \"k\": [[1, 0, 0]], \"v\": [[1]]}"},
+        {"data that is not its shape", "{\"inputs\": [{\"name\": \"q\", \"shape\": [2, 2], "
+         "\"datatype\": \"FP32\", \"data\": [1, 2, 3]}" OIP_KV "]}", 422, "q", NULL},
+        {"a ragged nested array", "{\"inputs\": [{\"name\": \"q\", \"shape\": [2, 2], "
+         "\"datatype\": \"FP32\", \"data\": [[1, 2], [3]]}" OIP_KV "]}", 422, "q",
+         "{\"q\": [[1, 2], [3]], \"k\": [[1]], \"v\": [[1]]}"},
+        {"a number beyond float32", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
+         "\"datatype\": \"FP32\", \"data\": [1e39]}" OIP_KV "]}", 400, "q",
+         "{\"q\": [[1e39]], \"k\": [[1]], \"v\": [[1]]}"},
+        {"an integer datatype", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], \"datatype\": "
+         "\"INT32\", \"data\": [1]}]}", 400, "INT32", NULL},
+        {"BOOL for a tensor that is not a mask", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
+         "\"datatype\": \"BOOL\", \"data\": [true]}]}", 400, "BOOL", NULL},
+        {"an unknown output", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": "
+         "\"FP32\", \"data\": [1]}, {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", "
+         "\"data\": [1]}, {\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": "
+         "[1]}], \"outputs\": [{\"name\": \"atention\"}]}", 400, "atention", NULL},
+        {"a gradient without grad_output", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"k\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"v\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}], \"outputs\": [{\"name\": \"grad_q\"}]}", 400,
+         "grad_output", NULL},
+        {"FP16 outputs as JSON", "{\"parameters\": {\"output_dtype\": \"float16\"}, \"inputs\": "
+         "[{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": "
+         "\"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"v\", "
+         "\"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}]}", 422, "binary", NULL},
+        {"binary data without the header", oip_binary_qkv, 400, "", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        reply r = post_json(shared.port, "/v2/models/attention/infer", cases[i].body);
+        ck_assert_msg(r.status == cases[i].status, "%s: status %ld, want %d: %s", cases[i].what,
+                      r.status, cases[i].status, r.body);
+        ck_assert_oip_error(r, cases[i].status, cases[i].mention);
+        reply_free(&r);
+        if (cases[i].v1_body) {
+            reply v1 = post_json(shared.port, "/v1/attention", cases[i].v1_body);
+            ck_assert_msg(v1.status == cases[i].status, "%s: /v1 answers %ld, /v2 %d",
+                          cases[i].what, v1.status, cases[i].status);
+            reply_free(&v1);
+        }
+    }
+    reply r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_binary_framing_is_checked_before_allocation)
+{
+    const char *path = "/v2/models/attention/infer";
+    float one[3] = {1, 1, 1};
+    char len[24];
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    /* Right: 12 bytes after the JSON. */
+    reply r = oip_post(path, oip_binary_qkv, one, 12, len);
+    ck_assert_msg(r.status == 200, "%s", r.body);
+    reply_free(&r);
+    /* Cut short, and longer than its tensors. */
+    r = oip_post(path, oip_binary_qkv, one, 8, len);
+    ck_assert_oip_error(r, 400, "cut short");
+    reply_free(&r);
+    char more[16] = {0};
+    memcpy(more, one, 12);
+    r = oip_post(path, oip_binary_qkv, more, 16, len);
+    ck_assert_oip_error(r, 400, "longer than its tensors");
+    reply_free(&r);
+    /* The header beyond the body, and not a number. */
+    r = oip_post(path, oip_binary_qkv, one, 12, "99999");
+    ck_assert_oip_error(r, 400, "Inference-Header-Content-Length");
+    reply_free(&r);
+    r = oip_post(path, oip_binary_qkv, one, 12, "12x");
+    ck_assert_oip_error(r, 400, "Inference-Header-Content-Length");
+    reply_free(&r);
+    /* A header that cuts the JSON: not JSON. */
+    r = oip_post(path, oip_binary_qkv, one, 12, "10");
+    ck_assert_oip_error(r, 400, "JSON");
+    reply_free(&r);
+    /* Sizes that announce terabytes: refused from the numbers alone. */
+    static const char huge[] =
+        "{\"inputs\": [{\"name\": \"q\", \"shape\": [1000000, 1000000], \"datatype\": \"FP32\", "
+        "\"parameters\": {\"binary_data_size\": 4000000000000}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(huge));
+    r = oip_post(path, huge, one, 12, len);
+    ck_assert_oip_error(r, 400, "cut short");
+    reply_free(&r);
+    static const char lying[] =
+        "{\"inputs\": [{\"name\": \"q\", \"shape\": [1000000, 1000000], \"datatype\": \"FP32\", "
+        "\"parameters\": {\"binary_data_size\": 12}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(lying));
+    r = oip_post(path, lying, one, 12, len);
+    ck_assert_oip_error(r, 422, "binary_data_size 12");
+    reply_free(&r);
+    /* A BOOL byte that is neither 0 nor 1, and a NaN. */
+    static const char masked[] =
+        "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]},"
+        " {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": "
+        "\"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"mask\", "
+        "\"shape\": [1, 1], \"datatype\": \"BOOL\", \"parameters\": {\"binary_data_size\": 1}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(masked));
+    r = oip_post(path, masked, "\2", 1, len);
+    ck_assert_oip_error(r, 400, "BOOL bytes are 0 or 1");
+    reply_free(&r);
+    float nan[3] = {1, NAN, 1};
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    r = oip_post(path, oip_binary_qkv, nan, 12, len);
+    ck_assert_oip_error(r, 400, "k[0]");
+    reply_free(&r);
+    r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_binary_answer_says_where_its_json_ends)
+{
+    float one[3] = {1, 2, 3};
+    char len[24], got[64];
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    static const char asks[] =
+        "{\"parameters\": {\"binary_data_output\": true}, \"inputs\": [{\"name\": \"q\", "
+        "\"shape\": [1, 1], \"datatype\": \"FP32\", \"parameters\": {\"binary_data_size\": 4}}, "
+        "{\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"parameters\": "
+        "{\"binary_data_size\": 4}}, {\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", "
+        "\"parameters\": {\"binary_data_size\": 4}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(asks));
+    reply r = oip_post("/v2/models/attention/infer", asks, one, 12, len);
+    ck_assert_msg(r.status == 200, "%s", r.body);
+    ck_assert_ptr_nonnull(header(&r, "Inference-Header-Content-Length", got, sizeof got));
+    size_t json_len = strtoul(got, NULL, 10);
+    ck_assert_uint_eq(json_len + 4, r.body_len);
+    ck_assert_str_eq(header(&r, "Content-Type", got, sizeof got), "application/octet-stream");
+    json_t *j = json_loadb(r.body, json_len, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    json_t *out = json_array_get(json_object_get(j, "outputs"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(out, "name")), "output");
+    ck_assert_int_eq(json_integer_value(
+                         json_object_get(json_object_get(out, "parameters"), "binary_data_size")),
+                     4);
+    json_decref(j);
+    float o;
+    memcpy(&o, r.body + json_len, 4);
+    ck_assert(o == 3.0f); /* one key: its value */
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_routes_answer_in_the_protocol_form)
+{
+    reply r = get(shared.port, "/v2/models/softmax");
+    ck_assert_oip_error(r, 404, "the models are attention and multihead");
+    reply_free(&r);
+    r = get(shared.port, "/v2/models/attention/versions/1/infer");
+    ck_assert_oip_error(r, 404, "no versions");
+    reply_free(&r);
+    r = get(shared.port, "/v2/models/attention/infer");
+    char allow[64];
+    ck_assert_oip_error(r, 405, "POST");
+    ck_assert_str_eq(header(&r, "Allow", allow, sizeof allow), "POST, OPTIONS");
+    reply_free(&r);
+    static const char *const multipart[] = {"Content-Type: multipart/form-data; boundary=x", NULL};
+    r = request(shared.port, "POST", "/v2/models/attention/infer", multipart, "--x--", -1);
+    ck_assert_oip_error(r, 415, "octet-stream");
+    reply_free(&r);
+    char *big = malloc(300000);
+    ck_assert_ptr_nonnull(big);
+    memset(big, ' ', 300000);
+    big[0] = '{';
+    big[299999] = '}';
+    r = request(shared.port, "POST", "/v2/models/multihead/infer", NULL, big, 300000);
+    ck_assert_oip_error(r, 413, "--max-body");
+    reply_free(&r);
+    free(big);
+    /* /v1's errors keep their own form. */
+    r = post_json(shared.port, "/v1/attention", "{");
+    ck_assert_error(r, 400, "invalid_json");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_infer_is_counted_by_route)
+{
+    const char *ok = "attnd_requests_total{route=\"/v2/models/attention/infer\",status=\"200\"}";
+    const char *bad = "attnd_requests_total{route=\"/v2/models/attention/infer\",status=\"422\"}";
+    double ok0 = metric(shared.port, ok), bad0 = metric(shared.port, bad);
+    float one[3] = {1, 1, 1};
+    char len[24];
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    reply r = oip_post("/v2/models/attention/infer", oip_binary_qkv, one, 12, len);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = post_json(shared.port, "/v2/models/attention/infer",
+                  "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\", "
+                  "\"data\": [1, 0]}, {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": "
+                  "\"FP32\", \"data\": [1]}, {\"name\": \"v\", \"shape\": [1, 1], "
+                  "\"datatype\": \"FP32\", \"data\": [1]}]}");
+    ck_assert_int_eq(r.status, 422);
+    reply_free(&r);
+    ck_assert(metric_reaching(shared.port, ok, ok0 + 1) - ok0 == 1);
+    ck_assert(metric_reaching(shared.port, bad, bad0 + 1) - bad0 == 1);
+}
+END_TEST
+
 /* ------------------------------------------------------------- suite */
 
 static Suite *server_suite(void)
@@ -3498,6 +3778,16 @@ static Suite *server_suite(void)
     tcase_add_test(ops, json_access_log_has_request_id_error_code_and_user_agent);
     tcase_add_test(ops, text_access_log_names_the_request_id);
     suite_add_tcase(s, ops);
+
+    TCase *oip = tcase_create("open_inference_protocol");
+    tcase_add_unchecked_fixture(oip, shared_start, shared_stop);
+    tcase_set_timeout(oip, 30);
+    tcase_add_test(oip, oip_errors_have_v1_status_in_protocol_form);
+    tcase_add_test(oip, oip_binary_framing_is_checked_before_allocation);
+    tcase_add_test(oip, oip_binary_answer_says_where_its_json_ends);
+    tcase_add_test(oip, oip_routes_answer_in_the_protocol_form);
+    tcase_add_test(oip, oip_infer_is_counted_by_route);
+    suite_add_tcase(s, oip);
 
     TCase *pressure = tcase_create("connection_pressure");
     tcase_set_timeout(pressure, 60);
