@@ -411,10 +411,10 @@ static bool header_length(const char *text, size_t len, size_t *json_len, api_er
         v = v * 10 + (uint64_t)(text[i] - '0');
     }
     if (!ok)
-        return api_fail(err, 400, "invalid_header", "Inference-Header-Content-Length",
+        return api_fail(err, 400, "invalid_framing", "Inference-Header-Content-Length",
                         "Inference-Header-Content-Length \"%.40s\" is not a byte count", text);
     if (v > len)
-        return api_fail(err, 400, "invalid_header", "Inference-Header-Content-Length",
+        return api_fail(err, 400, "invalid_framing", "Inference-Header-Content-Length",
                         "Inference-Header-Content-Length is %llu, but the body has %zu bytes",
                         (unsigned long long)v, len);
     *json_len = (size_t)v;
@@ -455,7 +455,7 @@ static bool read_inputs(api_call *c, const json_member *inputs, const char *byte
         if (in[i].binary)
             total += in[i].size; /* each below 2^53: no overflow */
     if (total != n_bytes)
-        return api_fail(err, 400, "invalid_body", "inputs",
+        return api_fail(err, 400, "invalid_framing", "inputs",
                         total > n_bytes
                             ? "the inputs' binary_data_size add up to %llu bytes, but %llu "
                               "follow the JSON text (Inference-Header-Content-Length): the "
