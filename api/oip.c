@@ -160,13 +160,26 @@ typedef struct {
     uint64_t size;        /* binary_data_size */
 } oip_input;
 
+/* A count as JSON text [p, end): decimal digits only (no sign, fraction or
+ * exponent), at most 15 of them, so that it is exact; -1 otherwise. */
+static int64_t count_text(const char *p, const char *end)
+{
+    if (p == end || end - p > 15)
+        return -1;
+    int64_t v = 0;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
 static bool read_shape(const json_member *m, const char *name, oip_input *in, api_error *err)
 {
-    char what[80];
-    snprintf(what, sizeof what, "the shape of %s", name);
     if (*m->value != '[')
-        return api_fail(err, 400, "wrong_type", name, "%s must be an array of integers",
-                        what);
+        return api_fail(err, 400, "wrong_type", name,
+                        "the shape of %s must be an array of integers", name);
     const char *p = json_skip_ws(m->value + 1, m->value_end);
     in->rank = 0;
     in->count = 1;
@@ -174,21 +187,18 @@ static bool read_shape(const json_member *m, const char *name, oip_input *in, ap
         const char *after = json_text_skip(p, m->value_end);
         if (in->rank == API_MAX_RANK)
             return api_fail(err, 422, "invalid_shape", name,
-                            "%s has more than %d dimensions", what, API_MAX_RANK);
-        float x;
-        const char *stop;
-        if ((*p != '-' && (*p < '0' || *p > '9')) || !api_parse_number(p, after, &stop, &x) ||
-            x != floorf(x))
-            return api_fail(err, 400, "wrong_type", name, "%s must be an array of integers",
-                            what);
-        if (x < 0 || x > 1e12f)
+                            "the shape of %s has more than %d dimensions", name, API_MAX_RANK);
+        int64_t d = count_text(p, after);
+        if (d < 0 && *p == '-')
             return api_fail(err, 422, "invalid_shape", name,
-                            "%s has a dimension %.0f; dimensions are 0 or more", what,
-                            (double)x);
-        int64_t d = (int64_t)x;
+                            "the shape of %s has a negative dimension %.20s", name, p);
+        if (d < 0)
+            return api_fail(err, 400, "wrong_type", name,
+                            "the shape of %s must be an array of integers (at most 15 digits "
+                            "each), got %.20s", name, p);
         if (__builtin_mul_overflow(in->count, d, &in->count) || in->count > ((int64_t)1 << 40))
-            return api_fail(err, 422, "invalid_shape", name, "%s holds too many elements",
-                            what);
+            return api_fail(err, 422, "invalid_shape", name,
+                            "the shape of %s holds too many elements", name);
         in->shape[in->rank++] = d;
         p = json_skip_ws(after, m->value_end);
         if (p < m->value_end && *p == ',')
@@ -274,21 +284,12 @@ static bool read_input(const api_operation *o, const json_member *entry, int ind
         for (size_t i = 0; i < np; i++) {
             if (pm[i].key_too_long || strcmp(pm[i].key, "binary_data_size") != 0)
                 return unknown_member(&pm[i], pwhere, "binary_data_size", err);
-            const char *stop;
-            float x;
-            /* a byte count: digits only, and below 2^53 to stay exact */
-            const char *v = pm[i].value;
-            size_t len = (size_t)(pm[i].value_end - v);
-            bool digits = len > 0 && len <= 15;
-            for (size_t j = 0; digits && j < len; j++)
-                digits = v[j] >= '0' && v[j] <= '9';
-            if (!digits || !api_parse_number(v, pm[i].value_end, &stop, &x))
+            int64_t size = count_text(pm[i].value, pm[i].value_end);
+            if (size < 0)
                 return api_fail(err, 400, "wrong_type", fname,
                                 "binary_data_size of input %s must be a byte count (an "
                                 "integer of at most 15 digits)", fname);
-            in->size = 0;
-            for (size_t j = 0; j < len; j++)
-                in->size = in->size * 10 + (uint64_t)(v[j] - '0');
+            in->size = (uint64_t)size;
             in->binary = true;
         }
     }
