@@ -28,7 +28,6 @@
  * announce is allocated.
  */
 #include "request.h"
-#include "json/json_string.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -53,7 +52,7 @@ struct api_oip {
     bool listed;         /* the request named its outputs */
     int n_outputs;
     oip_output outputs[OIP_MAX_OUTPUTS];
-    api_dtype dtype;     /* of the outputs: output_dtype */
+    codec_dtype dtype;     /* of the outputs: output_dtype */
 };
 
 void api_oip_free(api_oip *o)
@@ -85,18 +84,16 @@ static bool is_tensor(const api_field *f)
 }
 
 /* The text of a string member (validated JSON) into out, or 400 wrong_type. */
-static bool string_member(const json_member *m, const char *what, char *out, size_t cap,
+static bool string_member(const codec_member *m, const char *what, char *out, size_t cap,
                           api_error *err)
 {
     if (*m->value != '"')
         return api_fail(err, 400, "wrong_type", what, "%s must be a string", what);
-    if (!api_string_value(m, out, cap))
-        return api_fail(err, 500, "out_of_memory", what, "out of memory while reading %s",
-                        what);
+    api_string_value(m, out, cap);
     return true;
 }
 
-static bool bool_member(const json_member *m, const char *what, bool *out, api_error *err)
+static bool bool_member(const codec_member *m, const char *what, bool *out, api_error *err)
 {
     if (*m->value != 't' && *m->value != 'f')
         return api_fail(err, 400, "wrong_type", what,
@@ -106,38 +103,40 @@ static bool bool_member(const json_member *m, const char *what, bool *out, api_e
 }
 
 /* The members of the object at m's value, at most max. */
-static bool object_members(const json_member *m, const char *what, json_member *out,
+static bool object_members(const codec_member *m, const char *what, codec_member *out,
                            size_t max, size_t *count, api_error *err)
 {
     if (*m->value != '{')
         return api_fail(err, 400, "wrong_type", what, "%s must be an object", what);
-    return json_text_members(m->value, m->value_end, out, max, count, what, err);
+    codec_error ce;
+    return codec_members(m->value, m->value_end, out, max, count, what, &ce) ||
+           api_fail_codec(err, &ce);
 }
 
-static bool unknown_member(const json_member *m, const char *where, const char *known,
+static bool unknown_member(const codec_member *m, const char *where, const char *known,
                            api_error *err)
 {
     char key[80];
-    json_member_key_shown(m, key, sizeof key);
+    codec_member_key_shown(m, key, sizeof key);
     return api_fail(err, 400, "unknown_field", where, "%s has an unknown field \"%s\"; its "
                     "fields are %s", where, key, known);
 }
 
 /* "FP32" ... for a dtype, and back. */
-static const char *datatype_name(api_dtype d)
+static const char *datatype_name(codec_dtype d)
 {
     switch (d) {
-    case API_F32: return "FP32";
-    case API_F16: return "FP16";
-    case API_BF16: return "BF16";
-    case API_BOOL: return "BOOL";
+    case CODEC_F32: return "FP32";
+    case CODEC_F16: return "FP16";
+    case CODEC_BF16: return "BF16";
+    case CODEC_BOOL: return "BOOL";
     }
     return "FP32";
 }
 
-static bool datatype_of(const char *s, api_dtype *d)
+static bool datatype_of(const char *s, codec_dtype *d)
 {
-    static const api_dtype all[] = {API_F32, API_F16, API_BF16, API_BOOL};
+    static const codec_dtype all[] = {CODEC_F32, CODEC_F16, CODEC_BF16, CODEC_BOOL};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!strcmp(s, datatype_name(all[i]))) {
             *d = all[i];
@@ -151,11 +150,11 @@ static bool datatype_of(const char *s, api_dtype *d)
 /* One entry of "inputs", read but not decoded yet. */
 typedef struct {
     int field;            /* in the operation's table */
-    api_dtype dtype;
+    codec_dtype dtype;
     int rank;
-    int64_t shape[API_MAX_RANK];
+    int64_t shape[CODEC_MAX_RANK];
     int64_t count;
-    json_member data;     /* the JSON data (data.value NULL when absent) */
+    codec_member data;     /* the JSON data (data.value NULL when absent) */
     bool binary;
     uint64_t size;        /* binary_data_size */
 } oip_input;
@@ -175,19 +174,19 @@ static int64_t count_text(const char *p, const char *end)
     return v;
 }
 
-static bool read_shape(const json_member *m, const char *name, oip_input *in, api_error *err)
+static bool read_shape(const codec_member *m, const char *name, oip_input *in, api_error *err)
 {
     if (*m->value != '[')
         return api_fail(err, 400, "wrong_type", name,
                         "the shape of %s must be an array of integers", name);
-    const char *p = json_skip_ws(m->value + 1, m->value_end);
+    const char *p = codec_skip_ws(m->value + 1, m->value_end);
     in->rank = 0;
     in->count = 1;
     while (p < m->value_end && *p != ']') {
-        const char *after = json_text_skip(p, m->value_end);
-        if (in->rank == API_MAX_RANK)
+        const char *after = codec_skip_value(p, m->value_end);
+        if (in->rank == CODEC_MAX_RANK)
             return api_fail(err, 422, "invalid_shape", name,
-                            "the shape of %s has more than %d dimensions", name, API_MAX_RANK);
+                            "the shape of %s has more than %d dimensions", name, CODEC_MAX_RANK);
         int64_t d = count_text(p, after);
         if (d < 0 && *p == '-')
             return api_fail(err, 422, "invalid_shape", name,
@@ -200,24 +199,24 @@ static bool read_shape(const json_member *m, const char *name, oip_input *in, ap
             return api_fail(err, 422, "invalid_shape", name,
                             "the shape of %s holds too many elements", name);
         in->shape[in->rank++] = d;
-        p = json_skip_ws(after, m->value_end);
+        p = codec_skip_ws(after, m->value_end);
         if (p < m->value_end && *p == ',')
-            p = json_skip_ws(p + 1, m->value_end);
+            p = codec_skip_ws(p + 1, m->value_end);
     }
     return true;
 }
 
 /* The input's own members: name, shape, datatype, parameters, data. */
-static bool read_input(const api_operation *o, const json_member *entry, int index,
+static bool read_input(const api_operation *o, const codec_member *entry, int index,
                        oip_input *in, api_error *err)
 {
     char where[40];
     snprintf(where, sizeof where, "inputs[%d]", index);
-    json_member m[8];
+    codec_member m[8];
     size_t n = 0;
     if (!object_members(entry, where, m, 8, &n, err))
         return false;
-    const json_member *name = NULL, *shape = NULL, *datatype = NULL, *params = NULL;
+    const codec_member *name = NULL, *shape = NULL, *datatype = NULL, *params = NULL;
     *in = (oip_input){.field = -1};
     for (size_t i = 0; i < n; i++) {
         const char *k = m[i].key_too_long ? "" : m[i].key;
@@ -270,12 +269,12 @@ static bool read_input(const api_operation *o, const json_member *entry, int ind
     if (!string_member(datatype, fname, text, sizeof text, err))
         return false;
     bool mask = o->fields[in->field].kind == API_FIELD_MASK;
-    if (!datatype_of(text, &in->dtype) || (in->dtype == API_BOOL && !mask))
+    if (!datatype_of(text, &in->dtype) || (in->dtype == CODEC_BOOL && !mask))
         return api_fail(err, 400, "wrong_type", fname,
                         "input %s has datatype \"%.20s\"; it takes %s", fname, text,
                         mask ? "BOOL, FP32, FP16 or BF16" : "FP32, FP16 or BF16");
     if (params) {
-        json_member pm[4];
+        codec_member pm[4];
         size_t np = 0;
         char pwhere[80];
         snprintf(pwhere, sizeof pwhere, "the parameters of input %s", fname);
@@ -303,7 +302,7 @@ static bool read_input(const api_operation *o, const json_member *entry, int ind
         return api_fail(err, 400, "missing_field", fname, "input %s has \"data\": null",
                         fname);
     if (in->binary) {
-        uint64_t want = (uint64_t)in->count * api_dtype_size(in->dtype);
+        uint64_t want = (uint64_t)in->count * codec_dtype_size(in->dtype);
         char s[120];
         if (in->size != want)
             return api_fail(err, 422, "shape_mismatch", fname,
@@ -318,21 +317,22 @@ static bool read_input(const api_operation *o, const json_member *entry, int ind
 
 /* The decoded tensor of a JSON input: numbers (or booleans for a BOOL mask)
  * in the declared shape, rounded to the declared datatype. */
-static bool decode_json(const api_operation *o, const oip_input *in, api_tensor *t,
-                        api_error *err)
+static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_input *in,
+                        codec_tensor *t, api_error *err)
 {
     const char *fname = o->fields[in->field].name;
-    const json_member *d = &in->data;
+    const codec_member *d = &in->data;
     if (*d->value != '[')
         return api_fail(err, 400, "wrong_type", fname,
                         "the data of input %s must be an array (flat or nested)", fname);
     bool mask = o->fields[in->field].kind == API_FIELD_MASK;
-    if (!api_tensor_decode(d->value, d->value_end, fname, mask, t, err))
-        return false;
+    codec_error ce;
+    if (!codec_doc_tensor(doc, d->value, d->value_end, fname, mask, t, &ce))
+        return api_fail_codec(err, &ce);
     char s1[120], s2[120];
-    bool is_bool = t->dtype == API_BOOL;
-    if (t->count > 0 && is_bool != (in->dtype == API_BOOL)) {
-        api_tensor_free(t);
+    bool is_bool = t->dtype == CODEC_BOOL;
+    if (t->count > 0 && is_bool != (in->dtype == CODEC_BOOL)) {
+        codec_tensor_free(t);
         return api_fail(err, 400, "wrong_type", fname, "input %s is %s but its data holds %s",
                         fname, datatype_name(in->dtype), is_bool ? "booleans" : "numbers");
     }
@@ -344,34 +344,34 @@ static bool decode_json(const api_operation *o, const oip_input *in, api_tensor 
                  "input %s has shape %s (%lld elements) but its data is %s", fname,
                  api_shape_text(s1, sizeof s1, in->rank, in->shape), (long long)in->count,
                  api_shape_text(s2, sizeof s2, t->rank, t->shape));
-        api_tensor_free(t);
+        codec_tensor_free(t);
         return false;
     }
-    if (in->dtype == API_BOOL && t->count == 0) {
+    if (in->dtype == CODEC_BOOL && t->count == 0) {
         /* [] holds no booleans to say so: an empty mask all the same */
         free(t->f32);
-        *t = (api_tensor){.dtype = API_BOOL, .b8 = malloc(1)};
+        *t = (codec_tensor){.dtype = CODEC_BOOL, .b8 = malloc(1)};
         if (!t->b8)
             return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
     }
     t->rank = in->rank;
     memcpy(t->shape, in->shape, sizeof t->shape);
     t->count = in->count;
-    if (t->dtype == API_F32 && t->f32)
-        api_tensor_round(in->dtype, t->f32, (size_t)t->count);
+    if (t->dtype == CODEC_F32 && t->f32)
+        codec_tensor_round(in->dtype, t->f32, (size_t)t->count);
     return true;
 }
 
 /* The decoded tensor of a binary input at bytes[0..in->size). */
 static bool decode_binary(const api_operation *o, const oip_input *in, const uint8_t *bytes,
-                          api_tensor *t, api_error *err)
+                          codec_tensor *t, api_error *err)
 {
     const char *fname = o->fields[in->field].name;
-    *t = (api_tensor){.dtype = in->dtype == API_BOOL ? API_BOOL : API_F32, .rank = in->rank,
+    *t = (codec_tensor){.dtype = in->dtype == CODEC_BOOL ? CODEC_BOOL : CODEC_F32, .rank = in->rank,
                       .count = in->count};
     memcpy(t->shape, in->shape, sizeof t->shape);
     size_t n = (size_t)in->count;
-    if (in->dtype == API_BOOL) {
+    if (in->dtype == CODEC_BOOL) {
         for (size_t i = 0; i < n; i++)
             if (bytes[i] > 1)
                 return api_fail(err, 400, "wrong_type", fname,
@@ -384,12 +384,12 @@ static bool decode_binary(const api_operation *o, const oip_input *in, const uin
     }
     if (!(t->f32 = api_alloc_floats(in->count)))
         return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
-    api_tensor_from_bytes(in->dtype, bytes, t->f32, n);
+    codec_tensor_from_bytes(in->dtype, bytes, t->f32, n);
     /* As /v1's base64: attention over NaN or infinity has no meaning (a
      * -inf bias is spelled as a BOOL mask). */
     for (size_t i = 0; i < n; i++)
         if (!isfinite(t->f32[i])) {
-            api_tensor_free(t);
+            codec_tensor_free(t);
             return api_fail(err, 400, "invalid_number", fname,
                             "%s[%zu] (row-major) is not a finite number; use a BOOL mask "
                             "to exclude positions", fname, i);
@@ -422,31 +422,31 @@ static bool header_length(const char *text, size_t len, size_t *json_len, api_er
     return true;
 }
 
-static bool read_inputs(api_call *c, const json_member *inputs, const char *bytes,
-                        size_t n_bytes, api_error *err)
+static bool read_inputs(const codec_doc *doc, api_call *c, const codec_member *inputs,
+                        const char *bytes, size_t n_bytes, api_error *err)
 {
     const api_operation *o = c->op;
     if (*inputs->value != '[')
         return api_fail(err, 400, "wrong_type", "inputs", "inputs must be an array of tensors");
     oip_input in[API_MAX_FIELDS];
-    json_member entries[API_MAX_FIELDS];
+    codec_member entries[API_MAX_FIELDS];
     int n = 0;
-    const char *p = json_skip_ws(inputs->value + 1, inputs->value_end);
+    const char *p = codec_skip_ws(inputs->value + 1, inputs->value_end);
     while (p < inputs->value_end && *p != ']') {
         if (n == (int)o->n_fields)
             return api_fail(err, 400, "too_many_fields", "inputs",
                             "inputs has more entries than the model %s has inputs",
                             model_name(o));
-        entries[n] = (json_member){.value = p, .value_end = json_text_skip(p, inputs->value_end)};
+        entries[n] = (codec_member){.value = p, .value_end = codec_skip_value(p, inputs->value_end)};
         if (!read_input(o, &entries[n], n, &in[n], err))
             return false;
         for (int j = 0; j < n; j++)
             if (in[j].field == in[n].field)
                 return api_fail(err, 400, "duplicate_key", o->fields[in[n].field].name,
                                 "input %s is given twice", o->fields[in[n].field].name);
-        p = json_skip_ws(entries[n].value_end, inputs->value_end);
+        p = codec_skip_ws(entries[n].value_end, inputs->value_end);
         if (p < inputs->value_end && *p == ',')
-            p = json_skip_ws(p + 1, inputs->value_end);
+            p = codec_skip_ws(p + 1, inputs->value_end);
         n++;
     }
     /* The binary blocks, in the order of the inputs that have them, must be
@@ -478,7 +478,7 @@ static bool read_inputs(api_call *c, const json_member *inputs, const char *byte
         api_value *v = &c->f[in[i].field];
         bool ok = in[i].binary
                       ? decode_binary(o, &in[i], (const uint8_t *)bytes + at, &v->tensor, err)
-                      : decode_json(o, &in[i], &v->tensor, err);
+                      : decode_json(doc, o, &in[i], &v->tensor, err);
         if (!ok)
             return false;
         v->present = true;
@@ -490,10 +490,11 @@ static bool read_inputs(api_call *c, const json_member *inputs, const char *byte
 
 /* ----------------------------------------------------------- parameters */
 
-static bool read_parameters(api_call *c, const json_member *params, api_error *err)
+static bool read_parameters(const codec_doc *doc, api_call *c, const codec_member *params,
+                            api_error *err)
 {
     const api_operation *o = c->op;
-    json_member m[API_MAX_FIELDS];
+    codec_member m[API_MAX_FIELDS];
     size_t n = 0;
     if (!object_members(params, "parameters", m, API_MAX_FIELDS, &n, err))
         return false;
@@ -521,7 +522,7 @@ static bool read_parameters(api_call *c, const json_member *params, api_error *e
                     names[kk++] = o->fields[j];
             names[kk++] = (api_field){"binary_data_output", API_FIELD_BOOL, false};
             char key[80];
-            json_member_key_shown(&m[i], key, sizeof key);
+            codec_member_key_shown(&m[i], key, sizeof key);
             const char *near = m[i].key_too_long ? NULL : api_nearest_field(k, names, kk);
             if (near)
                 return api_fail(err, 400, "unknown_field", key,
@@ -533,7 +534,7 @@ static bool read_parameters(api_call *c, const json_member *params, api_error *e
         }
         if (*m[i].value == 'n')
             continue; /* null: the default, as on /v1 */
-        if (!api_read_value(&o->fields[f], &m[i], &c->f[f], err))
+        if (!api_read_value(doc, &o->fields[f], &m[i], &c->f[f], err))
             return false;
         c->f[f].present = true;
     }
@@ -552,22 +553,22 @@ static int return_field(const api_operation *o, const char *output)
     return field_index(o, name);
 }
 
-static bool read_outputs(api_call *c, const json_member *outputs, api_error *err)
+static bool read_outputs(api_call *c, const codec_member *outputs, api_error *err)
 {
     api_oip *x = c->oip;
     if (*outputs->value != '[')
         return api_fail(err, 400, "wrong_type", "outputs",
                         "outputs must be an array of {\"name\": ...}");
     x->listed = true;
-    const char *p = json_skip_ws(outputs->value + 1, outputs->value_end);
+    const char *p = codec_skip_ws(outputs->value + 1, outputs->value_end);
     while (p < outputs->value_end && *p != ']') {
         char where[40];
         snprintf(where, sizeof where, "outputs[%d]", x->n_outputs);
         if (x->n_outputs == OIP_MAX_OUTPUTS)
             return api_fail(err, 400, "too_many_fields", "outputs",
                             "outputs has more than %d entries", OIP_MAX_OUTPUTS);
-        json_member entry = {.value = p, .value_end = json_text_skip(p, outputs->value_end)};
-        json_member m[4];
+        codec_member entry = {.value = p, .value_end = codec_skip_value(p, outputs->value_end)};
+        codec_member m[4];
         size_t n = 0;
         if (!object_members(&entry, where, m, 4, &n, err))
             return false;
@@ -581,7 +582,7 @@ static bool read_outputs(api_call *c, const json_member *outputs, api_error *err
                     return false;
                 named = true;
             } else if (!strcmp(k, "parameters")) {
-                json_member pm[4];
+                codec_member pm[4];
                 size_t np = 0;
                 char pwhere[60];
                 snprintf(pwhere, sizeof pwhere, "the parameters of %s", where);
@@ -617,9 +618,9 @@ static bool read_outputs(api_call *c, const json_member *outputs, api_error *err
                 *v = (api_value){.present = true, .flag = true};
         }
         x->n_outputs++;
-        p = json_skip_ws(entry.value_end, outputs->value_end);
+        p = codec_skip_ws(entry.value_end, outputs->value_end);
         if (p < outputs->value_end && *p == ',')
-            p = json_skip_ws(p + 1, outputs->value_end);
+            p = codec_skip_ws(p + 1, outputs->value_end);
     }
     /* A return_* parameter for an output the list leaves out would be
      * computed for nothing. */
@@ -639,30 +640,23 @@ static bool read_outputs(api_call *c, const json_member *outputs, api_error *err
 
 /* ---------------------------------------------------------------- read */
 
-bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
-                  api_error *err)
+/* The request's members, in the validated document of its JSON text
+ * [body, body + json_len); the binary data after it. */
+static bool read_request(const codec_doc *doc, api_call *c, const char *body, size_t len,
+                         size_t json_len, api_error *err)
 {
-    if (!(c->oip = calloc(1, sizeof *c->oip)))
-        return api_fail(err, 500, "out_of_memory", "", "out of memory for this request");
     api_oip *x = c->oip;
-    x->model = model_name(c->op);
-    size_t json_len = 0;
-    if (!header_length(json_length, len, &json_len, err))
-        return false;
-    json_span spans[8];
-    size_t n_members = 0;
-    if (!json_text_validate_spans(body, json_len, spans, 8, &n_members, err))
-        return false;
     const char *end = body + json_len;
-    const char *start = json_skip_ws(body, end);
+    const char *start = codec_skip_ws(body, end);
     if (start == end || *start != '{')
         return api_fail(err, 400, "wrong_type", "",
                         "the request must be a JSON object {\"inputs\": [...], ...}");
-    json_member m[8];
+    codec_member m[8];
     size_t n = 0;
-    if (!json_spans_members(spans, n_members, end, m, 8, &n, "", err))
-        return false;
-    const json_member *id = NULL, *params = NULL, *inputs = NULL, *outputs = NULL;
+    codec_error ce;
+    if (!codec_doc_members(doc, m, 8, &n, "", &ce))
+        return api_fail_codec(err, &ce);
+    const codec_member *id = NULL, *params = NULL, *inputs = NULL, *outputs = NULL;
     for (size_t i = 0; i < n; i++) {
         const char *k = m[i].key_too_long ? "" : m[i].key;
         if (*m[i].value == 'n')
@@ -686,10 +680,29 @@ bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_le
     }
     if (!inputs)
         return api_fail(err, 400, "missing_field", "inputs", "the request has no \"inputs\"");
-    x->dtype = API_F32;
-    return (!params || read_parameters(c, params, err)) &&
+    return (!params || read_parameters(doc, c, params, err)) &&
            (!outputs || read_outputs(c, outputs, err)) &&
-           read_inputs(c, inputs, body + json_len, len - json_len, err);
+           read_inputs(doc, c, inputs, body + json_len, len - json_len, err);
+}
+
+bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
+                  api_error *err)
+{
+    if (!(c->oip = calloc(1, sizeof *c->oip)))
+        return api_fail(err, 500, "out_of_memory", "", "out of memory for this request");
+    api_oip *x = c->oip;
+    x->model = model_name(c->op);
+    size_t json_len = 0;
+    if (!header_length(json_length, len, &json_len, err))
+        return false;
+    codec_span spans[8];
+    codec_doc doc;
+    codec_error ce;
+    if (!codec_doc_validate(&doc, body, json_len, spans, 8, &ce))
+        return api_fail_codec(err, &ce);
+    bool ok = read_request(&doc, c, body, len, json_len, err);
+    codec_doc_free(&doc);
+    return ok;
 }
 
 /* ---------------------------------------------------------------- plan */
@@ -715,7 +728,7 @@ bool api_oip_plan(api_call *c, api_error *err)
 {
     api_oip *x = c->oip;
     const api_value *dt = &c->f[c->op->f_output_dtype];
-    x->dtype = dt->present ? dt->dtype : API_F32;
+    x->dtype = dt->present ? dt->dtype : CODEC_F32;
     if (!x->listed) {
         char buf[48];
         for (int i = 0; i < c->n_results; i++) {
@@ -753,110 +766,110 @@ bool api_oip_plan(api_call *c, api_error *err)
             o->binary = x->binary_default;
         any_json = any_json || !o->binary;
     }
-    if (any_json && x->dtype != API_F32)
+    if (any_json && x->dtype != CODEC_F32)
         return api_fail(err, 422, "invalid_value", "output_dtype",
                         "%s outputs travel as binary data only: ask for them with "
                         "\"binary_data_output\": true (or \"binary_data\" on each output)",
                         datatype_name(x->dtype));
-    c->enc = any_json ? API_ENC_FLAT
-           : x->dtype == API_F16 ? API_ENC_BASE64_F16
-           : x->dtype == API_BF16 ? API_ENC_BASE64_BF16 : API_ENC_BASE64;
+    c->enc = any_json ? CODEC_ENC_FLAT
+           : x->dtype == CODEC_F16 ? CODEC_ENC_BASE64_F16
+           : x->dtype == CODEC_BF16 ? CODEC_ENC_BASE64_BF16 : CODEC_ENC_BASE64;
     return true;
 }
 
 /* -------------------------------------------------------------- encode */
 
 /* The statistics as /v1 writes them: {"scores": ..., ...}. */
-static void stats_text(const api_call *c, api_buf *t)
+static void stats_text(const api_call *c, codec_buf *t)
 {
     api_write_stats(t, &c->stats); /* `,"stats":{...}` */
 }
 
-static const char *stats_object(const api_buf *t)
+static const char *stats_object(const codec_buf *t)
 {
     static const char prefix[] = ",\"stats\":";
     return t->len >= sizeof prefix - 1 ? t->data + sizeof prefix - 1 : "";
 }
 
-static void put_shape(api_buf *b, int rank, const int64_t *shape)
+static void put_shape(codec_buf *b, int rank, const int64_t *shape)
 {
-    api_buf_puts(b, "[");
+    codec_buf_puts(b, "[");
     for (int i = 0; i < rank; i++)
-        api_buf_printf(b, "%s%lld", i ? "," : "", (long long)shape[i]);
-    api_buf_puts(b, "]");
+        codec_buf_printf(b, "%s%lld", i ? "," : "", (long long)shape[i]);
+    codec_buf_puts(b, "]");
 }
 
 /* The n floats at x as raw bytes of dtype, a block at a time through the
  * stack (for float32 on a little-endian machine, a copy). */
-static void append_bytes(api_buf *b, api_dtype dtype, const float *x, size_t n)
+static void append_bytes(codec_buf *b, codec_dtype dtype, const float *x, size_t n)
 {
     uint8_t block[16384];
-    size_t size = api_dtype_size(dtype), per = sizeof block / size;
+    size_t size = codec_dtype_size(dtype), per = sizeof block / size;
     for (size_t i = 0; i < n; i += per) {
         size_t k = n - i < per ? n - i : per;
-        api_tensor_to_bytes(dtype, x + i, block, k);
-        api_buf_append(b, (const char *)block, k * size);
+        codec_tensor_to_bytes(dtype, x + i, block, k);
+        codec_buf_append(b, (const char *)block, k * size);
     }
 }
 
-void api_oip_encode(api_call *c, api_buf *b, size_t *header_len)
+void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
 {
     api_oip *x = c->oip;
-    api_buf stats = {0};
+    codec_buf stats = {0};
     if (c->want_stats)
         stats_text(c, &stats);
     const char *stats_json = stats.data ? stats_object(&stats) : "";
     size_t stats_len = strlen(stats_json);
-    api_buf_puts(b, "{\"model_name\":\"");
-    api_buf_puts(b, x->model);
-    api_buf_puts(b, "\"");
+    codec_buf_puts(b, "{\"model_name\":\"");
+    codec_buf_puts(b, x->model);
+    codec_buf_puts(b, "\"");
     if (x->id) {
-        api_buf_puts(b, ",\"id\":");
-        api_buf_puts(b, x->id);
+        codec_buf_puts(b, ",\"id\":");
+        codec_buf_puts(b, x->id);
     }
-    api_buf_puts(b, ",\"outputs\":[");
+    codec_buf_puts(b, ",\"outputs\":[");
     bool any_binary = false;
     for (int i = 0; i < x->n_outputs; i++) {
         const oip_output *o = &x->outputs[i];
-        api_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"", i ? "," : "", o->name);
+        codec_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"", i ? "," : "", o->name);
         if (o->result == OIP_STATS) {
             /* One string: the /v1 statistics object, as BYTES. */
-            api_buf_puts(b, "BYTES\",\"shape\":[1],");
+            codec_buf_puts(b, "BYTES\",\"shape\":[1],");
             if (o->binary) {
-                api_buf_printf(b, "\"parameters\":{\"binary_data_size\":%zu}}", 4 + stats_len);
+                codec_buf_printf(b, "\"parameters\":{\"binary_data_size\":%zu}}", 4 + stats_len);
                 any_binary = true;
                 continue;
             }
-            api_buf_puts(b, "\"data\":[\"");
-            size_t cap = JSON_ESCAPED_MAX(stats_len) + 1;
+            codec_buf_puts(b, "\"data\":[\"");
+            size_t cap = CODEC_ESCAPED_MAX(stats_len) + 1;
             char *esc = malloc(cap);
             if (!esc) {
                 b->failed = true;
                 break;
             }
-            json_escape_text(esc, cap, stats_json, stats_len, 0);
-            api_buf_puts(b, esc);
+            codec_escape_text(esc, cap, stats_json, stats_len, 0);
+            codec_buf_puts(b, esc);
             free(esc);
-            api_buf_puts(b, "\"]}");
+            codec_buf_puts(b, "\"]}");
             continue;
         }
         const api_result *r = &c->results[o->result];
-        api_dtype d = o->binary ? x->dtype : API_F32;
-        api_buf_puts(b, datatype_name(d));
-        api_buf_puts(b, "\",\"shape\":");
+        codec_dtype d = o->binary ? x->dtype : CODEC_F32;
+        codec_buf_puts(b, datatype_name(d));
+        codec_buf_puts(b, "\",\"shape\":");
         put_shape(b, r->rank, r->shape);
         if (o->binary) {
-            api_buf_printf(b, ",\"parameters\":{\"binary_data_size\":%lld}}",
-                           (long long)(r->count * (int64_t)api_dtype_size(d)));
+            codec_buf_printf(b, ",\"parameters\":{\"binary_data_size\":%lld}}",
+                           (long long)(r->count * (int64_t)codec_dtype_size(d)));
             any_binary = true;
             continue;
         }
-        api_buf_puts(b, ",\"data\":");
+        codec_buf_puts(b, ",\"data\":");
         /* a rank-1 view: the flat array of numbers */
-        api_tensor_encode(b, r->data, 1, &r->count, API_ENC_NESTED);
-        api_buf_puts(b, "}");
+        codec_tensor_encode(b, r->data, 1, &r->count, CODEC_ENC_NESTED);
+        codec_buf_puts(b, "}");
     }
-    api_buf_puts(b, "]}");
+    codec_buf_puts(b, "]}");
     *header_len = any_binary ? b->len : 0;
     for (int i = 0; any_binary && i < x->n_outputs; i++) {
         const oip_output *o = &x->outputs[i];
@@ -865,8 +878,8 @@ void api_oip_encode(api_call *c, api_buf *b, size_t *header_len)
         if (o->result == OIP_STATS) {
             uint8_t n[4] = {(uint8_t)stats_len, (uint8_t)(stats_len >> 8),
                             (uint8_t)(stats_len >> 16), (uint8_t)(stats_len >> 24)};
-            api_buf_append(b, (const char *)n, 4);
-            api_buf_append(b, stats_json, stats_len);
+            codec_buf_append(b, (const char *)n, 4);
+            codec_buf_append(b, stats_json, stats_len);
             continue;
         }
         api_result *r = &c->results[o->result];
@@ -874,7 +887,7 @@ void api_oip_encode(api_call *c, api_buf *b, size_t *header_len)
         free(r->data);
         r->data = NULL;
     }
-    api_buf_free(&stats);
+    codec_buf_free(&stats);
     api_lap(&c->t, &c->t.encode_ms);
 }
 
@@ -899,13 +912,13 @@ static const oip_input_meta multihead_inputs[] = {
     {"alibi_slopes", 2, false},
 };
 
-static void put_meta(api_buf *b, const char *name, const char *datatype, int rank, bool *first)
+static void put_meta(codec_buf *b, const char *name, const char *datatype, int rank, bool *first)
 {
-    api_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", *first ? "" : ",",
+    codec_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", *first ? "" : ",",
                    name, datatype);
     for (int i = 0; i < rank; i++)
-        api_buf_puts(b, i ? ",-1" : "-1");
-    api_buf_puts(b, "]}");
+        codec_buf_puts(b, i ? ",-1" : "-1");
+    codec_buf_puts(b, "]}");
     *first = false;
 }
 
@@ -917,8 +930,8 @@ char *api_oip_model_metadata(api_op op, size_t *len)
                         ? sizeof multihead_inputs / sizeof *multihead_inputs
                         : sizeof attention_inputs / sizeof *attention_inputs;
     int out_rank = op == API_OP_MULTIHEAD ? 3 : 4;
-    api_buf b = {0};
-    api_buf_printf(&b, "{\"name\":\"%s\",\"platform\":\"attnd\",\"inputs\":[",
+    codec_buf b = {0};
+    codec_buf_printf(&b, "{\"name\":\"%s\",\"platform\":\"attnd\",\"inputs\":[",
                    model_name(o));
     bool first = true;
     for (size_t i = 0; i < o->n_fields; i++) {
@@ -930,23 +943,23 @@ char *api_oip_model_metadata(api_op op, size_t *len)
                 m = &meta[j];
         put_meta(&b, o->fields[i].name,
                  o->fields[i].kind == API_FIELD_MASK ? "BOOL" : "FP32",
-                 m ? m->rank : API_MAX_RANK, &first);
+                 m ? m->rank : CODEC_MAX_RANK, &first);
     }
-    api_buf_puts(&b, "],\"outputs\":[");
+    codec_buf_puts(&b, "],\"outputs\":[");
     first = true;
     put_meta(&b, "output", "FP32", out_rank, &first);
     put_meta(&b, "lse", "FP32", out_rank - 1, &first);
     put_meta(&b, "weights", "FP32", 4, &first);
-    api_buf_puts(&b, ",{\"name\":\"stats\",\"datatype\":\"BYTES\",\"shape\":[1]}");
+    codec_buf_puts(&b, ",{\"name\":\"stats\",\"datatype\":\"BYTES\",\"shape\":[1]}");
     for (size_t j = 0; j < n_meta; j++)
         if (meta[j].grad) {
             char name[48];
             snprintf(name, sizeof name, "grad_%s", meta[j].name);
             put_meta(&b, name, "FP32", meta[j].rank, &first);
         }
-    api_buf_puts(&b, "]}");
+    codec_buf_puts(&b, "]}");
     if (b.failed) {
-        api_buf_free(&b);
+        codec_buf_free(&b);
         return NULL;
     }
     *len = b.len;

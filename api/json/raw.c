@@ -8,9 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
-size_t api_dtype_size(api_dtype dtype)
+size_t codec_dtype_size(codec_dtype dtype)
 {
-    return dtype == API_F32 ? 4 : dtype == API_BOOL ? 1 : 2;
+    return dtype == CODEC_F32 ? 4 : dtype == CODEC_BOOL ? 1 : 2;
 }
 
 /* The machine's byte order decides whether float32 bytes are copied or
@@ -23,10 +23,10 @@ static bool little_endian(void)
     return first == 1;
 }
 
-void api_tensor_from_bytes(api_dtype dtype, const uint8_t *in, float *out, size_t count)
+void codec_tensor_from_bytes(codec_dtype dtype, const uint8_t *in, float *out, size_t count)
 {
-    if (dtype == API_F16 || dtype == API_BF16) {
-        api_half_to_f32(dtype, in, out, count, api_half_best_path());
+    if (dtype == CODEC_F16 || dtype == CODEC_BF16) {
+        codec_half_to_f32(dtype, in, out, count, codec_half_path_in_use());
         return;
     }
     if (little_endian()) {
@@ -40,10 +40,10 @@ void api_tensor_from_bytes(api_dtype dtype, const uint8_t *in, float *out, size_
     }
 }
 
-void api_tensor_to_bytes(api_dtype dtype, const float *in, uint8_t *out, size_t count)
+void codec_tensor_to_bytes(codec_dtype dtype, const float *in, uint8_t *out, size_t count)
 {
-    if (dtype == API_F16 || dtype == API_BF16) {
-        api_f32_to_half(dtype, in, out, count, api_half_best_path());
+    if (dtype == CODEC_F16 || dtype == CODEC_BF16) {
+        codec_f32_to_half(dtype, in, out, count, codec_half_path_in_use());
         return;
     }
     if (little_endian()) {
@@ -58,14 +58,14 @@ void api_tensor_to_bytes(api_dtype dtype, const float *in, uint8_t *out, size_t 
     }
 }
 
-void api_tensor_round(api_dtype dtype, float *x, size_t count)
+void codec_tensor_round(codec_dtype dtype, float *x, size_t count)
 {
-    if (dtype != API_F16 && dtype != API_BF16)
+    if (dtype != CODEC_F16 && dtype != CODEC_BF16)
         return;
     uint8_t chunk[2 * 256];
     for (size_t i = 0; i < count; i += 256) {
         size_t n = count - i < 256 ? count - i : 256;
-        api_tensor_to_bytes(dtype, x + i, chunk, n);
-        api_tensor_from_bytes(dtype, chunk, x + i, n);
+        codec_tensor_to_bytes(dtype, x + i, chunk, n);
+        codec_tensor_from_bytes(dtype, chunk, x + i, n);
     }
 }
