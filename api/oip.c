@@ -362,39 +362,15 @@ static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_
     return true;
 }
 
-/* The decoded tensor of a binary input at bytes[0..in->size). */
+/* The decoded tensor of a binary input at bytes[0..in->size): the codec's,
+ * as /v1's base64 bytes are read (finite numbers, bools 0 or 1). */
 static bool decode_binary(const api_operation *o, const oip_input *in, const uint8_t *bytes,
                           codec_tensor *t, api_error *err)
 {
-    const char *fname = o->fields[in->field].name;
-    *t = (codec_tensor){.dtype = in->dtype == CODEC_BOOL ? CODEC_BOOL : CODEC_F32, .rank = in->rank,
-                      .count = in->count};
-    memcpy(t->shape, in->shape, sizeof t->shape);
-    size_t n = (size_t)in->count;
-    if (in->dtype == CODEC_BOOL) {
-        for (size_t i = 0; i < n; i++)
-            if (bytes[i] > 1)
-                return api_fail(err, 400, "wrong_type", fname,
-                                "input %s is BOOL, but its byte %zu is %u (BOOL bytes are 0 "
-                                "or 1)", fname, i, bytes[i]);
-        if (!(t->b8 = malloc(n ? n : 1)))
-            return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
-        memcpy(t->b8, bytes, n);
-        return true;
-    }
-    if (!(t->f32 = api_alloc_floats(in->count)))
-        return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
-    codec_tensor_from_bytes(in->dtype, bytes, t->f32, n);
-    /* As /v1's base64: attention over NaN or infinity has no meaning (a
-     * -inf bias is spelled as a BOOL mask). */
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(t->f32[i])) {
-            codec_tensor_free(t);
-            return api_fail(err, 400, "invalid_number", fname,
-                            "%s[%zu] (row-major) is not a finite number; use a BOOL mask "
-                            "to exclude positions", fname, i);
-        }
-    return true;
+    codec_error ce;
+    return codec_tensor_from_raw(bytes, in->dtype, in->rank, in->shape,
+                                 o->fields[in->field].name, t, &ce) ||
+           api_fail_codec(err, &ce);
 }
 
 /* Where the JSON text ends: Inference-Header-Content-Length, or the body. */

@@ -3575,12 +3575,12 @@ START_TEST(oip_binary_framing_is_checked_before_allocation)
         "\"shape\": [1, 1], \"datatype\": \"BOOL\", \"parameters\": {\"binary_data_size\": 1}}]}";
     snprintf(len, sizeof len, "%zu", strlen(masked));
     r = oip_post(path, masked, "\2", 1, len);
-    ck_assert_oip_error(r, 400, "BOOL bytes are 0 or 1");
+    ck_assert_oip_error(r, 422, "bool elements are 0 or 1"); /* as /v1 base64 */
     reply_free(&r);
     float nan[3] = {1, NAN, 1};
     snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
     r = oip_post(path, oip_binary_qkv, nan, 12, len);
-    ck_assert_oip_error(r, 400, "k[0]");
+    ck_assert_oip_error(r, 400, "k element 0 is NaN");
     reply_free(&r);
     r = get(shared.port, "/healthz");
     ck_assert_int_eq(r.status, 200);

@@ -325,6 +325,17 @@ void codec_tensor_from_bytes(codec_dtype dtype, const uint8_t *in, float *out, s
 void codec_tensor_to_bytes(codec_dtype dtype, const float *in, uint8_t *out, size_t count);
 void codec_tensor_round(codec_dtype dtype, float *x, size_t count);
 
+/* A tensor of `rank` dims `shape` from its raw bytes (as above, exactly
+ * codec_dtype_size(dtype) times the elements of bytes): a float32 tensor
+ * for CODEC_F32, CODEC_F16 and CODEC_BF16 (widened exactly), a bool one for
+ * CODEC_BOOL. Fails as the base64 form does on the same bytes:
+ * CODEC_ERR_NOT_FINITE for a NaN or an infinity, CODEC_ERR_ELEMENT for a
+ * bool byte that is not 0 or 1, CODEC_ERR_NO_MEMORY; then *t holds nothing
+ * to free. */
+bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
+                           const int64_t *shape, const char *field, codec_tensor *t,
+                           codec_error *err);
+
 /* ---------------------------------------------------------------- strings */
 
 /*

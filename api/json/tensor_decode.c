@@ -336,6 +336,33 @@ static bool bytes_to_tensor(codec_reading *r, uint8_t *bytes, const char *sub, c
     return true;
 }
 
+bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
+                           const int64_t *shape, const char *field, codec_tensor *t,
+                           codec_error *err)
+{
+    *t = (codec_tensor){0};
+    codec_reading r = {.field = field, .err = err};
+    declared_shape ds = {.rank = rank, .count = 1};
+    for (int i = 0; i < rank; i++) {
+        ds.dims[i] = shape[i];
+        ds.count *= shape[i];
+    }
+    size_t size = (size_t)ds.count * codec_dtype_size(dtype);
+    uint8_t *copy = malloc(size ? size : 1);
+    if (!copy)
+        return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
+                          "out of memory while reading %s", field);
+    codec_advise_huge(copy, size);
+    memcpy(copy, bytes, size);
+    bool ok = dtype == CODEC_BOOL ? check_bool_bytes(&r, NULL, copy, ds.count, field)
+                                  : check_finite(&r, NULL, copy, (size_t)ds.count, dtype, field);
+    if (!ok) {
+        free(copy);
+        return false;
+    }
+    return bytes_to_tensor(&r, copy, field, dtype, &ds, t);
+}
+
 /* The order of the checks: the text is base64, its elements are finite
  * (the first class), the shape was valid, the byte count fits the shape,
  * bools are 0 or 1 (the second). */
