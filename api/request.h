@@ -310,7 +310,7 @@ struct api_call {
     attn_stats stats;
     int n_results;
     void *state; /* the operation's own (state_size bytes, zeroed) */
-    api_oip *oip; /* the Open Inference Protocol's request (oip.c), or NULL for /v1 */
+    api_oip *oip; /* the Open Inference Protocol's request (oip.h), or NULL for /v1 */
     /* The two arrays last: api_prepare zeroes everything before them, the
      * op's n_fields values, and nothing of the 6 KB it does not use. */
     api_result results[API_MAX_RESULTS]; /* [0, n_results) planned */
@@ -351,7 +351,7 @@ extern const api_operation api_attention_op, api_multihead_op;
 /* ------------------------------------------- Open Inference Protocol */
 
 /*
- * The second front end of the same calls (oip.c). api_oip_read fills the
+ * The second front end of the same calls (oip_read.c, oip_answer.c). api_oip_read fills the
  * call's fields (c->f) from an infer request: body[0..len), whose JSON text
  * ends where json_length (the Inference-Header-Content-Length value, NULL
  * when absent) says; the skeleton then validates the call as it does a /v1

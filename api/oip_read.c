@@ -27,33 +27,11 @@
  * up to exactly the rest, all of which is checked before anything the sizes
  * announce is allocated.
  */
-#include "request.h"
+#include "oip.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* output, lse, weights, stats, and a gradient per input */
-#define OIP_MAX_OUTPUTS (API_MAX_RESULTS + 1)
-/* The output that is the statistics, not a planned result. */
-#define OIP_STATS (-2)
-
-typedef struct {
-    char name[48];
-    int binary;  /* -1: as binary_data_output says; 0 or 1: its own binary_data */
-    int result;  /* index in the call's results, or OIP_STATS */
-} oip_output;
-
-struct api_oip {
-    const char *model;
-    char *id;            /* the request's "id" as its JSON string text, or NULL */
-    bool binary_default; /* binary_data_output */
-    bool listed;         /* the request named its outputs */
-    int n_outputs;
-    oip_output outputs[OIP_MAX_OUTPUTS];
-    codec_dtype dtype;     /* of the outputs: output_dtype */
-};
 
 void api_oip_free(api_oip *o)
 {
@@ -63,25 +41,7 @@ void api_oip_free(api_oip *o)
     free(o);
 }
 
-static const char *model_name(const api_operation *o)
-{
-    return o == &api_multihead_op ? "multihead" : "attention";
-}
-
 /* ------------------------------------------------------------- helpers */
-
-static int field_index(const api_operation *o, const char *name)
-{
-    for (size_t i = 0; i < o->n_fields; i++)
-        if (!strcmp(o->fields[i].name, name))
-            return (int)i;
-    return -1;
-}
-
-static bool is_tensor(const api_field *f)
-{
-    return f->kind == API_FIELD_TENSOR || f->kind == API_FIELD_MASK;
-}
 
 /* The text of a string member (validated JSON) into out, or 400 wrong_type. */
 static bool string_member(const codec_member *m, const char *what, char *out, size_t cap,
@@ -123,27 +83,17 @@ static bool unknown_member(const codec_member *m, const char *where, const char 
 }
 
 /* "FP32" ... for a dtype, and back. */
-static const char *datatype_name(codec_dtype d)
-{
-    switch (d) {
-    case CODEC_F32: return "FP32";
-    case CODEC_F16: return "FP16";
-    case CODEC_BF16: return "BF16";
-    case CODEC_BOOL: return "BOOL";
-    }
-    return "FP32";
-}
-
 static bool datatype_of(const char *s, codec_dtype *d)
 {
     static const codec_dtype all[] = {CODEC_F32, CODEC_F16, CODEC_BF16, CODEC_BOOL};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (!strcmp(s, datatype_name(all[i]))) {
+        if (!strcmp(s, oip_datatype_name(all[i]))) {
             *d = all[i];
             return true;
         }
     return false;
 }
+
 
 /* --------------------------------------------------------------- inputs */
 
@@ -234,17 +184,17 @@ static bool read_input(const api_operation *o, const codec_member *entry, int in
     char text[64];
     if (!string_member(name, where, text, sizeof text, err))
         return false;
-    in->field = field_index(o, text);
-    if (in->field < 0 || !is_tensor(&o->fields[in->field])) {
+    in->field = oip_field_index(o, text);
+    if (in->field < 0 || !oip_is_tensor(&o->fields[in->field])) {
         if (in->field >= 0)
             return api_fail(err, 400, "unknown_field", text,
                             "%s is not an input of the model %s: send it among the "
-                            "request's \"parameters\"", text, model_name(o));
+                            "request's \"parameters\"", text, oip_model_name(o));
         api_field names[API_MAX_FIELDS];
         size_t k = 0;
         char list[300] = "";
         for (size_t i = 0; i < o->n_fields; i++)
-            if (is_tensor(&o->fields[i])) {
+            if (oip_is_tensor(&o->fields[i])) {
                 names[k++] = o->fields[i];
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
                          k > 1 ? ", " : "", o->fields[i].name);
@@ -253,10 +203,10 @@ static bool read_input(const api_operation *o, const codec_member *entry, int in
         if (near)
             return api_fail(err, 400, "unknown_field", text,
                             "the model %s has no input \"%.40s\" (did you mean \"%s\"?)",
-                            model_name(o), text, near);
+                            oip_model_name(o), text, near);
         return api_fail(err, 400, "unknown_field", text,
                         "the model %s has no input \"%.40s\"; its inputs are %s",
-                        model_name(o), text, list);
+                        oip_model_name(o), text, list);
     }
     const char *fname = o->fields[in->field].name;
     if (!shape)
@@ -308,7 +258,7 @@ static bool read_input(const api_operation *o, const codec_member *entry, int in
             return api_fail(err, 422, "shape_mismatch", fname,
                             "input %s has binary_data_size %llu, but %s of shape %s takes "
                             "%llu bytes", fname, (unsigned long long)in->size,
-                            datatype_name(in->dtype),
+                            oip_datatype_name(in->dtype),
                             api_shape_text(s, sizeof s, in->rank, in->shape),
                             (unsigned long long)want);
     }
@@ -334,7 +284,7 @@ static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_
     if (t->count > 0 && is_bool != (in->dtype == CODEC_BOOL)) {
         codec_tensor_free(t);
         return api_fail(err, 400, "wrong_type", fname, "input %s is %s but its data holds %s",
-                        fname, datatype_name(in->dtype), is_bool ? "booleans" : "numbers");
+                        fname, oip_datatype_name(in->dtype), is_bool ? "booleans" : "numbers");
     }
     bool same_shape = t->rank == in->rank;
     for (int i = 0; same_shape && i < t->rank; i++)
@@ -412,7 +362,7 @@ static bool read_inputs(const codec_doc *doc, api_call *c, const codec_member *i
         if (n == (int)o->n_fields)
             return api_fail(err, 400, "too_many_fields", "inputs",
                             "inputs has more entries than the model %s has inputs",
-                            model_name(o));
+                            oip_model_name(o));
         entries[n] = (codec_member){.value = p, .value_end = codec_skip_value(p, inputs->value_end)};
         if (!read_input(o, &entries[n], n, &in[n], err))
             return false;
@@ -445,7 +395,7 @@ static bool read_inputs(const codec_doc *doc, api_call *c, const codec_member *i
         bool given = false;
         for (int i = 0; i < n; i++)
             given = given || in[i].field == (int)f;
-        if (o->fields[f].required && is_tensor(&o->fields[f]) && !given)
+        if (o->fields[f].required && oip_is_tensor(&o->fields[f]) && !given)
             return api_fail(err, 400, "missing_field", o->fields[f].name,
                             "the input \"%s\" is required", o->fields[f].name);
     }
@@ -481,8 +431,8 @@ static bool read_parameters(const codec_doc *doc, api_call *c, const codec_membe
                 return false;
             continue;
         }
-        int f = field_index(o, k);
-        if (f >= 0 && is_tensor(&o->fields[f]))
+        int f = oip_field_index(o, k);
+        if (f >= 0 && oip_is_tensor(&o->fields[f]))
             return api_fail(err, 400, "unknown_field", k,
                             "%s is a tensor: send it among the \"inputs\"", k);
         if (f >= 0 && o->fields[f].kind == API_FIELD_ENCODING)
@@ -494,7 +444,7 @@ static bool read_parameters(const codec_doc *doc, api_call *c, const codec_membe
             api_field names[API_MAX_FIELDS + 1];
             size_t kk = 0;
             for (size_t j = 0; j < o->n_fields; j++)
-                if (!is_tensor(&o->fields[j]) && o->fields[j].kind != API_FIELD_ENCODING)
+                if (!oip_is_tensor(&o->fields[j]) && o->fields[j].kind != API_FIELD_ENCODING)
                     names[kk++] = o->fields[j];
             names[kk++] = (api_field){"binary_data_output", API_FIELD_BOOL, false};
             char key[80];
@@ -506,7 +456,7 @@ static bool read_parameters(const codec_doc *doc, api_call *c, const codec_membe
             return api_fail(err, 400, "unknown_field", key,
                             "unknown parameter \"%s\"; the parameters are the fields of "
                             "/v1/%s that are not tensors, and binary_data_output", key,
-                            model_name(o));
+                            oip_model_name(o));
         }
         if (*m[i].value == 'n')
             continue; /* null: the default, as on /v1 */
@@ -526,7 +476,7 @@ static int return_field(const api_operation *o, const char *output)
     if (strcmp(output, "lse") && strcmp(output, "weights") && strcmp(output, "stats"))
         return -1;
     snprintf(name, sizeof name, "return_%s", output);
-    return field_index(o, name);
+    return oip_field_index(o, name);
 }
 
 static bool read_outputs(api_call *c, const codec_member *outputs, api_error *err)
@@ -667,7 +617,7 @@ bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_le
     if (!(c->oip = calloc(1, sizeof *c->oip)))
         return api_fail(err, 500, "out_of_memory", "", "out of memory for this request");
     api_oip *x = c->oip;
-    x->model = model_name(c->op);
+    x->model = oip_model_name(c->op);
     size_t json_len = 0;
     if (!header_length(json_length, len, &json_len, err))
         return false;
@@ -681,263 +631,3 @@ bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_le
     return ok;
 }
 
-/* ---------------------------------------------------------------- plan */
-
-static const char *output_name(const api_result *r, char *buf, size_t cap)
-{
-    if (!r->in_grad)
-        return r->name;
-    snprintf(buf, cap, "grad_%s", r->name);
-    return buf;
-}
-
-static int find_result(const api_call *c, const char *name)
-{
-    char buf[48];
-    for (int i = 0; i < c->n_results; i++)
-        if (!strcmp(output_name(&c->results[i], buf, sizeof buf), name))
-            return i;
-    return -1;
-}
-
-bool api_oip_plan(api_call *c, api_error *err)
-{
-    api_oip *x = c->oip;
-    const api_value *dt = &c->f[c->op->f_output_dtype];
-    x->dtype = dt->present ? dt->dtype : CODEC_F32;
-    if (!x->listed) {
-        char buf[48];
-        for (int i = 0; i < c->n_results; i++) {
-            x->outputs[x->n_outputs] = (oip_output){.binary = -1, .result = i};
-            snprintf(x->outputs[x->n_outputs++].name, sizeof x->outputs[0].name, "%s",
-                     output_name(&c->results[i], buf, sizeof buf));
-        }
-        if (c->want_stats)
-            x->outputs[x->n_outputs++] = (oip_output){.name = "stats", .binary = -1,
-                                                      .result = OIP_STATS};
-    }
-    bool any_json = false;
-    for (int i = 0; i < x->n_outputs; i++) {
-        oip_output *o = &x->outputs[i];
-        if (x->listed) {
-            o->result = !strcmp(o->name, "stats") ? OIP_STATS : find_result(c, o->name);
-            if (o->result == -1) {
-                bool grad = !strncmp(o->name, "grad_", 5);
-                int f = grad ? field_index(c->op, o->name + 5) : -1;
-                if (grad && f >= 0 && !c->want_grad)
-                    return api_fail(err, 400, "missing_field", "grad_output",
-                                    "the output %s needs the input grad_output (the "
-                                    "gradient of a loss with respect to the output)", o->name);
-                if (f >= 0 && !c->f[f].present)
-                    return api_fail(err, 422, "invalid_value", "outputs",
-                                    "the output %s needs the input %s, which this request "
-                                    "does not give", o->name, o->name + 5);
-                return api_fail(err, 400, "unknown_field", "outputs",
-                                "the model %s has no output \"%.40s\"; its outputs are "
-                                "output, lse, weights, stats and grad_<input> for each "
-                                "differentiable input given", x->model, o->name);
-            }
-        }
-        if (o->binary < 0)
-            o->binary = x->binary_default;
-        any_json = any_json || !o->binary;
-    }
-    if (any_json && x->dtype != CODEC_F32)
-        return api_fail(err, 422, "invalid_value", "output_dtype",
-                        "%s outputs travel as binary data only: ask for them with "
-                        "\"binary_data_output\": true (or \"binary_data\" on each output)",
-                        datatype_name(x->dtype));
-    c->enc = any_json ? CODEC_ENC_FLAT
-           : x->dtype == CODEC_F16 ? CODEC_ENC_BASE64_F16
-           : x->dtype == CODEC_BF16 ? CODEC_ENC_BASE64_BF16 : CODEC_ENC_BASE64;
-    return true;
-}
-
-/* -------------------------------------------------------------- encode */
-
-/* The statistics as /v1 writes them: {"scores": ..., ...}. */
-static void stats_text(const api_call *c, codec_buf *t)
-{
-    api_write_stats(t, &c->stats); /* `,"stats":{...}` */
-}
-
-static const char *stats_object(const codec_buf *t)
-{
-    static const char prefix[] = ",\"stats\":";
-    return t->len >= sizeof prefix - 1 ? t->data + sizeof prefix - 1 : "";
-}
-
-static void put_shape(codec_buf *b, int rank, const int64_t *shape)
-{
-    codec_buf_puts(b, "[");
-    for (int i = 0; i < rank; i++)
-        codec_buf_printf(b, "%s%lld", i ? "," : "", (long long)shape[i]);
-    codec_buf_puts(b, "]");
-}
-
-/* The n floats at x as raw bytes of dtype, a block at a time through the
- * stack (for float32 on a little-endian machine, a copy). */
-static void append_bytes(codec_buf *b, codec_dtype dtype, const float *x, size_t n)
-{
-    uint8_t block[16384];
-    size_t size = codec_dtype_size(dtype), per = sizeof block / size;
-    for (size_t i = 0; i < n; i += per) {
-        size_t k = n - i < per ? n - i : per;
-        codec_tensor_to_bytes(dtype, x + i, block, k);
-        codec_buf_append(b, (const char *)block, k * size);
-    }
-}
-
-void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
-{
-    api_oip *x = c->oip;
-    codec_buf stats = {0};
-    if (c->want_stats)
-        stats_text(c, &stats);
-    const char *stats_json = stats.data ? stats_object(&stats) : "";
-    size_t stats_len = strlen(stats_json);
-    codec_buf_puts(b, "{\"model_name\":\"");
-    codec_buf_puts(b, x->model);
-    codec_buf_puts(b, "\"");
-    if (x->id) {
-        codec_buf_puts(b, ",\"id\":");
-        codec_buf_puts(b, x->id);
-    }
-    codec_buf_puts(b, ",\"outputs\":[");
-    bool any_binary = false;
-    for (int i = 0; i < x->n_outputs; i++) {
-        const oip_output *o = &x->outputs[i];
-        codec_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"", i ? "," : "", o->name);
-        if (o->result == OIP_STATS) {
-            /* One string: the /v1 statistics object, as BYTES. */
-            codec_buf_puts(b, "BYTES\",\"shape\":[1],");
-            if (o->binary) {
-                codec_buf_printf(b, "\"parameters\":{\"binary_data_size\":%zu}}", 4 + stats_len);
-                any_binary = true;
-                continue;
-            }
-            codec_buf_puts(b, "\"data\":[\"");
-            size_t cap = CODEC_ESCAPED_MAX(stats_len) + 1;
-            char *esc = malloc(cap);
-            if (!esc) {
-                b->failed = true;
-                break;
-            }
-            codec_escape_text(esc, cap, stats_json, stats_len, 0);
-            codec_buf_puts(b, esc);
-            free(esc);
-            codec_buf_puts(b, "\"]}");
-            continue;
-        }
-        const api_result *r = &c->results[o->result];
-        codec_dtype d = o->binary ? x->dtype : CODEC_F32;
-        codec_buf_puts(b, datatype_name(d));
-        codec_buf_puts(b, "\",\"shape\":");
-        put_shape(b, r->rank, r->shape);
-        if (o->binary) {
-            codec_buf_printf(b, ",\"parameters\":{\"binary_data_size\":%lld}}",
-                           (long long)(r->count * (int64_t)codec_dtype_size(d)));
-            any_binary = true;
-            continue;
-        }
-        codec_buf_puts(b, ",\"data\":");
-        /* a rank-1 view: the flat array of numbers */
-        codec_tensor_encode(b, r->data, 1, &r->count, CODEC_ENC_NESTED);
-        codec_buf_puts(b, "}");
-    }
-    codec_buf_puts(b, "]}");
-    *header_len = any_binary ? b->len : 0;
-    for (int i = 0; any_binary && i < x->n_outputs; i++) {
-        const oip_output *o = &x->outputs[i];
-        if (!o->binary)
-            continue;
-        if (o->result == OIP_STATS) {
-            uint8_t n[4] = {(uint8_t)stats_len, (uint8_t)(stats_len >> 8),
-                            (uint8_t)(stats_len >> 16), (uint8_t)(stats_len >> 24)};
-            codec_buf_append(b, (const char *)n, 4);
-            codec_buf_append(b, stats_json, stats_len);
-            continue;
-        }
-        api_result *r = &c->results[o->result];
-        append_bytes(b, x->dtype, r->data, (size_t)r->count);
-        free(r->data);
-        r->data = NULL;
-    }
-    codec_buf_free(&stats);
-    api_lap(&c->t, &c->t.encode_ms);
-}
-
-/* ------------------------------------------------------------- metadata */
-
-/* The largest rank each input takes (its metadata shape is that many -1s)
- * and whether the answer has its gradient. */
-typedef struct {
-    const char *name;
-    int rank;
-    bool grad;
-} oip_input_meta;
-
-static const oip_input_meta attention_inputs[] = {
-    {"q", 4, true}, {"k", 4, true}, {"v", 4, true}, {"mask", 4, false},
-    {"grad_output", 4, false}, {"alibi_slopes", 2, false},
-};
-static const oip_input_meta multihead_inputs[] = {
-    {"x", 3, true}, {"context", 3, true}, {"w_q", 2, true}, {"w_k", 2, true},
-    {"w_v", 2, true}, {"w_o", 2, true}, {"b_q", 1, true}, {"b_k", 1, true},
-    {"b_v", 1, true}, {"b_o", 1, true}, {"mask", 4, false}, {"grad_output", 3, false},
-    {"alibi_slopes", 2, false},
-};
-
-static void put_meta(codec_buf *b, const char *name, const char *datatype, int rank, bool *first)
-{
-    codec_buf_printf(b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", *first ? "" : ",",
-                   name, datatype);
-    for (int i = 0; i < rank; i++)
-        codec_buf_puts(b, i ? ",-1" : "-1");
-    codec_buf_puts(b, "]}");
-    *first = false;
-}
-
-char *api_oip_model_metadata(api_op op, size_t *len)
-{
-    const api_operation *o = op == API_OP_MULTIHEAD ? &api_multihead_op : &api_attention_op;
-    const oip_input_meta *meta = op == API_OP_MULTIHEAD ? multihead_inputs : attention_inputs;
-    size_t n_meta = op == API_OP_MULTIHEAD
-                        ? sizeof multihead_inputs / sizeof *multihead_inputs
-                        : sizeof attention_inputs / sizeof *attention_inputs;
-    int out_rank = op == API_OP_MULTIHEAD ? 3 : 4;
-    codec_buf b = {0};
-    codec_buf_printf(&b, "{\"name\":\"%s\",\"platform\":\"attnd\",\"inputs\":[",
-                   model_name(o));
-    bool first = true;
-    for (size_t i = 0; i < o->n_fields; i++) {
-        if (!is_tensor(&o->fields[i]))
-            continue;
-        const oip_input_meta *m = NULL;
-        for (size_t j = 0; j < n_meta; j++)
-            if (!strcmp(meta[j].name, o->fields[i].name))
-                m = &meta[j];
-        put_meta(&b, o->fields[i].name,
-                 o->fields[i].kind == API_FIELD_MASK ? "BOOL" : "FP32",
-                 m ? m->rank : CODEC_MAX_RANK, &first);
-    }
-    codec_buf_puts(&b, "],\"outputs\":[");
-    first = true;
-    put_meta(&b, "output", "FP32", out_rank, &first);
-    put_meta(&b, "lse", "FP32", out_rank - 1, &first);
-    put_meta(&b, "weights", "FP32", 4, &first);
-    codec_buf_puts(&b, ",{\"name\":\"stats\",\"datatype\":\"BYTES\",\"shape\":[1]}");
-    for (size_t j = 0; j < n_meta; j++)
-        if (meta[j].grad) {
-            char name[48];
-            snprintf(name, sizeof name, "grad_%s", meta[j].name);
-            put_meta(&b, name, "FP32", meta[j].rank, &first);
-        }
-    codec_buf_puts(&b, "]}");
-    if (b.failed) {
-        codec_buf_free(&b);
-        return NULL;
-    }
-    *len = b.len;
-    return b.data;
-}
