@@ -351,15 +351,15 @@ extern const api_operation api_attention_op, api_multihead_op;
 /* ------------------------------------------- Open Inference Protocol */
 
 /*
- * The second front end of the same calls (oip_read.c, oip_answer.c). api_oip_read fills the
- * call's fields (c->f) from an infer request: body[0..len), whose JSON text
- * ends where json_length (the Inference-Header-Content-Length value, NULL
- * when absent) says; the skeleton then validates the call as it does a /v1
- * body's. api_oip_plan, after the operation's validate, matches the outputs
- * asked for to the planned results and sets c->enc; api_oip_encode writes
- * the answer (JSON text, then the binary outputs; *header_len is the JSON
- * text's length when binary data follows it, else 0) and closes the encode
- * step.
+ * The second front end of the same calls (oip_read.c, oip_answer.c).
+ * api_oip_read fills the call's fields (c->f) from an infer request:
+ * body[0..len), whose JSON text ends where json_length (the
+ * Inference-Header-Content-Length value, NULL when absent) says; the
+ * skeleton then validates the call as it does a /v1 body's. api_oip_plan,
+ * after the operation's validate, matches the outputs asked for to the
+ * planned results and sets c->enc; api_oip_encode writes the answer (JSON
+ * text, then the binary outputs; *header_len is the JSON text's length when
+ * binary data follows it, else 0) and closes the encode step.
  */
 bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
                   api_error *err);
