@@ -113,6 +113,7 @@ $(DEPS_STAMP): tools/deps.sh
 ifeq ($(shell uname -m),x86_64)
 $(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma
 $(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma
+$(BUILD)/obj/lib/kern_avx512_bf16.o: CFLAGS_ISA = -mavx512f -mavx512bw -mavx512bf16 -mavx2 -mfma
 endif
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(BUILD)/include/attn.h $(BUILD)/layers.env

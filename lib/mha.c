@@ -154,6 +154,10 @@ static attn_status check_dims(const attn_mha_params *p, bool has_context,
         return attn_fail(err, ATTN_ERR_INVALID,
                          "multi-head attention: scale must be finite and > 0, got %g",
                          (double)p->scale);
+    if (p->precision != ATTN_PRECISION_FLOAT32 && p->precision != ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "multi-head attention: precision %d is not a known precision",
+                         (int)p->precision);
 
     /* B*n and B*m are the rows of one sgemm each, widths of the
      * concatenated heads its leading dimensions: ints. */
@@ -254,6 +258,7 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         .n_q = p->n, .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
         .threads = p->threads, .layout = ATTN_LAYOUT_BNHD, .variants = p->variants,
+        .precision = p->precision,
     };
     /* One decision for every product of the call, from all of them. */
     double flops = attn_mha_flops(p) - attn_sdpa_flops(&st->sdpa);

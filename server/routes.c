@@ -387,6 +387,9 @@ static char *build_info(const srv_server *srv, size_t *len)
     codec_buf_string(&t, ai.libattn);
     codec_buf_printf(&t, ", \"kernel\": ");
     codec_buf_string(&t, ai.kernel);
+    /* how "precision": "bfloat16" runs its products: the same bits either way */
+    codec_buf_printf(&t, ", \"bf16\": ");
+    codec_buf_string(&t, ai.bf16);
     /* libattn keeps OpenBLAS single-threaded (attn.h) and parallelises over
      * batch, heads and tiles itself, so BLAS runs on one thread per call. */
     codec_buf_printf(&t, ", \"blas\": {\"config\": ");
