@@ -302,7 +302,7 @@ static bool read_precision(const api_field *f, const codec_member *m, api_value 
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"float32\", \"bfloat16\"", err);
     char s[64];
-    string_value(m, s, sizeof s);
+    api_string_value(m, s, sizeof s);
     if (strcmp(s, "float32") == 0)
         v->precision = ATTN_PRECISION_FLOAT32;
     else if (strcmp(s, "bfloat16") == 0)

@@ -10,7 +10,8 @@ the same requests, bit for bit:
   - grouped-query multi-head attention with every gradient, binary in and
     out, and mixed (some tensors JSON, some binary, per-output binary_data);
   - float16 and bfloat16 tensors, binary both ways, with a BOOL mask;
-  - the variants as parameters (window, alibi_slopes, softcap, rope, lse);
+  - the variants as parameters (window, alibi_slopes, softcap, rope, lse),
+    and bfloat16 precision;
   - the health, server and model metadata routes; a few refusals.
 
 Every /v2 exchange (path, status, the JSON of the answer) is written to
@@ -384,6 +385,13 @@ def variants():
     same_as_v1("variants as parameters", got, want, ["output", "lse"])
     status, _, got = infer("attention", with_binary(inputs), None, params, binary_output=True)
     same_as_v1("variants as parameters, binary", got, want, ["output", "lse"])
+    # bfloat16 products (the precision parameter), with gradients
+    inputs["grad_output"] = rand(rng, 1, h, n, d)
+    params = {"causal": True, "precision": "bfloat16"}
+    want = v1("attention", inputs, params)
+    status, _, got = infer("attention", with_binary(inputs), None, params, binary_output=True)
+    same_as_v1("precision bfloat16 as a parameter", got, want,
+               ["output", "grad_q", "grad_k", "grad_v"])
 
 
 def routes():
