@@ -104,19 +104,6 @@ static void put_shape(codec_buf *b, int rank, const int64_t *shape)
     codec_buf_puts(b, "]");
 }
 
-/* The n floats at x as raw bytes of dtype, a block at a time through the
- * stack (for float32 on a little-endian machine, a copy). */
-static void append_bytes(codec_buf *b, codec_dtype dtype, const float *x, size_t n)
-{
-    uint8_t block[16384];
-    size_t size = codec_dtype_size(dtype), per = sizeof block / size;
-    for (size_t i = 0; i < n; i += per) {
-        size_t k = n - i < per ? n - i : per;
-        codec_tensor_to_bytes(dtype, x + i, block, k);
-        codec_buf_append(b, (const char *)block, k * size);
-    }
-}
-
 void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
 {
     api_oip *x = c->oip;
@@ -188,7 +175,7 @@ void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
             continue;
         }
         api_result *r = &c->results[o->result];
-        append_bytes(b, x->dtype, r->data, (size_t)r->count);
+        codec_buf_raw(b, x->dtype, r->data, (size_t)r->count);
         free(r->data);
         r->data = NULL;
     }

@@ -332,6 +332,10 @@ void codec_tensor_round(codec_dtype dtype, float *x, size_t count);
  * CODEC_ERR_NOT_FINITE for a NaN or an infinity, CODEC_ERR_ELEMENT for a
  * bool byte that is not 0 or 1, CODEC_ERR_NO_MEMORY; then *t holds nothing
  * to free. */
+/* Appends the count floats at x as raw bytes of dtype (CODEC_F32, CODEC_F16
+ * or CODEC_BF16; as codec_tensor_to_bytes) to b, growing it once. */
+void codec_buf_raw(codec_buf *b, codec_dtype dtype, const float *x, size_t count);
+
 bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
                            const int64_t *shape, const char *field, codec_tensor *t,
                            codec_error *err);

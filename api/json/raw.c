@@ -69,3 +69,17 @@ void codec_tensor_round(codec_dtype dtype, float *x, size_t count)
         codec_tensor_from_bytes(dtype, chunk, x + i, n);
     }
 }
+
+void codec_buf_raw(codec_buf *b, codec_dtype dtype, const float *x, size_t count)
+{
+    size_t n = count * codec_dtype_size(dtype);
+    /* the exact room at once: a large tensor is written in one pass into
+     * memory that grew once, not through a series of doublings */
+    codec_buf_hint(b, n);
+    char *w = codec_buf_reserve(b, n);
+    if (!w)
+        return;
+    codec_tensor_to_bytes(dtype, x, (uint8_t *)w, count);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
