@@ -363,7 +363,8 @@ static bool read_inputs(const codec_doc *doc, api_call *c, const codec_member *i
             return api_fail(err, 400, "too_many_fields", "inputs",
                             "inputs has more entries than the model %s has inputs",
                             oip_model_name(o));
-        entries[n] = (codec_member){.value = p, .value_end = codec_skip_value(p, inputs->value_end)};
+        entries[n] = (codec_member){.value = p,
+                                    .value_end = codec_skip_value(p, inputs->value_end)};
         if (!read_input(o, &entries[n], n, &in[n], err))
             return false;
         for (int j = 0; j < n; j++)
