@@ -2806,8 +2806,9 @@ END_TEST
 
 /* -------------------------------------------------------- load balancer */
 
-/* docker/nginx.conf with its upstream replaced by `servers` and its listen
- * port by `port`, written into dir/nginx.conf. */
+/* docker/nginx.conf with each upstream's run of "server attnd-N:..." lines
+ * replaced by `backends` and its listen port by `port`, written into
+ * dir/nginx.conf. */
 static bool write_nginx_conf(const char *dir, int port, const int *backends, int n)
 {
     const char *src = "docker/nginx.conf";
@@ -2824,14 +2825,17 @@ static bool write_nginx_conf(const char *dir, int port, const int *backends, int
     snprintf(out_path, sizeof out_path, "%s/nginx.conf", dir);
     FILE *out = fopen(out_path, "w");
     char line[1024];
-    bool upstream = false, listen = false;
+    bool upstream = false, listen = false, in_run = false;
     while (fgets(line, sizeof line, in)) {
         const char *t = line + strspn(line, " \t");
-        if (!strncmp(t, "server attnd:", 13)) {
+        bool replica = !strncmp(t, "server attnd", 12);
+        if (replica && !in_run) {
             for (int i = 0; i < n; i++)
                 fprintf(out, "        server 127.0.0.1:%d max_fails=1 fail_timeout=10s;\n",
                         backends[i]);
             upstream = true;
+        } else if (replica) {
+            /* the rest of the run: already written */
         } else if (!strncmp(t, "listen ", 7)) {
             fprintf(out, "        listen 127.0.0.1:%d;\n", port);
             listen = true;
@@ -2840,6 +2844,7 @@ static bool write_nginx_conf(const char *dir, int port, const int *backends, int
         } else {
             fputs(line, out);
         }
+        in_run = replica;
     }
     fclose(in);
     fclose(out);
@@ -2856,7 +2861,7 @@ START_TEST(nginx_spreads_requests_over_replicas_and_survives_one_stopping)
     int ports[2] = {a.port, b.port};
     int port = free_port();
     ck_assert_msg(write_nginx_conf(dir, port, ports, 2),
-                  "docker/nginx.conf needs an \"upstream\" line \"server attnd:...\" and a listen line");
+                  "docker/nginx.conf needs \"upstream\" lines \"server attnd-N:...\" and a listen line");
     char conf[600], globals[700], log[600], errlog[600];
     snprintf(conf, sizeof conf, "%s/nginx.conf", dir);
     snprintf(log, sizeof log, "%s/nginx.out", dir);
