@@ -6,7 +6,9 @@
  *
  * Conventions
  *   - Every tensor is float32, row-major, contiguous, owned by the caller
- *     (ATTN_PRECISION_BFLOAT16 changes the arithmetic, not the tensors).
+ *     (ATTN_PRECISION_BFLOAT16 changes the arithmetic, not the tensors;
+ *     there, attn_sdpa_forward_in and attn_sdpa_backward_in also read
+ *     inputs given as bfloat16, attn_dtype).
  *   - SDPA tensors are 4-D: q [B, H_q, n_q, d_k], k [B, H_kv, n_k, d_k],
  *     v [B, H_kv, n_k, d_v], out [B, H_q, n_q, d_v]. Lower-rank callers use
  *     B = 1 and/or H = 1.
