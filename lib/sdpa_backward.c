@@ -75,6 +75,8 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
     const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
     for (int64_t kt = split; kt < job->k_tiles; kt += job->splits) {
+        if (attn_cancelled(p->cancel))
+            return;
         sdpa_tile t = {.b = b, .j0 = kt * KERN_BK};
         t.cols = min64(p->n_k - t.j0, KERN_BK);
         const sdpa_src k = sdpa_src_at((sdpa_src){c->k, c->k16}, k_at + t.j0 * c->ldk),
@@ -325,6 +327,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
     int threads = sdpa_threads(p, pairs * job.k_tiles, 2.5 * attn_sdpa_flops(p));
+    bool cancelled = false;
     job.splits = splits_for(threads, pairs, job.k_tiles);
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
@@ -362,14 +365,18 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         prologue_job pro = {.call = &job.call, .dout = job.dout, .out = out, .delta = delta,
                             .dq_split = job.dq_split, .splits = job.splits,
                             .rows = n_rows};
-        attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
+        attn_parallel_for_until(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro,
+                                p->cancel);
         job.delta = delta;
         if (job.kern_bf16 != NULL) {
             round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = job.dout,
                             .b16 = h};
-            attn_parallel_for(threads, p->batch * p->heads_q, round_head, &rj);
+            attn_parallel_for_until(threads, p->batch * p->heads_q, round_head, &rj, p->cancel);
         }
-        attn_parallel_for(threads, pairs * job.splits, backward_unit, &job);
+        attn_parallel_for_until(threads, pairs * job.splits, backward_unit, &job, p->cancel);
+        cancelled = attn_cancelled(p->cancel);
+    }
+    if (ok && !cancelled) {
         reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
                           .count = n_rows * p->d_k};
         if (job.splits > 1)
@@ -390,5 +397,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     free(delta);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the backward pass");
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }

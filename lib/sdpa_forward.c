@@ -178,6 +178,10 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left as they are (the call's outputs
+         * are unspecified then), rather than finished from partial sums. */
+        if (attn_cancelled(p->cancel))
+            return;
         st.kt = t.j0 / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
@@ -424,10 +428,11 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         pack_job pack = {.call = &job.call, .kern = job.kern, .kern_bf16 = job.kern_bf16,
                          .kt = kt, .kv_b = kv_b, .k_tiles = job.k_tiles,
                          .panel_words = job.panel_words};
-        attn_parallel_for(threads, panels, pack_unit, &pack);
+        attn_parallel_for_until(threads, panels, pack_unit, &pack, p->cancel);
     }
-    attn_parallel_for(threads, units, forward_unit, &job);
-    if (stats != NULL) {
+    attn_parallel_for_until(threads, units, forward_unit, &job, p->cancel);
+    const bool cancelled = attn_cancelled(p->cancel);
+    if (stats != NULL && !cancelled) {
         for (int64_t u = 1; u < units; u++)
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
         sdpa_stats_finish(&job.unit_stats[0], stats);
@@ -438,5 +443,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }
