@@ -132,6 +132,12 @@ api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *j
  * of memory. */
 char *api_oip_model_metadata(api_op op, size_t *len);
 
+/* The bytes a prepared call's decoded input tensors hold until it is
+ * executed or freed: 4 per float32 element, 2 per bfloat16 element kept as
+ * sent (q, k, v and grad_output of /v1/attention in bfloat16 precision),
+ * 1 per boolean. */
+size_t api_call_input_bytes(const api_call *call);
+
 /* The work of decoding a body of `len` bytes, known before it is read: the
  * part of api_cost.work that api_prepare itself spends. */
 double api_decode_work(size_t len);

@@ -126,6 +126,20 @@ const float *api_field_data(const api_call *c, int field)
     return c->f[field].present ? c->f[field].tensor.f32 : NULL;
 }
 
+size_t api_call_input_bytes(const api_call *c)
+{
+    size_t bytes = 0;
+    for (size_t f = 0; f < c->op->n_fields; f++) {
+        const codec_tensor *t = &c->f[f].tensor;
+        if (c->f[f].present)
+            bytes += (size_t)t->count * (t->f32 != NULL    ? sizeof *t->f32
+                                         : t->bf16 != NULL ? sizeof *t->bf16
+                                         : t->b8 != NULL   ? sizeof *t->b8
+                                                           : 0);
+    }
+    return bytes;
+}
+
 void api_call_free(api_call *c)
 {
     if (!c)

@@ -373,7 +373,11 @@ static bool read_tensor(const codec_doc *doc, const api_field *f, const codec_me
 {
     bool is_mask = f->kind == API_FIELD_MASK;
     codec_error ce;
-    if (!codec_doc_tensor(doc, m->value, m->value_end, f->name, is_mask, &v->tensor, &ce))
+    bool ok = f->kind == API_FIELD_OPERAND
+                  ? codec_doc_tensor_words(doc, m->value, m->value_end, f->name, &v->tensor, &ce)
+                  : codec_doc_tensor(doc, m->value, m->value_end, f->name, is_mask, &v->tensor,
+                                     &ce);
+    if (!ok)
         return api_fail_codec(err, &ce);
     if (!check_finite_input(f, m, &v->tensor, err)) {
         codec_tensor_free(&v->tensor);
@@ -387,6 +391,7 @@ bool api_read_value(const codec_doc *doc, const api_field *f, const codec_member
 {
     switch (f->kind) {
     case API_FIELD_TENSOR:
+    case API_FIELD_OPERAND:
     case API_FIELD_MASK: return read_tensor(doc, f, m, v, err);
     case API_FIELD_BOOL: return read_bool(f, m, v, err);
     case API_FIELD_NUMBER: return read_number(f, m, v, err);
@@ -449,8 +454,30 @@ bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fie
 void api_values_free(api_value *values, size_t n_fields)
 {
     for (size_t f = 0; f < n_fields; f++) {
-        if (values[f].tensor.f32 || values[f].tensor.b8)
+        if (values[f].tensor.f32 || values[f].tensor.b8 || values[f].tensor.bf16)
             codec_tensor_free(&values[f].tensor);
         values[f].present = false;
     }
+}
+
+bool api_operand_setup(api_value *v, const char *field, attn_precision precision,
+                       attn_dtype *dtype, api_error *err)
+{
+    *dtype = ATTN_DTYPE_FLOAT32;
+    if (!v->present || v->tensor.dtype != CODEC_BF16)
+        return true;
+    if (precision == ATTN_PRECISION_BFLOAT16) {
+        *dtype = ATTN_DTYPE_BFLOAT16;
+        return true;
+    }
+    codec_error ce;
+    return codec_tensor_widen(&v->tensor, field, &ce) || api_fail_codec(err, &ce);
+}
+
+const void *api_field_operand(const api_call *c, int field)
+{
+    const codec_tensor *t = &c->f[field].tensor;
+    if (!c->f[field].present)
+        return NULL;
+    return t->dtype == CODEC_BF16 ? (const void *)t->bf16 : (const void *)t->f32;
 }

@@ -19,6 +19,9 @@
 
 typedef enum {
     API_FIELD_TENSOR,   /* float32 tensor, any of the three encodings */
+    API_FIELD_OPERAND,  /* the same, but bfloat16 base64 stays as sent (CODEC_BF16
+                         * words) until the operation knows whether its
+                         * products read bfloat16 (api_operand_setup) */
     API_FIELD_MASK,     /* tensor of booleans or numbers */
     API_FIELD_BOOL,     /* true / false (not 0 / 1) */
     API_FIELD_NUMBER,   /* a number finite as a float32 */
@@ -158,6 +161,21 @@ double api_norm(const float *x, int64_t count);
  * bounds every partial sum of the dot products in any order.
  */
 bool api_check_score_bound(double bound, const char *what, api_error *err);
+
+/* An OPERAND field for libattn: its words as they came (*dtype
+ * ATTN_DTYPE_BFLOAT16) when the products read bfloat16 (`precision`),
+ * otherwise widened to float32 here, once (a 500 out_of_memory when that
+ * fails). Absent fields are left alone. */
+bool api_operand_setup(api_value *v, const char *field, attn_precision precision,
+                       attn_dtype *dtype, api_error *err);
+
+/* The field's data as libattn reads it with the dtype api_operand_setup
+ * gave: floats or bfloat16 words; NULL when absent. */
+const void *api_field_operand(const api_call *c, int field);
+
+/* Largest Euclidean norm of the rows of an OPERAND tensor [rows, cols],
+ * floats or bfloat16 words, in double. */
+double api_operand_max_row_norm(const codec_tensor *t, int64_t rows, int64_t cols);
 
 /* Threads for libattn: lim->threads, at least 1. */
 int api_threads(const api_limits *lim);

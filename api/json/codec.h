@@ -219,7 +219,8 @@ size_t codec_string_decode(const char *p, const char *end, char *out, size_t cap
 
 /* Element types. A decoded tensor is CODEC_F32 or CODEC_BOOL; CODEC_F16 and
  * CODEC_BF16 (IEEE binary16 and bfloat16) exist only as base64 data, read
- * into float32 exactly, and as the dtype of base64 outputs. */
+ * into float32 exactly (or, by codec_doc_tensor_words, bfloat16 kept as
+ * it was sent), and as the dtype of base64 outputs. */
 typedef enum { CODEC_F32 = 0, CODEC_BOOL = 1, CODEC_F16 = 2, CODEC_BF16 = 3 } codec_dtype;
 
 typedef struct {
@@ -229,6 +230,7 @@ typedef struct {
     int64_t count;  /* product of shape */
     float *f32;     /* CODEC_F32: `count` floats (malloc'd; NULL when count == 0) */
     uint8_t *b8;    /* CODEC_BOOL: `count` bytes, each 0 or 1 (malloc'd) */
+    uint16_t *bf16; /* CODEC_BF16: `count` bfloat16 words as sent (malloc'd) */
 } codec_tensor;
 
 /*
@@ -262,6 +264,18 @@ bool codec_tensor_decode(const char *p, const char *end, const char *field, bool
  * tensor and errors, its rows read with the validator's notes. */
 bool codec_doc_tensor(const codec_doc *doc, const char *p, const char *end, const char *field,
                       bool accept_bool, codec_tensor *t, codec_error *err);
+
+/* codec_doc_tensor of a tensor of numbers, except that base64 bfloat16
+ * data stays as it was sent: a CODEC_BF16 tensor of words (t->bf16, the
+ * bytes taken as little-endian 16-bit words, every one finite), so that a
+ * reader of bfloat16 needs no float32 copy. */
+bool codec_doc_tensor_words(const codec_doc *doc, const char *p, const char *end,
+                            const char *field, codec_tensor *t, codec_error *err);
+
+/* A CODEC_BF16 tensor made CODEC_F32 (widened exactly, the words freed);
+ * others are left as they are. False (CODEC_ERR_NO_MEMORY, field `field`,
+ * t unchanged) when the floats cannot be had. */
+bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err);
 
 void codec_tensor_free(codec_tensor *t);
 

@@ -231,6 +231,7 @@ typedef struct {
     cursor text;       /* where error offsets count from */
     const char *field; /* the tensor's name in messages: "q" */
     bool accept_bool;  /* a mask: booleans (dtype "bool") allowed */
+    bool keep_bf16;    /* base64 bfloat16 stays words (codec_doc_tensor_words) */
     codec_notes notes; /* the validator's notes on its rows; text NULL: no
                         * document, the rows are classified as they are read */
     codec_error *err;
