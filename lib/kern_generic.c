@@ -5,7 +5,7 @@
  */
 #include <math.h>
 
-#include "kern.h"
+#include "kv.h"
 
 #define KF(name) name##_generic
 #define KERN_KIND ATTN_KERNEL_GENERIC
@@ -58,3 +58,8 @@ static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t
 static inline vf vexp(vf a) { return a < ATTN_EXP_MIN ? 0.0f : expf(a); }
 
 #include "kern_body.h"
+
+static inline vf vload_f16(const uint16_t *p) { return kv_f16_to_f32(*p); }
+static inline vf vload_bf16(const uint16_t *p) { return kv_bf16_to_f32(*p); }
+
+#include "kern_kv_body.h"

@@ -1,6 +1,7 @@
 /*
  * Which of libattn's kernels this process runs: the best the CPU supports
- * (AVX-512F, then AVX2+FMA, then portable C), decided once, or the one that
+ * (AVX-512F, then AVX2+FMA, each with F16C for the float16 KV caches, then
+ * portable C), decided once, or the one that
  * ATTN_KERNEL=generic|avx2|avx512 forces (tests and benchmarks run every
  * kernel this way). A forced kernel the CPU cannot run is not used: the
  * choice falls back to the best available, and attn_kernel_forced() says
@@ -26,11 +27,12 @@ bool attn_kernel_supported(attn_kernel_kind kind)
 #if defined(__x86_64__)
     case ATTN_KERNEL_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
     case ATTN_KERNEL_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma");
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
     default:
         return false;
