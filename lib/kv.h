@@ -122,21 +122,23 @@ typedef struct {
     int64_t rows; /* query rows of a group: (H_q / H_kv) * n_q */
 } kv_call;
 
-/* A decode unit: the rows of key/value head g's group (row r is query
- * head g * group + r / n_q, query i = r % n_q), against the keys of pages
- * tile_begin .. tile_end - 1 before k_end (the last key any row sees). */
+/* A decode unit: pages tile_begin .. tile_end - 1 of key/value heads
+ * g_begin .. g_end - 1, for every query row of their groups (row r of head
+ * g's group is query head g * group + r / n_q, query i = r % n_q), the keys
+ * before k_end (the last key any row sees). */
 typedef struct {
-    int64_t g;
+    int64_t g_begin, g_end;
     int64_t tile_begin, tile_end;
     int64_t k_end;
 } kv_unit;
 
 typedef struct {
-    /* Folds every tile of the unit into st (rows [rows], out [rows, d_v],
-     * row stride d_v, m and l as the forward's; st->strip one strip's
-     * scores), the first tile writing out, later ones adding; the rows
-     * are then unnormalised, as the forward leaves them before its last
-     * step. One function per dtype (attn_kv_dtype). */
+    /* Folds every tile of the unit into st (the rows of its heads' groups,
+     * head by head: m, l [(g_end - g_begin) * rows], out [same, d_v] with
+     * row stride d_v, as the forward's; st->strip one strip's scores), the
+     * first tile writing out, later ones adding; the rows are then
+     * unnormalised, as the forward leaves them before its last step. One
+     * function per dtype (attn_kv_dtype). */
     void (*decode[3])(const kv_call *c, const kv_unit *u, sdpa_fwd_state *st);
     /* dst[0..n) = the n elements of `dtype` at src, widened. */
     void (*widen)(attn_kv_dtype dtype, const void *src, float *dst, int64_t n);

@@ -7,18 +7,24 @@
  * n_q, group = H_q / H_kv):
  *
  * Decode (R <= ATTN_KV_DECODE_ROWS), flash-decoding. The pages the rows can
- * see are cut into `runs` runs of consecutive pages per key/value head;
- * a unit is (head, run), and the units are shared among the threads. A
- * unit reads each of its pages once for all R rows of the group (the
- * kernel's decode: the group's rows are the rows of the tile) and keeps
- * each row's online softmax state: the running maximum m, the sum l of
- * exp(x - m) and the unnormalised output. With one run the unit finishes
- * its rows itself, exactly as the tiled forward does; with several, each
- * unit's state is a partial and the partials of a row are merged as
- * shards are merged through their log-sum-exp:
+ * see are cut into `runs` runs of consecutive pages (KV_RUN_PAGES or more
+ * each), and the key/value heads into `parts`; a unit is (run, part), and
+ * the units are shared among the threads. A unit reads each page of its
+ * run, the blocks of its heads one after the other (a contiguous stretch
+ * of memory, a whole page when parts is 1), once for all R rows of each
+ * group (the kernel's decode: the group's rows are the rows of the tile),
+ * and keeps each row's online softmax state: the running maximum m, the
+ * sum l of exp(x - m) and the unnormalised output. With one run the unit
+ * finishes its rows itself, exactly as the tiled forward does; with
+ * several, each unit's state is a partial and the partials of a row are
+ * merged as shards are merged through their log-sum-exp:
  *   M = max_c m_c,  L = sum_c l_c e^(m_c - M),  o = sum_c o_c e^(m_c - M) / L
- * in double. The runs depend on the visible pages and H_kv only, so the
- * result is the same whatever the thread count.
+ * in double. The runs depend on the visible pages only, and cutting the
+ * heads changes no operation of any row, so the result is the same
+ * whatever the thread count. Parts exist so that a short cache still
+ * feeds every thread; a long one is read in whole pages (runs of at most
+ * 512 KiB and more of contiguous memory in the usual shapes, where the
+ * blocks of one head, 32 KiB apart pages, would stream at half the speed).
  *
  * Prefill (more rows): the tiled forward's own kernel (forward_tile), a
  * unit per block of KERN_FWD_BQ query rows of one head, over the pages as
@@ -28,20 +34,20 @@
  * product instead would redo it for every strip of rows).
  *
  * Extra memory: the rotated queries (with rope), a few rows per worker,
- * and for several runs the partials, at most KV_SPLIT_UNITS * R * d_v
- * floats.
+ * and for several runs the partials, at most KV_MAX_RUNS outputs.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kv.h"
 
-/* A run is at least this many pages (1024 positions): below, one thread
- * reads a head's keys faster than starting and merging another. */
+/* A run is at least this many pages (1024 positions): below, reading
+ * them costs less than a merge and a thread more. */
 #define KV_RUN_PAGES 16
-/* Runs stop being cut once there are this many units: enough for the
- * most threads a call uses (SDPA_MAX_THREADS) twice over. */
-#define KV_SPLIT_UNITS 128
+/* At most this many runs: as many as the most threads a call uses
+ * (SDPA_MAX_THREADS); their partials are at most this many outputs. */
+#define KV_MAX_RUNS 64
 
 const attn_kv_kern *attn_kv_kern_of(attn_kernel_kind kind)
 {
@@ -82,10 +88,10 @@ typedef struct {
     attn_softmax_row *rows;
     kv_worker *workers;
     /* Decode: */
-    int64_t tile_first, tiles, runs, k_end;
-    float *m;       /* [H_kv * runs, R] */
-    double *l;      /* [H_kv * runs, R] */
-    float *partial; /* [H_kv * runs, R, d_v], with several runs */
+    int64_t tile_first, tiles, runs, parts, k_end;
+    float *m;       /* [runs, H_kv, R] */
+    double *l;      /* [runs, H_kv, R] */
+    float *partial; /* [runs, H_kv, R, d_v], with several runs */
     /* Prefill: */
     int64_t q_tiles;
 } kv_job;
@@ -113,29 +119,37 @@ static void finish_row(const kv_job *job, int64_t h, int64_t i, float *o, float 
 
 /* ---------------------------------------------------------------- decode */
 
+/* Unit u: run u / parts, heads of part u % parts. Its state: rows
+ * (run * H_kv + g) * R + r for its heads g. */
 static void decode_unit(void *ctx, int64_t u, int worker)
 {
     const kv_job *job = ctx;
     const attn_sdpa_params *p = job->kc.call.p;
-    const int64_t R = job->kc.rows, d_v = p->d_v, run = u % job->runs;
+    const int64_t R = job->kc.rows, d_v = p->d_v, heads = p->heads_kv;
+    const int64_t run = u / job->parts, part = u % job->parts;
     const kv_unit unit = {
-        .g = u / job->runs,
+        .g_begin = part * heads / job->parts,
+        .g_end = (part + 1) * heads / job->parts,
         .tile_begin = job->tile_first + run * job->tiles / job->runs,
         .tile_end = job->tile_first + (run + 1) * job->tiles / job->runs,
         .k_end = job->k_end,
     };
-    float *out = job->runs == 1 ? job->out + unit.g * R * d_v : job->partial + u * R * d_v;
-    sdpa_fwd_state st = {.strip = job->workers[worker].strip, .m = job->m + u * R,
-                         .l = job->l + u * R, .out = out};
-    for (int64_t r = 0; r < R; r++) {
+    const int64_t first = (run * heads + unit.g_begin) * R, rows = (unit.g_end - unit.g_begin) * R;
+    float *out = job->runs == 1 ? job->out + first * d_v : job->partial + first * d_v;
+    sdpa_fwd_state st = {.strip = job->workers[worker].strip, .m = job->m + first,
+                         .l = job->l + first, .out = out};
+    for (int64_t r = 0; r < rows; r++) {
         st.m[r] = -INFINITY;
         st.l[r] = 0.0;
     }
     job->kv->decode[job->kc.cache->config.dtype](&job->kc, &unit, &st);
     if (job->runs == 1)
-        for (int64_t r = 0; r < R; r++)
-            finish_row(job, unit.g * job->kc.call.group + r / p->n_q, r % p->n_q,
-                       out + r * d_v, st.m[r], st.l[r]);
+        for (int64_t r = 0; r < rows; r++) {
+            /* Row r of the unit: head g_begin + r / R's group, row r % R. */
+            const int64_t g = unit.g_begin + r / R, gr = r % R;
+            finish_row(job, g * job->kc.call.group + gr / p->n_q, gr % p->n_q, out + r * d_v,
+                       st.m[r], st.l[r]);
+        }
 }
 
 /* Unit g: the rows of key/value head g, each from its runs' partials. */
@@ -146,18 +160,19 @@ static void merge_head(void *ctx, int64_t g, int worker)
     const sdpa_call *c = &job->kc.call;
     const attn_sdpa_params *p = c->p;
     const int64_t R = job->kc.rows, d_v = p->d_v, runs = job->runs;
+    /* Run k holds row r of head g at (k * H_kv + g) * R + r. */
+    const int64_t run_step = p->heads_kv * R;
     for (int64_t r = 0; r < R; r++) {
         const int64_t h = g * c->group + r / p->n_q, i = r % p->n_q;
         float *o = job->out + (g * R + r) * d_v;
-        /* Unit (g, run) holds row r at [(g * runs + run) * R + r]. */
-        const int64_t first = g * runs * R + r;
+        const int64_t first = g * R + r;
         float big = -INFINITY;
         bool overflowed = false;
         for (int64_t k = 0; k < runs; k++) {
-            const double l = job->l[first + k * R];
+            const double l = job->l[first + k * run_step];
             overflowed |= isnan(l);
-            if (l > 0.0 && job->m[first + k * R] > big)
-                big = job->m[first + k * R];
+            if (l > 0.0 && job->m[first + k * run_step] > big)
+                big = job->m[first + k * run_step];
         }
         if (!overflowed && big == -INFINITY) { /* no key visible to the row */
             memset(o, 0, (size_t)d_v * sizeof *o);
@@ -165,10 +180,10 @@ static void merge_head(void *ctx, int64_t g, int worker)
                 job->rows[h * p->n_q + i] = (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
             continue;
         }
-        double weight[KV_SPLIT_UNITS], sum = 0.0;
+        double weight[KV_MAX_RUNS], sum = 0.0;
         for (int64_t k = 0; !overflowed && k < runs; k++) {
-            const double l = job->l[first + k * R];
-            weight[k] = l > 0.0 ? exp((double)job->m[first + k * R] - big) : 0.0;
+            const double l = job->l[first + k * run_step];
+            weight[k] = l > 0.0 ? exp((double)job->m[first + k * run_step] - big) : 0.0;
             sum += l * weight[k];
         }
         bool finite = !overflowed && isfinite(sum);
@@ -176,7 +191,7 @@ static void merge_head(void *ctx, int64_t g, int worker)
             double acc = 0.0;
             for (int64_t k = 0; k < runs; k++)
                 if (weight[k] > 0.0)
-                    acc += weight[k] * job->partial[(first + k * R) * d_v + t];
+                    acc += weight[k] * job->partial[(first + k * run_step) * d_v + t];
             o[t] = (float)(acc / sum);
             finite = isfinite(o[t]);
         }
@@ -190,8 +205,10 @@ static void merge_head(void *ctx, int64_t g, int worker)
     }
 }
 
-/* The runs of a decode call; false when the rows see no key at all. */
-static bool plan_decode(kv_job *job)
+/* The runs of a decode call, and how many parts the heads are cut into
+ * for `threads`; false when the rows see no key at all. Only the runs
+ * change the arithmetic (the merge); the parts do not. */
+static bool plan_decode(kv_job *job, int threads)
 {
     const sdpa_call *c = &job->kc.call;
     int64_t k_begin, k_end;
@@ -201,10 +218,13 @@ static bool plan_decode(kv_job *job)
     job->k_end = k_end;
     job->tile_first = k_begin / ATTN_KV_PAGE;
     job->tiles = (k_end + ATTN_KV_PAGE - 1) / ATTN_KV_PAGE - job->tile_first;
-    const int64_t heads = c->p->heads_kv;
-    int64_t runs = (job->tiles + KV_RUN_PAGES - 1) / KV_RUN_PAGES;
-    const int64_t most = heads < KV_SPLIT_UNITS ? KV_SPLIT_UNITS / heads : 1;
-    job->runs = runs < most ? runs : most;
+    const int64_t runs = (job->tiles + KV_RUN_PAGES - 1) / KV_RUN_PAGES;
+    job->runs = runs < KV_MAX_RUNS ? runs : KV_MAX_RUNS;
+    /* Enough units for every thread to take about four, so that uneven
+     * ones even out; whole pages a unit where there are. */
+    const int64_t want = 4 * (int64_t)threads, heads = c->p->heads_kv;
+    const int64_t parts = job->runs >= want ? 1 : (want + job->runs - 1) / job->runs;
+    job->parts = parts < heads ? parts : heads;
     return true;
 }
 
@@ -348,36 +368,36 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
                        .cache = cache};
     job.kc.rows = job.kc.call.group * sp.n_q;
     const bool decode = job.kc.rows <= ATTN_KV_DECODE_ROWS;
-    int64_t units;
+    const double flops = attn_sdpa_flops(&sp);
+    int threads;
     if (decode) {
-        if (!plan_decode(&job)) {
+        if (!plan_decode(&job, sdpa_threads(&sp, INT64_MAX, flops))) {
             free(q_rot);
             memset(out, 0, (size_t)(n_rows * d_v) * sizeof *out);
             for (int64_t r = 0; rows != NULL && r < n_rows; r++)
                 rows[r] = (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
             return ATTN_OK;
         }
-        units = sp.heads_kv * job.runs;
+        threads = sdpa_threads(&sp, job.runs * job.parts, flops);
     } else {
         job.q_tiles = (sp.n_q + KERN_FWD_BQ - 1) / KERN_FWD_BQ;
-        units = sp.heads_q * job.q_tiles;
+        threads = sdpa_threads(&sp, sp.heads_q * job.q_tiles, flops);
     }
-    const int threads = sdpa_threads(&sp, units, attn_sdpa_flops(&sp));
     job.workers = alloc_workers(threads, &sp, !decode, !decode && cache->config.dtype != ATTN_KV_FLOAT32);
     bool ok = job.workers != NULL;
     if (ok && decode) {
-        job.m = sdpa_alloc(units * job.kc.rows, sizeof *job.m);
-        job.l = sdpa_alloc(units * job.kc.rows, sizeof *job.l);
+        job.m = sdpa_alloc(job.runs * n_rows, sizeof *job.m);
+        job.l = sdpa_alloc(job.runs * n_rows, sizeof *job.l);
         if (job.runs > 1)
-            job.partial = sdpa_alloc(units * job.kc.rows * d_v, sizeof *job.partial);
+            job.partial = sdpa_alloc(job.runs * n_rows * d_v, sizeof *job.partial);
         ok = job.m != NULL && job.l != NULL && (job.runs == 1 || job.partial != NULL);
     }
     if (ok && decode) {
-        attn_parallel_for(threads, units, decode_unit, &job);
+        attn_parallel_for(threads, job.runs * job.parts, decode_unit, &job);
         if (job.runs > 1)
             attn_parallel_for(threads, sp.heads_kv, merge_head, &job);
     } else if (ok) {
-        attn_parallel_for(threads, units, prefill_unit, &job);
+        attn_parallel_for(threads, sp.heads_q * job.q_tiles, prefill_unit, &job);
     }
     free(job.m);
     free(job.l);
