@@ -22,7 +22,9 @@
  * mean. Each decode and append figure is compared with the stream (or the
  * 1k append) of the same round, so that whatever else runs on the machine
  * weighs on both alike; the ratios' median over the rounds is the figure,
- * and their smallest and largest are the spread.
+ * and their smallest and largest are the spread. The same ratios per
+ * second of CPU time (_cpu) say what the turns made of the time they were
+ * given when other programs took the cores from them.
  *
  * Output: one "key value" pair a line, for bench/run.sh's table.
  */
@@ -38,11 +40,16 @@
 enum { HEADS_Q = 32, HEADS_KV = 8, DIM = 128, LENGTH = 32768, APPENDS = 64, MAX_ROUNDS = 60 };
 #define STREAM_BYTES ((size_t)1 << 30)
 
-static double now_s(void)
+static double clock_s(clockid_t which)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(which, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double now_s(void)
+{
+    return clock_s(CLOCK_MONOTONIC);
 }
 
 static void *xmalloc(size_t bytes)
@@ -156,6 +163,7 @@ typedef struct {
     double bytes;   /* read by one run (stream, decode) */
     int reps;
     double value[MAX_ROUNDS]; /* GB/s (stream, decode) or us (append), per round */
+    double cpu[MAX_ROUNDS];   /* the same per second of CPU time of the whole process */
 } turn;
 
 typedef struct {
@@ -168,11 +176,12 @@ typedef struct {
 
 static float sink;
 
-/* Seconds of one run of the turn's task. */
-static double run_turn(const bench *b, turn *t, int reps)
+/* Seconds of one run of the turn's task; *cpu_s the CPU seconds of all
+ * the process's threads in it. */
+static double run_turn(const bench *b, turn *t, int reps, double *cpu_s)
 {
     attn_error err = {0};
-    const double t0 = now_s();
+    const double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     for (int r = 0; r < reps; r++) {
         if (t->kind == M_STREAM) {
             sink += stream_once(b->buf, b->threads);
@@ -194,6 +203,7 @@ static double run_turn(const bench *b, turn *t, int reps)
             attn_kv_truncate(t->cache, length, &err);
         }
     }
+    *cpu_s = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / reps;
     return (now_s() - t0) / reps;
 }
 
@@ -219,7 +229,8 @@ static void spread(const double *x, int n, double *median, double *lo, double *h
     *hi = s[n - 1];
 }
 
-/* The ratio a / b round by round: its median and spread. */
+/* The ratio a / b round by round: its median and spread; and the median
+ * of the same ratio per CPU second. */
 static void print_ratio(const char *key, const turn *a, const turn *b, int rounds)
 {
     double r[MAX_ROUNDS], median, lo, hi;
@@ -227,6 +238,10 @@ static void print_ratio(const char *key, const turn *a, const turn *b, int round
         r[i] = a->value[i] / b->value[i];
     spread(r, rounds, &median, &lo, &hi);
     printf("%s %.3f\n%s_min %.3f\n%s_max %.3f\n", key, median, key, lo, key, hi);
+    for (int i = 0; i < rounds; i++)
+        r[i] = a->cpu[i] / b->cpu[i];
+    spread(r, rounds, &median, &lo, &hi);
+    printf("%s_cpu %.3f\n", key, median);
 }
 
 static int cmd_decode(int threads, double budget_s)
@@ -259,8 +274,9 @@ static int cmd_decode(int threads, double budget_s)
     /* The warm-up: caches, threads, and how many runs make a turn of about
      * a quarter of a second. */
     double t_warm = now_s();
+    double cpu;
     for (int i = 0; i < N; i++) {
-        double s = run_turn(&b, &turns[i], 1);
+        double s = run_turn(&b, &turns[i], 1, &cpu);
         int reps = (int)ceil(0.25 / s);
         turns[i].reps = reps < 1 ? 1 : reps > 10000 ? 10000 : reps;
     }
@@ -269,8 +285,12 @@ static int cmd_decode(int threads, double budget_s)
     rounds = rounds < 5 ? 5 : rounds > MAX_ROUNDS ? MAX_ROUNDS : rounds;
     fprintf(stderr, "decode: %d turns a round, warm-up %.1f s, %d rounds\n", N, warm, rounds);
     for (int r = 0; r < rounds; r++)
-        for (int i = 0; i < N; i++)
-            turns[i].value[r] = value_of(&turns[i], run_turn(&b, &turns[i], turns[i].reps));
+        for (int i = 0; i < N; i++) {
+            turns[i].value[r] = value_of(&turns[i], run_turn(&b, &turns[i], turns[i].reps, &cpu));
+            /* Per CPU second: what a turn made of the time it was given.
+             * (The per-thread figures scale by the same thread count.) */
+            turns[i].cpu[r] = value_of(&turns[i], cpu);
+        }
 
     printf("threads %d\nrounds %d\nkernel %s\n", threads, rounds, attn_kernel_name());
     printf("shape H_q=%d H_kv=%d d=%d length=%d\n", HEADS_Q, HEADS_KV, DIM, LENGTH);

@@ -8,7 +8,9 @@
 #   1. the kernel: libattn's attention against the machine's limit (the best
 #      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
 #      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
-#      backward and multi-head, all taking turns in one run (bench/kernel.c)
+#      backward and multi-head, all taking turns in one run (bench/kernel.c);
+#      then decoding over a KV cache against the memory's read bandwidth, and
+#      1-token appends at 1k and 32k positions, taking turns (bench/decode.c)
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -19,8 +21,9 @@
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel memory server codec http"; default all),
-# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten).
+# BENCH_ONLY (a subset of "kernel decode memory server codec http"; default all),
+# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten),
+# BENCH_DECODE_SECONDS (60: the decode rows' rounds, about forty).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build}
@@ -53,7 +56,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 want() {
-    case " ${BENCH_ONLY:-kernel memory server codec http} " in *" $1 "*) return 0 ;; esac
+    case " ${BENCH_ONLY:-kernel decode memory server codec http} " in *" $1 "*) return 0 ;; esac
     return 1
 }
 put() { echo "$1 $2" >> "$RES"; }
@@ -97,8 +100,9 @@ compile() { # name libs...
         return 1
     fi
 }
-have_kernel=0; have_memory=0; have_codec=0
+have_kernel=0; have_decode=0; have_memory=0; have_codec=0
 [ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
+[ -f "$BUILD/libattn.a" ] && compile decode "$BUILD/libattn.a" && have_decode=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libattnapi.a" ] && [ -f "$BUILD/libattn.a" ] &&
     compile codec "$BUILD/libattnapi.a" "$BUILD/libattn.a" && have_codec=1
@@ -127,6 +131,15 @@ if [ $have_kernel = 1 ] && want kernel; then
     if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" > "$TMP/kernel"; then
         while read -r k v; do put "kern_$k" "$v"; done < "$TMP/kernel"
         cp "$TMP/kernel" "$OUT/kernel.txt"
+    fi
+fi
+
+# ------------------------------------------------------------------ 1b. decode
+if [ $have_decode = 1 ] && want decode; then
+    note "decode: over a KV cache against a STREAM-style sum, and appends, taking turns"
+    if "$OUT/decode" $THREADS "${BENCH_DECODE_SECONDS:-60}" > "$TMP/decode"; then
+        while read -r k v; do put "dec_$k" "$v"; done < "$TMP/decode"
+        cp "$TMP/decode" "$OUT/decode.txt"
     fi
 fi
 
@@ -418,6 +431,20 @@ row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) 
     "$(ratio "$mfb" "$mf" %.2f)" \
     "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
 
+SECTION=decode
+# decode_row DTYPE: the decode step's bytes per second over the sum's.
+decode_row() {
+    row "decode step over a KV cache, $1 pages: K and V bytes read per second / a STREAM-style sum's, H_q=32, H_kv=8, d=128, 32768 positions, 1 query row ($THREADS threads)" \
+        "$(get "dec_ratio_$2")" \
+        "decode $(get "dec_decode_$2_gbs") GB/s, sum $(get dec_stream_gbs) GB/s (medians of $(get dec_rounds) rounds taking turns); ratio per round $(get "dec_ratio_$2_min") to $(get "dec_ratio_$2_max"), per CPU second $(get "dec_ratio_$2_cpu")" \
+        ">=" 0.7 0.85
+}
+decode_row bfloat16 bf16
+decode_row float32 f32
+row "1-token append to a float32 cache of 32768 positions / of 1024 (time)" "$(get dec_ratio_append)" \
+    "$(get dec_append_32k_us) us / $(get dec_append_1k_us) us (medians of 64 appends in a row, a page's allocation included); ratio per round $(get dec_ratio_append_min) to $(get dec_ratio_append_max)" \
+    "<=" 2
+
 SECTION=memory
 g=$(get mem_growth_kb)
 ru=$(get mem_maxrss_after_kb); [ -n "$ru" ] && ru=$(calc %.1f "($ru - $(get mem_maxrss_before_kb)) / 1024")
@@ -477,5 +504,5 @@ else
         "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
 echo
-echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up. Raw outputs: $OUT/."
+echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up; decode figures: medians of per-round ratios. Raw outputs: $OUT/."
 [ $FAILS -eq 0 ] || { echo "$FAILS bar(s) failed or not measured"; exit 1; }
