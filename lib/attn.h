@@ -304,16 +304,17 @@ double attn_mha_flops(const attn_mha_params *p);
  * Pages. The positions are kept in pages of ATTN_KV_PAGE positions of every
  * head: an append fills the last page and adds new ones, never moving what
  * is cached; a truncate frees whole pages; attn_kv_free frees everything.
- * 64 positions is the key tile of libattn's kernels, so a page is exactly
- * one tile of every head: inside it, each head's keys are stored
- * transposed, [head_dim, 64] (the k^T panel the score products read with
- * vectors along the keys, no horizontal sums and, for float32, no packing),
- * followed by its values [64, value_dim]. A head's block is one contiguous
- * run (64 KiB at head_dim = value_dim = 128 in float32, 32 KiB in bfloat16):
- * long enough for the hardware prefetchers to stream at the memory's
- * speed, short enough that the last, partly filled page wastes little
- * (less than one page per cache). A new page is zeroed, so every byte a
- * kernel may read is a finite number.
+ * Why 64 positions: it is the key tile of libattn's kernels, so a page
+ * holds exactly one tile of every head. Inside it, head after head, each
+ * head's keys are stored transposed, [head_dim, 64] (the k^T panel the
+ * score products read with vectors along the keys: no horizontal sums
+ * and, for float32, no packing), followed by its values [64, value_dim].
+ * A page is one allocation that a decode step reads from end to end (512
+ * KiB at 8 heads, head_dim = value_dim = 128 in float32, 256 KiB in
+ * bfloat16): runs that long stream at about the memory's full speed, where
+ * runs of one head's 32 KiB scattered over memory stream at about half of
+ * it; and one page is also all the last, partly filled page can waste. A
+ * new page is zeroed, so every byte a kernel may read is a finite number.
  *
  * Memory. attn_kv_bytes() is everything the cache holds: its pages, its
  * table of page pointers and its header. attn_kv_bytes_after_append() says,
@@ -337,7 +338,7 @@ double attn_mha_flops(const attn_mha_params *p);
  * keys rotated at one base cannot be attended with another or without.
  *
  * Threads. A cache has no lock. attn_kv_forward, attn_kv_read and the
- * queries (attn_kv_info, attn_kv_length, attn_kv_bytes...) only read it and
+ * queries (attn_kv_info_get, attn_kv_length, attn_kv_bytes...) only read it and
  * may run together; attn_kv_append, attn_kv_truncate and attn_kv_free change
  * it and must not overlap any other call on the same cache (a server keeps
  * one lock, or one queue, per cache). Different caches share nothing.
@@ -376,8 +377,8 @@ typedef struct {
                         * (meaningless while length is 0: the next append sets it) */
 } attn_kv_info;
 
-/* A new, empty cache (*cache stays NULL on failure). Its bytes are
- * attn_kv_bytes_after_append() of nothing: attn_kv_bytes_empty(). */
+/* A new, empty cache (*cache stays NULL on failure), holding
+ * attn_kv_bytes_empty(config) bytes. */
 attn_status attn_kv_create(const attn_kv_config *config, attn_kv_cache **cache,
                            attn_error *err);
 /* Frees the cache and every page (NULL is fine). */
@@ -462,21 +463,28 @@ typedef struct {
  * gives zeros (and a softmax row {-INFINITY, 0}).
  *
  * How: with few query rows per key/value head (H_q / num_kv_heads * n_q <=
- * ATTN_KV_DECODE_ROWS), flash-decoding: the cached positions are split into
- * runs of pages, the runs of every key/value head are shared among the
- * threads, and each reads its pages once for all the query rows of its
- * group (every query head of the group, every query row), keeping a partial
- * output with its softmax maximum and sum; the partials are then merged as
- * shards are through their log-sum-exp. The runs depend on the length and
- * the heads only, never on `threads`: results are the same for any thread
- * count. Up to 16 pages of visible keys per head are one run, and then the
- * result is bit for bit attn_sdpa_forward's (same tiles, same order of
- * operations); longer, the merge makes it differ from attn_sdpa_forward by
- * float32 rounding (tests/test_kvcache.c states the bound it holds).
+ * ATTN_KV_DECODE_ROWS), flash-decoding. The visible pages are cut into
+ * runs of consecutive pages, which the threads share; each reads its pages
+ * whole, each head's block once for all the query rows of that head's
+ * group (every query head of the group, every query row), and keeps a
+ * partial output with its softmax maximum and sum; the partials are then
+ * merged as shards are through their log-sum-exp. Where the runs are fewer
+ * than the threads want, the heads are shared out too, which changes no
+ * row's arithmetic. The runs depend on the visible length only, never on
+ * `threads`: results are the same for any thread count. Up to 16 pages of
+ * visible keys are one run, and then the result is bit for bit
+ * attn_sdpa_forward's (same tiles, same order of operations); longer, the
+ * merge makes it differ from attn_sdpa_forward by float32 rounding
+ * (tests/test_kvcache.c states the bound it holds).
  * With more rows (prefill), the tiled forward's own kernel runs over the
  * pages (float32 pages are its k^T panels as they are; float16 and
  * bfloat16 pages are widened one page at a time into a panel of the
  * worker's), bit for bit attn_sdpa_forward.
+ *
+ * Errors: ATTN_ERR_INVALID with a message that names what is wrong in the
+ * words of these parameters (heads_q, n_q, scale, window..., "rope: ...");
+ * ATTN_ERR_NOMEM when a workspace cannot be had. The cache is never
+ * changed.
  */
 #define ATTN_KV_DECODE_ROWS 64
 attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *p,

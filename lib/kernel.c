@@ -7,6 +7,9 @@
  * choice falls back to the best available, and attn_kernel_forced() says
  * what was asked for.
  */
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,16 @@ static const char *const NAMES[] = {
     [ATTN_KERNEL_AVX512] = "avx512",
 };
 
+#if defined(__x86_64__)
+/* F16C (float16 conversions, for the KV caches): CPUID leaf 1, ECX bit 29
+ * (clang's __builtin_cpu_supports does not know the name). */
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 bool attn_kernel_supported(attn_kernel_kind kind)
 {
     switch (kind) {
@@ -28,11 +41,11 @@ bool attn_kernel_supported(attn_kernel_kind kind)
     case ATTN_KERNEL_AVX2:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               cpu_has_f16c();
     case ATTN_KERNEL_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("fma") && cpu_has_f16c();
 #endif
     default:
         return false;
