@@ -388,6 +388,7 @@ void attn_kv_free(attn_kv_cache *cache);
  * a configuration attn_kv_create refuses. */
 size_t attn_kv_bytes_empty(const attn_kv_config *config);
 
+/* The cache's state (all zeros for a NULL cache), its length, its bytes. */
 void attn_kv_info_get(const attn_kv_cache *cache, attn_kv_info *info);
 int64_t attn_kv_length(const attn_kv_cache *cache);
 size_t attn_kv_bytes(const attn_kv_cache *cache);

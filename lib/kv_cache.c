@@ -136,6 +136,10 @@ int64_t attn_kv_length(const attn_kv_cache *c)
 
 void attn_kv_info_get(const attn_kv_cache *c, attn_kv_info *info)
 {
+    if (c == NULL) {
+        *info = (attn_kv_info){0};
+        return;
+    }
     *info = (attn_kv_info){
         .config = c->config, .length = c->length, .pages = c->pages,
         .page_bytes = c->page_bytes, .bytes = attn_kv_bytes(c), .rope_base = c->rope_base,
