@@ -151,7 +151,7 @@ VERSION = $(shell sed -n 's/^\#define ATTND_VERSION "\(.*\)"/\1/p' server/config
 install: $(BUILD)/attnd $(BUILD)/libattn.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include \
 	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/systemd/system \
-	    $(DESTDIR)$(PREFIX)/share/doc/attnd
+	    $(DESTDIR)$(PREFIX)/share/doc/attnd/docs
 	install -m 755 $(BUILD)/attnd $(DESTDIR)$(PREFIX)/bin/attnd
 	install -m 644 $(BUILD)/libattn.a $(DESTDIR)$(PREFIX)/lib/libattn.a
 	install -m 644 lib/attn.h $(DESTDIR)$(PREFIX)/include/attn.h
@@ -160,6 +160,7 @@ install: $(BUILD)/attnd $(BUILD)/libattn.a
 	sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@PREFIX@|$(PREFIX)|g' docker/attnd.service \
 	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/attnd.service
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/attnd/README.md
+	install -m 644 docs/*.md docs/*.png $(DESTDIR)$(PREFIX)/share/doc/attnd/docs
 
 # The libFuzzer target (tests/fuzz/fuzz_api.c) is built by clang with ASan,
 # UBSan and coverage in build/fuzz; the seeds come from the API suite's own
@@ -184,8 +185,8 @@ fuzz: fuzz-build
 fuzz-corpus: fuzz-build
 	@sh tests/fuzz/run.sh build/fuzz merge
 
-# issue 8's table: fuzzing, soak, overload, slow clients, fail-over, drain,
-# valgrind. Durations: FUZZ_TIME, RELIABILITY_SECONDS and the others that
+# One table: fuzzing, soak, overload, slow clients, fail-over, drain,
+# valgrind (docs/reliability.md). Durations: FUZZ_TIME, RELIABILITY_SECONDS and the others that
 # tests/reliability/run.sh lists.
 RELIABILITY_SUITES = build/test_api build/test_codec build/test_lib build/test_mha \
                      build/test_kernels build/test_variants

@@ -1,5 +1,5 @@
 /*
- * The attention variants (issue 10), judged the same way on both compute
+ * The attention variants, judged the same way on both compute
  * routes: "window", "alibi_slopes", "softcap" and "rope" become libattn's
  * attn_variants, and "return_lse" turns the forward pass's softmax rows
  * into log-sum-exps. The fields' types were checked when they were read

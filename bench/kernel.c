@@ -204,9 +204,10 @@ static bool parse_task(const char *text, task *t)
     return true;
 }
 
-/* Nominal FLOPs of one run: sgemm 2 s^3; the SDPA forward 4 B H N^2 D, as
- * issue 7 counts it (no discount for the causal mask; the backward not
- * counted); multi-head attention's forward as attn_mha_flops counts it. */
+/* Nominal FLOPs of one run: sgemm 2 s^3; the SDPA forward 4 B H N^2 D, the
+ * two products of the full matrix (no discount for the causal mask, so that
+ * causal and full compare as times; the backward not counted); multi-head
+ * attention's forward as attn_mha_flops counts it. */
 static double task_flops(const task *t)
 {
     const long long *a = t->a;

@@ -1,6 +1,6 @@
 #!/bin/sh
-# make bench: every figure of issues 4 and 7, measured in one run, printed as
-# one markdown table with the machine at the top.
+# make bench: every figure, measured in one run, printed as one markdown
+# table with the machine at the top (docs/benchmarks.md explains each row).
 #
 #   sh bench/run.sh [BUILD]        (make bench runs it with BUILD=build)
 #

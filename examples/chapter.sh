@@ -1,7 +1,7 @@
 #!/bin/sh
 # The chapter, by curl: its worked examples, exercises and theorems, each one
 # request to a running attnd, printed as "$ command" and the answer (the
-# README's section "The chapter, by curl" is this script's output).
+# same requests are in docs/chapter.md, with their answers).
 #   sh examples/chapter.sh [URL]        (default http://127.0.0.1:8080)
 # Needs curl and jq; Theorem 1 uses python3 (standard library) for its inputs.
 set -eu

@@ -8,9 +8,8 @@
  * keeps a worker on the same units call after call, where a single shared
  * counter dealt them anew each time: the calling thread (worker 0) stays
  * on its core, so the rows it wrote last time are still in that core's
- * caches rather than the other's (on this 2-core machine: 6-8% of a batch
- * of short sequences, 4% of one long one, measured alternating in one
- * process). The others are started per call and joined before returning,
+ * caches rather than the other's (a few percent of a batch of short
+ * sequences). The others are started per call and joined before returning,
  * so no thread outlives the call and concurrent calls share nothing. */
 #include <pthread.h>
 #include <stdatomic.h>

@@ -128,9 +128,9 @@ static void run(srv_request *r, int others)
  * this) yields to the I/O threads: SCHED_BATCH, so that a waking I/O thread
  * preempts it, and WORKER_NICE below them, so that it gets the smaller
  * share while both want a core. Otherwise a request to refuse, a probe or
- * a tiny request waits out the computation's time slice: on 2 cores, with
- * one worker computing and a client sending, make reliability's 503s took
- * up to 15 ms. Alone on a core, a computation runs as fast as before.
+ * a tiny request waits out the computation's time slice, milliseconds in
+ * which an overloaded server cannot even say so. Alone on a core, a
+ * computation runs as fast as at normal priority.
  * Lowering one's own priority needs no privilege; where it fails nothing
  * else changes.
  */

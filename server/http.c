@@ -1,6 +1,6 @@
 /*
  * Bytes in, bytes out: the libmicrohttpd daemon, the reading of request
- * bodies (with the --max-body limit and the Content-Type rule of SPEC §3),
+ * bodies (with the --max-body limit and the Content-Type rule below),
  * and the queueing of responses with the headers every response carries.
  *
  * Threads: a pool of --io-threads I/O threads (config.c says why half the
@@ -188,8 +188,9 @@ void http_resume(srv_request *r)
 
 /* --------------------------------------------------------- request bodies */
 
-/* SPEC §3: no Content-Type, curl's default form type, or JSON (any
- * parameters, any +json subtype) are read as JSON; anything else is a 415. */
+/* No Content-Type, curl's default form type, or JSON (any parameters, any
+ * +json subtype) are read as JSON, so that `curl -d @request.json URL` works
+ * as typed; anything else (multipart, say) is a 415. */
 static bool readable_as_json(const char *content_type)
 {
     if (!content_type)
@@ -684,8 +685,7 @@ void http_quiesce(srv_server *srv)
     /* Only now do answers say Connection: close. Their clients reconnect at
      * once; told before the listening stopped, a reconnection could land in
      * the backlog after the last accept above and be reset with its request
-     * sent (make reliability's drain row saw 1 to 10 requests lost so in
-     * half its runs). */
+     * sent. */
     atomic_store(&srv->draining, true);
 }
 

@@ -1307,7 +1307,7 @@ START_TEST(error_duplicate_key)
 }
 END_TEST
 
-/* Issue 8: the class of an error does not depend on which fault comes
+/* The class of an error does not depend on which fault comes
  * first in the text: every 400 (types, numbers, base64 text) before any 422
  * (shapes). */
 START_TEST(error_type_comes_before_shape)
@@ -1374,7 +1374,7 @@ static uint16_t *decode_half_output(json_t *t, const char *dtype, size_t *n)
     return h;
 }
 
-/* Issue 10: output_dtype picks the dtype of base64 outputs; each value is
+/* output_dtype picks the dtype of base64 outputs; each value is
  * the float32 answer rounded to it (within half its unit), on both routes;
  * float16 and bfloat16 inputs are read as the float32 values they are. */
 START_TEST(output_dtype_half_precision)
@@ -1735,8 +1735,8 @@ static api_cost cost_of(api_op op, const sbuf *b)
     return cost;
 }
 
-/* x [2, 1] and num_heads heads of width 1 sharing one key/value head, as
- * issue 8 built it: almost no FLOPs, a cost per head. */
+/* x [2, 1] and num_heads heads of width 1 sharing one key/value head:
+ * almost no FLOPs, a cost per head. */
 static void many_heads_body(sbuf *b, int heads, bool w_o)
 {
     float x[2] = {0.5f, -0.25f}, one = 1;
@@ -1783,7 +1783,7 @@ static void qkv_body(sbuf *b, int64_t heads, int64_t n_q, int64_t n_k, int64_t d
 START_TEST(work_counts_what_flops_do_not)
 {
     sbuf b = {0};
-    /* Issue 8's example: 1.6e7 FLOPs, 800000 heads. */
+    /* 1.6e7 FLOPs, but 800000 heads: seconds of softmaxes. */
     many_heads_body(&b, 800000, false);
     api_cost heads = cost_of(API_OP_MULTIHEAD, &b);
     ck_assert_msg(heads.work > 100 * heads.flops, "work %g, flops %g", heads.work, heads.flops);
@@ -2006,11 +2006,12 @@ static double timed_run(api_op op, const sbuf *b, const api_limits *lim, int rep
     return best;
 }
 
-/* Issue 8's requests as it sent them, under a limit of 5e10 (about 5 s of
+/* Requests of few FLOPs and long work, under a limit of 5e10 (about 5 s of
  * one core): each is refused up front, or done within the band of the
  * time its work says. 800000 heads of width 1 without w_o (1.6e7 FLOPs,
- * 8 s then), and 650 heads of width 1 over 1300 positions. */
-START_TEST(issue8_heavy_examples_are_refused_or_as_fast_as_their_work)
+ * seconds when priced by FLOPs alone), and 650 heads of width 1 over 1300
+ * positions. */
+START_TEST(heavy_requests_of_few_flops_are_refused_or_as_fast_as_their_work)
 {
     sbuf ref = {0}, b = {0};
     api_limits lim = {.max_work = 5e10, .max_response = 256 << 20, .threads = 1};
@@ -2233,7 +2234,7 @@ START_TEST(attention_values_near_float32_max_average_without_overflow)
 }
 END_TEST
 
-/* SPEC: scores of +-1e4 give the exact one-hot answer. */
+/* Scores of +-1e4 give the exact one-hot answer, never inf or NaN. */
 START_TEST(attention_scores_of_1e4_give_exact_one_hot)
 {
     const char *body = "{\"q\":[[100],[-100]],\"k\":[[100],[-100]],\"v\":[[1,2],[3,4]],"
@@ -2454,7 +2455,7 @@ END_TEST
 
 /* ------------------------------------------------------------ suite */
 
-/* ------------------------------------------------- variants (issue 10) */
+/* ------------------------------------------------------------ variants */
 
 /* The smallest valid body of each route, open for more fields: q, k, v of
  * [2, n, 4] (two heads), or x [n, 4] with w_q, w_k, w_v [4, 4] and two heads
@@ -3159,7 +3160,7 @@ static Suite *api_suite(void)
     tcase_set_timeout(cost, 120);
     tcase_add_test(cost, work_counts_what_flops_do_not);
     tcase_add_test(cost, work_bounds_time_across_request_shapes);
-    tcase_add_test(cost, issue8_heavy_examples_are_refused_or_as_fast_as_their_work);
+    tcase_add_test(cost, heavy_requests_of_few_flops_are_refused_or_as_fast_as_their_work);
     tcase_add_test(cost, response_estimate_bounds_the_answer);
     suite_add_tcase(s, cost);
     return s;

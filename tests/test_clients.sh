@@ -69,7 +69,7 @@ done
 if [ -n "$py" ]; then
     if "$py" "$here/clients_check.py" "$url" >"$tmp/py" 2>&1; then ok "Python client (tests/clients_check.py)"; else cat "$tmp/py"; bad "Python client"; fi
     expect "examples/attnd_client.py runs" '"$py" "$root/examples/attnd_client.py" "$url" >"$tmp/pyex" 2>&1 && grep -q "^error: 422 shape_mismatch" "$tmp/pyex"'
-    # issue 10: the keys of one context split across two attnd processes,
+    # The keys of one context split across two attnd processes,
     # merged exactly with return_lse (the script checks the merge itself
     # against one request and a float64 reference, and exits 1 otherwise).
     "$bin" --bind 127.0.0.1 --port 0 2>"$tmp/log2" &

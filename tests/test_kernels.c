@@ -430,8 +430,8 @@ START_TEST(results_are_the_same_bits_call_after_call)
 END_TEST
 
 /* Values near float32's maximum: the weighted sum over the keys overflows
- * on the way, the weighted mean does not (Issue 8: the two routes must
- * agree; the library does it). Scores that overflow float32 too. */
+ * on the way, the weighted mean does not (the two routes must agree, so
+ * the library does it). Scores that overflow float32 too. */
 START_TEST(output_is_finite_where_the_sum_on_the_way_overflows)
 {
     enum { NK = 100, D = 3 };

@@ -1074,7 +1074,7 @@ END_TEST
 
 /* ----------------------------------------------------------- flops, errors */
 
-/* Issue 10: /v1/multihead applies the variants per head after the
+/* /v1/multihead applies the variants per head after the
  * projections; with gradients through them to every input. */
 START_TEST(variants_apply_per_head_after_the_projections)
 {

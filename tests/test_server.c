@@ -1444,8 +1444,8 @@ END_TEST
 #endif
 
 /* A multi-head body of about 2 KB that asks for a second or more of work:
- * `heads` heads of width 1 over 1300 positions (issue 8's "long work on the
- * I/O threads"). */
+ * `heads` heads of width 1 over 1300 positions (long work that must not
+ * run on the I/O threads). */
 static char *small_heavy_body(int heads)
 {
     char *body = NULL;
@@ -1549,7 +1549,7 @@ START_TEST(health_answers_at_once_while_small_heavy_bodies_compute)
 END_TEST
 
 /* One answer that could exceed --max-response is refused before it is
- * computed; issue 8's example (939 MB of weights from a 49 KB body). */
+ * computed (939 MB of weights from a 49 KB body). */
 START_TEST(answer_beyond_max_response_is_422_at_once)
 {
     server s = start_server("--max-response", "64MiB");

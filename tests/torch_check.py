@@ -8,7 +8,7 @@ computation written in plain torch ops in float64 (the reference) and
 float32 (reported, for scale).  Gradients come from torch autograd, never
 from a hand-written backward pass, so the check is independent of lib/.
 
-Where SPEC.md differs from PyTorch it wins:
+Where the contract (api/openapi.yaml) differs from PyTorch it wins:
 - a query row that sees no key gives zeros (output, weights, gradients);
   plain torch gives NaN there, so the reference uses a "safe" softmax that
   zeroes those rows, and the masked cases also compare the remaining rows
@@ -108,7 +108,7 @@ class Server:
 
 
 def enc(a, how="nested"):
-    """A request tensor in one of the three encodings of SPEC §3."""
+    """A request tensor in one of the three encodings the API accepts."""
     a = np.asarray(a)
     if a.dtype == np.bool_:
         if how == "nested":
@@ -158,7 +158,7 @@ def _t(a, dtype, grad=False):
 
 
 def rope_rotate(x, positions, base):
-    """Rotary position embedding from its definition (issue 10): for t < d/2
+    """Rotary position embedding from its definition: for t < d/2
     the pair (x_t, x_{t+d/2}) of the row at position p turns by the angle
     p * base^(-2t/d), computed in float64 (rotate-half, GPT-NeoX / Llama)."""
     d = x.shape[-1]
@@ -173,13 +173,13 @@ def rope_rotate(x, positions, base):
 def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, softcap=None,
            rope=None):
     """Attention of query rows tq [..., n_q, d_k] over tk [..., n_k, d_k], tv,
-    with every variant of issue 10 written from its definition; heads on
+    with every variant written from its definition; heads on
     dim -3 (when present) are grouped-query: tk, tv may have fewer.
 
     Positions are bottom-right aligned: query i at p_i = i + n_k - n_q, key j
     at j.  The final score is softcap(scale q.k) - slope |p_i - j| + bias;
     causal, window and a boolean mask hide keys.  Fully masked rows give
-    zeros (SPEC), and their lse is -inf.  Returns a dict of torch tensors:
+    zeros (the contract), and their lse is -inf.  Returns a dict of torch tensors:
     o, o_plain (plain -inf softmax: NaN rows), w, lse, full, s_raw (q.k after
     the rotation), s_capped (scaled and capped, no ALiBi or bias), allowed,
     and band (the pairs causal and window leave, what meta.flops counts)."""
@@ -239,7 +239,7 @@ def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, 
 
 
 def score_stats(r):
-    """SPEC's statistics from attend(): the raw scores (q.k after RoPE) and the
+    """The statistics of return_stats from attend(): the raw scores (q.k after RoPE) and the
     scaled, capped scores over the visible entries; entropy and max weight
     over the rows that see a key."""
     sr = r["s_raw"].detach().to(torch.float64)
@@ -961,7 +961,7 @@ def mha_stats_ref(p, h, hk, causal, mask, scale, **variants):
     return ref_mha(p, h, torch.float64, hk, causal, mask, scale, **variants)["stats"]
 
 
-# ---- variants (issue 10): window, ALiBi, softcap, RoPE, lse
+# ---- variants: window, ALiBi, softcap, RoPE, lse
 
 
 def alibi_slopes(h):
@@ -1111,7 +1111,7 @@ def openapi_text(srv):
 
 
 def half_roundtrip_case(c, srv, dtype):
-    """float16 / bfloat16 (issue 10): base64 inputs of that dtype are computed
+    """float16 / bfloat16: base64 inputs of that dtype are computed
     as the float32 of their values, and output_dtype writes the answer in it.
     The reference is torch on the same half values in float64, rounded to the
     dtype: the answer must be that rounding, or one unit in the last place
@@ -1500,8 +1500,8 @@ def cases(srv):
         if '"%s"' % dtype in contract or "- %s" % dtype in contract:
             run_case(V + "%s round trip" % dtype, half_roundtrip_case, srv, dtype)
         else:
-            print("SKIPPED %s round trip: this build's /openapi.yaml has no %s dtype (issue 10's "
-                  "half precision is not in yet); not counted" % (dtype, dtype))
+            print("SKIPPED %s round trip: this build's /openapi.yaml has no %s dtype; "
+                  "not counted" % (dtype, dtype))
 
     E = "error "
     qkv = {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]]}

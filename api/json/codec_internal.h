@@ -29,7 +29,7 @@
  * the kernel offers them (Linux's transparent huge pages in "madvise"
  * mode, the default of many distributions): a buffer's first writes then
  * fault once per 2 MiB instead of once per 4 KiB. On a virtual machine,
- * where a fault can cost 10 us, that was most of the time of reading a
+ * where a fault can cost 10 us, that is most of the time of reading a
  * million numbers into fresh memory. Does nothing below 4 MiB. */
 void api_advise_huge(void *p, size_t len);
 

@@ -1,6 +1,6 @@
 /*
- * float16 and bfloat16 <-> float32 for base64 tensors (issue 10: Example
- * 3's 2-byte entries).
+ * float16 and bfloat16 <-> float32 for base64 tensors (the chapter's
+ * Example 3 counts entries of 2 bytes, as half-precision models store them).
  *
  * Widening is exact: every float16 and bfloat16 value is a float32. The
  * narrowing rounds to nearest, ties to even, as PyTorch's .to(torch.float16)

@@ -1,5 +1,5 @@
 /*
- * Tensors in, in the three forms of SPEC §3: nested arrays (tensor_arrays.c
+ * Tensors in, in the three forms the API accepts: nested arrays (tensor_arrays.c
  * reads them), the flat {"shape", "data"} object and the
  * {"shape", "dtype", "base64"} object.
  *

@@ -1,5 +1,5 @@
 /*
- * Tensors out, in the three forms of SPEC §3 (nested arrays, the flat
+ * Tensors out, in the three forms of output_encoding (nested arrays, the flat
  * {"shape", "data"} object, the {"shape", "dtype", "base64"} object),
  * written straight into the response buffer.
  */

@@ -1,7 +1,7 @@
 #!/bin/bash
 # make reliability: attnd under hostile conditions, one table, each row a
 # measured figure, its bar and PASS or FAIL; the exit status is 1 when a row
-# fails. The bars are those of issue 8.
+# fails. docs/reliability.md says what each row does and why its bar.
 #
 #   tests/reliability/run.sh BUILD_DIR
 #
