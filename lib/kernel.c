@@ -7,13 +7,11 @@
  * choice falls back to the best available, and attn_kernel_forced() says
  * what was asked for.
  */
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_features.h"
 #include "kern.h"
 
 static const char *const NAMES[] = {
@@ -22,30 +20,17 @@ static const char *const NAMES[] = {
     [ATTN_KERNEL_AVX512] = "avx512",
 };
 
-#if defined(__x86_64__)
-/* F16C (float16 conversions, for the KV caches): CPUID leaf 1, ECX bit 29
- * (clang's __builtin_cpu_supports does not know the name). */
-static bool cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-#endif
-
 bool attn_kernel_supported(attn_kernel_kind kind)
 {
     switch (kind) {
     case ATTN_KERNEL_GENERIC:
         return true;
 #if defined(__x86_64__)
+    /* What each file is compiled for (-mavx2 -mfma, -mavx512f): see Makefile. */
     case ATTN_KERNEL_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               cpu_has_f16c();
+        return cpu_has(CPU_AVX2 | CPU_FMA | CPU_F16C);
     case ATTN_KERNEL_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma") && cpu_has_f16c();
+        return cpu_has(CPU_AVX512F | CPU_AVX2 | CPU_FMA | CPU_F16C);
 #endif
     default:
         return false;
