@@ -34,8 +34,8 @@ void api_lap(api_timing *t, double *step)
 
 /* The body must be one JSON object: the fields are its members, whose
  * places the validator notes on its way (spans, API_MAX_FIELDS of them). */
-static bool check_body(const char *body, size_t len, json_span *spans, size_t *members,
-                       api_error *err)
+bool api_check_body(const char *body, size_t len, json_span *spans, size_t *members,
+                    api_error *err)
 {
     if (!json_text_validate_spans(body, len, spans, API_MAX_FIELDS, members, err)) {
         /* The byte where the text stopped being JSON, as the validator's
@@ -64,7 +64,7 @@ double api_total_ms(const api_timing *t)
     return ms > 0 ? round(ms * 1e3) / 1e3 : 0;
 }
 
-static void respond_error(api_response *res, api_error *err)
+void api_respond_error(api_response *res, api_error *err)
 {
     if (err->status < 400 || err->status > 599 || !err->code[0])
         api_fail(err, 500, "internal", "", "internal error (no error recorded)");
@@ -72,6 +72,8 @@ static void respond_error(api_response *res, api_error *err)
     snprintf(res->error_code, sizeof res->error_code, "%s", err->code);
     res->body = api_error_json(err, &res->body_len);
     res->body_cap = res->body ? res->body_len + 1 : 0;
+    /* Every 503 is a moment's shortage (a full queue, caches all in use). */
+    res->retry_after = res->status == 503 ? 1 : 0;
     if (!res->body) {
         /* Not even the error object could be built: say so in the status. */
         res->status = 500;
@@ -188,6 +190,7 @@ static const api_operation *operation(api_op op)
     switch (op) {
     case API_OP_ATTENTION: return &api_attention_op;
     case API_OP_MULTIHEAD: return &api_multihead_op;
+    case API_OP_CACHE_ATTENTION: return &api_cache_attention_op;
     }
     return NULL;
 }
@@ -211,7 +214,7 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
         const char *text = body ? body : "";
         json_span spans[API_MAX_FIELDS];
         size_t members = 0;
-        ok = check_body(text, len, spans, &members, &err) &&
+        ok = api_check_body(text, len, spans, &members, &err) &&
              api_read_fields(spans, members, text + len, o->fields, o->n_fields,
                              o->other->fields, o->other->n_fields, o->other->route, c->f,
                              &err);
@@ -227,7 +230,7 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
     if (!ok) {
         api_call_free(c);
         timings(res, &t);
-        respond_error(res, &err);
+        api_respond_error(res, &err);
         return NULL;
     }
     c->t = t;
@@ -303,6 +306,8 @@ static void encode(api_call *c, api_buf *b)
     }
     if (c->want_stats)
         api_write_stats(b, &c->stats);
+    if (c->op->write_extra)
+        c->op->write_extra(c, b);
     api_dim dims[16];
     size_t n_dims = c->op->dims(c, dims);
     api_write_meta(b, dims, n_dims, &c->cost, &c->t);
@@ -334,7 +339,7 @@ void api_execute(api_call *c, int threads, api_response *res)
     api_call_free(c);
     if (!ok) {
         api_buf_free(&out);
-        respond_error(res, &err);
+        api_respond_error(res, &err);
         return;
     }
     /* The doubling growth may have left up to half the buffer unused; the

@@ -47,13 +47,16 @@
 /* The request's limits; its arrival on api_now_ms's clock (the same
  * monotonic clock as srv_now, in ms) makes meta.timing_ms.total count from
  * the request's headers. */
-static api_limits limits(const srv_request *r, int threads)
+api_limits compute_limits(const srv_request *r, int threads)
 {
     const srv_server *srv = r->srv;
     return (api_limits){.max_work = srv->cfg->max_work,
                         .max_response = (double)srv->cfg->max_response,
                         .threads = threads,
-                        .arrival_ms = r->t_start * 1e3};
+                        .arrival_ms = r->t_start * 1e3,
+                        .caches = srv->caches,
+                        .cache_id = r->path_id,
+                        .owner = r->has_owner ? r->owner : NULL};
 }
 
 /* Reserves the room of an answer in the budget; false when it is spent. */
@@ -100,7 +103,7 @@ void compute_release(srv_request *r)
  * already (an error in r->res, or the budget's refusal). */
 static bool prepare(srv_request *r, int threads)
 {
-    api_limits lim = limits(r, threads);
+    api_limits lim = compute_limits(r, threads);
     api_cost cost;
     r->call = api_prepare(r->route->op, r->connection->body, r->body_len, &lim, &cost,
                           &r->res);
@@ -227,7 +230,7 @@ compute_result compute_submit(srv_request *r)
      * refusal (400, 422, the budget) is then answered without a queue. */
     double work = 0;
     if (api_decode_work(r->body_len) <= INLINE_MAX_WORK / 2) {
-        api_limits lim = limits(r, 1);
+        api_limits lim = compute_limits(r, 1);
         api_cost cost;
         r->call = api_prepare(r->route->op, r->connection->body, r->body_len, &lim, &cost,
                               &r->res);

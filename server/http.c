@@ -59,6 +59,8 @@ void request_begin(srv_connection *cx, const char *method, const char *path,
     request_id_set(r, h->request_id);
     bool path_known;
     r->route = routes_match(srv, method, path, &path_known, &r->label);
+    if (r->route)
+        routes_path_id(r->route->path, path, r->path_id, sizeof r->path_id);
     metrics_request_start(&srv->metrics, r->label);
 }
 
@@ -103,6 +105,8 @@ static void on_headers(srv_request *r, const srv_headers *h)
             http_reply_stock(r, a == AUTH_MISSING ? STOCK_NO_KEY : STOCK_WRONG_KEY);
             return;
         }
+        r->has_owner = auth_key_of(&r->srv->auth, h->authorization, r->owner,
+                                   sizeof r->owner);
     }
     if (r->route && r->route->has_body)
         body_expect(r, h, length, has_length);
@@ -280,6 +284,10 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         snprintf(err, err_len, "cannot start compute threads");
         return false;
     }
+    if (!(srv->caches = api_caches_new((double)cfg->cache_memory, cfg->cache_idle))) {
+        snprintf(err, err_len, "out of memory for the KV cache store");
+        return false;
+    }
 
     struct sockaddr_storage addr = {0};
     /* poll(2), not epoll: libmicrohttpd 0.9.75 in epoll (edge-triggered)
@@ -346,6 +354,8 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         snprintf(err, err_len, "cannot listen on %s port %d: %s", cfg->bind, cfg->port,
                  strerror(errno));
         compute_stop(srv);
+        api_caches_free(srv->caches);
+        srv->caches = NULL;
         return false;
     }
     return true;
@@ -419,6 +429,8 @@ void http_stop(srv_server *srv)
     srv->daemon = NULL;
     conn_limit_free(&srv->conn_limit);
     compute_stop(srv);
+    api_caches_free(srv->caches);
+    srv->caches = NULL;
     routes_free(srv);
     stock_free(srv);
 }
