@@ -162,7 +162,7 @@ static bool validate(api_call *c, api_error *err)
                         "%lld",
                         (long long)c->f[F_TRUNCATE].integer);
     if (c->f[F_K].present != c->f[F_V].present)
-        return api_fail(err, 422, "missing_field", c->f[F_K].present ? "v" : "k",
+        return api_fail(err, 400, "missing_field", c->f[F_K].present ? "v" : "k",
                         "k and v are appended together: %s is missing",
                         c->f[F_K].present ? "v" : "k");
     if (!(st->cache = cache_acquire(c->lim.caches, c->lim.cache_id, c->lim.owner, err)))
@@ -323,27 +323,52 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
     return api_check_score_bound(bound, "q and the cached keys", err);
 }
 
+/* float16 holds |x| < 65520: a key or value beyond is refused before the
+ * cache changes (libattn would refuse it too, after the truncate). */
+static bool check_half(const api_call *c, api_error *err)
+{
+    if (state(c)->config.dtype != ATTN_KV_FLOAT16)
+        return true;
+    for (int f = F_K; f <= F_V; f++) {
+        const api_tensor *t = &c->f[f].tensor;
+        size_t at;
+        if (!api_half_fits(API_F16, t->f32, (size_t)t->count, &at))
+            return api_fail(err, 422, "invalid_value", cache_attention_fields[f].name,
+                            "%s[%zu] (row-major) is %g, beyond what this float16 cache "
+                            "can hold (|x| < 65520)",
+                            cache_attention_fields[f].name, at, (double)t->f32[at]);
+    }
+    return true;
+}
+
+/* Truncates and appends. The room for the append is reserved first, as the
+ * cache is before the truncate (which only frees), so that nothing changes
+ * unless both can be done; what the truncate frees is settled after. */
 static bool change(api_call *c, api_error *err)
 {
     cache_state *st = state(c);
     api_caches *store = c->lim.caches;
     cache_entry *e = st->cache;
     attn_error ae = {0};
+    if (st->n_new > 0) {
+        int64_t after = attn_kv_bytes_after_append(e->kv, st->n_new);
+        if (after < 0)
+            return api_fail(err, 422, "cache_memory_limit", "k",
+                            "appending %lld positions would make the cache larger than "
+                            "memory can address", (long long)st->n_new);
+        if (!check_half(c, err) ||
+            !cache_reserve(store, e, (size_t)after - attn_kv_bytes(e->kv), err))
+            return false;
+    }
     if (st->keep >= 0) {
         attn_kv_truncate(e->kv, st->keep, &ae);
-        cache_settle(store, e);
         if (st->keep == 0)
             e->max_key_norm = 0;
     }
-    if (st->n_new == 0)
+    if (st->n_new == 0) {
+        cache_settle(store, e);
         return true;
-    int64_t after = attn_kv_bytes_after_append(e->kv, st->n_new);
-    if (after < 0)
-        return api_fail(err, 422, "cache_memory_limit", "k",
-                        "appending %lld positions would make the cache larger than memory "
-                        "can address", (long long)st->n_new);
-    if (!cache_reserve(store, e, (size_t)after - attn_kv_bytes(e->kv), err))
-        return false;
+    }
     const api_tensor *k = &c->f[F_K].tensor;
     bool ok = attn_kv_append(e->kv, st->n_new, k->f32, c->f[F_V].tensor.f32,
                              st->p.variants.rope_base, &ae) == ATTN_OK;
