@@ -415,8 +415,8 @@ static void write_cache(const api_call *c, api_buf *b)
 {
     const cache_state *st = state(c);
     char text[96];
-    snprintf(text, sizeof text, ",\"cache\":{\"length\":%lld,\"bytes\":%lld}",
-             (long long)st->length, (long long)st->bytes);
+    snprintf(text, sizeof text, "%s\"cache\":{\"length\":%lld,\"bytes\":%lld}",
+             c->n_results > 0 ? "," : "", (long long)st->length, (long long)st->bytes);
     api_buf_puts(b, text);
 }
 
