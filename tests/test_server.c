@@ -3878,6 +3878,93 @@ START_TEST(cache_memory_evicts_the_least_recently_used_idle_cache)
 }
 END_TEST
 
+typedef struct {
+    int port;
+    const char *id;
+    const char *body;
+    reply r;
+} async_cache;
+
+static void *cache_thread(void *arg)
+{
+    async_cache *a = arg;
+    a->r = cache_call(a->port, "POST", a->id, a->body, NULL);
+    return NULL;
+}
+
+/* k [n, d_k] and v [n, d_v] of zeros, and q [heads, n_q, d_k] when heads > 0. */
+static char *zeros_body(int n, int d_k, int d_v, int heads, int n_q)
+{
+    size_t most = (size_t)(heads > 1 ? heads : 1) * (size_t)(n > n_q ? n : n_q) *
+                  (size_t)(d_k > d_v ? d_k : d_v);
+    float *x = calloc(most, sizeof *x);
+    char *body = NULL;
+    size_t len = 0;
+    int64_t ks[2] = {n, d_k}, vs[2] = {n, d_v}, qs[3] = {heads, n_q, d_k};
+    append(&body, &len, "{\"causal\": false", 16);
+    if (n > 0) {
+        append(&body, &len, ", \"k\": ", 7);
+        put_tensor_b64(&body, &len, x, 2, ks);
+        append(&body, &len, ", \"v\": ", 7);
+        put_tensor_b64(&body, &len, x, 2, vs);
+    }
+    if (heads > 0) {
+        append(&body, &len, ", \"q\": ", 7);
+        put_tensor_b64(&body, &len, x, 3, qs);
+    }
+    append(&body, &len, "}", 1);
+    free(x);
+    return body;
+}
+
+/* A cache in use is never evicted: while a long attention runs over one
+ * that holds most of --cache-memory, another cache's append that needs its
+ * room is a 503 cache_memory_full with Retry-After; once the attention is
+ * over, the same append evicts it and succeeds. The caches' values are
+ * wide (1024) and their keys narrow (8), so that the attention's body is
+ * small (read in a millisecond) and its computation long (a few hundred
+ * milliseconds; seconds under the sanitizers). */
+START_TEST(cache_memory_full_only_while_the_caches_to_evict_are_in_use)
+{
+    /* 1536 positions of one head of 8 + 1024 float32: 24 pages, 6.3 MB */
+    server s = start_server("--cache-memory", "8MiB", "--threads", "2");
+    static const char shape[] = "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}";
+    char busy[23], other[23];
+    cache_new(s.port, shape, NULL, busy);
+    char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
+    reply r = cache_call(s.port, "POST", busy, fill_body, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    char *slow = zeros_body(0, 8, 1024, 8, SLOW_N);
+    async_cache a = {s.port, busy, slow, {0}};
+    pthread_t t;
+    pthread_create(&t, NULL, cache_thread, &a);
+    ck_assert(wait_computing(s.port, 1));
+    usleep(50000); /* its 256 KB body read: the cache is held */
+    cache_new(s.port, shape, NULL, other);
+    char *grow = zeros_body(640, 8, 1024, 0, 0); /* 10 pages: only with the busy cache gone */
+    r = cache_call(s.port, "POST", other, grow, NULL);
+    char retry[16];
+    ck_assert_error(r, 503, "cache_memory_full");
+    ck_assert_str_eq(header(&r, "Retry-After", retry, sizeof retry), "1");
+    reply_free(&r);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.r.status, 200);
+    reply_free(&a.r);
+    r = cache_call(s.port, "POST", other, grow, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(s.port, "GET", busy, NULL, NULL);
+    ck_assert_error(r, 404, "cache_not_found");
+    reply_free(&r);
+    ck_assert(metric(s.port, "attnd_cache_evictions_total{reason=\"memory\"}") == 1);
+    free(fill_body);
+    free(slow);
+    free(grow);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 START_TEST(cache_belongs_to_the_key_that_made_it)
 {
     char keys[256];
@@ -4143,6 +4230,7 @@ static Suite *server_suite(void)
     tcase_add_test(caches, cache_bad_shapes_are_422_naming_the_field);
     tcase_add_test(caches, cache_idle_one_expires_with_404_and_is_counted);
     tcase_add_test(caches, cache_memory_evicts_the_least_recently_used_idle_cache);
+    tcase_add_test(caches, cache_memory_full_only_while_the_caches_to_evict_are_in_use);
     tcase_add_test(caches, cache_belongs_to_the_key_that_made_it);
     tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
     tcase_add_test(caches, cache_work_limit_counts_the_positions_cached);
