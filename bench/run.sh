@@ -316,6 +316,18 @@ for round in 1 2 3; do
     turn fastapi1_medium "$FASTAPI1_URL" "$OUT/medium.json"
     turn fastapi2_medium "$FASTAPI2_URL" "$OUT/medium.json"
 done
+# Decoding over HTTP through a KV cache (bench/decode_http.py): a step's
+# round trip beyond its server-side compute, and a step through a cache
+# against re-sending K and V each time.
+if [ -n "$ATTND_URL" ] && /usr/bin/python3 -c 'import numpy' 2> /dev/null; then
+    note "http: decode steps through a KV cache"
+    if /usr/bin/python3 bench/decode_http.py "${ATTND_URL%/v1/attention}" 100 > "$TMP/dechttp" 2> "$TMP/dechttp.err"; then
+        cat "$TMP/dechttp" >> "$RES"
+        cp "$TMP/dechttp" "$OUT/decode_http.txt"
+    else
+        note "bench/decode_http.py: $(tail -2 "$TMP/dechttp.err")"
+    fi
+fi
 round=1
 turn fastapi1_small "$FASTAPI1_URL" "$OUT/small.json"
 turn fastapi2_small "$FASTAPI2_URL" "$OUT/small.json"
@@ -518,6 +530,13 @@ else
     printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 10 (aim 20) | peer not available |\n' \
         "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
+row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
+    "$(get http_dec_overhead_us)" \
+    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; one kept-alive connection, bench/decode_http.py" \
+    "<=" 150
+row "decode step at 4096 positions (float32): re-sending K and V to /v1/attention / through a KV cache (time)" \
+    "$(get http_resend_ratio)" \
+    "$(get http_resend_step_ms) ms / $(get http_cache_step_ms) ms (medians, taking turns)" ">=" 20
 echo
 echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up; decode figures: medians of per-round ratios. Raw outputs: $OUT/."
 [ $FAILS -eq 0 ] || { echo "$FAILS bar(s) failed or not measured"; exit 1; }
