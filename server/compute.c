@@ -9,8 +9,9 @@
  * compute requests ask for (a 4 KB multi-head body can ask for seconds).
  *   - A body whose decoding is itself tiny work is decoded and costed on
  *     the I/O thread that read it. If the whole request is tiny too
- *     (INLINE_MAX_WORK, about a tenth of a millisecond) and a slot is free
- *     with nobody waiting, it is computed right there: handing microseconds
+ *     (INLINE_MAX_WORK, about a tenth of a millisecond; and not attention
+ *     over a KV cache, which may wait for the cache's turn) and a slot is
+ *     free with nobody waiting, it is computed right there: handing microseconds
  *     of work to a worker would cost two thread wake-ups and the suspension
  *     of the connection, more than the attention itself. It takes a slot
  *     like any other, so it counts against --threads and --queue.
@@ -245,7 +246,11 @@ compute_result compute_submit(srv_request *r)
     }
 
     pthread_mutex_lock(&q->lock);
-    if (r->call && work <= INLINE_MAX_WORK && q->running < q->slots && q->waiting == 0) {
+    /* Never a KV cache's attention: it may wait for the cache's turn behind
+     * a long request to the same cache, and an I/O thread must not wait. */
+    bool may_inline = r->route->op != API_OP_CACHE_ATTENTION;
+    if (r->call && may_inline && work <= INLINE_MAX_WORK && q->running < q->slots &&
+        q->waiting == 0) {
         int others = q->running++;
         pthread_mutex_unlock(&q->lock);
         run(r, others, 0);
