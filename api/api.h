@@ -103,7 +103,7 @@ typedef struct {
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
     double total_ms;  /* meta.timing_ms.total (for an error: as it would be) */
     char error_code[40]; /* the error's code when status is not 200, else "" */
-    char location[64];   /* a Location header to send ("" for none): a 201's */
+    char location[96];   /* a Location header to send ("" for none): a 201's */
     int retry_after;     /* seconds for a Retry-After header (0: none) */
 } api_response;
 
@@ -149,7 +149,10 @@ void api_response_free(api_response *res);
  *   POST /v1/caches          201 and the cache's object, Location set
  *   GET /v1/caches/{id}      200 and the object
  *   DELETE /v1/caches/{id}   204, no body (res->body NULL, body_len 0)
- * lim->caches, lim->cache_id and lim->owner say which cache, for whom.
+ * lim->caches, lim->cache_id and lim->owner say which cache, for whom. For
+ * POST, lim->cache_id (NULL or "": 128 random bits) is the id to give the
+ * new cache: a load balancer that routes /v1/caches/{id} by a hash of the
+ * id chooses it, so that the cache is made on the replica its id leads to.
  */
 void api_cache_create(const char *body, size_t len, const api_limits *lim, api_response *res);
 void api_cache_get(const api_limits *lim, api_response *res);

@@ -231,9 +231,23 @@ static bool same_owner(const char *made_by, const char *owner)
     return diff == 0;
 }
 
-cache_entry *cache_create(api_caches *s, const attn_kv_config *config, const char *owner,
-                          api_error *err)
+/* An id given by the caller: 16 to 64 base64url characters (a load
+ * balancer's 32 hex digits are). */
+static bool id_text(const char *id)
 {
+    size_t n = strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_");
+    return id[n] == '\0' && n >= 16 && n <= CACHE_ID_MAX;
+}
+
+cache_entry *cache_create(api_caches *s, const attn_kv_config *config, const char *owner,
+                          const char *id, api_error *err)
+{
+    if (id && !id_text(id)) {
+        api_fail(err, 400, "invalid_value", "X-Cache-Id",
+                 "X-Cache-Id must be 16 to %d characters of A-Z, a-z, 0-9, - and _ "
+                 "(it becomes the cache's id)", CACHE_ID_MAX);
+        return NULL;
+    }
     size_t bytes = attn_kv_bytes_empty(config);
     if ((double)bytes > s->memory) {
         api_fail(err, 422, "cache_memory_limit", "",
@@ -244,7 +258,9 @@ cache_entry *cache_create(api_caches *s, const attn_kv_config *config, const cha
     }
     cache_entry *e = calloc(1, sizeof *e);
     attn_error ae = {0};
-    if (!e || (owner && !(e->owner = strdup(owner))) || !new_id(e->id) ||
+    if (e && id)
+        snprintf(e->id, sizeof e->id, "%s", id);
+    if (!e || (owner && !(e->owner = strdup(owner))) || (!id && !new_id(e->id)) ||
         attn_kv_create(config, &e->kv, &ae) != ATTN_OK) {
         if (ae.status != ATTN_OK && ae.status != ATTN_ERR_NOMEM)
             api_fail_attn(err, &ae);
@@ -264,7 +280,8 @@ cache_entry *cache_create(api_caches *s, const attn_kv_config *config, const cha
     e->refs = 1;
     pthread_mutex_lock(&s->lock);
     sweep(s);
-    bool room = make_room(s, e->bytes, NULL);
+    bool taken = find(s, e->id) != NULL;
+    bool room = !taken && make_room(s, e->bytes, NULL);
     if (room) {
         s->bytes += e->bytes;
         s->count++;
@@ -275,8 +292,13 @@ cache_entry *cache_create(api_caches *s, const attn_kv_config *config, const cha
         push_newest(s, e);
     }
     pthread_mutex_unlock(&s->lock);
-    if (!room) {
+    if (taken)
+        api_fail(err, 409, "cache_exists", "X-Cache-Id",
+                 "a cache with the id %s exists already; leave X-Cache-Id out for a random id",
+                 e->id);
+    else if (!room)
         full(err, e->bytes, s);
+    if (!room) {
         entry_free(e);
         return NULL;
     }

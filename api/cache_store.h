@@ -18,13 +18,15 @@
 
 #include <pthread.h>
 
-/* 128 random bits in base64url without padding: 22 characters. */
+/* 128 random bits in base64url without padding: 22 characters; an id
+ * given by a load balancer may have up to CACHE_ID_MAX. */
 #define CACHE_ID_LEN 22
+#define CACHE_ID_MAX 64
 
 typedef struct cache_entry cache_entry;
 
 struct cache_entry {
-    char id[CACHE_ID_LEN + 1];
+    char id[CACHE_ID_MAX + 1];
     char *owner;        /* the API key that made it, or NULL */
     attn_kv_cache *kv;
     attn_kv_config config; /* the cache's, fixed: read without its turn */
@@ -46,9 +48,11 @@ struct cache_entry {
 
 /* A new cache of this configuration in the table, held (refs 1); NULL with
  * err filled: 503 cache_memory_full (nothing idle to evict), 422 when it
- * could never fit, 500 out of memory. */
+ * could never fit, 500 out of memory. Its id is 128 random bits, or `id`
+ * when given (a load balancer's choice, see api_cache_create): 400 when it
+ * is not 16 to 64 base64url characters, 409 cache_exists when taken. */
 cache_entry *cache_create(api_caches *s, const attn_kv_config *config, const char *owner,
-                          api_error *err);
+                          const char *id, api_error *err);
 
 /* The cache `id` held for a request of `owner`; NULL with 404
  * cache_not_found when there is none for this owner. */

@@ -39,7 +39,7 @@ static bool check_dim(const api_value *v, const char *field, api_error *err)
 static void respond_cache(api_response *res, int status, const cache_entry *e,
                           const attn_kv_config *config, int64_t length, size_t bytes)
 {
-    char text[400];
+    char text[480];
     int n = snprintf(text, sizeof text,
                      "{\"id\":\"%s\",\"num_kv_heads\":%lld,\"head_dim\":%lld,\"value_dim\":%lld,"
                      "\"dtype\":\"%s\",\"length\":%lld,\"bytes\":%zu}",
@@ -92,7 +92,8 @@ void api_cache_create(const char *body, size_t len, const api_limits *lim, api_r
             .dtype = f[F_DTYPE].present ? kv_dtype(f[F_DTYPE].dtype) : ATTN_KV_FLOAT32,
         };
     api_values_free(f, F_COUNT);
-    cache_entry *e = ok ? cache_create(lim->caches, &config, lim->owner, &err) : NULL;
+    const char *id = lim->cache_id && lim->cache_id[0] ? lim->cache_id : NULL;
+    cache_entry *e = ok ? cache_create(lim->caches, &config, lim->owner, id, &err) : NULL;
     if (!e) {
         api_respond_error(res, &err);
         return;

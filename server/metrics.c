@@ -24,7 +24,7 @@
 #define relaxed_add(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
 
 /* The statuses attnd produces; anything else is counted under "other". */
-static const int statuses[METRICS_N_STATUS] = {200, 201, 204, 400, 401, 404, 405, 413, 414,
+static const int statuses[METRICS_N_STATUS] = {200, 201, 204, 400, 401, 404, 405, 409, 413, 414,
                                                415, 422, 431, 499, 500, 501, 503};
 
 /* Buckets in seconds: from a cached /healthz (~50 us) to a large multi-head

@@ -302,9 +302,14 @@ static void reply_api(srv_request *r)
     routes_compute_done(r);
 }
 
+/* The id a load balancer chose for the new cache (docker/nginx.conf), or
+ * none. */
+#define CACHE_ID_HEADER "X-Cache-Id"
+
 static void handle_cache_create(srv_request *r)
 {
     api_limits lim = compute_limits(r, 1);
+    lim.cache_id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, CACHE_ID_HEADER);
     api_cache_create(r->connection->body, r->body_len, &lim, &r->res);
     reply_api(r);
 }

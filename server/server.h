@@ -46,7 +46,7 @@ struct srv_route {
 
 /* The longest path parameter kept ({id} of /v1/caches/{id}); a longer one
  * names nothing (404). */
-#define PATH_PARAM_MAX 63
+#define PATH_PARAM_MAX 64
 
 /* The longest X-Request-ID taken from a client (longer ones are replaced). */
 #define REQUEST_ID_MAX 128
@@ -310,7 +310,7 @@ void compute_stop(srv_server *srv);
 /* ---------------------------------------------------------- metrics.c */
 
 /* The statuses counted by name; anything else is "other". */
-#define METRICS_N_STATUS 16
+#define METRICS_N_STATUS 17
 /* Histogram buckets (the last counter is +Inf). */
 #define METRICS_N_BUCKETS 18
 

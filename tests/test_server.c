@@ -4113,12 +4113,109 @@ START_TEST(cache_work_limit_counts_the_positions_cached)
 }
 END_TEST
 
+START_TEST(cache_id_from_x_cache_id_once_and_well_formed)
+{
+    static const char *const given[] = {"X-Cache-Id: 0123456789abcdef0123456789abcdef", NULL};
+    static const char body[] = "{\"num_kv_heads\": 1, \"head_dim\": 2}";
+    reply r = request(shared.port, "POST", "/v1/caches", given, body, -1);
+    char loc[128];
+    ck_assert_int_eq(r.status, 201);
+    ck_assert_str_eq(header(&r, "Location", loc, sizeof loc),
+                     "/v1/caches/0123456789abcdef0123456789abcdef");
+    reply_free(&r);
+    r = request(shared.port, "POST", "/v1/caches", given, body, -1);
+    ck_assert_error(r, 409, "cache_exists");
+    reply_free(&r);
+    static const char *const bad[] = {"X-Cache-Id: short", NULL};
+    r = request(shared.port, "POST", "/v1/caches", bad, body, -1);
+    ck_assert_error(r, 400, "invalid_value");
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", "0123456789abcdef0123456789abcdef", NULL, NULL);
+    ck_assert_int_eq(r.status, 204);
+    reply_free(&r);
+}
+END_TEST
+
 START_TEST(cache_limits_are_in_info)
 {
     reply r = get(shared.port, "/v1/info");
     ck_assert_ptr_nonnull(strstr(r.body, "\"cache_memory\": 1073741824"));
     ck_assert_ptr_nonnull(strstr(r.body, "\"cache_idle\": 600"));
     reply_free(&r);
+}
+END_TEST
+
+/* docker/nginx.conf in front of two replicas: every cache made through it
+ * (anywhere) is found again through it, by the Location it answered, for
+ * every request on it; the caches spread over both replicas; and a cache
+ * whose replica stopped answers 404 cache_not_found while the others keep
+ * decoding. */
+START_TEST(nginx_routes_each_cache_to_the_replica_that_holds_it)
+{
+    enum { CACHES = 16 };
+    const char *nginx = access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "nginx";
+    char dir[] = "/tmp/attnd-lbc-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    chmod(dir, 0755);
+    server a = start_server("--threads", "1"), b = start_server("--threads", "1");
+    int ports[2] = {a.port, b.port};
+    int port = free_port();
+    ck_assert(write_nginx_conf(dir, port, ports, 2));
+    char conf[600], globals[700], log[600], errlog[600];
+    snprintf(conf, sizeof conf, "%s/nginx.conf", dir);
+    snprintf(log, sizeof log, "%s/nginx.out", dir);
+    snprintf(errlog, sizeof errlog, "%s/error.log", dir);
+    snprintf(globals, sizeof globals, "daemon off; pid %s/nginx.pid;%s", dir,
+             geteuid() == 0 ? " user root;" : "");
+    char *argv[] = {(char *)nginx, "-p", dir, "-e", errlog, "-c", conf, "-g", globals, NULL};
+    pid_t ng = spawn(argv, log);
+    ck_assert_msg(wait_listening(port, ng, 10), "nginx (%s) did not start; see %s", nginx, log);
+
+    char ids[CACHES][128];
+    for (int i = 0; i < CACHES; i++) {
+        reply r = post_json(port, "/v1/caches", "{\"num_kv_heads\": 1, \"head_dim\": 2}");
+        ck_assert_msg(r.status == 201, "through nginx: %ld %s", r.status, r.body);
+        char loc[128];
+        ck_assert_ptr_nonnull(header(&r, "Location", loc, sizeof loc));
+        ck_assert(!strncmp(loc, "/v1/caches/", 11));
+        snprintf(ids[i], sizeof ids[i], "%s", loc + 11);
+        reply_free(&r);
+    }
+    for (int step = 0; step < 3; step++)
+        for (int i = 0; i < CACHES; i++) {
+            reply r = cache_call(port, "POST", ids[i],
+                                 "{\"k\": [[1, 0]], \"v\": [[1, 2]], \"q\": [[0, 1]]}", NULL);
+            ck_assert_msg(r.status == 200, "cache %d step %d through nginx: %ld %s", i, step,
+                          r.status, r.body);
+            ck_assert_int_eq(body_integer(&r, "cache", "length"), step + 1);
+            reply_free(&r);
+        }
+    double na = metric(a.port, "attnd_caches"), nb = metric(b.port, "attnd_caches");
+    ck_assert_msg(na + nb == CACHES && na > 0 && nb > 0, "caches on the replicas: %g and %g",
+                  na, nb);
+
+    ck_assert_int_eq(stop_server(&a), 0);
+    int lost = 0;
+    for (int i = 0; i < CACHES; i++) {
+        reply r = cache_call(port, "GET", ids[i], NULL, NULL);
+        ck_assert_msg(r.status == 200 || r.status == 404, "with one replica stopped: %ld",
+                      r.status);
+        if (r.status == 404) {
+            ck_assert_error(r, 404, "cache_not_found");
+            lost++;
+        } else {
+            ck_assert_int_eq(body_integer(&r, NULL, "length"), 3);
+        }
+        reply_free(&r);
+    }
+    ck_assert_msg(lost == (int)na, "%d caches answered 404, %g were on the stopped replica",
+                  lost, na);
+    kill(ng, SIGQUIT);
+    waitpid(ng, NULL, 0);
+    ck_assert_int_eq(stop_server(&b), 0);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -4235,6 +4332,7 @@ static Suite *server_suite(void)
     tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
     tcase_add_test(caches, cache_work_limit_counts_the_positions_cached);
     tcase_add_test(caches, cache_limits_are_in_info);
+    tcase_add_test(caches, cache_id_from_x_cache_id_once_and_well_formed);
     suite_add_tcase(s, caches);
 
     TCase *pressure = tcase_create("connection_pressure");
@@ -4247,6 +4345,7 @@ static Suite *server_suite(void)
     TCase *lb = tcase_create("load_balancer");
     tcase_set_timeout(lb, 40);
     tcase_add_test(lb, nginx_spreads_requests_over_replicas_and_survives_one_stopping);
+    tcase_add_test(lb, nginx_routes_each_cache_to_the_replica_that_holds_it);
     suite_add_tcase(s, lb);
     return s;
 }
