@@ -61,7 +61,7 @@ static attention_state *state(const api_call *c)
 }
 
 /* B, H, n, d of a rank-2..4 tensor. */
-static void dims(const api_tensor *t, int64_t *b, int64_t *h, int64_t *n,
+static void dims(const codec_tensor *t, int64_t *b, int64_t *h, int64_t *n,
                  int64_t *d)
 {
     int r = t->rank;
@@ -75,8 +75,8 @@ static void dims(const api_tensor *t, int64_t *b, int64_t *h, int64_t *n,
     api_fail(err, 422, "shape_mismatch", field, fmt, (long long)(a), (long long)(b))
 
 /* q, k and v fit together: ranks, batch, heads, n_k, d_k. */
-static bool check_qkv(const api_tensor *q, const api_tensor *k,
-                      const api_tensor *v, api_error *err)
+static bool check_qkv(const codec_tensor *q, const codec_tensor *k,
+                      const codec_tensor *v, api_error *err)
 {
     if (!api_check_rank(q, "q", 2, 4, FORMS, err) ||
         !api_check_rank(k, "k", 2, 4, FORMS, err) ||
@@ -134,7 +134,7 @@ static void cost(const api_call *c, api_cost_terms *t)
 static double score_bound(const api_call *c, const char **blame)
 {
     const attn_sdpa_params *p = &state(c)->p;
-    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor;
+    const codec_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor;
     double bias = p->mask.kind == ATTN_MASK_BIAS
                       ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
                       : 0;
@@ -152,7 +152,7 @@ static double score_bound(const api_call *c, const char **blame)
 static bool validate(api_call *c, api_error *err)
 {
     attention_state *st = state(c);
-    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
+    const codec_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
                      *v = &c->f[F_V].tensor;
     if (!check_qkv(q, k, v, err))
         return false;
@@ -239,7 +239,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     if (!c->want_grad)
         return true;
     /* The output must be finite for the backward pass to mean anything. */
-    if (!api_check_output(out, rows * p->d_v, "the output", API_ENC_NESTED, err))
+    if (!api_check_output(out, rows * p->d_v, "the output", CODEC_ENC_NESTED, err))
         return false;
     if (attn_sdpa_backward(p, q, k, v, out, st->rows, api_field_data(c, F_GRAD_OUTPUT),
                            result(c, st->dq), result(c, st->dk), result(c, st->dv),

@@ -21,6 +21,7 @@
 #include "request.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,7 +103,7 @@ static bool unsupported(const api_call *c, api_error *err)
 
 /* A tensor of `heads` heads of rows `width` wide: [heads, n, width], or
  * [n, width] when heads is 1; *n gets n. */
-static bool check_heads(const api_tensor *t, const char *field, int64_t heads, int64_t width,
+static bool check_heads(const codec_tensor *t, const char *field, int64_t heads, int64_t width,
                         const char *width_name, int64_t *n, api_error *err)
 {
     char forms[96];
@@ -127,7 +128,7 @@ static bool check_heads(const api_tensor *t, const char *field, int64_t heads, i
 static bool check_q(api_call *c, api_error *err)
 {
     cache_state *st = state(c);
-    const api_tensor *q = &c->f[F_Q].tensor;
+    const codec_tensor *q = &c->f[F_Q].tensor;
     const attn_kv_config *k = &st->config;
     if (!api_check_rank(q, "q", 2, 3, "[heads, n_q, head_dim] or [n_q, head_dim]", err))
         return false;
@@ -201,7 +202,7 @@ static bool validate(api_call *c, api_error *err)
         return false;
     if (!st->attend)
         return true;
-    const api_tensor *q = &c->f[F_Q].tensor;
+    const codec_tensor *q = &c->f[F_Q].tensor;
     int64_t out_shape[3];
     memcpy(out_shape, q->shape, sizeof out_shape);
     out_shape[q->rank - 1] = st->config.value_dim;
@@ -305,10 +306,10 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
     }
     if (!st->attend)
         return true;
-    const api_tensor *q = &c->f[F_Q].tensor;
+    const codec_tensor *q = &c->f[F_Q].tensor;
     double key_norm = st->cache->max_key_norm;
     if (st->n_new > 0) {
-        const api_tensor *k = &c->f[F_K].tensor;
+        const codec_tensor *k = &c->f[F_K].tensor;
         double fresh = api_max_row_norm(k->f32, k->count / st->config.head_dim,
                                         st->config.head_dim);
         key_norm = fmax(key_norm, fresh);
@@ -330,9 +331,9 @@ static bool check_half(const api_call *c, api_error *err)
     if (state(c)->config.dtype != ATTN_KV_FLOAT16)
         return true;
     for (int f = F_K; f <= F_V; f++) {
-        const api_tensor *t = &c->f[f].tensor;
+        const codec_tensor *t = &c->f[f].tensor;
         size_t at;
-        if (!api_half_fits(API_F16, t->f32, (size_t)t->count, &at))
+        if (!codec_half_fits(CODEC_F16, t->f32, (size_t)t->count, &at))
             return api_fail(err, 422, "invalid_value", cache_attention_fields[f].name,
                             "%s[%zu] (row-major) is %g, beyond what this float16 cache "
                             "can hold (|x| < 65520)",
@@ -369,7 +370,7 @@ static bool change(api_call *c, api_error *err)
         cache_settle(store, e);
         return true;
     }
-    const api_tensor *k = &c->f[F_K].tensor;
+    const codec_tensor *k = &c->f[F_K].tensor;
     bool ok = attn_kv_append(e->kv, st->n_new, k->f32, c->f[F_V].tensor.f32,
                              st->p.variants.rope_base, &ae) == ATTN_OK;
     cache_settle(store, e); /* what it holds: the reservation, or less */
@@ -411,13 +412,13 @@ static bool compute(api_call *c, int threads, api_error *err)
 
 /* ----------------------------------------------------------------- answer */
 
-static void write_cache(const api_call *c, api_buf *b)
+static void write_cache(const api_call *c, codec_buf *b)
 {
     const cache_state *st = state(c);
     char text[96];
     snprintf(text, sizeof text, "%s\"cache\":{\"length\":%lld,\"bytes\":%lld}",
              c->n_results > 0 ? "," : "", (long long)st->length, (long long)st->bytes);
-    api_buf_puts(b, text);
+    codec_buf_puts(b, text);
 }
 
 static size_t meta_dims(const api_call *c, api_dim *d)

@@ -59,11 +59,11 @@ static void respond_cache(api_response *res, int status, const cache_entry *e,
     res->status = status;
 }
 
-static attn_kv_dtype kv_dtype(api_dtype d)
+static attn_kv_dtype kv_dtype(codec_dtype d)
 {
     switch (d) {
-    case API_F16: return ATTN_KV_FLOAT16;
-    case API_BF16: return ATTN_KV_BFLOAT16;
+    case CODEC_F16: return ATTN_KV_FLOAT16;
+    case CODEC_BF16: return ATTN_KV_BFLOAT16;
     default: return ATTN_KV_FLOAT32;
     }
 }
@@ -73,12 +73,11 @@ void api_cache_create(const char *body, size_t len, const api_limits *lim, api_r
     memset(res, 0, sizeof *res);
     api_error err = {0};
     api_value f[F_COUNT] = {0};
-    json_span spans[API_MAX_FIELDS];
-    size_t members = 0;
+    codec_span spans[API_MAX_FIELDS];
+    codec_doc doc; /* filled by api_check_body whatever it finds */
     const char *text = body ? body : "";
-    bool ok = api_check_body(text, len, spans, &members, &err) &&
-              api_read_fields(spans, members, text + len, create_fields, F_COUNT, NULL, 0,
-                              NULL, f, &err) &&
+    bool ok = api_check_body(&doc, text, len, spans, &err) &&
+              api_read_fields(&doc, create_fields, F_COUNT, NULL, 0, NULL, f, &err) &&
               check_dim(&f[F_NUM_KV_HEADS], "num_kv_heads", &err) &&
               check_dim(&f[F_HEAD_DIM], "head_dim", &err) &&
               (!f[F_VALUE_DIM].present || check_dim(&f[F_VALUE_DIM], "value_dim", &err));

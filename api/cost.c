@@ -89,9 +89,9 @@ double api_compute_work(const api_cost_terms *t, bool stats, bool backward)
            t->averaged * PRICE_AVERAGE;
 }
 
-double api_encode_work(double numbers, api_encoding enc)
+double api_encode_work(double numbers, codec_encoding enc)
 {
-    bool text = enc == API_ENC_NESTED || enc == API_ENC_FLAT;
+    bool text = enc == CODEC_ENC_NESTED || enc == CODEC_ENC_FLAT;
     return numbers * (text ? PRICE_TEXT_NUMBER : PRICE_BASE64_NUMBER);
 }
 
@@ -100,11 +100,11 @@ double api_decode_work(size_t len)
     return (double)len * PRICE_BODY_BYTE;
 }
 
-/* The longest text of a float32 (api_float_text: "-1000206000000000.0")
+/* The longest text of a float32 (codec_float_text: "-1000206000000000.0")
  * and its comma. */
 #define TEXT_NUMBER_MAX 20.0
 
-double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc)
+double api_encoded_bytes(int rank, const int64_t *shape, codec_encoding enc)
 {
     double count = 1, shape_text = 2;
     for (int i = 0; i < rank; i++) {
@@ -112,17 +112,17 @@ double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc)
         shape_text += 21; /* an int64 and its comma */
     }
     switch (enc) {
-    case API_ENC_BASE64:
-    case API_ENC_BASE64_F16:
-    case API_ENC_BASE64_BF16: {
+    case CODEC_ENC_BASE64:
+    case CODEC_ENC_BASE64_F16:
+    case CODEC_ENC_BASE64_BF16: {
         /* {"shape":[...],"dtype":"bfloat16","base64":"..."} */
-        double bytes = count * (enc == API_ENC_BASE64 ? 4 : 2);
+        double bytes = count * (enc == CODEC_ENC_BASE64 ? 4 : 2);
         return 48 + shape_text + 4 * ceil(bytes / 3);
     }
-    case API_ENC_FLAT:
+    case CODEC_ENC_FLAT:
         /* {"shape":[...],"data":[...]} */
         return 24 + shape_text + count * TEXT_NUMBER_MAX;
-    case API_ENC_NESTED:
+    case CODEC_ENC_NESTED:
         break;
     }
     /* Each array at depth i (there are shape[0] * ... * shape[i-1] of

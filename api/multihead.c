@@ -83,14 +83,14 @@ static multihead_state *state(const api_call *c)
 #define MISMATCH(field, ...) api_fail(err, 422, "shape_mismatch", field, __VA_ARGS__)
 #define LL(x) ((long long)(x))
 
-static const api_tensor *given(const api_call *c, int f)
+static const codec_tensor *given(const api_call *c, int f)
 {
     return c->f[f].present ? &c->f[f].tensor : NULL;
 }
 
 /* A weight [rows, cols] whose rows must be `rows`; `rows_of` says where
  * that number comes from ("x has d_model="), the number follows it. */
-static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
+static bool check_weight(const codec_tensor *w, const char *field, int64_t rows,
                          const char *rows_of, const char *form, api_error *err)
 {
     if (!api_check_rank(w, field, 2, 2, form, err))
@@ -103,7 +103,7 @@ static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
 }
 
 /* A bias [len] that must match the columns of its projection. */
-static bool check_bias(const api_tensor *b, const char *field, int64_t len,
+static bool check_bias(const codec_tensor *b, const char *field, int64_t len,
                        const char *of, api_error *err)
 {
     if (!b)
@@ -122,7 +122,7 @@ static bool check_bias(const api_tensor *b, const char *field, int64_t len,
 /* x and context: ranks, batch, and the sizes n, m, d_model, d_ctx. */
 static bool validate_sequences(api_call *c, api_error *err)
 {
-    const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
+    const codec_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
     if (!api_check_rank(x, "x", 2, 3, "[n, d_model] or [batch, n, d_model]", err))
         return false;
     int r = state(c)->rank = x->rank;
@@ -175,7 +175,7 @@ static bool validate_weights(api_call *c, api_error *err)
     const char *rows_q = "x has d_model=";
     const char *rows_kv = given(c, F_CONTEXT) ? "context has d_ctx=" : "x has d_model=";
 
-    const api_tensor *w_q = given(c, F_W_Q), *w_k = given(c, F_W_K),
+    const codec_tensor *w_q = given(c, F_W_Q), *w_k = given(c, F_W_K),
                      *w_v = given(c, F_W_V), *w_o = given(c, F_W_O);
     if (!check_weight(w_q, "w_q", p->d_model, rows_q, "[d_model, num_heads*d_k]", err))
         return false;
@@ -223,9 +223,9 @@ static bool validate_weights(api_call *c, api_error *err)
 static double score_bound(const api_call *c, const char **blame)
 {
     const attn_mha_params *p = &state(c)->p;
-    const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
-    const api_tensor *kv_in = ctx ? ctx : x;
-    const api_tensor *b_q = given(c, F_B_Q), *b_k = given(c, F_B_K);
+    const codec_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
+    const codec_tensor *kv_in = ctx ? ctx : x;
+    const codec_tensor *b_q = given(c, F_B_Q), *b_k = given(c, F_B_K);
     double q = api_max_row_norm(x->f32, x->count / p->d_model, p->d_model) *
                    api_norm(c->f[F_W_Q].tensor.f32, c->f[F_W_Q].tensor.count) +
                (b_q ? api_norm(b_q->f32, b_q->count) : 0);

@@ -105,8 +105,7 @@ have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0
 [ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
 [ -f "$BUILD/libattn.a" ] && compile decode "$BUILD/libattn.a" && have_decode=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
-[ -f "$BUILD/libattnapi.a" ] && [ -f "$BUILD/libattn.a" ] &&
-    compile codec "$BUILD/libattnapi.a" "$BUILD/libattn.a" && have_codec=1
+[ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
 # ------------------------------------------------------------------ machine

@@ -1358,6 +1358,45 @@ START_TEST(error_invalid_json_is_400)
 }
 END_TEST
 
+/* The hint on a body that is not JSON reads the codec's place of the fault
+ * (codec_error.offset), wherever the validator found it: in a short value,
+ * past a long row that its row classifier read 64 bytes at a time, or
+ * elsewhere than at a "NaN" that the body holds in a string. */
+START_TEST(invalid_json_hint_is_at_the_place_of_the_fault)
+{
+    static const struct {
+        const char *body;
+        bool hint;
+    } cases[] = {
+        {"{\"q\": [[1, NaN]]}", true},
+        {"{\"q\": [[1, 2]], \"mask\": [[-Infinity, 0]]}", true},
+        {"{\"note\": \"NaN\", \"q\": [[1, 2,]]}", false},
+        {"{\n  \"q\": [[1, 2],\n        [3, NaN]]\n}", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = call(API_OP_ATTENTION, cases[i].body, strlen(cases[i].body), &LIM, 400);
+        const char *msg = error_message(j);
+        bool hinted = msg && strstr(msg, "NaN and Infinity are not JSON");
+        ck_assert_msg(msg && hinted == cases[i].hint, "%s: %s", cases[i].body,
+                      msg ? msg : "(no message)");
+        json_decref(j);
+    }
+    /* a NaN after 300 numbers of one row, where the row classifier took over */
+    sbuf b = {0};
+    sb_printf(&b, "{\"q\": [[");
+    for (int i = 0; i < 300; i++)
+        sb_printf(&b, "%d.25, ", i);
+    sb_printf(&b, "NaN]], \"k\": [[1]], \"v\": [[1]]}");
+    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                     "invalid_json");
+    ck_assert_msg(strstr(error_message(j), "NaN and Infinity are not JSON"), "%s",
+                  error_message(j));
+    json_decref(j);
+    free(b.s);
+}
+END_TEST
+
 START_TEST(error_body_not_an_object)
 {
     expect_error(API_OP_ATTENTION, "[1,2]", 400, "wrong_type", NULL);
@@ -2620,6 +2659,30 @@ START_TEST(error_window_type_then_range)
 }
 END_TEST
 
+/* An integer field is judged on its digits as written: 2.0 and 2e0 are 2,
+ * while a fraction that a double would round away, or a tiny number that
+ * it would round to 0, is no integer; messages quote the text as sent. */
+START_TEST(integers_are_judged_on_their_digits)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        expect_variant_error(op, "\"window\":[2.0000000000000000001,0]", 400, "wrong_type",
+                             "window");
+        expect_variant_error(op, "\"window\":[1e-400,0]", 400, "wrong_type", "window");
+        expect_variant_message(op, "\"window\":[0,1.5e-1]", 400,
+                               "window[1] must be an integer, got 1.5e-1", NULL);
+        expect_variant_message(op, "\"window\":[1000000000000000.5,0]", 422,
+                               "window[0]=1000000000000000.5 is out of range", NULL);
+        expect_variant_ok(op, "\"window\":[2e0,0.00e3]");
+        expect_variant_ok(op, "\"window\":[1000000000000000,-1]");
+    }
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":2.00000000000000000001}", 400,
+                 "wrong_type", "num_heads");
+    const char *two = "{" MHA ",\"num_heads\":0.2e1}";
+    json_decref(call(API_OP_MULTIHEAD, two, strlen(two), &LIM, 200));
+}
+END_TEST
+
 /* [-1, -1] is no window (openapi: Window): a causal request with it is the
  * request without it, meta.flops included (it counted the band below the
  * diagonal, not causal's nominal n_q * n_k, before). */
@@ -2722,6 +2785,11 @@ START_TEST(error_rope_is_an_object_with_one_base)
         expect_variant_error(op, "\"rope\":{\"base\":10000,\"theta\":1}", 400, "unknown_field",
                              "rope.theta");
         expect_variant_error(op, "\"rope\":{\"bse\":10000}", 400, "unknown_field", "rope.bse");
+        /* a long key is named by its first 40 bytes and "...", a NUL in it escaped */
+        expect_variant_error(op, "\"rope\":{\"base_of_the_rotation_in_radians_per_position_pair\":1}",
+                             400, "unknown_field", "rope.base_of_the_rotation_in_radians_per_posi...");
+        expect_variant_error(op, "\"rope\":{\"base\\u0000\":1}", 400, "unknown_field",
+                             "rope.base\\u0000");
         expect_variant_error(op, "\"rope\":{\"base\":1,\"base\":2}", 400, "duplicate_key",
                              "rope.base");
         expect_variant_error(op, "\"rope\":{\"base\":\"10000\"}", 400, "wrong_type", "rope.base");
@@ -3179,6 +3247,7 @@ static Suite *api_suite(void)
     TCase *er = tcase_create("errors");
     tcase_set_timeout(er, 120);
     tcase_add_test(er, error_invalid_json_is_400);
+    tcase_add_test(er, invalid_json_hint_is_at_the_place_of_the_fault);
     tcase_add_test(er, error_body_not_an_object);
     tcase_add_test(er, error_duplicate_key);
     tcase_add_test(er, error_unknown_field_casual_suggests_causal);
@@ -3217,6 +3286,7 @@ static Suite *api_suite(void)
     tcase_set_tags(va, "kernel");
     tcase_set_timeout(va, 60);
     tcase_add_test(va, error_window_type_then_range);
+    tcase_add_test(va, integers_are_judged_on_their_digits);
     tcase_add_test(va, window_unbounded_both_sides_is_no_window);
     tcase_add_test(va, error_window_message_names_the_side);
     tcase_add_test(va, error_alibi_slopes_shape_and_values);
