@@ -512,15 +512,15 @@ static bool check_cache(const char *body, size_t len, json_t *req, char *why, si
         api_response res;
         api_handle(API_OP_CACHE_ATTENTION, body, len, &lim, &res);
         bool ok = true;
-        json_t *doc = NULL;
+        json_t *doc = res.body ? json_loadb(res.body, res.body_len, JSON_REJECT_DUPLICATES, NULL)
+                               : NULL;
         if (res.status != 200 && res.status != 400 && res.status != 422)
             ok = fail(inner, sizeof inner, "status %d", res.status);
         else if (!res.body || strlen(res.body) != res.body_len)
             ok = fail(inner, sizeof inner, "status %d with no body or a NUL in it", res.status);
         else if (res.status == 200 && !json_is_object(req))
             ok = fail(inner, sizeof inner, "200 for a body that is not one strict JSON object");
-        else if (!json_is_object(doc = json_loadb(res.body, res.body_len,
-                                                  JSON_REJECT_DUPLICATES, NULL)))
+        else if (!json_is_object(doc))
             ok = fail(inner, sizeof inner, "answer is not a JSON object: %.80s", res.body);
         else if (res.status != 200)
             ok = check_error(doc, res.status, inner, sizeof inner);
