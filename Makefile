@@ -7,8 +7,10 @@
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
-#   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated
-#   make container-test  docker/Dockerfile and compose.yaml run with podman
+#   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated,
+#                     docker/nginx.conf routing KV caches
+#   make container-test  docker/Dockerfile, compose.yaml and the k8s Deployment
+#                     (podman kube play) run with podman
 #   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
 #   make fuzz         the libFuzzer target on the request path, FUZZ_TIME seconds
 #   make reliability  fuzzing, soak, overload, slow clients, fail-over, drain,
@@ -113,6 +115,7 @@ $(DEPS_STAMP): tools/deps.sh
 ifeq ($(shell uname -m),x86_64)
 $(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma -mf16c
 $(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma -mf16c
+$(BUILD)/obj/lib/kern_avx512_bf16.o: CFLAGS_ISA = -mavx512f -mavx512bw -mavx512bf16 -mavx2 -mfma
 endif
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(BUILD)/include/attn.h $(BUILD)/layers.env
@@ -252,9 +255,11 @@ bench: $(BUILD)/attnd $(BUILD)/libattn.a
 web-test: $(BUILD)/attnd
 	@sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
 
-# Prometheus (Debian's, with promtool) and the Kubernetes manifests.
+# Prometheus (Debian's, with promtool), the Kubernetes manifests (with the
+# KEDA and KServe alternatives and the ingress), and docker/nginx.conf
+# routing KV caches in Debian's nginx.
 ops-test: $(BUILD)/attnd
-	@sh tests/node/run.sh $(BUILD) prometheus tests/node/ops.test.mjs
+	@sh tests/node/run.sh $(BUILD) "prometheus nginx" tests/node/ops.test.mjs tests/node/balancer.test.mjs
 
 # The image and the compose stack, built and run with podman + runc.
 container-test:

@@ -11,12 +11,13 @@
 #ifndef API_H
 #define API_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
-    int status;        /* HTTP status: 400, 404, 405, 413, 415, 422, 500, 503 */
+    int status;        /* HTTP status: 400, 404, 405, 413, 415, 422, 499, 500, 503 */
     char code[40];     /* short machine-readable code, e.g. "shape_mismatch" */
     char message[300]; /* e.g. "k has d_k=32 but q has d_k=64" */
     char field[64];    /* the request field at fault, "" when none */
@@ -76,6 +77,9 @@ typedef struct {
     api_caches *caches;
     const char *cache_id;
     const char *owner;
+    const atomic_int *cancel; /* NULL, or a flag the server sets once nobody
+                          * waits for the answer: libattn stops between units
+                          * of work and the answer is the error 499 cancelled */
 } api_limits;
 
 /*
@@ -164,6 +168,7 @@ void api_cache_delete(const api_limits *lim, api_response *res);
 typedef struct {
     const char *libattn;       /* libattn's version */
     const char *kernel;        /* the attention micro-kernel in use: "avx2", ... */
+    const char *bf16;          /* how bfloat16 products run: "avx512_bf16", "emulated" */
     const char *blas_config;   /* OpenBLAS's build configuration */
     const char *blas_corename; /* the OpenBLAS kernel chosen for this CPU */
     /* NULL, or one sentence when OpenBLAS runs narrower kernels than the CPU

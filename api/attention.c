@@ -24,7 +24,7 @@
 enum {
     F_Q, F_K, F_V, F_CAUSAL, F_MASK, F_SCALE, F_RETURN_WEIGHTS, F_RETURN_STATS,
     F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP,
-    F_ROPE, F_RETURN_LSE, F_COUNT
+    F_ROPE, F_RETURN_LSE, F_PRECISION, F_COUNT
 };
 
 static const api_field api_attention_fields[] = {
@@ -44,6 +44,7 @@ static const api_field api_attention_fields[] = {
     [F_SOFTCAP] = {"softcap", API_FIELD_NUMBER, false},
     [F_ROPE] = {"rope", API_FIELD_ROPE, false},
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
+    [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
 };
 
 static const char *const FORMS =
@@ -125,6 +126,12 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     t->weights = state(c)->weights >= 0 ? t->scores : 0;
     api_variant_cost(p, t); /* a window narrows the scores, not the weights */
+    if (p->precision == ATTN_PRECISION_BFLOAT16) {
+        t->bf16_flops = t->flops;
+        t->rounded = (double)p->batch * ((double)p->heads_q * (double)p->n_q * (double)p->d_k +
+                                         (double)p->heads_kv * (double)p->n_k *
+                                             (double)(p->d_k + p->d_v));
+    }
 }
 
 /* Cauchy-Schwarz: |scale q.k + bias| <= max(scale, 1) |q_i| |k_j| + max|bias|,
@@ -174,6 +181,8 @@ static bool validate(api_call *c, api_error *err)
         .scale = c->f[F_SCALE].present ? c->f[F_SCALE].number : attn_default_scale(dq),
         .causal = c->f[F_CAUSAL].present && c->f[F_CAUSAL].flag,
         .threads = 1,
+        .precision = c->f[F_PRECISION].present ? c->f[F_PRECISION].precision
+                                               : ATTN_PRECISION_FLOAT32,
     };
     if (!(st->p.scale > 0))
         return api_fail(err, 422, "invalid_value", "scale",
@@ -221,6 +230,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     attention_state *st = state(c);
     attn_sdpa_params *p = &st->p;
     p->threads = threads;
+    p->cancel = c->lim.cancel;
     int64_t rows = p->batch * p->heads_q * p->n_q;
     if ((c->want_grad || st->lse >= 0) &&
         !(st->rows = malloc((size_t)rows * sizeof *st->rows)))

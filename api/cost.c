@@ -32,6 +32,13 @@
  *   RoPE angle (position,   n_q = 1, n_k = 200000, d_k = 64 against
  *     pair): cos and sin      32 heads of n_k = 20000: 165-225 ns      5000
  *   RoPE element turned     (the same two runs): 9-21 ns              400
+ *   bfloat16 product FLOP   n = 1024, d = 64, one head, against the
+ *     (precision bfloat16)    float32 forward and backward of the same
+ *                             run: vdpbf16ps 0.55-0.8x; emulated
+ *                             AVX-512 1.2-1.35x, AVX2 1.5x, generic
+ *                             11-17x (C steps)          0.8 / 1.5 / 2 / 18
+ *   element rounded to      the rounding and packing of q, k, v: about
+ *     bfloat16                1 ns an element at n = 2048, d = 64          40
  *   window                  scores: the band and the 64-key tiles its
  *                             edges cut (api/variants.c); [0, 0] over
  *                             n = 65536: 500-650 ns a row
@@ -71,13 +78,32 @@
 #define PRICE_TEXT_NUMBER 3000.0
 #define PRICE_BASE64_NUMBER 96.0
 #define PRICE_BODY_BYTE 96.0
+#define PRICE_ROUNDED 40.0
+
+/* A bfloat16 product FLOP, in float32 product FLOPs of the same kernel:
+ * what the way libattn runs them costs (see the table above). */
+static double bf16_flop_price(void)
+{
+    if (attn_bf16() == ATTN_BF16_AVX512_BF16)
+        return 0.8;
+    switch (attn_kernel()) {
+    case ATTN_KERNEL_AVX512:
+        return 1.5;
+    case ATTN_KERNEL_AVX2:
+        return 2.0;
+    default:
+        return 18.0;
+    }
+}
 
 double api_compute_work(const api_cost_terms *t, bool stats, bool backward)
 {
     double per_score = PRICE_SCORE + (t->masked ? PRICE_MASK : 0);
-    double work = t->flops + t->pairs * PRICE_PAIR + t->rows * PRICE_ROW +
+    double flops = t->flops - t->bf16_flops + t->bf16_flops * bf16_flop_price();
+    double work = flops + t->pairs * PRICE_PAIR + t->rows * PRICE_ROW +
                   t->scores * per_score + t->softcapped * PRICE_SOFTCAP +
-                  t->angles * PRICE_ANGLE + t->rotated * PRICE_ROTATED;
+                  t->angles * PRICE_ANGLE + t->rotated * PRICE_ROTATED +
+                  t->rounded * PRICE_ROUNDED;
     /* The backward pass redoes the forward's scores and adds its own
      * products; the statistics and the weights come from the forward only. */
     if (backward)

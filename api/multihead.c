@@ -26,7 +26,7 @@ enum {
     N_INPUTS,
     F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
     F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE,
-    F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP, F_ROPE, F_RETURN_LSE, F_COUNT
+    F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP, F_ROPE, F_RETURN_LSE, F_PRECISION, F_COUNT
 };
 
 static const api_field api_multihead_fields[] = {
@@ -55,6 +55,7 @@ static const api_field api_multihead_fields[] = {
     [F_SOFTCAP] = {"softcap", API_FIELD_NUMBER, false},
     [F_ROPE] = {"rope", API_FIELD_ROPE, false},
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
+    [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
 };
 
 /* For messages about the gradients, in the order of the inputs. */
@@ -273,6 +274,13 @@ static void cost(const api_call *c, api_cost_terms *t)
         .variants = p->variants,
     };
     api_variant_cost(&inner, t);
+    /* The projections stay float32 (OpenBLAS): only the attention's
+     * products are bfloat16. */
+    if (p->precision == ATTN_PRECISION_BFLOAT16) {
+        t->bf16_flops = attn_sdpa_flops(&inner);
+        t->rounded = B * ((double)p->heads * (double)p->n * (double)p->d_k +
+                          (double)p->kv_heads * (double)p->m * (double)(p->d_k + p->d_v));
+    }
 }
 
 static bool validate(api_call *c, api_error *err)
@@ -286,6 +294,8 @@ static bool validate(api_call *c, api_error *err)
     p->causal = c->f[F_CAUSAL].present && c->f[F_CAUSAL].flag;
     p->scale = c->f[F_SCALE].present ? c->f[F_SCALE].number
                                      : attn_default_scale(p->d_k);
+    p->precision = c->f[F_PRECISION].present ? c->f[F_PRECISION].precision
+                                             : ATTN_PRECISION_FLOAT32;
     if (!(p->scale > 0))
         return api_fail(err, 422, "invalid_value", "scale",
                         "scale must be greater than 0 (as a float32), got %g",
@@ -360,6 +370,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     multihead_state *st = state(c);
     attn_mha_params *p = &st->p;
     p->threads = threads;
+    p->cancel = c->lim.cancel;
     float *weights = result(c, st->weights);
     if (st->want_mean) {
         st->per_head = api_alloc_floats(p->batch * p->heads * p->n * p->m);

@@ -296,6 +296,25 @@ static bool read_dtype(const api_field *f, const codec_member *m, api_value *v,
                     f->name, s);
 }
 
+/* "precision": "float32" | "bfloat16" (attn.h states the arithmetic of each). */
+static bool read_precision(const api_field *f, const codec_member *m, api_value *v,
+                           api_error *err)
+{
+    if (*m->value != '"')
+        return wrong_type(f, m, "one of \"float32\", \"bfloat16\"", err);
+    char s[64];
+    string_value(m, s, sizeof s);
+    if (strcmp(s, "float32") == 0)
+        v->precision = ATTN_PRECISION_FLOAT32;
+    else if (strcmp(s, "bfloat16") == 0)
+        v->precision = ATTN_PRECISION_BFLOAT16;
+    else
+        return api_fail(err, 422, "invalid_value", f->name,
+                        "%s must be one of \"float32\", \"bfloat16\", got \"%.40s\"%s", f->name,
+                        s, strcmp(s, "bf16") == 0 ? " (bfloat16 is spelt out)" : "");
+    return true;
+}
+
 bool api_output_encoding(const api_value *encoding, const api_value *dtype, codec_encoding *out,
                          api_error *err)
 {
@@ -378,6 +397,7 @@ static bool read_value(const codec_doc *doc, const api_field *f, const codec_mem
     case API_FIELD_DTYPE: return read_dtype(f, m, v, err);
     case API_FIELD_WINDOW: return read_window(f, m, v, err);
     case API_FIELD_ROPE: return read_rope(f, m, v, err);
+    case API_FIELD_PRECISION: return read_precision(f, m, v, err);
     }
     return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
 }

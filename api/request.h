@@ -28,6 +28,7 @@ typedef enum {
     API_FIELD_DTYPE,    /* "float32" | "float16" | "bfloat16" (output_dtype) */
     API_FIELD_WINDOW,   /* [left, right]: two integers */
     API_FIELD_ROPE,     /* {"base": number} */
+    API_FIELD_PRECISION,/* "float32" | "bfloat16" (the products' arithmetic) */
 } api_field_kind;
 
 typedef struct {
@@ -48,6 +49,7 @@ typedef struct {
     int64_t pair[2];       /* WINDOW: left, right */
     codec_encoding encoding; /* ENCODING */
     codec_dtype dtype;       /* DTYPE */
+    attn_precision precision; /* PRECISION */
 } api_value;
 
 /* The most members a body may have; more is 400 too_many_fields. */
@@ -203,6 +205,11 @@ typedef struct {
     double biased;     /* scores given an ALiBi term */
     double angles;     /* RoPE: (position, pair) angles whose cosine and sine are taken */
     double rotated;    /* RoPE: elements of q and k turned */
+    /* bfloat16 precision: the part of `flops` done on bfloat16 operands
+     * (priced at the rate of the way libattn runs them, attn_bf16()), and
+     * the elements of q, k and v rounded to bfloat16 */
+    double bf16_flops;
+    double rounded;
 } api_cost_terms;
 
 /* The work of terms (backward: with the gradients), without the decoding

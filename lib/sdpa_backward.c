@@ -17,6 +17,11 @@
  * alike), and split s adds into its own copy of dq, summed in split order at
  * the end. Either way which thread runs which unit changes nothing: the
  * result is the same for a given thread count, bit for bit.
+ *
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
+ * the units, into the two forms the products read (pairs along each row,
+ * for the scores and dP; pairs of rows, for dk and dv: a query tile then
+ * starts at an even row); a unit rounds its key tile's k and v.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +32,26 @@ typedef struct {
     float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK] */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
     float *capped;  /* [KERN_BK] */
+    /* In bfloat16: the key tile as sdpa_bwd_keys.kp, vp, kr, and the
+     * workspaces of sdpa_bwd_state.dsb, pp, dsp. */
+    uint32_t *kp, *vp, *kr, *dsb, *pp, *dsp;
     void *block;
 } bwd_worker;
+
+/* q and dO rounded to bfloat16, per (batch, query head), in the forms of
+ * sdpa_bwd_state: pairs along each row (qb [n_q, ceil(d_k / 2)], dob [n_q,
+ * ceil(d_v / 2)]) and pairs of rows (qr [ceil(n_q / 2), d_k], dor
+ * [ceil(n_q / 2), d_v]). */
+typedef struct {
+    uint32_t *qb, *dob, *qr, *dor;
+    int64_t dk2, dv2, nq2;
+} bwd_bf16;
 
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
+    bwd_bf16 b16;
     const attn_softmax_row *rows;
     const float *dout, *delta;
     float *dq, *dk, *dv;
@@ -55,6 +74,8 @@ static void backward_unit(void *ctx, int64_t u, int worker)
     const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
     const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
     for (int64_t kt = split; kt < job->k_tiles; kt += job->splits) {
+        if (attn_cancelled(p->cancel))
+            return;
         sdpa_tile t = {.b = b, .j0 = kt * KERN_BK};
         t.cols = min64(p->n_k - t.j0, KERN_BK);
         const float *k = c->k + k_at + t.j0 * c->ldk, *v = c->v + v_at + t.j0 * c->ldv;
@@ -67,9 +88,22 @@ static void backward_unit(void *ctx, int64_t u, int worker)
         sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
         if (i_start == i_end)
             continue;
-        job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
-        job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
-        const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        const attn_kern_bf16 *kb = job->kern_bf16;
+        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        if (kb != NULL) {
+            /* Pairs of rows from an even row (the row before sees none of
+             * these keys: its P is 0). */
+            i_start -= i_start % 2;
+            kb->pack_t(k, c->ldk, t.cols, p->d_k, w->kp);
+            kb->pack_t(v, c->ldv, t.cols, p->d_v, w->vp);
+            kb->row_pairs(k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
+            keys.kp = w->kp;
+            keys.vp = w->vp;
+            keys.kr = w->kr;
+        } else {
+            job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
+            job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
+        }
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
@@ -77,13 +111,27 @@ static void backward_unit(void *ctx, int64_t u, int worker)
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
                 const int64_t row = bh * p->n_q + t.i0;
-                const sdpa_bwd_state st = {
+                sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
                     .rows = job->rows + row, .delta = job->delta + row,
                     .dout = job->dout + o_at + t.i0 * c->ldo,
                     .dq = dq + q_at + t.i0 * c->ldq,
                     .dk = dk, .dv = dv,
                 };
+                if (kb != NULL) {
+                    const bwd_bf16 *h = &job->b16;
+                    st.qb = h->qb + row * h->dk2;
+                    st.ldqb = h->dk2;
+                    st.dob = h->dob + row * h->dv2;
+                    st.lddob = h->dv2;
+                    st.qr = h->qr + (bh * h->nq2 + t.i0 / 2) * p->d_k;
+                    st.dor = h->dor + (bh * h->nq2 + t.i0 / 2) * p->d_v;
+                    st.dsb = w->dsb;
+                    st.pp = w->pp;
+                    st.dsp = w->dsp;
+                    kb->backward_tile(c, &t, &keys, &st);
+                    continue;
+                }
                 job->kern->backward_tile(c, &t, &keys, &st);
             }
         }
@@ -121,6 +169,31 @@ static void prologue_block(void *ctx, int64_t block, int worker)
     }
     for (int64_t s = 0; s < j->splits; s++)
         memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
+}
+
+typedef struct {
+    const sdpa_call *call;
+    const attn_kern_bf16 *kern;
+    const float *dout;
+    const bwd_bf16 *b16;
+} round_job;
+
+/* Unit: one (batch, query head): its q and dO rows rounded, both forms. */
+static void round_head(void *ctx, int64_t bh, int worker)
+{
+    (void)worker;
+    const round_job *j = ctx;
+    const sdpa_call *c = j->call;
+    const attn_sdpa_params *p = c->p;
+    const bwd_bf16 *h = j->b16;
+    const int64_t b = bh / p->heads_q, hq = bh % p->heads_q;
+    const float *q = sdpa_head_q(c, b, hq), *dout = j->dout + sdpa_head_o_at(c, b, hq);
+    j->kern->rows(q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
+    j->kern->rows(dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2, h->dv2);
+    j->kern->row_pairs(q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k, p->d_k,
+                       h->nq2, false);
+    j->kern->row_pairs(dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v, p->d_v,
+                       h->nq2, false);
 }
 
 typedef struct {
@@ -164,15 +237,21 @@ static void free_workers(bwd_worker *w, int n)
     free(w);
 }
 
-static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
+static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p, bool bf16)
 {
     bwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
     const int64_t panel_k = p->d_k * KERN_BK, panel_v = p->d_v * KERN_BK;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
+    /* In bfloat16, words (as many as floats, each a multiple of 16): kp,
+     * vp and kr, dsb, pp and dsp. */
+    const int64_t kp = (p->d_k + 1) / 2 * KERN_BK, vp = (p->d_v + 1) / 2 * KERN_BK;
+    const int64_t kr = KERN_BK / 2 * ((p->d_k + 15) / 16 * 16);
+    const int64_t dsb = KERN_MR_MAX * KERN_BK / 2, pairs = tile / 2;
+    const int64_t words = bf16 ? kp + vp + kr + dsb + 2 * pairs : 0;
     for (int i = 0; i < n; i++) {
-        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK, sizeof(float));
+        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK + words, sizeof(float));
         if (b == NULL) {
             free_workers(w, n);
             return NULL;
@@ -183,6 +262,15 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
         w[i].kt = b + 2 * tile;
         w[i].vt = b + 2 * tile + panel_k;
         w[i].capped = b + 2 * tile + panel_k + panel_v;
+        if (bf16) {
+            uint32_t *u = (uint32_t *)(void *)(w[i].capped + KERN_BK);
+            w[i].kp = u;
+            w[i].vp = u + kp;
+            w[i].kr = u + kp + vp;
+            w[i].dsb = u + kp + vp + kr;
+            w[i].pp = u + kp + vp + kr + dsb;
+            w[i].dsp = u + kp + vp + kr + dsb + pairs;
+        }
     }
     return w;
 }
@@ -192,6 +280,16 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *out, const attn_softmax_row *rows,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err)
+{
+    const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
+    return attn_sdpa_backward_with(&kernels, p, q, k, v, out, rows, dout, dq, dk, dv, err);
+}
+
+attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const attn_softmax_row *rows,
+                                    const float *dout, float *dq, float *dk, float *dv,
+                                    attn_error *err)
 {
     attn_status s = sdpa_check_params(p, false, err);
     if (s != ATTN_OK)
@@ -205,16 +303,30 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     const int64_t pairs = p->batch * p->heads_kv;
     bwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
-        .kern = attn_kern_get(),
+        .kern = kernels->f32,
         .rows = rows, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
         .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
     int threads = sdpa_threads(p, pairs * job.k_tiles, 2.5 * attn_sdpa_flops(p));
+    bool cancelled = false;
     job.splits = splits_for(threads, pairs, job.k_tiles);
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
-    job.workers = alloc_workers(threads, p);
+    job.workers = alloc_workers(threads, p, job.call.bf16);
     bool ok = delta != NULL && job.dq_split != NULL && job.workers != NULL;
+    bwd_bf16 *h = &job.b16;
+    if (ok && job.call.bf16) {
+        job.kern_bf16 = kernels->bf16;
+        const int64_t heads = p->batch * p->heads_q;
+        h->dk2 = (p->d_k + 1) / 2;
+        h->dv2 = (p->d_v + 1) / 2;
+        h->nq2 = (p->n_q + 1) / 2;
+        h->qb = sdpa_alloc(heads * p->n_q * h->dk2, sizeof(uint32_t));
+        h->dob = sdpa_alloc(heads * p->n_q * h->dv2, sizeof(uint32_t));
+        h->qr = sdpa_alloc(heads * h->nq2 * p->d_k, sizeof(uint32_t));
+        h->dor = sdpa_alloc(heads * h->nq2 * p->d_v, sizeof(uint32_t));
+        ok = h->qb != NULL && h->dob != NULL && h->qr != NULL && h->dor != NULL;
+    }
     /* With RoPE the scores come from rotated copies of q and k, and the
      * gradients they give are turned back at the end. */
     const bool rope = p->variants.rope_base > 0.0f;
@@ -236,9 +348,17 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
                             .dq_split = job.dq_split, .splits = job.splits,
                             .rows = n_rows};
-        attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
+        attn_parallel_for_until(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro,
+                                p->cancel);
         job.delta = delta;
-        attn_parallel_for(threads, pairs * job.splits, backward_unit, &job);
+        if (job.kern_bf16 != NULL) {
+            round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = dout, .b16 = h};
+            attn_parallel_for_until(threads, p->batch * p->heads_q, round_head, &rj, p->cancel);
+        }
+        attn_parallel_for_until(threads, pairs * job.splits, backward_unit, &job, p->cancel);
+        cancelled = attn_cancelled(p->cancel);
+    }
+    if (ok && !cancelled) {
         reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
                           .count = n_rows * p->d_k};
         if (job.splits > 1)
@@ -248,6 +368,10 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     }
     free(q_rot);
     free(k_rot);
+    free(h->qb);
+    free(h->dob);
+    free(h->qr);
+    free(h->dor);
     for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
         free(job.dq_split[i]);
     free(job.dq_split);
@@ -255,5 +379,7 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     free(delta);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the backward pass");
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }

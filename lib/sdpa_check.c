@@ -140,6 +140,9 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
     if (p->layout != ATTN_LAYOUT_BHND && p->layout != ATTN_LAYOUT_BNHD)
         return attn_fail(err, ATTN_ERR_INVALID, "layout %d is not a known layout",
                          (int)p->layout);
+    if (p->precision != ATTN_PRECISION_FLOAT32 && p->precision != ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID, "precision %d is not a known precision",
+                         (int)p->precision);
     s = check_variants(p, err);
     if (s != ATTN_OK)
         return s;

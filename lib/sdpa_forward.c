@@ -16,6 +16,11 @@
  * and owns its output rows, so units run in parallel without sharing
  * anything but read-only inputs. Extra memory: the packed copy of k, and a
  * few rows per worker.
+ *
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16) a panel holds the tile's k and v
+ * rounded to bfloat16, in the pairs the kernel's products read (kern.h's
+ * kern_keys.kp and .vp), packed the same way (once, or by the unit), and a
+ * unit rounds its own query rows once, before its key tiles.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,13 +33,20 @@ typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
     float *panel; /* [d_k, KERN_BK]: k^T of the tile, when units pack their own */
     double *l, *ent;
+    /* In bfloat16: the unit's q rows [KERN_FWD_BQ, ceil(d_k / 2)], a
+     * strip's P [KERN_MR_MAX, KERN_BK / 2], and the tile's panel when
+     * units pack their own. */
+    uint32_t *qb, *pb, *panel_b;
     void *block;
 } fwd_worker;
 
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
+    int64_t panel_words;             /* in bfloat16: words of one packed tile */
     const float *kt; /* the packed panels; NULL when each unit packs its own */
+    const uint32_t *kv_b; /* in bfloat16, the same */
     float *out, *weights;
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
@@ -49,9 +61,23 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 typedef struct {
     const sdpa_call *call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16;
     float *kt;
-    int64_t k_tiles;
+    uint32_t *kv_b;
+    int64_t k_tiles, panel_words;
 } pack_job;
+
+/* The bfloat16 panel of keys j0 .. j0 + keys of head (b, h)'s key/value
+ * head: kp [ceil(d_k / 2), KERN_BK], then vp [KERN_BK / 2, d_v]. */
+static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, int64_t h,
+                      int64_t j0, int64_t keys, uint32_t *panel)
+{
+    const attn_sdpa_params *p = c->p;
+    uint32_t *kp = panel, *vp = panel + (p->d_k + 1) / 2 * KERN_BK;
+    kb->pack_t(sdpa_head_k(c, b, h) + j0 * c->ldk, c->ldk, keys, p->d_k, kp);
+    kb->row_pairs(sdpa_head_v(c, b, h) + j0 * c->ldv, c->ldv, keys, p->d_v, vp, p->d_v,
+                  KERN_BK / 2, true);
+}
 
 /* Unit: one key tile of one (batch, key/value head). */
 static void pack_unit(void *ctx, int64_t u, int worker)
@@ -61,9 +87,14 @@ static void pack_unit(void *ctx, int64_t u, int worker)
     const attn_sdpa_params *p = j->call->p;
     int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
     int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
-    const float *k = j->call->k +
-                     sdpa_head_at(p, pair / p->heads_kv, pair % p->heads_kv, p->heads_kv,
-                                  p->n_k, p->d_k) +
+    int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
+    if (j->kern_bf16 != NULL) {
+        /* Head hk * group of the query heads reads key/value head hk. */
+        pack_bf16(j->kern_bf16, j->call, b, hk * j->call->group, j0, keys,
+                  j->kv_b + u * j->panel_words);
+        return;
+    }
+    const float *k = j->call->k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) +
                      j0 * j->call->ldk;
     j->kern->pack_t(k, j->call->ldk, keys, p->d_k, j->kt + u * p->d_k * KERN_BK);
 }
@@ -128,6 +159,14 @@ static void forward_unit(void *ctx, int64_t u, int worker)
                          .softcap = p->variants.softcap};
     const int64_t pair = t.b * p->heads_kv + t.h / c->group;
     const float *v = sdpa_head_v(c, t.b, t.h);
+    const attn_kern_bf16 *kb = job->kern_bf16;
+    if (kb != NULL) {
+        const int64_t dk2 = (p->d_k + 1) / 2;
+        kb->rows(sdpa_head_q(c, t.b, t.h) + t.i0 * c->ldq, c->ldq, t.rows, p->d_k, w->qb, dk2);
+        st.qb = w->qb;
+        st.ldqb = dk2;
+        st.pb = w->pb;
+    }
     /* Key tiles wholly outside the causal diagonal and the window are
      * skipped; the last one is cut where the block's last row stops. */
     int64_t k_begin, k_end;
@@ -137,10 +176,27 @@ static void forward_unit(void *ctx, int64_t u, int worker)
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left as they are (the call's outputs
+         * are unspecified then), rather than finished from partial sums. */
+        if (attn_cancelled(p->cancel))
+            return;
         st.kt = t.j0 / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
         kern_keys keys = {.v = v + t.j0 * c->ldv};
+        if (kb != NULL) {
+            const uint32_t *panel = job->kv_b;
+            if (panel != NULL) {
+                panel += (pair * job->k_tiles + st.kt) * job->panel_words;
+            } else {
+                pack_bf16(kb, c, t.b, t.h, t.j0, t.cols, w->panel_b);
+                panel = w->panel_b;
+            }
+            keys.kp = panel;
+            keys.vp = panel + (p->d_k + 1) / 2 * KERN_BK;
+            kb->forward_tile(c, &t, &keys, &st);
+            continue;
+        }
         if (job->kt != NULL) {
             keys.kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK;
         } else {
@@ -240,6 +296,11 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
         bytes += lines(bq * job->k_tiles, sizeof(float));
+    const int64_t dk2 = (job->call.p->d_k + 1) / 2;
+    if (job->kern_bf16 != NULL)
+        bytes += lines(bq * dk2, sizeof(uint32_t)) +
+                 lines(KERN_MR_MAX * bk / 2, sizeof(uint32_t)) +
+                 lines(job->panel_words, sizeof(uint32_t));
     for (int i = 0; i < n; i++) {
         char *b = ws_alloc(a, (int64_t)bytes, 1);
         if (b == NULL) {
@@ -263,8 +324,17 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
             w[i].ent = (double *)(void *)b;
             b += lines(bq, sizeof(double));
         }
-        if (weights)
+        if (weights) {
             w[i].tile_max = (float *)(void *)b;
+            b += lines(bq * job->k_tiles, sizeof(float));
+        }
+        if (job->kern_bf16 != NULL) {
+            w[i].qb = (uint32_t *)(void *)b;
+            b += lines(bq * dk2, sizeof(uint32_t));
+            w[i].pb = (uint32_t *)(void *)b;
+            b += lines(KERN_MR_MAX * bk / 2, sizeof(uint32_t));
+            w[i].panel_b = (uint32_t *)(void *)b;
+        }
     }
     return w;
 }
@@ -274,6 +344,15 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               attn_softmax_row *rows, float *weights, attn_stats *stats,
                               attn_error *err)
 {
+    const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
+    return attn_sdpa_forward_with(&kernels, p, q, k, v, out, rows, weights, stats, err);
+}
+
+attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                   const float *q, const float *k, const float *v, float *out,
+                                   attn_softmax_row *rows, float *weights, attn_stats *stats,
+                                   attn_error *err)
+{
     attn_status s = sdpa_check_params(p, weights != NULL, err);
     if (s != ATTN_OK)
         return s;
@@ -282,11 +361,15 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
 
     fwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
-        .kern = attn_kern_get(),
+        .kern = kernels->f32,
         .out = out, .rows = rows, .weights = weights,
         .q_tiles = (p->n_q + KERN_FWD_BQ - 1) / KERN_FWD_BQ,
         .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
+    if (job.call.bf16) {
+        job.kern_bf16 = kernels->bf16;
+        job.panel_words = (p->d_k + 1) / 2 * KERN_BK + KERN_BK / 2 * p->d_v;
+    }
     const int64_t units = p->batch * p->heads_q * job.q_tiles;
     const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
     int threads = sdpa_threads(p, units, attn_sdpa_flops(p));
@@ -296,8 +379,14 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     const bool shared = job.q_tiles > 1 || job.call.group > 1;
     _Alignas(64) char small[SMALL_WORKSPACE];
     fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
-    float *kt = shared ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
+    float *kt = shared && !job.call.bf16
+                    ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float))
+                    : NULL;
+    uint32_t *kv_b = shared && job.call.bf16
+                         ? ws_alloc(&arena, panels * job.panel_words, sizeof(uint32_t))
+                         : NULL;
     job.kt = kt;
+    job.kv_b = kv_b;
     if (stats != NULL)
         job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
     job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
@@ -308,7 +397,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
     }
-    bool ok = (!shared || kt != NULL) && job.workers != NULL &&
+    bool ok = (!shared || kt != NULL || kv_b != NULL) && job.workers != NULL &&
               (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
@@ -318,6 +407,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     }
     if (!ok) {
         ws_free(&arena, kt);
+        ws_free(&arena, kv_b);
         free(q_rot);
         free(k_rot);
         free(job.unit_stats);
@@ -325,19 +415,25 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     }
     if (shared) {
-        pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
-        attn_parallel_for(threads, panels, pack_unit, &pack);
+        pack_job pack = {.call = &job.call, .kern = job.kern, .kern_bf16 = job.kern_bf16,
+                         .kt = kt, .kv_b = kv_b, .k_tiles = job.k_tiles,
+                         .panel_words = job.panel_words};
+        attn_parallel_for_until(threads, panels, pack_unit, &pack, p->cancel);
     }
-    attn_parallel_for(threads, units, forward_unit, &job);
-    if (stats != NULL) {
+    attn_parallel_for_until(threads, units, forward_unit, &job, p->cancel);
+    const bool cancelled = attn_cancelled(p->cancel);
+    if (stats != NULL && !cancelled) {
         for (int64_t u = 1; u < units; u++)
             sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
         sdpa_stats_finish(&job.unit_stats[0], stats);
     }
     ws_free(&arena, kt);
+    ws_free(&arena, kv_b);
     free(q_rot);
     free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }

@@ -30,6 +30,7 @@ sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k
         .before = before, .after = after,
         .plain = p->mask.kind == ATTN_MASK_NONE && var->alibi_slopes == NULL &&
                  !(var->softcap > 0.0f),
+        .bf16 = p->precision == ATTN_PRECISION_BFLOAT16,
     };
 }
 

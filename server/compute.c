@@ -57,7 +57,8 @@ api_limits compute_limits(const srv_request *r, int threads)
                         .arrival_ms = r->t_start * 1e3,
                         .caches = srv->caches,
                         .cache_id = r->path_id,
-                        .owner = r->has_owner ? r->owner : NULL};
+                        .owner = r->has_owner ? r->owner : NULL,
+                        .cancel = &r->cancel};
 }
 
 /* Reserves the room of an answer in the budget; false when it is spent. */
@@ -129,7 +130,8 @@ static void run(srv_request *r, int others, double wait)
     api_execute(r->call, threads, &r->res);
     r->call = NULL;
     settle(r);
-    metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
+    if (!atomic_load(&r->cancel))
+        metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
 }
 
 /* How much lower than the I/O threads a compute worker runs (nice), where
@@ -185,13 +187,18 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&q->lock);
 
         metrics_queued(&r->srv->metrics, r->label, -1);
-        run(r, others, srv_now() - r->t_queued);
+        /* A request whose client left while it queued is not started. */
+        if (!atomic_load(&r->cancel) && conn_client_gone(r->connection))
+            atomic_store(&r->cancel, 1);
+        if (!atomic_load(&r->cancel))
+            run(r, others, srv_now() - r->t_queued);
 
         pthread_mutex_lock(&q->lock);
         q->running--;
         pthread_cond_signal(&q->work);
         pthread_mutex_unlock(&q->lock);
         atomic_store(&r->computed, true);
+        conn_computed(r->connection);
         http_resume(r);
         pthread_mutex_lock(&q->lock);
     }
@@ -276,9 +283,11 @@ compute_result compute_submit(srv_request *r)
     pthread_mutex_unlock(&q->lock);
 
     /* Suspended before any worker can see it, so that the worker's resume
-     * always finds a suspended connection. */
+     * always finds a suspended connection; and watched (conn_watch.c) from
+     * then until a worker is done with it. */
     atomic_store(&r->computed, false);
     MHD_suspend_connection(r->conn);
+    conn_computing(r->connection);
     r->next = NULL;
     r->t_queued = srv_now();
     metrics_queued(&r->srv->metrics, r->label, +1);
@@ -291,6 +300,28 @@ compute_result compute_submit(srv_request *r)
     pthread_cond_signal(&q->work);
     pthread_mutex_unlock(&q->lock);
     return COMPUTE_QUEUED;
+}
+
+bool compute_unqueue(srv_request *r)
+{
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    srv_request **p = &q->head, *prev = NULL;
+    while (*p && *p != r) {
+        prev = *p;
+        p = &(*p)->next;
+    }
+    bool found = *p == r;
+    if (found) {
+        *p = r->next;
+        if (q->tail == r)
+            q->tail = prev;
+        q->waiting--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (found)
+        metrics_queued(&r->srv->metrics, r->label, -1);
+    return found;
 }
 
 int compute_running(srv_server *srv)
