@@ -27,7 +27,7 @@
 
 enum {
     F_TRUNCATE, F_K, F_V, F_Q, F_CAUSAL, F_SCALE, F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP,
-    F_ROPE, F_RETURN_LSE, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE,
+    F_ROPE, F_RETURN_LSE, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_PRECISION,
     /* options of /v1/attention that mean nothing here: read, then refused
      * with a reason (422) rather than as unknown fields */
     F_MASK, F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_COUNT
@@ -47,6 +47,7 @@ static const api_field cache_attention_fields[] = {
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
     [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
+    [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
     [F_MASK] = {"mask", API_FIELD_MASK, false},
     [F_RETURN_WEIGHTS] = {"return_weights", API_FIELD_BOOL, false},
     [F_RETURN_STATS] = {"return_stats", API_FIELD_BOOL, false},
@@ -185,7 +186,11 @@ static bool validate(api_call *c, api_error *err)
         st->n_new = nk;
     }
     st->attend = c->f[F_Q].present;
-    st->p = (attn_kv_params){.heads_q = st->config.num_kv_heads, .n_q = 1, .threads = 1};
+    st->p = (attn_kv_params){
+        .heads_q = st->config.num_kv_heads, .n_q = 1, .threads = 1,
+        .precision = c->f[F_PRECISION].present ? c->f[F_PRECISION].precision
+                                               : ATTN_PRECISION_FLOAT32,
+        .cancel = c->lim.cancel};
     if (st->attend && !check_q(c, err))
         return false;
     st->p.scale = c->f[F_SCALE].present ? c->f[F_SCALE].number
@@ -241,6 +246,15 @@ static void terms_at(const cache_state *st, int64_t n_k, api_cost_terms *t)
         t->rows = t->pairs * (double)p.n_q;
         t->scores = t->rows * (double)n_k;
         api_variant_cost(&p, t);
+        if (st->p.precision == ATTN_PRECISION_BFLOAT16) {
+            /* as /v1/attention's; the cache read out as float32 first is
+             * priced as the append of what it holds */
+            t->bf16_flops = t->flops;
+            t->rounded = (double)p.heads_q * (double)p.n_q * (double)p.d_k +
+                         (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v);
+            t->flops += (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
+                        PRICE_APPENDED;
+        }
     }
     double h_kv = (double)st->config.num_kv_heads, d_k = (double)st->config.head_dim;
     if (st->p.variants.rope_base > 0) {

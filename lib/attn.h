@@ -494,16 +494,6 @@ attn_status attn_kv_truncate(attn_kv_cache *cache, int64_t length, attn_error *e
 attn_status attn_kv_read(const attn_kv_cache *cache, int64_t start, int64_t n, float *k,
                          float *v, attn_error *err);
 
-/*
- * How the products of attention over a cache are computed. Only float32
- * products exist today; bfloat16 operands with float32 accumulation (the
- * "precision" of attn_sdpa_params, when it has one) will be a value here
- * and a kernel table of its own (lib/kv.h), not a new function.
- */
-typedef enum {
-    ATTN_KV_PRECISION_FLOAT32 = 0,
-} attn_kv_precision;
-
 typedef struct {
     int64_t heads_q; /* H_q >= 1, a multiple of the cache's num_kv_heads (GQA) */
     int64_t n_q;     /* query rows per head >= 1 */
@@ -518,7 +508,14 @@ typedef struct {
      * rotated when appended. */
     attn_variants variants;
     int threads; /* >= 1 */
-    attn_kv_precision precision;
+    /* ATTN_PRECISION_FLOAT32 (0): the paged kernels below. BFLOAT16: the
+     * products of attn_sdpa_forward's ATTN_PRECISION_BFLOAT16, bit for bit
+     * (the cached keys and values are read out as float32 first, O(length)
+     * memory, and attn_sdpa_forward runs over them). */
+    attn_precision precision;
+    const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
+                               * checked before the work with float32, at
+                               * attn_sdpa_forward's units with bfloat16 */
 } attn_kv_params;
 
 /*

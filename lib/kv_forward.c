@@ -35,6 +35,12 @@
  *
  * Extra memory: the rotated queries (with rope), a few rows per worker,
  * and for several runs the partials, at most KV_MAX_RUNS outputs.
+ *
+ * bfloat16 products (ATTN_PRECISION_BFLOAT16): the cache is read out as
+ * contiguous float32 keys and values (length x (d_k + d_v) floats a
+ * key/value head) and attn_sdpa_forward runs over them with the queries
+ * rotated here (the keys were rotated when appended), so that the rounding
+ * is exactly the one attn.h documents, from the kernels that do it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -284,7 +290,7 @@ static attn_sdpa_params sdpa_params_of(const attn_kv_cache *cache, const attn_kv
         .n_q = kp->n_q, .n_k = cache->length > 0 ? cache->length : 1,
         .d_k = cache->config.head_dim, .d_v = cache->config.value_dim, .scale = kp->scale,
         .causal = kp->causal, .mask = {.kind = ATTN_MASK_NONE}, .threads = kp->threads,
-        .layout = ATTN_LAYOUT_BHND, .variants = kp->variants,
+        .layout = ATTN_LAYOUT_BHND, .variants = kp->variants, .cancel = kp->cancel,
     };
     sp.variants.alibi_batch_stride = 0;
     return sp;
@@ -296,6 +302,43 @@ double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *k
         return 0.0;
     attn_sdpa_params sp = sdpa_params_of(cache, kp);
     return sdpa_check_params(&sp, false, NULL) == ATTN_OK ? attn_sdpa_flops(&sp) : 0.0;
+}
+
+/* The bfloat16 route (see the top): sp is sdpa_params_of's, checked, over
+ * a cache that is not empty. */
+static attn_status forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *sp,
+                                const float *q, float *out, attn_softmax_row *rows,
+                                attn_error *err)
+{
+    const int64_t h_kv = sp->heads_kv, n_k = cache->length;
+    float *k = sdpa_alloc(h_kv * n_k * sp->d_k, sizeof *k);
+    float *v = sdpa_alloc(h_kv * n_k * sp->d_v, sizeof *v);
+    float *q_rot = NULL;
+    attn_sdpa_params p = *sp;
+    p.precision = ATTN_PRECISION_BFLOAT16;
+    p.variants.rope_base = 0.0f;
+    attn_status s = ATTN_ERR_NOMEM;
+    if (k == NULL || v == NULL)
+        goto nomem;
+    if (sp->variants.rope_base > 0.0f) {
+        /* Query i at position length - n_q + i, as the keys were at theirs. */
+        q_rot = sdpa_alloc(sp->heads_q * sp->n_q * sp->d_k, sizeof *q_rot);
+        if (q_rot == NULL || sdpa_rope_at(sp->variants.rope_base, sp->d_k, 1, q, q_rot,
+                                          sp->heads_q, sp->n_q, n_k - sp->n_q) != ATTN_OK)
+            goto nomem;
+    }
+    s = attn_kv_read(cache, 0, n_k, k, v, err);
+    if (s == ATTN_OK)
+        s = attn_sdpa_forward(&p, q_rot != NULL ? q_rot : q, k, v, out, rows, NULL, NULL, err);
+    free(k);
+    free(v);
+    free(q_rot);
+    return s;
+nomem:
+    free(k);
+    free(v);
+    free(q_rot);
+    return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the cache read out as float32");
 }
 
 static void free_workers(kv_worker *w, int n)
@@ -334,9 +377,12 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
 {
     if (cache == NULL || kp == NULL || q == NULL || out == NULL)
         return attn_fail(err, ATTN_ERR_INVALID, "cache, params, q and out must not be NULL");
-    if (kp->precision != ATTN_KV_PRECISION_FLOAT32)
-        return attn_fail(err, ATTN_ERR_INVALID, "precision %d is not float32 (the only one)",
+    if (kp->precision != ATTN_PRECISION_FLOAT32 && kp->precision != ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "precision %d is neither float32 (0) nor bfloat16 (1)",
                          (int)kp->precision);
+    if (kp->cancel != NULL && atomic_load_explicit(kp->cancel, memory_order_relaxed))
+        return attn_fail(err, ATTN_ERR_CANCELLED, "cancelled before the attention began");
     attn_sdpa_params sp = sdpa_params_of(cache, kp);
     attn_status s = sdpa_check_params(&sp, false, err);
     if (s != ATTN_OK)
@@ -351,6 +397,8 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
             rows[r] = (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
         return ATTN_OK;
     }
+    if (kp->precision == ATTN_PRECISION_BFLOAT16)
+        return forward_bf16(cache, &sp, q, out, rows, err);
 
     kv_job job = {.kern = attn_kern_get(), .kv = attn_kv_kern_get(), .out = out, .rows = rows};
     float *q_rot = NULL;

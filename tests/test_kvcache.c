@@ -975,7 +975,7 @@ START_TEST(invalid_calls_are_refused_with_a_message)
     kps[1].n_q = 0;
     kps[2].scale = -1.0f;
     kps[3].threads = 0;
-    kps[4].precision = (attn_kv_precision)1;
+    kps[4].precision = (attn_precision)2;
     for (int i = 0; i < 5; i++) {
         err.message[0] = '\0';
         ck_assert_msg(attn_kv_forward(c.cache, &kps[i], c.q, out, NULL, &err) ==
@@ -1004,6 +1004,93 @@ END_TEST
 
 /* attn_kv_forward_flops counts what attn_sdpa_flops counts for the same
  * attention: the window's band only. */
+/* "precision" bfloat16 over a cache: attn_sdpa_forward's bfloat16 products
+ * over the cached keys and values to the bit (the decode and the prefill
+ * shapes, GQA, every dtype, variants), and not float32's answer. RoPE is
+ * compared on float32 caches, where the forward rotates the keys as the
+ * append did. */
+START_TEST(bfloat16_precision_is_the_forwards_bfloat16_bit_for_bit)
+{
+    struct {
+        const char *name;
+        attn_variants var;
+        bool alibi;
+    } variants[] = {
+        {"plain", {0}, false},
+        {"window [70, 0], softcap 4", {.window = true, .window_left = 70, .window_right = 0,
+                                        .softcap = 4.0f}, false},
+        {"alibi", {0}, true},
+        {"rope 10000", {.rope_base = 10000.0f}, false},
+    };
+    const int64_t n_qs[] = {1, 3, 40};
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++)
+        for (size_t d = 0; d < 3; d++)
+            for (size_t n = 0; n < 3; n++) {
+                if (variants[i].var.rope_base > 0.0f && DTYPES[d] != ATTN_KV_FLOAT32)
+                    continue;
+                kv_problem pb = problem(8, 2, 70 + 61 * (int64_t)(i + d + n), DTYPES[d]);
+                pb.n_q = n_qs[n];
+                pb.causal = (i + n) % 2 == 0;
+                pb.var = variants[i].var;
+                pb.alibi = variants[i].alibi;
+                pb.threads = 1 + (int)((i + d + n) % 3);
+                kv_case c;
+                case_make(&c, &pb, 3);
+                char label[128];
+                snprintf(label, sizeof label, "bfloat16, %s, %s, length %lld, n_q %lld%s",
+                         variants[i].name, dtype_name(pb.dtype), (long long)pb.length,
+                         (long long)pb.n_q, pb.causal ? ", causal" : "");
+                attn_kv_params kp = c.kp;
+                kp.precision = ATTN_PRECISION_BFLOAT16;
+                result got = run_cache(&c, &kp), f32 = run_cache(&c, &c.kp);
+                c.sp.precision = ATTN_PRECISION_BFLOAT16;
+                result want;
+                if (pb.var.rope_base > 0.0f) {
+                    /* the forward rotates the keys itself: k as appended */
+                    want = (result){nan_floats(out_count(&c)),
+                                    xcalloc(row_count(&c), sizeof *want.rows)};
+                    attn_error err = {0};
+                    ASSERT_OK(attn_sdpa_forward(&c.sp, c.q, c.k, c.v, want.out, want.rows,
+                                                NULL, NULL, &err), err);
+                } else {
+                    want = run_forward(&c);
+                }
+                assert_same_bits(&c, &got, &want, label);
+                ck_assert_msg(first_difference(got.out, f32.out, out_count(&c),
+                                               sizeof(float)) >= 0,
+                              "%s: the same bits as float32 products", label);
+                free(got.out), free(got.rows), free(f32.out), free(f32.rows);
+                free(want.out), free(want.rows);
+                case_drop(&c);
+            }
+}
+END_TEST
+
+/* A cancel flag already set: no work, ATTN_ERR_CANCELLED, with either
+ * precision; unset, the call runs. */
+START_TEST(a_set_cancel_flag_stops_the_attention)
+{
+    kv_problem pb = problem(4, 2, 300, ATTN_KV_BFLOAT16);
+    kv_case c;
+    case_make(&c, &pb, 2);
+    atomic_int flag = 1;
+    float *out = nan_floats(out_count(&c));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        attn_kv_params kp = c.kp;
+        kp.cancel = &flag;
+        kp.precision = bf16 ? ATTN_PRECISION_BFLOAT16 : ATTN_PRECISION_FLOAT32;
+        attn_error err = {0};
+        atomic_store(&flag, 1);
+        ck_assert_int_eq(attn_kv_forward(c.cache, &kp, c.q, out, NULL, &err),
+                         ATTN_ERR_CANCELLED);
+        atomic_store(&flag, 0);
+        ASSERT_OK(attn_kv_forward(c.cache, &kp, c.q, out, NULL, &err), err);
+    }
+    free(out);
+    case_drop(&c);
+}
+END_TEST
+
 START_TEST(flops_are_those_of_the_same_forward)
 {
     kv_problem pb = problem(8, 2, 3000, ATTN_KV_FLOAT16);
@@ -1032,6 +1119,8 @@ static Suite *kvcache_suite(void)
     tcase_add_test(tc, rows_that_see_nothing_are_zero);
     tcase_add_test(tc, overflowing_rows_are_redone_in_double);
     tcase_add_test(tc, flops_are_those_of_the_same_forward);
+    tcase_add_test(tc, bfloat16_precision_is_the_forwards_bfloat16_bit_for_bit);
+    tcase_add_test(tc, a_set_cancel_flag_stops_the_attention);
     suite_add_tcase(s, tc);
     tc = tcase_create("storage");
     tcase_set_timeout(tc, 300);

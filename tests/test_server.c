@@ -4843,6 +4843,76 @@ START_TEST(cache_id_from_x_cache_id_once_and_well_formed)
 }
 END_TEST
 
+/* "precision": "bfloat16" over a cache is /v1/attention's bfloat16 over the
+ * same keys and values, to the bit (GQA, two query rows, causal), and not
+ * the float32 answer; a misspelt precision is a 422 naming the field. */
+START_TEST(cache_bfloat16_precision_is_v1_attentions_bfloat16_to_the_bit)
+{
+    enum { HQ = 4, HKV = 2, N = 100, NQ = 2, DK = 16, DV = 8 };
+    float *k = malloc(sizeof(float) * HKV * N * DK), *v = malloc(sizeof(float) * HKV * N * DV);
+    float q[HQ * NQ * DK];
+    for (int i = 0; i < HKV * N * DK; i++)
+        k[i] = uniform();
+    for (int i = 0; i < HKV * N * DV; i++)
+        v[i] = uniform();
+    for (int i = 0; i < HQ * NQ * DK; i++)
+        q[i] = 2 * uniform();
+    char id[23];
+    cache_new(shared.port, "{\"num_kv_heads\": 2, \"head_dim\": 16, \"value_dim\": 8}", NULL,
+              id);
+    char *append_body = step_body(-1, k, v, NULL, HKV, N, HQ, 0, DK, DV, "");
+    reply r = cache_call(shared.port, "POST", id, append_body, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    float got[HQ * NQ * DV], f32[HQ * NQ * DV], want[HQ * NQ * DV];
+    const char *options[] = {", \"precision\": \"bfloat16\"", ""};
+    float *outs[] = {got, f32};
+    for (int i = 0; i < 2; i++) {
+        char *body = step_body(-1, NULL, NULL, q, HKV, 0, HQ, NQ, DK, DV, options[i]);
+        r = cache_call(shared.port, "POST", id, body, NULL);
+        ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+        answer_floats(&r, "output", outs[i], HQ * NQ * DV);
+        reply_free(&r);
+        free(body);
+    }
+    char *body = NULL;
+    size_t len = 0;
+    int64_t qs[3] = {HQ, NQ, DK}, ks[3] = {HKV, N, DK}, vs[3] = {HKV, N, DV};
+    static const char head[] = "{\"causal\": true, \"precision\": \"bfloat16\", "
+                               "\"output_encoding\": \"flat\", \"q\": ";
+    append(&body, &len, head, sizeof head - 1);
+    put_tensor_b64(&body, &len, q, 3, qs);
+    append(&body, &len, ", \"k\": ", 7);
+    put_tensor_b64(&body, &len, k, 3, ks);
+    append(&body, &len, ", \"v\": ", 7);
+    put_tensor_b64(&body, &len, v, 3, vs);
+    append(&body, &len, "}", 1);
+    r = post_json(shared.port, "/v1/attention", body);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    answer_floats(&r, "output", want, HQ * NQ * DV);
+    reply_free(&r);
+    int worst = -1, differs = 0;
+    for (int i = 0; i < HQ * NQ * DV; i++) {
+        if (memcmp(&got[i], &want[i], sizeof got[i]) != 0 && worst < 0)
+            worst = i;
+        differs += got[i] != f32[i];
+    }
+    ck_assert_msg(worst < 0, "output[%d] %.9g over the cache, %.9g from /v1/attention", worst,
+                  worst < 0 ? 0 : got[worst], worst < 0 ? 0 : want[worst]);
+    ck_assert_msg(differs > 0, "bfloat16 gave float32's answer");
+    r = cache_call(shared.port, "POST", id, "{\"q\": [[0, 0], [0, 0]], \"precision\": \"bf16\"}",
+                   NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "precision");
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+    free(body);
+    free(append_body);
+    free(k);
+    free(v);
+}
+END_TEST
+
 START_TEST(cache_limits_are_in_info)
 {
     reply r = get(shared.port, "/v1/info");
@@ -5171,6 +5241,7 @@ static Suite *server_suite(void)
     tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
     tcase_add_test(caches, cache_work_limit_counts_the_positions_cached);
     tcase_add_test(caches, cache_limits_are_in_info);
+    tcase_add_test(caches, cache_bfloat16_precision_is_v1_attentions_bfloat16_to_the_bit);
     tcase_add_test(caches, cache_id_from_x_cache_id_once_and_well_formed);
     suite_add_tcase(s, caches);
 
