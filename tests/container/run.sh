@@ -318,7 +318,7 @@ while read -r loc; do
     out=$(curl -s -w '\n%{http_code} %{time_total}' "127.0.0.1:$lbport$loc/attention" -d "$step_body")
     code=$(echo "$out" | tail -1 | cut -d' ' -f1)
     secs=$(echo "$out" | tail -1 | cut -d' ' -f2)
-    python3 -c "import sys; sys.exit(0 if float('$secs') < 1 else 1)" || slow=$((slow + 1))
+    python3 -c "import sys; sys.exit(0 if float('$secs') < 1 else 1)" || { slow=$((slow + 1)); echo "       slow: $loc $code in $secs s"; }
     if [ "$code" = 404 ] && [ "$(echo "$out" | head -1 | jq -r .error.code)" = cache_not_found ]; then
         lost=$((lost + 1))
     elif [ "$code" = 200 ] && [ "$(echo "$out" | head -1 | jq -r .cache.length)" = 3 ]; then
