@@ -113,8 +113,8 @@ $(DEPS_STAMP): tools/deps.sh
 # libattn's kernels, one file per instruction set (lib/kern_*.c), each compiled
 # for its own; lib/kernel.c runs one only on a CPU that has the instructions.
 ifeq ($(shell uname -m),x86_64)
-$(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma
-$(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma
+$(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma -mf16c
+$(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma -mf16c
 $(BUILD)/obj/lib/kern_avx512_bf16.o: CFLAGS_ISA = -mavx512f -mavx512bw -mavx512bf16 -mavx2 -mfma
 endif
 

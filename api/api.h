@@ -39,9 +39,32 @@ char *api_error_json(const api_error *e, size_t *len);
 char *api_error_json_oip(const api_error *e, size_t *len);
 
 typedef enum {
-    API_OP_ATTENTION = 0, /* POST /v1/attention */
-    API_OP_MULTIHEAD = 1, /* POST /v1/multihead */
+    API_OP_ATTENTION = 0,       /* POST /v1/attention */
+    API_OP_MULTIHEAD = 1,       /* POST /v1/multihead */
+    API_OP_CACHE_ATTENTION = 2, /* POST /v1/caches/{id}/attention */
 } api_op;
+
+/*
+ * The KV caches of a server (api/cache_store.c): keys and values kept
+ * between requests, so that decoding attends over what earlier requests
+ * appended. One store per server, shared by every thread; `memory` bytes
+ * bound every cache together, and a cache unused for `idle_seconds` is
+ * dropped (<= 0: never).
+ */
+typedef struct api_caches api_caches;
+
+api_caches *api_caches_new(double memory, double idle_seconds);
+void api_caches_free(api_caches *s); /* with every cache it holds */
+
+typedef struct {
+    int64_t caches;          /* held now */
+    double bytes;            /* what they hold together */
+    uint64_t evicted_memory; /* dropped to make room, since the start */
+    uint64_t evicted_idle;   /* dropped after --cache-idle */
+} api_caches_stats;
+
+/* Also drops the caches idle for too long first. */
+void api_caches_stats_get(api_caches *s, api_caches_stats *st);
 
 /* Per-request limits and resources, decided by the server. */
 typedef struct {
@@ -58,6 +81,11 @@ typedef struct {
     double arrival_ms;   /* when the request arrived, on api_now_ms's clock
                           * (CLOCK_MONOTONIC, ms): meta.timing_ms.total counts
                           * from it; 0: total is decode + compute + encode */
+    /* The cache routes: the store, the id from the path, and who asks (the
+     * API key, NULL without keys): a cache answers only the key that made it. */
+    api_caches *caches;
+    const char *cache_id;
+    const char *owner;
     const atomic_int *cancel; /* NULL, or a flag the server sets once nobody
                           * waits for the answer: libattn stops between units
                           * of work and the answer is the error 499 cancelled */
@@ -93,6 +121,8 @@ typedef struct {
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
     double total_ms;  /* meta.timing_ms.total (for an error: as it would be) */
     char error_code[40]; /* the error's code when status is not 200, else "" */
+    char location[96];   /* a Location header to send ("" for none): a 201's */
+    int retry_after;     /* seconds for a Retry-After header (0: none) */
     /* The Open Inference Protocol's binary outputs: the body is header_len
      * bytes of JSON text, then raw tensor bytes (the value of the
      * Inference-Header-Content-Length header). 0: the body is all JSON. */
@@ -157,6 +187,20 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
                 api_response *res);
 
 void api_response_free(api_response *res);
+
+/*
+ * The cache routes other than attention, cheap enough to answer at once:
+ *   POST /v1/caches          201 and the cache's object, Location set
+ *   GET /v1/caches/{id}      200 and the object
+ *   DELETE /v1/caches/{id}   204, no body (res->body NULL, body_len 0)
+ * lim->caches, lim->cache_id and lim->owner say which cache, for whom. For
+ * POST, lim->cache_id (NULL or "": 128 random bits) is the id to give the
+ * new cache: a load balancer that routes /v1/caches/{id} by a hash of the
+ * id chooses it, so that the cache is made on the replica its id leads to.
+ */
+void api_cache_create(const char *body, size_t len, const api_limits *lim, api_response *res);
+void api_cache_get(const api_limits *lim, api_response *res);
+void api_cache_delete(const api_limits *lim, api_response *res);
 
 /* What the server reports about the computation in /v1/info and
  * --version, so that server/ never reaches into lib/. The strings are

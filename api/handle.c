@@ -36,8 +36,8 @@ void api_lap(api_timing *t, double *step)
 /* The body must be one JSON object: the fields are its members, whose
  * places the validator notes on its way (spans, API_MAX_FIELDS of them),
  * with the rows of the tensors among them. */
-static bool check_body(codec_doc *doc, const char *body, size_t len, codec_span *spans,
-                       api_error *err)
+bool api_check_body(codec_doc *doc, const char *body, size_t len, codec_span *spans,
+                    api_error *err)
 {
     codec_error ce;
     if (!codec_doc_validate(doc, body, len, spans, API_MAX_FIELDS, &ce)) {
@@ -91,11 +91,18 @@ static void respond_error(api_response *res, api_error *err, bool oip)
     snprintf(res->error_code, sizeof res->error_code, "%s", err->code);
     res->body = oip ? api_error_json_oip(err, &res->body_len) : api_error_json(err, &res->body_len);
     res->body_cap = res->body ? res->body_len + 1 : 0;
+    /* Every 503 is a moment's shortage (a full queue, caches all in use). */
+    res->retry_after = res->status == 503 ? 1 : 0;
     if (!res->body) {
         /* Not even the error object could be built: say so in the status. */
         res->status = 500;
         res->body_len = 0;
     }
+}
+
+void api_respond_error(api_response *res, api_error *err)
+{
+    respond_error(res, err, false);
 }
 
 static void timings(api_response *res, const api_timing *t)
@@ -266,6 +273,7 @@ static const api_operation *operation(api_op op)
     switch (op) {
     case API_OP_ATTENTION: return &api_attention_op;
     case API_OP_MULTIHEAD: return &api_multihead_op;
+    case API_OP_CACHE_ATTENTION: return &api_cache_attention_op;
     }
     return NULL;
 }
@@ -276,7 +284,7 @@ static bool read_v1(api_call *c, const char *body, size_t len, api_error *err)
     const api_operation *o = c->op;
     codec_span spans[API_MAX_FIELDS];
     codec_doc doc; /* filled by check_body whatever it finds */
-    bool ok = check_body(&doc, body, len, spans, err) &&
+    bool ok = api_check_body(&doc, body, len, spans, err) &&
               api_read_fields(&doc, o->fields, o->n_fields, o->other->fields,
                               o->other->n_fields, o->other->route, c->f, err);
     codec_doc_free(&doc);
@@ -406,6 +414,8 @@ static void encode(api_call *c, codec_buf *b)
     }
     if (c->want_stats)
         api_write_stats(b, &c->stats);
+    if (c->op->write_extra)
+        c->op->write_extra(c, b);
     api_dim dims[16];
     size_t n_dims = c->op->dims(c, dims);
     api_write_meta(b, dims, n_dims, &c->cost, &c->t);

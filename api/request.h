@@ -371,6 +371,8 @@ struct api_operation {
     /* meta.shape: its dimensions into dims (at most 16); returns how many. */
     size_t (*dims)(const api_call *c, api_dim *dims);
     void (*release)(api_call *c); /* the state's own allocations; may be NULL */
+    /* Writes `,"key": ...` members of its own after the results (may be NULL). */
+    void (*write_extra)(const api_call *c, codec_buf *b);
 };
 
 /* Plans a result of the answer, in the order it will be written; returns
@@ -381,7 +383,15 @@ int api_plan(api_call *c, const char *name, bool in_grad, const char *what, int 
 /* The fields' tensor data, NULL for a field absent. */
 const float *api_field_data(const api_call *c, int field);
 
-extern const api_operation api_attention_op, api_multihead_op;
+extern const api_operation api_attention_op, api_multihead_op, api_cache_attention_op;
+
+/* The body must be one JSON object: its members' places into spans
+ * (API_MAX_FIELDS of them), their number into *members. 400 otherwise. */
+bool api_check_body(codec_doc *doc, const char *body, size_t len, codec_span *spans,
+                    api_error *err);
+
+/* res becomes err's answer: its status and JSON body (Retry-After for a 503). */
+void api_respond_error(api_response *res, api_error *err);
 
 /* ------------------------------------------- Open Inference Protocol */
 

@@ -9,7 +9,9 @@
 #      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
 #      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
 #      backward, bfloat16 against float32, and multi-head, all taking turns
-#      in one run (bench/kernel.c)
+#      in one run (bench/kernel.c); then decoding over a KV cache against the
+#      memory's read bandwidth, and 1-token appends at 1k and 32k positions,
+#      taking turns (bench/decode.c)
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -23,8 +25,9 @@
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel memory server codec parallel http oip"; default all),
-# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten).
+# BENCH_ONLY (a subset of "kernel decode memory server codec parallel http oip"; default all),
+# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten),
+# BENCH_DECODE_SECONDS (60: the decode rows' rounds, about forty).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build}
@@ -57,7 +60,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 want() {
-    case " ${BENCH_ONLY:-kernel memory server codec parallel http oip} " in *" $1 "*) return 0 ;; esac
+    case " ${BENCH_ONLY:-kernel decode memory server codec parallel http oip} " in *" $1 "*) return 0 ;; esac
     return 1
 }
 put() { echo "$1 $2" >> "$RES"; }
@@ -101,8 +104,9 @@ compile() { # name libs...
         return 1
     fi
 }
-have_kernel=0; have_memory=0; have_codec=0; have_parallel=0
+have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0
 [ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
+[ -f "$BUILD/libattn.a" ] && compile decode "$BUILD/libattn.a" && have_decode=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
@@ -132,6 +136,15 @@ if [ $have_kernel = 1 ] && want kernel; then
     if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" > "$TMP/kernel"; then
         while read -r k v; do put "kern_$k" "$v"; done < "$TMP/kernel"
         cp "$TMP/kernel" "$OUT/kernel.txt"
+    fi
+fi
+
+# ------------------------------------------------------------------ 1b. decode
+if [ $have_decode = 1 ] && want decode; then
+    note "decode: over a KV cache against a STREAM-style sum, and appends, taking turns"
+    if "$OUT/decode" $THREADS "${BENCH_DECODE_SECONDS:-60}" > "$TMP/decode"; then
+        while read -r k v; do put "dec_$k" "$v"; done < "$TMP/decode"
+        cp "$TMP/decode" "$OUT/decode.txt"
     fi
 fi
 
@@ -320,6 +333,18 @@ for round in 1 2 3; do
     turn fastapi1_medium "$FASTAPI1_URL" "$OUT/medium.json"
     turn fastapi2_medium "$FASTAPI2_URL" "$OUT/medium.json"
 done
+# Decoding over HTTP through a KV cache (bench/decode_http.py): a step's
+# round trip beyond its server-side compute, and a step through a cache
+# against re-sending K and V each time.
+if [ -n "$ATTND_URL" ] && /usr/bin/python3 -c 'import numpy' 2> /dev/null; then
+    note "http: decode steps through a KV cache"
+    if /usr/bin/python3 bench/decode_http.py "${ATTND_URL%/v1/attention}" 100 > "$TMP/dechttp" 2> "$TMP/dechttp.err"; then
+        cat "$TMP/dechttp" >> "$RES"
+        cp "$TMP/dechttp" "$OUT/decode_http.txt"
+    else
+        note "bench/decode_http.py: $(tail -2 "$TMP/dechttp.err")"
+    fi
+fi
 round=1
 turn fastapi1_small "$FASTAPI1_URL" "$OUT/small.json"
 turn fastapi2_small "$FASTAPI2_URL" "$OUT/small.json"
@@ -538,6 +563,20 @@ row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) 
     "$(ratio "$mfb" "$mf" %.2f)" \
     "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
 
+SECTION=decode
+# decode_row DTYPE: the decode step's bytes per second over the sum's.
+decode_row() {
+    row "decode step over a KV cache, $1 pages: K and V bytes read per second / a STREAM-style sum's, H_q=32, H_kv=8, d=128, 32768 positions, 1 query row ($THREADS threads)" \
+        "$(get "dec_ratio_$2")" \
+        "decode $(get "dec_decode_$2_gbs") GB/s, sum $(get dec_stream_gbs) GB/s (medians of $(get dec_rounds) rounds taking turns); ratio per round $(get "dec_ratio_$2_min") to $(get "dec_ratio_$2_max"), per CPU second $(get "dec_ratio_$2_cpu")" \
+        ">=" 0.7 0.85
+}
+decode_row bfloat16 bf16
+decode_row float32 f32
+row "1-token append to a float32 cache of 32768 positions / of 1024 (time)" "$(get dec_ratio_append)" \
+    "$(get dec_append_32k_us) us / $(get dec_append_1k_us) us (medians of 64 appends in a row, a page's allocation included); ratio per round $(get dec_ratio_append_min) to $(get dec_ratio_append_max)" \
+    "<=" 2
+
 SECTION=memory
 g=$(get mem_growth_kb)
 ru=$(get mem_maxrss_after_kb); [ -n "$ru" ] && ru=$(calc %.1f "($ru - $(get mem_maxrss_before_kb)) / 1024")
@@ -601,6 +640,13 @@ else
     printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 10 (aim 20) | peer not available |\n' \
         "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
+row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
+    "$(get http_dec_overhead_us)" \
+    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; one kept-alive connection, bench/decode_http.py" \
+    "<=" 150
+row "decode step at 4096 positions (float32): re-sending K and V to /v1/attention / through a KV cache (time)" \
+    "$(get http_resend_ratio)" \
+    "$(get http_resend_step_ms) ms / $(get http_cache_step_ms) ms (medians, taking turns)" ">=" 20
 SECTION=oip
 row "Open Inference Protocol: binary /v2 / base64 /v1 req/s, H=8, n=512, d=64, forward, tensors both ways (median of 5 pairs)" \
     "$(get oip_ratio)" \
@@ -611,5 +657,5 @@ row "Open Inference Protocol: transport (decode + encode) / total, binary, H=8, 
     "decode $(get oip_n4096_decode_ms) ms + encode $(get oip_n4096_encode_ms) ms of $(get oip_n4096_total_ms) ms (compute $(get oip_n4096_compute_ms) ms)$(s=$(get oip_n4096_status); [ -n "$s" ] && echo "; answered $s")" \
     "<=" 0.05
 echo
-echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up. Raw outputs: $OUT/."
+echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up; decode figures: medians of per-round ratios. Raw outputs: $OUT/."
 [ $FAILS -eq 0 ] || { echo "$FAILS bar(s) failed or not measured"; exit 1; }

@@ -5,6 +5,8 @@
     r = api.attention(q=q, k=k, v=v, causal=True, return_weights=True)
     r["output"], r["weights"]            # numpy float32 arrays
     api.attention(q=q, k=k, v=v, return_lse=True)["lse"]   # -inf: a row that sees no key
+    c = api.create_cache(num_kv_heads=2, head_dim=64)     # a KV cache on the server
+    api.cache_attention(c["id"], k=k_new, v=v_new, q=q_new)["output"]
 
 NumPy arrays in a request travel as base64 float32 ({"shape", "dtype",
 "base64"}; bool arrays as "dtype": "bool" masks), and the client asks for
@@ -77,6 +79,26 @@ class Client:
     def info(self):
         return self._call("GET", "/v1/info")
 
+    # KV caches: keys and values kept on the server, for decoding.
+    def create_cache(self, num_kv_heads, head_dim, value_dim=None, dtype="float32"):
+        """POST /v1/caches: the new cache's object ({"id", "length", "bytes", ...})."""
+        body = {"num_kv_heads": num_kv_heads, "head_dim": head_dim, "dtype": dtype}
+        if value_dim is not None:
+            body["value_dim"] = value_dim
+        return self._call("POST", "/v1/caches", json.dumps(body).encode())
+
+    def cache(self, cache_id):
+        """GET /v1/caches/{id}: its dimensions, length and bytes."""
+        return self._call("GET", f"/v1/caches/{cache_id}")
+
+    def delete_cache(self, cache_id):
+        self._call("DELETE", f"/v1/caches/{cache_id}")
+
+    def cache_attention(self, cache_id, **request):
+        """POST /v1/caches/{id}/attention: truncate, k and v to append, q to
+        attend, and the options of /v1/attention."""
+        return self._compute(f"/v1/caches/{cache_id}/attention", request)
+
     def _compute(self, path, request):
         body = {"output_encoding": "base64"}
         for key, value in request.items():
@@ -94,7 +116,8 @@ class Client:
                                      headers={"Content-Type": "application/json"} if data else {})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as res:
-                return json.load(res)
+                text = res.read()
+                return json.loads(text) if text else {}  # 204: no body
         except urllib.error.HTTPError as e:
             try:
                 err = json.load(e)["error"]

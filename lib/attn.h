@@ -424,6 +424,209 @@ double attn_mha_flops(const attn_mha_params *p);
 double attn_mha_workspace(const attn_mha_params *p, bool has_w_o, bool weights, bool stats,
                           bool backward);
 
+/* --------------------------------------------------------------- KV caches */
+
+/*
+ * A KV cache holds the keys and values of one sequence, so that decoding
+ * (one new token, or a few, at a time) attends over everything produced so
+ * far without the caller sending it again:
+ *   keys   [num_kv_heads, length, head_dim]
+ *   values [num_kv_heads, length, value_dim]
+ * stored as float32, float16 or bfloat16 (converted on append, rounded to
+ * nearest even; the kernels read the pages as stored, widening exactly).
+ *
+ * Pages. The positions are kept in pages of ATTN_KV_PAGE positions of every
+ * head: an append fills the last page and adds new ones, never moving what
+ * is cached; a truncate frees whole pages; attn_kv_free frees everything.
+ * Why 64 positions: it is the key tile of libattn's kernels, so a page
+ * holds exactly one tile of every head. Inside it, head after head, each
+ * head's keys are stored transposed, [head_dim, 64] (the k^T panel the
+ * score products read with vectors along the keys: no horizontal sums
+ * and, for float32, no packing), followed by its values [64, value_dim].
+ * A page is one allocation that a decode step reads from end to end (512
+ * KiB at 8 heads, head_dim = value_dim = 128 in float32, 256 KiB in
+ * bfloat16): runs that long stream at about the memory's full speed, where
+ * runs of one head's 32 KiB scattered over memory stream at about half of
+ * it; and one page is also all the last, partly filled page can waste. A
+ * new page is zeroed, so every byte a kernel may read is a finite number.
+ *
+ * Memory. attn_kv_bytes() is everything the cache holds: its pages, its
+ * table of page pointers and its header. attn_kv_bytes_after_append() says,
+ * before anything is allocated, exactly what attn_kv_bytes() will be after
+ * an append succeeds, so a caller keeping a budget over many caches
+ * reserves the difference first (and gives it back if the append fails);
+ * after attn_kv_truncate() or attn_kv_free() it releases what the cache no
+ * longer holds. The cache allocates nothing else: pages are whole
+ * allocations of attn_kv_info.page_bytes each. A cache of n positions holds
+ * ceil(n / 64) pages, less than one page more than
+ * n * num_kv_heads * (head_dim + value_dim) * element bytes, plus its
+ * bookkeeping (a header and 8 bytes per page of table, at most twice the
+ * pages in use).
+ *
+ * RoPE. A cache stores keys as they will be attended: with rope, each key is
+ * rotated at its absolute position (0, 1, ... in order of appending) when it
+ * is appended, and each query at its own position when attending. The
+ * cache remembers the base its keys were rotated with (0: none): the first
+ * append into an empty cache sets it, and an append or attention that asks
+ * for another is refused (ATTN_ERR_INVALID, the message says both), since
+ * keys rotated at one base cannot be attended with another or without.
+ *
+ * Threads. A cache has no lock. attn_kv_forward, attn_kv_read and the
+ * queries (attn_kv_info_get, attn_kv_length, attn_kv_bytes...) only read it and
+ * may run together; attn_kv_append, attn_kv_truncate and attn_kv_free change
+ * it and must not overlap any other call on the same cache (a server keeps
+ * one lock, or one queue, per cache). Different caches share nothing.
+ */
+
+/* Positions per page. */
+#define ATTN_KV_PAGE 64
+
+typedef enum {
+    ATTN_KV_FLOAT32 = 0,
+    ATTN_KV_FLOAT16 = 1,  /* IEEE binary16: |x| < 65520 rounds to a finite value */
+    ATTN_KV_BFLOAT16 = 2, /* float32's upper half: float32's range, 8 bits of precision */
+} attn_kv_dtype;
+
+/* 4, 2 or 2; 0 for a value that names no dtype. */
+size_t attn_kv_dtype_size(attn_kv_dtype dtype);
+/* "float32", "float16", "bfloat16"; NULL for a value that names no dtype. */
+const char *attn_kv_dtype_name(attn_kv_dtype dtype);
+
+typedef struct {
+    int64_t num_kv_heads; /* >= 1 */
+    int64_t head_dim;     /* d_k >= 1 (even, to be used with rope) */
+    int64_t value_dim;    /* d_v >= 1 */
+    attn_kv_dtype dtype;
+} attn_kv_config;
+
+typedef struct attn_kv_cache attn_kv_cache;
+
+typedef struct {
+    attn_kv_config config;
+    int64_t length;    /* positions cached */
+    int64_t pages;     /* ceil(length / ATTN_KV_PAGE) */
+    size_t page_bytes; /* one page: ATTN_KV_PAGE * heads * (d_k + d_v) * element size */
+    size_t bytes;      /* everything held: attn_kv_bytes() */
+    float rope_base;   /* the keys were rotated with this base; 0: not rotated
+                        * (meaningless while length is 0: the next append sets it) */
+} attn_kv_info;
+
+/* A new, empty cache (*cache stays NULL on failure), holding
+ * attn_kv_bytes_empty(config) bytes. */
+attn_status attn_kv_create(const attn_kv_config *config, attn_kv_cache **cache,
+                           attn_error *err);
+/* Frees the cache and every page (NULL is fine). */
+void attn_kv_free(attn_kv_cache *cache);
+
+/* What a cache of this configuration holds before its first append; 0 for
+ * a configuration attn_kv_create refuses. */
+size_t attn_kv_bytes_empty(const attn_kv_config *config);
+
+/* The cache's state (all zeros for a NULL cache), its length, its bytes. */
+void attn_kv_info_get(const attn_kv_cache *cache, attn_kv_info *info);
+int64_t attn_kv_length(const attn_kv_cache *cache);
+size_t attn_kv_bytes(const attn_kv_cache *cache);
+/* attn_kv_bytes() after a successful append of n_new positions (n_new >= 0;
+ * the current bytes for 0); -1 when n_new is negative or the result would
+ * not fit in memory's addresses. The append allocates exactly the
+ * difference. */
+int64_t attn_kv_bytes_after_append(const attn_kv_cache *cache, int64_t n_new);
+
+/*
+ * Appends n_new positions after the cached ones:
+ *   k [num_kv_heads, n_new, head_dim], v [num_kv_heads, n_new, value_dim]
+ * (float32, contiguous, the caller's; copied, converted to the cache's
+ * dtype). With rope_base > 0 key j is rotated at position length + j
+ * first; rope_base must be the cache's (attn_kv_info.rope_base) unless the
+ * cache is empty. All or nothing: a value that is not finite, or that the
+ * dtype cannot hold (float16 beyond 65504 after rounding), is refused
+ * (ATTN_ERR_INVALID, the message names the tensor and the element), and so
+ * is a failed allocation (ATTN_ERR_NOMEM), and the cache is left as it was.
+ * Touches only the last page and the new ones: its cost does not grow with
+ * the length cached. n_new = 0 changes nothing.
+ */
+attn_status attn_kv_append(attn_kv_cache *cache, int64_t n_new, const float *k,
+                           const float *v, float rope_base, attn_error *err);
+
+/* Keeps the positions < length (a length at or beyond the cache's changes
+ * nothing); frees the pages no longer needed, and the rope base too when
+ * nothing is left. Fails only for a negative length. */
+attn_status attn_kv_truncate(attn_kv_cache *cache, int64_t length, attn_error *err);
+
+/* Copies positions [start, start + n) out as float32 (exactly as stored:
+ * rounded to the dtype, keys rotated when appended with rope):
+ *   k [num_kv_heads, n, head_dim], v [num_kv_heads, n, value_dim]
+ * either may be NULL. */
+attn_status attn_kv_read(const attn_kv_cache *cache, int64_t start, int64_t n, float *k,
+                         float *v, attn_error *err);
+
+typedef struct {
+    int64_t heads_q; /* H_q >= 1, a multiple of the cache's num_kv_heads (GQA) */
+    int64_t n_q;     /* query rows per head >= 1 */
+    float scale;     /* finite, > 0; usually attn_default_scale(head_dim) */
+    /* Positions are aligned bottom-right as in attn_sdpa_forward: query i
+     * sits at position length - n_q + i (the last query at the last cached
+     * position). Causal: it sees keys j <= its position; otherwise all. */
+    bool causal;
+    /* window, alibi_slopes ([H_q]; alibi_batch_stride is not read), softcap
+     * and rope_base as attn_sdpa_forward defines them, at those positions.
+     * rope_base must be the cache's: queries are rotated here, keys were
+     * rotated when appended. */
+    attn_variants variants;
+    int threads; /* >= 1 */
+    /* ATTN_PRECISION_FLOAT32 (0): the paged kernels below. BFLOAT16: the
+     * products of attn_sdpa_forward's ATTN_PRECISION_BFLOAT16, bit for bit
+     * (the cached keys and values are read out as float32 first, O(length)
+     * memory, and attn_sdpa_forward runs over them). */
+    attn_precision precision;
+    const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
+                               * checked before the work with float32, at
+                               * attn_sdpa_forward's units with bfloat16 */
+} attn_kv_params;
+
+/*
+ * Attention of q over every cached position:
+ *   q [H_q, n_q, head_dim] -> out [H_q, n_q, value_dim], optional
+ *   rows [H_q, n_q] (each row's softmax maximum and sum, as attn_sdpa_forward
+ *   returns them; attn_softmax_lse gives the log-sum-exp).
+ * The same numbers as attn_sdpa_forward over the cached keys and values (as
+ * attn_kv_read returns them), with query head h reading key/value head
+ * h / (H_q / num_kv_heads). An empty cache, like any row that sees no key,
+ * gives zeros (and a softmax row {-INFINITY, 0}).
+ *
+ * How: with few query rows per key/value head (H_q / num_kv_heads * n_q <=
+ * ATTN_KV_DECODE_ROWS), flash-decoding. The visible pages are cut into
+ * runs of consecutive pages, which the threads share; each reads its pages
+ * whole, each head's block once for all the query rows of that head's
+ * group (every query head of the group, every query row), and keeps a
+ * partial output with its softmax maximum and sum; the partials are then
+ * merged as shards are through their log-sum-exp. Where the runs are fewer
+ * than the threads want, the heads are shared out too, which changes no
+ * row's arithmetic. The runs depend on the visible length only, never on
+ * `threads`: results are the same for any thread count. Up to 16 pages of
+ * visible keys are one run, and then the result is bit for bit
+ * attn_sdpa_forward's (same tiles, same order of operations); longer, the
+ * merge makes it differ from attn_sdpa_forward by float32 rounding
+ * (tests/test_kvcache.c states the bound it holds).
+ * With more rows (prefill), the tiled forward's own kernel runs over the
+ * pages (float32 pages are its k^T panels as they are; float16 and
+ * bfloat16 pages are widened one page at a time into a panel of the
+ * worker's), bit for bit attn_sdpa_forward.
+ *
+ * Errors: ATTN_ERR_INVALID with a message that names what is wrong in the
+ * words of these parameters (heads_q, n_q, scale, window..., "rope: ...");
+ * ATTN_ERR_NOMEM when a workspace cannot be had. The cache is never
+ * changed.
+ */
+#define ATTN_KV_DECODE_ROWS 64
+attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *p,
+                            const float *q, float *out, attn_softmax_row *rows,
+                            attn_error *err);
+
+/* Nominal FLOPs of attn_kv_forward, counted as attn_sdpa_flops counts them
+ * (the window's band only); 0 for parameters it would refuse. */
+double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *p);
+
 /* ------------------------------------------------------------- kernels */
 
 /*

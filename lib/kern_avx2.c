@@ -1,5 +1,5 @@
 /*
- * libattn's kernels for AVX2 + FMA (compiled with -mavx2 -mfma; run only
+ * libattn's kernels for AVX2 + FMA (compiled with -mavx2 -mfma -mf16c; run only
  * where attn_kernel() found the instructions). The register block is 6 rows
  * x 2 vectors (16 columns): 12 accumulators, 2 loaded vectors and one
  * broadcast of the 16 ymm registers. The bfloat16 products emulate
@@ -226,7 +226,21 @@ static inline vf vdot2(vf acc, vpair a, vpair b)
     _mm_setcsr(kern_mxcsr | KERN_MXCSR_FTZ_DAZ)
 #define KERN_BF16_END _mm_setcsr(kern_mxcsr)
 
+/* Halves to floats: F16C's vcvtph2ps for float16 (every AVX2 CPU has
+ * F16C; attn_kernel_supported asks for it too); bfloat16 is float32's
+ * upper half, so zero-extended and shifted into place. */
+static inline vf vload_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+static inline vf vload_bf16(const uint16_t *p)
+{
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+}
+
 #include "kern_body.h"
 #include "kern_body_bf16.h"
+#include "kern_kv_body.h"
 
 #endif /* __x86_64__ */

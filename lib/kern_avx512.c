@@ -42,7 +42,20 @@ static inline vf vdot2(vf acc, vpair a, vpair b)
     _mm_setcsr(kern_mxcsr | KERN_MXCSR_FTZ_DAZ)
 #define KERN_BF16_END _mm_setcsr(kern_mxcsr)
 
+/* Halves to floats: vcvtph2ps for float16; bfloat16 is float32's upper
+ * half, so zero-extended and shifted into place. */
+static inline vf vload_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+static inline vf vload_bf16(const uint16_t *p)
+{
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+
 #include "kern_body.h"
 #include "kern_body_bf16.h"
+#include "kern_kv_body.h"
 
 #endif /* __x86_64__ */

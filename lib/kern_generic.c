@@ -9,6 +9,7 @@
 
 #include "bf16.h"
 #include "kern.h"
+#include "kv.h"
 
 #define KF(name) name##_generic
 #define KERN_KIND ATTN_KERNEL_GENERIC
@@ -156,3 +157,8 @@ static inline vf vdot2(vf acc, vpair a, vpair b)
 
 #include "kern_body.h"
 #include "kern_body_bf16.h"
+
+static inline vf vload_f16(const uint16_t *p) { return kv_f16_to_f32(*p); }
+static inline vf vload_bf16(const uint16_t *p) { return kv_bf16_to_f32(*p); }
+
+#include "kern_kv_body.h"

@@ -1,6 +1,7 @@
 /*
  * Which of libattn's kernels this process runs: the best the CPU supports
- * (AVX-512F, then AVX2+FMA, then portable C), decided once, or the one that
+ * (AVX-512F, then AVX2+FMA, each with F16C for the float16 KV caches, then
+ * portable C), decided once, or the one that
  * ATTN_KERNEL=generic|avx2|avx512 forces (tests and benchmarks run every
  * kernel this way). A forced kernel the CPU cannot run is not used: the
  * choice falls back to the best available, and attn_kernel_forced() says
@@ -27,9 +28,9 @@ bool attn_kernel_supported(attn_kernel_kind kind)
 #if defined(__x86_64__)
     /* What each file is compiled for (-mavx2 -mfma, -mavx512f): see Makefile. */
     case ATTN_KERNEL_AVX2:
-        return cpu_has(CPU_AVX2 | CPU_FMA);
+        return cpu_has(CPU_AVX2 | CPU_FMA | CPU_F16C);
     case ATTN_KERNEL_AVX512:
-        return cpu_has(CPU_AVX512F | CPU_AVX2 | CPU_FMA);
+        return cpu_has(CPU_AVX512F | CPU_AVX2 | CPU_FMA | CPU_F16C);
 #endif
     default:
         return false;

@@ -70,6 +70,24 @@ static void rope_apply(const rope_table *table, const attn_sdpa_params *p, int t
                       &j);
 }
 
+/* The cos and sin of every position in [lo, hi) for rows of d. */
+static bool rope_table_make(rope_table *table, float base, int64_t d, int64_t lo, int64_t hi)
+{
+    *table = (rope_table){.pos0 = lo, .half = d / 2};
+    table->cs = malloc((size_t)((hi - lo) * table->half * 2) * sizeof *table->cs);
+    if (table->cs == NULL)
+        return false;
+    for (int64_t t = 0; t < table->half; t++) {
+        double freq = pow((double)base, -2.0 * (double)t / (double)d);
+        for (int64_t pos = lo; pos < hi; pos++) {
+            double angle = (double)pos * freq;
+            table->cs[((pos - lo) * table->half + t) * 2] = cos(angle);
+            table->cs[((pos - lo) * table->half + t) * 2 + 1] = sin(angle);
+        }
+    }
+    return true;
+}
+
 attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const float *k,
                       float *q_out, float *k_out, bool inverse)
 {
@@ -77,22 +95,27 @@ attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const flo
     /* Positions: queries offset .. offset + n_q, keys 0 .. n_k. */
     const int64_t lo = c->offset < 0 ? c->offset : 0;
     const int64_t hi = c->offset + p->n_q > p->n_k ? c->offset + p->n_q : p->n_k;
-    rope_table table = {.pos0 = lo, .half = p->d_k / 2};
-    table.cs = malloc((size_t)((hi - lo) * table.half * 2) * sizeof *table.cs);
-    if (table.cs == NULL)
+    rope_table table;
+    if (!rope_table_make(&table, p->variants.rope_base, p->d_k, lo, hi))
         return ATTN_ERR_NOMEM;
-    for (int64_t t = 0; t < table.half; t++) {
-        double freq = pow((double)p->variants.rope_base, -2.0 * (double)t / (double)p->d_k);
-        for (int64_t pos = lo; pos < hi; pos++) {
-            double angle = (double)pos * freq;
-            table.cs[((pos - lo) * table.half + t) * 2] = cos(angle);
-            table.cs[((pos - lo) * table.half + t) * 2 + 1] = sin(angle);
-        }
-    }
     if (q != NULL)
         rope_apply(&table, p, threads, q, q_out, p->heads_q, p->n_q, c->ldq, c->offset, inverse);
     if (k != NULL)
         rope_apply(&table, p, threads, k, k_out, p->heads_kv, p->n_k, c->ldk, 0, inverse);
+    free(table.cs);
+    return ATTN_OK;
+}
+
+attn_status sdpa_rope_at(float base, int64_t d, int threads, const float *src, float *dst,
+                         int64_t heads, int64_t n, int64_t pos0)
+{
+    /* The table covers the rows' positions only: a key appended at
+     * position 30000 costs one row of cos and sin, not 30000. */
+    rope_table table;
+    if (!rope_table_make(&table, base, d, pos0, pos0 + n))
+        return ATTN_ERR_NOMEM;
+    const attn_sdpa_params p = {.batch = 1, .d_k = d, .layout = ATTN_LAYOUT_BHND};
+    rope_apply(&table, &p, threads, src, dst, heads, n, d, pos0, false);
     free(table.cs);
     return ATTN_OK;
 }

@@ -221,6 +221,10 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
 attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const float *k,
                       float *q_out, float *k_out, bool inverse);
 
+/* dst = src [heads, n, d] (contiguous) with row r of each head rotated at
+ * position pos0 + r, at `base`, the same arithmetic as sdpa_rope. */
+attn_status sdpa_rope_at(float base, int64_t d, int threads, const float *src, float *dst,
+                         int64_t heads, int64_t n, int64_t pos0);
 /* The inputs' rotation before the scores: q_rot = q and k_rot = k rotated
  * (bfloat16 words widened first: the rotation is float32), and c's q and k
  * made those copies. */

@@ -263,13 +263,12 @@ static bool same_key(const unsigned char *token, size_t n, const unsigned char *
     return diff == 0;
 }
 
-srv_auth_result auth_check(srv_auth *a, const char *authorization)
+/* The token of "Bearer TOKEN" (RFC 7235: the scheme is case-insensitive,
+ * then one or more spaces) at *token, *n bytes; AUTH_MISSING without one. */
+static srv_auth_result bearer_token(const char *authorization, const char **token, size_t *n)
 {
-    if (!auth_required(a))
-        return AUTH_OK;
     if (!authorization)
         return AUTH_MISSING;
-    /* RFC 7235: the scheme is case-insensitive, then one or more spaces. */
     const char *p = authorization;
     while (*p == ' ' || *p == '\t')
         p++;
@@ -278,11 +277,25 @@ srv_auth_result auth_check(srv_auth *a, const char *authorization)
     p += 6;
     while (*p == ' ' || *p == '\t')
         p++;
-    size_t n = strlen(p);
-    while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
-        n--;
-    if (n == 0 || n > MAX_KEY)
+    size_t len = strlen(p);
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+        len--;
+    if (len == 0 || len > MAX_KEY)
         return AUTH_INVALID;
+    *token = p;
+    *n = len;
+    return AUTH_OK;
+}
+
+srv_auth_result auth_check(srv_auth *a, const char *authorization)
+{
+    if (!auth_required(a))
+        return AUTH_OK;
+    const char *p = NULL;
+    size_t n = 0;
+    srv_auth_result parsed = bearer_token(authorization, &p, &n);
+    if (parsed != AUTH_OK)
+        return parsed;
     bool found = false;
     pthread_rwlock_rdlock(&a->lock);
     const srv_key_set *set = a->keys;
@@ -292,6 +305,17 @@ srv_auth_result auth_check(srv_auth *a, const char *authorization)
                           set->lengths[i]);
     pthread_rwlock_unlock(&a->lock);
     return found ? AUTH_OK : AUTH_INVALID;
+}
+
+bool auth_key_of(const srv_auth *a, const char *authorization, char *key, size_t cap)
+{
+    const char *p = NULL;
+    size_t n = 0;
+    if (!auth_required(a) || bearer_token(authorization, &p, &n) != AUTH_OK || n + 1 > cap)
+        return false;
+    memcpy(key, p, n);
+    key[n] = '\0';
+    return true;
 }
 
 void auth_free(srv_auth *a)

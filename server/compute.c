@@ -9,8 +9,9 @@
  * compute requests ask for (a 4 KB multi-head body can ask for seconds).
  *   - A body whose decoding is itself tiny work is decoded and costed on
  *     the I/O thread that read it. If the whole request is tiny too
- *     (INLINE_MAX_WORK, about a tenth of a millisecond) and a slot is free
- *     with nobody waiting, it is computed right there: handing microseconds
+ *     (INLINE_MAX_WORK, about a tenth of a millisecond; and not attention
+ *     over a KV cache, which may wait for the cache's turn) and a slot is
+ *     free with nobody waiting, it is computed right there: handing microseconds
  *     of work to a worker would cost two thread wake-ups and the suspension
  *     of the connection, more than the attention itself. It takes a slot
  *     like any other, so it counts against --threads and --queue.
@@ -54,7 +55,7 @@
 /* The request's limits; its arrival on api_now_ms's clock (the same
  * monotonic clock as srv_now, in ms) makes meta.timing_ms.total count from
  * the request's headers. */
-static api_limits limits(const srv_request *r, int threads)
+api_limits compute_limits(const srv_request *r, int threads)
 {
     const srv_server *srv = r->srv;
     return (api_limits){.max_work = srv->cfg->max_work,
@@ -63,6 +64,9 @@ static api_limits limits(const srv_request *r, int threads)
                         .threads = threads,
                         .max_threads = srv->cfg->threads,
                         .arrival_ms = r->t_start * 1e3,
+                        .caches = srv->caches,
+                        .cache_id = r->path_id,
+                        .owner = r->has_owner ? r->owner : NULL,
                         .cancel = &r->cancel};
 }
 
@@ -146,7 +150,7 @@ static api_call *prepare_call(srv_request *r, const api_limits *lim, api_cost *c
  * already (an error in r->res, or the budget's refusal). */
 static bool prepare(srv_request *r, int threads)
 {
-    api_limits lim = limits(r, threads);
+    api_limits lim = compute_limits(r, threads);
     api_cost cost;
     r->call = prepare_call(r, &lim, &cost);
     if (!r->call)
@@ -285,7 +289,7 @@ compute_result compute_submit(srv_request *r)
      * refusal (400, 422, the budget) is then answered without a queue. */
     double work = 0;
     if (api_decode_work(r->body_len) <= INLINE_MAX_WORK / 2) {
-        api_limits lim = limits(r, 1);
+        api_limits lim = compute_limits(r, 1);
         api_cost cost;
         r->call = prepare_call(r, &lim, &cost);
         if (!r->call)
@@ -298,7 +302,11 @@ compute_result compute_submit(srv_request *r)
     }
 
     pthread_mutex_lock(&q->lock);
-    if (r->call && work <= INLINE_MAX_WORK && q->running < q->slots && q->waiting == 0) {
+    /* Never a KV cache's attention: it may wait for the cache's turn behind
+     * a long request to the same cache, and an I/O thread must not wait. */
+    bool may_inline = r->route->op != API_OP_CACHE_ATTENTION;
+    if (r->call && may_inline && work <= INLINE_MAX_WORK && q->running < q->slots &&
+        q->waiting == 0) {
         int others = q->running++;
         pthread_mutex_unlock(&q->lock);
         run(r, others, 0);

@@ -142,6 +142,19 @@ static const opt_row options[] = {
     {.name = "max-conns-per-ip", .metavar = "N", .type = OPT_INT,
      .offset = OFF(max_conns_per_ip), .def = "0", .min = 0, .max = 100000, .limit = true,
      .help = "connections one client address may hold; past that 503 (0: no limit)"},
+    /* 1 GiB: a 4-layer decoder's caches of 8 kv-heads x 128 x 32k positions
+     * in bfloat16 (128 MiB a layer); a budget the operator sizes to the
+     * machine, since caches stay between requests. */
+    {.name = "cache-memory", .metavar = "BYTES", .type = OPT_BYTES,
+     .offset = OFF(cache_memory), .def = "1GiB", .min = 0, .max = 1099511627776.0,
+     .limit = true,
+     .help = "bytes every KV cache (POST /v1/caches) together may hold; idle caches are "
+             "evicted, least recently used first, to make room (0: no caches)"},
+    /* 10 minutes: longer than any pause between the steps of a live
+     * decoding, short enough that abandoned caches do not linger. */
+    {.name = "cache-idle", .metavar = "SECONDS", .type = OPT_INT, .offset = OFF(cache_idle),
+     .def = "600", .min = 1, .max = 604800, .limit = true,
+     .help = "a KV cache no request has used for this long is dropped"},
     /* Any origin by default: attnd takes no credentials or cookies, so a web
      * page gains nothing through CORS that a direct request would not have,
      * and notebooks and web clients work out of the box. */

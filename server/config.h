@@ -39,6 +39,8 @@ typedef struct {
     int drain_timeout;   /* seconds the drain after SIGTERM may take */
     int max_connections; /* connections held at once */
     int max_conns_per_ip; /* connections one client address may hold; 0: any */
+    int64_t cache_memory; /* bytes every KV cache together may hold */
+    int cache_idle;      /* seconds after which an unused KV cache is dropped */
     int log_format;      /* log_format */
     int n_origins;       /* allowed CORS origins ("*" allows any) */
     char origins[CFG_MAX_ORIGINS][256];

@@ -61,6 +61,8 @@ void request_begin(srv_connection *cx, const char *method, const char *path,
     request_id_set(r, h->request_id);
     bool path_known;
     r->route = routes_match(srv, method, path, &path_known, &r->label);
+    if (r->route)
+        routes_path_id(r->route->path, path, r->path_id, sizeof r->path_id);
     metrics_request_start(&srv->metrics, r->label);
 }
 
@@ -110,6 +112,8 @@ static void on_headers(srv_request *r, const srv_headers *h)
             http_reply_stock(r, a == AUTH_MISSING ? STOCK_NO_KEY : STOCK_WRONG_KEY);
             return;
         }
+        r->has_owner = auth_key_of(&r->srv->auth, h->authorization, r->owner,
+                                   sizeof r->owner);
     }
     /* Draining: no body is read any more (a client trickling one would hold
      * the exit); the client is told to go elsewhere at once. */
@@ -333,9 +337,16 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         snprintf(err, err_len, "cannot start compute threads");
         return false;
     }
+    if (!(srv->caches = api_caches_new((double)cfg->cache_memory, cfg->cache_idle))) {
+        snprintf(err, err_len, "out of memory for the KV cache store");
+        compute_stop(srv);
+        return false;
+    }
     if (!watch_start(srv)) {
         snprintf(err, err_len, "cannot start the connection watcher");
         compute_stop(srv);
+        api_caches_free(srv->caches);
+        srv->caches = NULL;
         return false;
     }
 
@@ -409,6 +420,8 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
                  strerror(errno));
         watch_stop(srv);
         compute_stop(srv);
+        api_caches_free(srv->caches);
+        srv->caches = NULL;
         return false;
     }
     return true;
@@ -483,6 +496,8 @@ void http_stop(srv_server *srv)
     srv->daemon = NULL;
     conn_limit_free(&srv->conn_limit);
     compute_stop(srv);
+    api_caches_free(srv->caches);
+    srv->caches = NULL;
     routes_free(srv);
     stock_free(srv);
 }

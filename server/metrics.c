@@ -25,7 +25,7 @@
 #define relaxed_add(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
 
 /* The statuses attnd produces; anything else is counted under "other". */
-static const int statuses[METRICS_N_STATUS] = {200, 204, 400, 401, 404, 405, 413, 414,
+static const int statuses[METRICS_N_STATUS] = {200, 201, 204, 400, 401, 404, 405, 409, 413, 414,
                                                415, 422, 431, 499, 500, 501, 503};
 
 /* Buckets in seconds: from a cached /healthz (~50 us) to a large multi-head
@@ -360,6 +360,29 @@ char *metrics_render(srv_server *srv, size_t *len)
                      relaxed_load(cl->sheds[SHED_IDLEST]),
                      relaxed_load(cl->sheds[SHED_HEADER_TIMEOUT]),
                      relaxed_load(cl->sheds[SHED_DRAIN]));
+    api_caches_stats caches = {0};
+    if (srv->caches)
+        api_caches_stats_get(srv->caches, &caches);
+    codec_buf_printf(&t,
+                     "# HELP attnd_caches KV caches held (POST /v1/caches).\n"
+                     "# TYPE attnd_caches gauge\n"
+                     "attnd_caches %lld\n",
+                     (long long)caches.caches);
+    codec_buf_printf(&t,
+                     "# HELP attnd_cache_bytes Bytes the KV caches hold together (pages, page "
+                     "tables, headers), against --cache-memory.\n"
+                     "# TYPE attnd_cache_bytes gauge\n"
+                     "attnd_cache_bytes %.0f\n",
+                     caches.bytes);
+    codec_buf_printf(&t,
+                     "# HELP attnd_cache_evictions_total KV caches dropped by the server: to "
+                     "make room under --cache-memory (memory) or unused for --cache-idle "
+                     "(idle).\n"
+                     "# TYPE attnd_cache_evictions_total counter\n"
+                     "attnd_cache_evictions_total{reason=\"memory\"} %llu\n"
+                     "attnd_cache_evictions_total{reason=\"idle\"} %llu\n",
+                     (unsigned long long)caches.evicted_memory,
+                     (unsigned long long)caches.evicted_idle);
     codec_buf_printf(&t,
                      "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
                      "(stderr) was full.\n"

@@ -20,6 +20,9 @@ static void handle_metrics(srv_request *r);
 static void handle_info(srv_request *r);
 static void handle_openapi(srv_request *r);
 static void handle_openapi_json(srv_request *r);
+static void handle_cache_create(srv_request *r);
+static void handle_cache_get(srv_request *r);
+static void handle_cache_delete(srv_request *r);
 static void handle_v2_live(srv_request *r);
 static void handle_v2_ready(srv_request *r);
 static void handle_v2_server(srv_request *r);
@@ -31,6 +34,13 @@ static const srv_route routes[] = {
      .computes = true, .op = API_OP_ATTENTION},
     {.method = "POST", .path = "/v1/multihead", .handle = handle_compute, .has_body = true,
      .computes = true, .op = API_OP_MULTIHEAD},
+    /* KV caches: made, read and dropped at once; attention over one is a
+     * computation like the two above. {id} is one path segment. */
+    {.method = "POST", .path = "/v1/caches", .handle = handle_cache_create, .has_body = true},
+    {.method = "GET", .path = "/v1/caches/{id}", .handle = handle_cache_get},
+    {.method = "DELETE", .path = "/v1/caches/{id}", .handle = handle_cache_delete},
+    {.method = "POST", .path = "/v1/caches/{id}/attention", .handle = handle_compute,
+     .has_body = true, .computes = true, .op = API_OP_CACHE_ATTENTION},
     /* For probes (a load balancer, Kubernetes): no API key needed. */
     {.method = "GET", .path = "/healthz", .handle = handle_healthz, .open = true},
     {.method = "GET", .path = "/readyz", .handle = handle_readyz, .open = true},
@@ -66,11 +76,39 @@ _Static_assert(N_ROUTES <= ROUTES_MAX, "raise ROUTES_MAX");
 
 /* ------------------------------------------------------------- matching */
 
-/* The first row with `path` (its metrics label), or -1. */
+/* Whether `path` is the route pattern's: the same text, but that "{id}"
+ * stands for one non-empty path segment. */
+static bool path_matches(const char *pattern, const char *path)
+{
+    const char *param = strstr(pattern, "{id}");
+    if (!param)
+        return !strcmp(pattern, path);
+    size_t head = (size_t)(param - pattern);
+    if (strncmp(pattern, path, head) != 0)
+        return false;
+    const char *segment = path + head, *end = segment + strcspn(segment, "/");
+    return end > segment && !strcmp(param + 4, end);
+}
+
+void routes_path_id(const char *pattern, const char *path, char *id, size_t cap)
+{
+    id[0] = '\0';
+    const char *param = strstr(pattern, "{id}");
+    if (!param)
+        return;
+    const char *segment = path + (param - pattern);
+    size_t n = strcspn(segment, "/");
+    if (n < cap) {
+        memcpy(id, segment, n);
+        id[n] = '\0';
+    }
+}
+
+/* The first row whose pattern `path` matches (its metrics label), or -1. */
 static int find_path(const srv_routes *t, const char *path)
 {
     for (int i = 0; i < N_ROUTES; i++)
-        if (!strcmp(routes[i].path, path))
+        if (path_matches(routes[i].path, path))
             return t->path_row[i];
     return -1;
 }
@@ -80,12 +118,12 @@ const srv_route *routes_match(const srv_server *srv, const char *method, const c
 {
     int row = find_path(&srv->routes, path);
     *path_known = row >= 0;
-    *label = row >= 0 ? row : N_ROUTES; /* N_ROUTES is "other" */
+    *label = row >= 0 ? srv->routes.label[row] : srv->routes.n_labels; /* "other" */
     if (row < 0)
         return NULL;
     bool head = !strcmp(method, "HEAD");
     for (int i = row; i < N_ROUTES; i++)
-        if (!strcmp(routes[i].path, path) &&
+        if (path_matches(routes[i].path, path) &&
             (!strcmp(routes[i].method, method) || (head && !strcmp(routes[i].method, "GET"))))
             return &routes[i];
     return NULL;
@@ -298,18 +336,67 @@ void routes_compute_done(srv_request *r)
         p = put_timing(p, names[i], us[i]);
     }
     *p = '\0';
+    char retry[16];
+    snprintf(retry, sizeof retry, "%d", res->retry_after);
     /* A /v2 answer with binary outputs: where its JSON ends. */
     char header_len[24];
     snprintf(header_len, sizeof header_len, "%zu", res->header_len);
-    const char *extra[] = {"Server-Timing", timing, "Inference-Header-Content-Length",
-                           header_len, NULL};
-    if (!res->header_len)
-        extra[2] = NULL;
+    const char *extra[9] = {"Server-Timing", timing};
+    int n_extra = 2;
+    if (res->location[0]) {
+        extra[n_extra++] = "Location";
+        extra[n_extra++] = res->location;
+    }
+    if (res->retry_after > 0) {
+        extra[n_extra++] = "Retry-After";
+        extra[n_extra++] = retry;
+    }
+    if (res->header_len) {
+        extra[n_extra++] = "Inference-Header-Content-Length";
+        extra[n_extra++] = header_len;
+    }
+    extra[n_extra] = NULL;
     char *body = res->body;
     res->body = NULL; /* MHD frees it once sent */
     http_reply_owned(r, res->status,
                      res->header_len ? "application/octet-stream" : "application/json", body,
                      res->body_len, extra);
+}
+
+/* An answer of the API computed on this thread: a cache's life cycle. */
+static void reply_api(srv_request *r)
+{
+    if (r->res.status == 204) { /* DELETE: no body */
+        http_reply_owned(r, 204, "application/json", strdup(""), 0, NULL);
+        return;
+    }
+    routes_compute_done(r);
+}
+
+/* The id a load balancer chose for the new cache (docker/nginx.conf), or
+ * none. */
+#define CACHE_ID_HEADER "X-Cache-Id"
+
+static void handle_cache_create(srv_request *r)
+{
+    api_limits lim = compute_limits(r, 1);
+    lim.cache_id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, CACHE_ID_HEADER);
+    api_cache_create(r->connection->body, r->body_len, &lim, &r->res);
+    reply_api(r);
+}
+
+static void handle_cache_get(srv_request *r)
+{
+    api_limits lim = compute_limits(r, 1);
+    api_cache_get(&lim, &r->res);
+    reply_api(r);
+}
+
+static void handle_cache_delete(srv_request *r)
+{
+    api_limits lim = compute_limits(r, 1);
+    api_cache_delete(&lim, &r->res);
+    reply_api(r);
 }
 
 static void handle_healthz(srv_request *r)
@@ -456,6 +543,7 @@ bool routes_init(srv_server *srv)
     const char *labels[N_ROUTES];
     bool computes[N_ROUTES];
     int n_labels = 0;
+    /* One label per path: the methods of a path share its series. */
     for (int i = 0; i < N_ROUTES; i++) {
         t->path_row[i] = i;
         for (int j = 0; j < i; j++)
@@ -463,9 +551,15 @@ bool routes_init(srv_server *srv)
                 t->path_row[i] = t->path_row[j];
                 break;
             }
-        computes[n_labels] = routes[i].computes;
-        labels[n_labels++] = routes[i].path;
+        if (t->path_row[i] == i) {
+            t->label[i] = n_labels;
+            computes[n_labels] = routes[i].computes;
+            labels[n_labels++] = routes[i].path;
+        } else {
+            computes[t->label[t->path_row[i]]] |= routes[i].computes;
+        }
     }
+    t->n_labels = n_labels;
     metrics_init(&srv->metrics, labels, computes, n_labels);
 
     for (int i = 0; i < N_ROUTES; i++) {

@@ -45,6 +45,10 @@ struct srv_route {
     bool oip;           /* computes as the Open Inference Protocol's infer (/v2) */
 };
 
+/* The longest path parameter kept ({id} of /v1/caches/{id}); a longer one
+ * names nothing (404). */
+#define PATH_PARAM_MAX 64
+
 /* The longest X-Request-ID taken from a client (longer ones are replaced). */
 #define REQUEST_ID_MAX 128
 
@@ -63,6 +67,9 @@ struct srv_request {
     char id[REQUEST_ID_MAX + 1]; /* X-Request-ID: the client's, or a fresh one */
     double t_start;          /* monotonic seconds at the first callback */
     bool in_flight;          /* between the first callback and completion */
+    char path_id[PATH_PARAM_MAX + 1]; /* the {id} of the route's path, or "" */
+    bool has_owner;          /* keys are required: `owner` is the request's */
+    char owner[1025];        /* its API key (the KV caches' owner) */
     bool preflight;          /* a CORS preflight (cors_is_preflight) */
 
     size_t body_len;         /* bytes in connection->body */
@@ -298,6 +305,8 @@ void quirks_logged(srv_server *srv, const char *message);      /* libmicrohttpd'
 #define ROUTES_MAX 32
 typedef struct {
     int path_row[ROUTES_MAX];
+    int label[ROUTES_MAX]; /* by first row: the path's metrics label */
+    int n_labels;          /* distinct paths; label n_labels is "other" */
     char allow[ROUTES_MAX][64];
     char all_methods[64];
     srv_canned *not_allowed[ROUTES_MAX];
@@ -327,6 +336,9 @@ bool routes_is_oip(const char *path);
 /* The 404, which names the route the path is a near miss of, if any. */
 void routes_not_found(srv_request *r);
 void routes_compute_done(srv_request *r); /* answer a finished compute */
+/* The {id} of `path` under the route pattern `pattern` into id ("" when it
+ * has none, or a longer one than PATH_PARAM_MAX). */
+void routes_path_id(const char *pattern, const char *path, char *id, size_t cap);
 
 /* ---------------------------------------------------------- compute.c */
 
@@ -359,6 +371,9 @@ bool compute_start(srv_server *srv);
  * wait. A request whose answer does not fit the response budget is refused
  * (r->refusal). */
 compute_result compute_submit(srv_request *r);
+/* The API's limits and resources for r: the configured limits, its arrival,
+ * the KV cache store, the cache its path names and its key. */
+api_limits compute_limits(const srv_request *r, int threads);
 /* The request's answer is gone (sent or abandoned): its bytes return to
  * the response budget. */
 void compute_release(srv_request *r);
@@ -374,7 +389,7 @@ void compute_stop(srv_server *srv);
 /* ---------------------------------------------------------- metrics.c */
 
 /* The statuses counted by name; anything else is "other". */
-#define METRICS_N_STATUS 15
+#define METRICS_N_STATUS 17
 /* Histogram buckets (the last counter is +Inf). */
 #define METRICS_N_BUCKETS 18
 
@@ -574,6 +589,10 @@ int auth_reload(srv_auth *a, char *err, size_t err_len);
 bool auth_required(const srv_auth *a);
 /* The value of the Authorization header (or NULL) against the keys. */
 srv_auth_result auth_check(srv_auth *a, const char *authorization);
+/* The key of a request that auth_check accepted, into key (cap >= 1025):
+ * false when no keys are required. A KV cache belongs to the key that
+ * made it. */
+bool auth_key_of(const srv_auth *a, const char *authorization, char *key, size_t cap);
 void auth_free(srv_auth *a);
 
 /* -------------------------------------------------------------- tls.c */
@@ -607,6 +626,7 @@ struct srv_server {
     srv_log log;
     srv_auth auth;
     atomic_llong body_memory;  /* bytes of every connection's body buffer (--max-body-memory) */
+    api_caches *caches;        /* the KV caches (api/cache_store.c) */
     char *tls_cert, *tls_key;  /* PEM text, when serving HTTPS */
     size_t tls_key_len;
 };

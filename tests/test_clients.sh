@@ -107,6 +107,20 @@ if [ -n "$py" ]; then
     expect "examples/attnd_client.py: the URL from ATTND_URL" 'ATTND_URL=$url "$py" "$root/examples/attnd_client.py" >"$tmp/pyenv" 2>&1 && grep -q "^server: " "$tmp/pyenv" && grep -q "^error: 422 shape_mismatch" "$tmp/pyenv"'
     expect "examples/attnd_client.py: the argument before ATTND_URL" 'ATTND_URL=$nowhere "$py" "$root/examples/attnd_client.py" "$url" 2>&1 | grep -q "^error: 422 shape_mismatch"'
     one_line_failures examples/attnd_client.py "$py" "$root/examples/attnd_client.py"
+    # Greedy decoding with one attnd KV cache per layer: the script checks
+    # every step's logits against its own float64 recomputation (bounded)
+    # and a rollback with truncate, and exits 1 when either fails.
+    if "$py" "$root/examples/decode.py" "$url" >"$tmp/decode" 2>&1 &&
+        grep -q "^decoded 200 tokens" "$tmp/decode" &&
+        grep -q "^max relative error of the logits against float64: .* (bound 1e-04)" "$tmp/decode" &&
+        grep -q "^rollback of 5 tokens at step 100 (truncate): regenerated identically" "$tmp/decode"; then
+        ok "examples/decode.py: 200 tokens through attnd caches, logits as float64, rollback exact"
+    else
+        cat "$tmp/decode"
+        bad "examples/decode.py"
+    fi
+    expect "examples/decode.py leaves no cache behind" 'curl -s "$url/metrics" | grep -qx "attnd_caches 0"'
+    one_line_failures examples/decode.py "$py" "$root/examples/decode.py"
     # The keys of one context split across two attnd processes,
     # merged exactly with return_lse (the script checks the merge itself
     # against one request and a float64 reference, and exits 1 otherwise).

@@ -30,6 +30,8 @@
 
 #include "attn.h"
 #include "cpu_features.h"
+#include "support/ref.h"
+#include "support/sdpa_case.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1
@@ -3863,6 +3865,416 @@ END_TEST
 
 /* ------------------------------------------------------------- suite */
 
+/* ------------------------------------------------------------ KV caches */
+
+/* POST /v1/caches with `body` (and an Authorization value, or NULL); the
+ * new cache's id into id (23 bytes), checked against its 201 and Location. */
+static void cache_new(int port, const char *body, const char *auth, char *id)
+{
+    char h[300], loc[128];
+    snprintf(h, sizeof h, "Authorization: %s", auth ? auth : "");
+    const char *headers[] = {"Content-Type: application/json", auth ? h : NULL, NULL};
+    reply r = request(port, "POST", "/v1/caches", headers, body, -1);
+    ck_assert_msg(r.status == 201, "POST /v1/caches %s: %ld %s", body, r.status,
+                  r.body ? r.body : "");
+    json_t *root = json_loadb(r.body, r.body_len, 0, NULL);
+    const char *got = json_string_value(json_object_get(root, "id"));
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(strlen(got), 22);
+    for (const char *p = got; *p; p++)
+        ck_assert_msg(strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+                             *p) != NULL, "id %s is not base64url", got);
+    snprintf(id, 23, "%s", got);
+    ck_assert_int_eq(json_integer_value(json_object_get(root, "length")), 0);
+    json_decref(root);
+    char want[64];
+    snprintf(want, sizeof want, "/v1/caches/%s", id);
+    ck_assert_str_eq(header(&r, "Location", loc, sizeof loc), want);
+    reply_free(&r);
+}
+
+/* A request to /v1/caches/{id}[/attention]: method GET, DELETE or POST. */
+static reply cache_call(int port, const char *method, const char *id, const char *body,
+                        const char *auth)
+{
+    char path[128], h[300];
+    snprintf(path, sizeof path, "/v1/caches/%s%s", id, body ? "/attention" : "");
+    snprintf(h, sizeof h, "Authorization: %s", auth ? auth : "");
+    const char *headers[] = {"Content-Type: application/json", auth ? h : NULL, NULL};
+    return request(port, method, path, headers, body, -1);
+}
+
+/* A field of the JSON body of r (an integer), -1 when absent. */
+static long long body_integer(const reply *r, const char *object, const char *key)
+{
+    json_t *root = r->body ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
+    json_t *o = object ? json_object_get(root, object) : root;
+    json_t *v = json_object_get(o, key);
+    long long x = json_is_integer(v) ? json_integer_value(v) : -1;
+    json_decref(root);
+    return x;
+}
+
+/* The error's field, "" when none. */
+static const char *error_field(const reply *r, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    json_t *root = r->body ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
+    const char *f = json_string_value(json_object_get(json_object_get(root, "error"), "field"));
+    if (f)
+        snprintf(buf, cap, "%s", f);
+    json_decref(root);
+    return buf;
+}
+
+#define ck_assert_error_field(rep, want_status, want_code, want_field)               \
+    do {                                                                             \
+        char field_[64];                                                             \
+        ck_assert_msg((rep).status == (want_status), "%ld: %s", (rep).status,        \
+                      (rep).body ? (rep).body : "");                                 \
+        ck_assert_error(rep, want_status, want_code);                                \
+        ck_assert_str_eq(error_field(&(rep), field_, sizeof field_), (want_field));  \
+    } while (0)
+
+/* Rounds x to bfloat16 (nearest even): values a bfloat16 cache holds exactly. */
+static float to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* One step of a decoding test: the body appends k, v [h_kv, n_new, d] and
+ * attends q [h_q, n_q, d_k] with `options` (JSON members, may be ""). */
+static char *step_body(int truncate, const float *k, const float *v, const float *q,
+                       int64_t h_kv, int64_t n_new, int64_t h_q, int64_t n_q, int64_t d_k,
+                       int64_t d_v, const char *options)
+{
+    char *body = NULL, text[96];
+    size_t len = 0;
+    append(&body, &len, "{\"output_encoding\": \"flat\", \"return_lse\": true", 46);
+    if (truncate >= 0) {
+        int n = snprintf(text, sizeof text, ", \"truncate\": %d", truncate);
+        append(&body, &len, text, (size_t)n);
+    }
+    if (n_new > 0) {
+        int64_t ks[3] = {h_kv, n_new, d_k}, vs[3] = {h_kv, n_new, d_v};
+        append(&body, &len, ", \"k\": ", 7);
+        put_tensor_b64(&body, &len, k, 3, ks);
+        append(&body, &len, ", \"v\": ", 7);
+        put_tensor_b64(&body, &len, v, 3, vs);
+    }
+    if (n_q > 0) {
+        int64_t qs[3] = {h_q, n_q, d_k};
+        append(&body, &len, ", \"q\": ", 7);
+        put_tensor_b64(&body, &len, q, 3, qs);
+    }
+    append(&body, &len, options, strlen(options));
+    append(&body, &len, "}", 1);
+    return body;
+}
+
+/* The numbers of a flat tensor `name` of the answer into out (count of them). */
+static void answer_floats(const reply *r, const char *name, float *out, size_t count)
+{
+    json_t *root = json_loadb(r->body, r->body_len, 0, NULL);
+    json_t *data = json_object_get(json_object_get(root, name), "data");
+    ck_assert_msg(json_array_size(data) == count, "%s has %zu numbers, not %zu", name,
+                  json_array_size(data), count);
+    for (size_t i = 0; i < count; i++) {
+        json_t *x = json_array_get(data, i);
+        out[i] = json_is_null(x) ? -INFINITY : (float)json_number_value(x);
+    }
+    json_decref(root);
+}
+
+/*
+ * Decodes through a cache in pieces that cross page boundaries (1, 63, 2,
+ * 70, 14 positions: 150), attending after each with 1 or 3 query rows, and
+ * rolls back once: every output and lse against the double reference over
+ * the whole of K and V as sent (rounded to bfloat16 first for a bfloat16
+ * cache, so that both see the same numbers).
+ */
+static void decode_against_reference(int port, const char *dtype, const char *options,
+                                     const attn_variants *variants, bool causal)
+{
+    enum { HQ = 4, HKV = 2, DK = 8, DV = 6, NMAX = 160 };
+    static const int pieces[][3] = {/* truncate, n_new, n_q */
+                                    {-1, 1, 1}, {-1, 63, 3}, {-1, 2, 1}, {-1, 70, 3},
+                                    {120, 14, 1}, {-1, 16, 3}};
+    char body[128], id[23];
+    snprintf(body, sizeof body,
+             "{\"num_kv_heads\": %d, \"head_dim\": %d, \"value_dim\": %d, \"dtype\": \"%s\"}",
+             HKV, DK, DV, dtype);
+    cache_new(port, body, NULL, id);
+    bool bf16 = !strcmp(dtype, "bfloat16");
+    double *K = calloc((size_t)HKV * NMAX * DK, sizeof *K), *V = calloc((size_t)HKV * NMAX * DV,
+                                                                          sizeof *V);
+    int length = 0;
+    double worst = 0, worst_lse = 0;
+    for (size_t s = 0; s < sizeof pieces / sizeof pieces[0]; s++) {
+        int truncate = pieces[s][0], n_new = pieces[s][1], n_q = pieces[s][2];
+        if (truncate >= 0)
+            length = truncate;
+        float *k = malloc(sizeof(float) * HKV * n_new * DK), *v = malloc(sizeof(float) * HKV *
+                                                                          n_new * DV);
+        float *q = malloc(sizeof(float) * HQ * n_q * DK);
+        for (int i = 0; i < HKV * n_new * DK; i++)
+            k[i] = bf16 ? to_bf16(uniform()) : uniform();
+        for (int i = 0; i < HKV * n_new * DV; i++)
+            v[i] = bf16 ? to_bf16(uniform()) : uniform();
+        for (int i = 0; i < HQ * n_q * DK; i++)
+            q[i] = uniform();
+        for (int h = 0; h < HKV; h++)
+            for (int j = 0; j < n_new; j++) {
+                for (int d = 0; d < DK; d++)
+                    K[((size_t)h * NMAX + length + j) * DK + d] = k[((size_t)h * n_new + j) * DK + d];
+                for (int d = 0; d < DV; d++)
+                    V[((size_t)h * NMAX + length + j) * DV + d] = v[((size_t)h * n_new + j) * DV + d];
+            }
+        length += n_new;
+        char *text = step_body(truncate, k, v, q, HKV, n_new, HQ, n_q, DK, DV, options);
+        reply r = cache_call(port, "POST", id, text, NULL);
+        ck_assert_msg(r.status == 200, "step %zu: %ld %s", s, r.status, r.body);
+        ck_assert_int_eq(body_integer(&r, "cache", "length"), length);
+        float got[HQ * 3 * DV], got_lse[HQ * 3];
+        answer_floats(&r, "output", got, (size_t)HQ * n_q * DV);
+        answer_floats(&r, "lse", got_lse, (size_t)HQ * n_q);
+
+        /* the reference over [HKV, length, d] as contiguous tensors */
+        double *Kc = malloc(sizeof(double) * HKV * length * DK),
+               *Vc = malloc(sizeof(double) * HKV * length * DV),
+               *Q = malloc(sizeof(double) * HQ * n_q * DK),
+               *want = malloc(sizeof(double) * HQ * n_q * DV), want_lse[HQ * 3];
+        for (int h = 0; h < HKV; h++) {
+            memcpy(Kc + (size_t)h * length * DK, K + (size_t)h * NMAX * DK,
+                   sizeof(double) * length * DK);
+            memcpy(Vc + (size_t)h * length * DV, V + (size_t)h * NMAX * DV,
+                   sizeof(double) * length * DV);
+        }
+        for (int i = 0; i < HQ * n_q * DK; i++)
+            Q[i] = q[i];
+        attn_sdpa_params p = sdpa_shape(1, HQ, HKV, n_q, length, DK, DV);
+        p.causal = causal;
+        p.variants = *variants;
+        ref_sdpa_forward(&p, Q, Kc, Vc, want, want_lse, NULL);
+        for (int i = 0; i < HQ * n_q * DV; i++)
+            worst = fmax(worst, fabs(got[i] - want[i]) / (1 + fabs(want[i])));
+        for (int i = 0; i < HQ * n_q; i++)
+            worst_lse = fmax(worst_lse, isinf(want_lse[i]) ? (isinf(got_lse[i]) ? 0 : 1)
+                                                           : fabs(got_lse[i] - want_lse[i]));
+        free(Kc);
+        free(Vc);
+        free(Q);
+        free(want);
+        reply_free(&r);
+        free(text);
+        free(k);
+        free(v);
+        free(q);
+    }
+    ck_assert_msg(worst < 2e-6 && worst_lse < 2e-6,
+                  "cache %s %s: output off by %.3g, lse by %.3g (relative to 1 + |x|)", dtype,
+                  options, worst, worst_lse);
+    reply d = cache_call(port, "DELETE", id, NULL, NULL);
+    ck_assert_int_eq(d.status, 204);
+    reply_free(&d);
+    free(K);
+    free(V);
+}
+
+START_TEST(cache_life_cycle_create_append_in_pieces_truncate_delete)
+{
+    char id[23];
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
+    reply g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(g.status, 200);
+    ck_assert_int_eq(body_integer(&g, NULL, "value_dim"), 2);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 0);
+    long long empty = body_integer(&g, NULL, "bytes");
+    ck_assert_int_gt(empty, 0);
+    ck_assert_ptr_nonnull(strstr(g.body, "\"dtype\":\"float32\""));
+    reply_free(&g);
+
+    reply a = cache_call(shared.port, "POST", id, "{\"k\": [[1, 0]], \"v\": [[1, 2]]}", NULL);
+    ck_assert_int_eq(a.status, 200);
+    ck_assert_int_eq(body_integer(&a, "cache", "length"), 1);
+    ck_assert_ptr_null(strstr(a.body, "\"output\""));
+    reply_free(&a);
+    /* the second piece and a query at the last position: both keys seen */
+    a = cache_call(shared.port, "POST", id,
+                   "{\"k\": [[0, 1]], \"v\": [[3, 4]], \"q\": [[0, 0]], \"return_lse\": true}",
+                   NULL);
+    ck_assert_int_eq(a.status, 200);
+    ck_assert_ptr_nonnull(strstr(a.body, "\"output\":[[2.0,3.0]]"));
+    ck_assert_ptr_nonnull(strstr(a.body, "\"lse\":[0.6931472]"));
+    ck_assert_int_eq(body_integer(&a, "cache", "length"), 2);
+    /* one page of 64 positions of one head of (2 + 2) floats, and more */
+    long long bytes = body_integer(&a, "cache", "bytes");
+    ck_assert_int_ge(bytes, empty + 64 * 4 * 4);
+    ck_assert_int_le(bytes, empty + 64 * 4 * 4 + 64);
+    reply_free(&a);
+
+    /* truncate to 1: the second value is gone; two query rows, causal, the
+     * first at position -1 sees nothing */
+    a = cache_call(shared.port, "POST", id, "{\"truncate\": 1, \"q\": [[0, 0], [5, 5]]}", NULL);
+    ck_assert_int_eq(a.status, 200);
+    ck_assert_ptr_nonnull(strstr(a.body, "\"output\":[[0.0,0.0],[1.0,2.0]]"));
+    ck_assert_int_eq(body_integer(&a, "cache", "length"), 1);
+    reply_free(&a);
+    a = cache_call(shared.port, "POST", id, "{\"q\": [[0, 0], [5, 5]], \"causal\": false}", NULL);
+    ck_assert_ptr_nonnull(strstr(a.body, "\"output\":[[1.0,2.0],[1.0,2.0]]"));
+    reply_free(&a);
+    a = cache_call(shared.port, "POST", id, "{\"truncate\": 5}", NULL);
+    ck_assert_error_field(a, 422, "invalid_value", "truncate");
+    reply_free(&a);
+    g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 1);
+    reply_free(&g);
+    /* truncate to 0 frees the page */
+    a = cache_call(shared.port, "POST", id, "{\"truncate\": 0}", NULL);
+    ck_assert_int_eq(body_integer(&a, "cache", "bytes"), empty);
+    reply_free(&a);
+
+    reply d = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    ck_assert_int_eq(d.status, 204);
+    ck_assert_uint_eq(d.body_len, 0);
+    reply_free(&d);
+    const char *methods[] = {"GET", "DELETE", "POST"};
+    for (int i = 0; i < 3; i++) {
+        reply r = cache_call(shared.port, methods[i], id, i == 2 ? "{\"q\": [[1, 1]]}" : NULL,
+                             NULL);
+        ck_assert_error(r, 404, "cache_not_found");
+        reply_free(&r);
+    }
+    reply r = cache_call(shared.port, "GET", "AAAAAAAAAAAAAAAAAAAAAA", NULL, NULL);
+    ck_assert_error(r, 404, "cache_not_found");
+    reply_free(&r);
+    r = cache_call(shared.port, "PUT", id, NULL, NULL);
+    ck_assert_int_eq(r.status, 405);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(cache_attention_matches_double_reference_for_every_dtype_and_variant)
+{
+    attn_variants none = {0};
+    decode_against_reference(shared.port, "float32", "", &none, true);
+    decode_against_reference(shared.port, "bfloat16", "", &none, true);
+    decode_against_reference(shared.port, "float32", ", \"causal\": false", &none, false);
+    static const float slopes[4] = {0.25f, 0.125f, 0.0625f, 0.5f};
+    attn_variants all = {.window = true, .window_left = 40, .window_right = 0,
+                         .alibi_slopes = slopes, .softcap = 3.0f, .rope_base = 10000.0f};
+    decode_against_reference(shared.port, "float32",
+                             ", \"window\": [40, 0], \"alibi_slopes\": [0.25, 0.125, 0.0625, "
+                             "0.5], \"softcap\": 3, \"rope\": {\"base\": 10000}",
+                             &all, true);
+}
+END_TEST
+
+START_TEST(cache_bad_shapes_are_422_naming_the_field)
+{
+    char id[23];
+    cache_new(shared.port,
+              "{\"num_kv_heads\": 2, \"head_dim\": 4, \"value_dim\": 3, \"dtype\": \"float16\"}",
+              NULL, id);
+    static const struct {
+        const char *body;
+        int status;
+        const char *code, *field;
+    } bad[] = {
+        {"{\"k\": [[[1,2,3,4]],[[1,2,3,4]]], \"v\": [[[1,2,3]]]}", 422, "shape_mismatch", "v"},
+        {"{\"k\": [[[1,2,3]],[[1,2,3]]], \"v\": [[[1,2,3]],[[1,2,3]]]}", 422, "shape_mismatch", "k"},
+        {"{\"k\": [[1,2,3,4]], \"v\": [[1,2,3]]}", 422, "invalid_shape", "k"},
+        {"{\"k\": [[[1,2,3,4],[1,2,3,4]],[[1,2,3,4],[1,2,3,4]]], "
+         "\"v\": [[[1,2,3]],[[1,2,3]]]}", 422, "shape_mismatch", "v"},
+        {"{\"k\": [[[1,2,3,4]],[[1,2,3,4]]]}", 400, "missing_field", "v"},
+        {"{\"q\": [[[1,2,3,4]],[[1,2,3,4]],[[1,2,3,4]]]}", 422, "shape_mismatch", "q"},
+        {"{\"q\": [[1,2,3]]}", 422, "shape_mismatch", "q"},
+        {"{\"q\": [[1,2,3,4]], \"grad_output\": [[1,2,3]]}", 422, "unsupported", "grad_output"},
+        {"{\"q\": [[1,2,3,4]], \"return_weights\": true}", 422, "unsupported", "return_weights"},
+        {"{\"truncate\": -1}", 422, "invalid_value", "truncate"},
+        {"{\"k\": [[[1e5,2,3,4]],[[1,2,3,4]]], \"v\": [[[1,2,3]],[[1,2,3]]]}", 422,
+         "invalid_value", "k"},
+        {"{\"k\": [[[1,2,3,4]],[[1,2,3,4]]], \"v\": [[[1,2,3]],[[1,2,3]]], "
+         "\"rope\": {\"base\": 0}}", 422, "invalid_value", "rope.base"},
+        {"{\"q\": [[[1,2,3,4]],[[1,2,3,4]]], \"alibi_slopes\": [1, 2, 3]}", 422,
+         "shape_mismatch", "alibi_slopes"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        reply r = cache_call(shared.port, "POST", id, bad[i].body, NULL);
+        ck_assert_msg(r.status == bad[i].status, "%s: %ld %s", bad[i].body, r.status, r.body);
+        ck_assert_error_field(r, bad[i].status, bad[i].code, bad[i].field);
+        reply_free(&r);
+    }
+    /* nothing was appended by any of them */
+    reply g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 0);
+    reply_free(&g);
+    /* the cache's keys keep their rope base: another is refused */
+    reply r = cache_call(shared.port, "POST", id,
+                         "{\"k\": [[[1,2,3,4]],[[1,2,3,4]]], \"v\": [[[1,2,3]],[[1,2,3]]], "
+                         "\"rope\": {\"base\": 100}}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id, "{\"q\": [[[1,2,3,4]],[[1,2,3,4]]]}", NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "rope");
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"q\": [[[1,2,3,4]],[[1,2,3,4]]], \"rope\": {\"base\": 100}}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+
+    static const struct {
+        const char *body;
+        int status;
+        const char *code, *field;
+    } create[] = {
+        {"{\"num_kv_heads\": 0, \"head_dim\": 4}", 422, "invalid_value", "num_kv_heads"},
+        {"{\"num_kv_heads\": 1, \"head_dim\": 4, \"value_dim\": -2}", 422, "invalid_value",
+         "value_dim"},
+        {"{\"num_kv_heads\": 1}", 400, "missing_field", "head_dim"},
+        {"{\"num_kv_heads\": 1, \"head_dim\": 4, \"dtype\": \"int8\"}", 422, "invalid_value",
+         "dtype"},
+        {"{\"num_kv_heads\": 1, \"head_dim\": 4, \"num_heads\": 4}", 400, "unknown_field",
+         "num_heads"},
+        {"{\"num_kv_heads\": 1.5, \"head_dim\": 4}", 400, "wrong_type", "num_kv_heads"},
+    };
+    for (size_t i = 0; i < sizeof create / sizeof create[0]; i++) {
+        r = post_json(shared.port, "/v1/caches", create[i].body);
+        ck_assert_msg(r.status == create[i].status, "%s: %ld %s", create[i].body, r.status,
+                      r.body);
+        ck_assert_error_field(r, create[i].status, create[i].code, create[i].field);
+        reply_free(&r);
+    }
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(cache_idle_one_expires_with_404_and_is_counted)
+{
+    server s = start_server("--cache-idle", "1");
+    char id[23], kept[23];
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, kept);
+    for (int i = 0; i < 6; i++) { /* one is used every 0.25 s, the other not */
+        usleep(250000);
+        reply r = cache_call(s.port, "GET", kept, NULL, NULL);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+    }
+    reply r = cache_call(s.port, "GET", id, NULL, NULL);
+    ck_assert_error(r, 404, "cache_not_found");
+    reply_free(&r);
+    ck_assert(metric(s.port, "attnd_cache_evictions_total{reason=\"idle\"}") == 1);
+    ck_assert(metric(s.port, "attnd_caches") == 1);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 /* ------------------------------------------------------ slots and drain */
 
 /* Whether the server has closed fd (or reset it); never blocks. */
@@ -3927,6 +4339,160 @@ START_TEST(header_deadline_is_a_total_that_bytes_do_not_extend)
     ck_assert_msg(!strncmp(buf, "HTTP/1.1 200", 12), "slow headers within the deadline: %s",
                   buf);
     close(slow);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+START_TEST(cache_memory_evicts_the_least_recently_used_idle_cache)
+{
+    /* Each cache: one page of 64 positions x (64 + 64) float32 = 32 KiB and
+     * its bookkeeping; three fit in 120000 bytes, four do not. */
+    server s = start_server("--cache-memory", "120000");
+    char id[4][23];
+    char *text = NULL;
+    size_t len = 0;
+    append(&text, &len, "{\"k\": [[", 8);
+    for (int i = 0; i < 64; i++)
+        append(&text, &len, i ? ",0.5" : "0.5", i ? 4 : 3);
+    append(&text, &len, "]], \"v\": [[", 11);
+    for (int i = 0; i < 64; i++)
+        append(&text, &len, i ? ",1" : "1", i ? 2 : 1);
+    append(&text, &len, "]]}", 3);
+    double total = 0;
+    for (int c = 0; c < 3; c++) {
+        cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 64}", NULL, id[c]);
+        reply r = cache_call(s.port, "POST", id[c], text, NULL);
+        ck_assert_int_eq(r.status, 200);
+        total += (double)body_integer(&r, "cache", "bytes");
+        reply_free(&r);
+    }
+    ck_assert(metric(s.port, "attnd_cache_bytes") == total);
+    ck_assert(metric(s.port, "attnd_caches") == 3);
+    /* 0 was used last of all, 1 is the least recently used */
+    reply r = cache_call(s.port, "GET", id[0], NULL, NULL);
+    reply_free(&r);
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 64}", NULL, id[3]);
+    r = cache_call(s.port, "POST", id[3], text, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    int gone[4] = {0, 1, 0, 0};
+    for (int c = 0; c < 4; c++) {
+        r = cache_call(s.port, "GET", id[c], NULL, NULL);
+        ck_assert_msg(r.status == (gone[c] ? 404 : 200), "cache %d: %ld", c, r.status);
+        reply_free(&r);
+    }
+    ck_assert(metric(s.port, "attnd_cache_evictions_total{reason=\"memory\"}") == 1);
+    ck_assert(metric(s.port, "attnd_caches") == 3);
+    /* one cache that could never fit: 422, and nothing else is dropped */
+    char *big = NULL;
+    len = 0;
+    append(&big, &len, "{\"k\": ", 6);
+    float *x = calloc(4 * 64 * 64, sizeof *x);
+    int64_t shape[2] = {4 * 64, 64};
+    put_tensor_b64(&big, &len, x, 2, shape);
+    append(&big, &len, ", \"v\": ", 7);
+    put_tensor_b64(&big, &len, x, 2, shape);
+    append(&big, &len, "}", 1);
+    r = cache_call(s.port, "POST", id[0], big, NULL);
+    ck_assert_error(r, 422, "cache_memory_limit");
+    reply_free(&r);
+    ck_assert(metric(s.port, "attnd_caches") == 3);
+    /* memory comes back on delete */
+    for (int c = 0; c < 4; c++) {
+        r = cache_call(s.port, "DELETE", id[c], NULL, NULL);
+        reply_free(&r);
+    }
+    ck_assert(metric(s.port, "attnd_cache_bytes") == 0);
+    free(x);
+    free(big);
+    free(text);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+typedef struct {
+    int port;
+    const char *id;
+    const char *body;
+    reply r;
+} async_cache;
+
+static void *cache_thread(void *arg)
+{
+    async_cache *a = arg;
+    a->r = cache_call(a->port, "POST", a->id, a->body, NULL);
+    return NULL;
+}
+
+/* k [n, d_k] and v [n, d_v] of zeros, and q [heads, n_q, d_k] when heads > 0. */
+static char *zeros_body(int n, int d_k, int d_v, int heads, int n_q)
+{
+    size_t most = (size_t)(heads > 1 ? heads : 1) * (size_t)(n > n_q ? n : n_q) *
+                  (size_t)(d_k > d_v ? d_k : d_v);
+    float *x = calloc(most, sizeof *x);
+    char *body = NULL;
+    size_t len = 0;
+    int64_t ks[2] = {n, d_k}, vs[2] = {n, d_v}, qs[3] = {heads, n_q, d_k};
+    append(&body, &len, "{\"causal\": false", 16);
+    if (n > 0) {
+        append(&body, &len, ", \"k\": ", 7);
+        put_tensor_b64(&body, &len, x, 2, ks);
+        append(&body, &len, ", \"v\": ", 7);
+        put_tensor_b64(&body, &len, x, 2, vs);
+    }
+    if (heads > 0) {
+        append(&body, &len, ", \"q\": ", 7);
+        put_tensor_b64(&body, &len, x, 3, qs);
+    }
+    append(&body, &len, "}", 1);
+    free(x);
+    return body;
+}
+
+/* A cache in use is never evicted: while a long attention runs over one
+ * that holds most of --cache-memory, another cache's append that needs its
+ * room is a 503 cache_memory_full with Retry-After; once the attention is
+ * over, the same append evicts it and succeeds. The caches' values are
+ * wide (1024) and their keys narrow (8), so that the attention's body is
+ * small (read in a millisecond) and its computation long (a few hundred
+ * milliseconds; seconds under the sanitizers). */
+START_TEST(cache_memory_full_only_while_the_caches_to_evict_are_in_use)
+{
+    /* 1536 positions of one head of 8 + 1024 float32: 24 pages, 6.3 MB */
+    server s = start_server("--cache-memory", "8MiB", "--threads", "2");
+    static const char shape[] = "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}";
+    char busy[23], other[23];
+    cache_new(s.port, shape, NULL, busy);
+    char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
+    reply r = cache_call(s.port, "POST", busy, fill_body, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    char *slow = zeros_body(0, 8, 1024, 8, SLOW_N);
+    async_cache a = {s.port, busy, slow, {0}};
+    pthread_t t;
+    pthread_create(&t, NULL, cache_thread, &a);
+    ck_assert(wait_computing(s.port, 1));
+    usleep(50000); /* its 256 KB body read: the cache is held */
+    cache_new(s.port, shape, NULL, other);
+    char *grow = zeros_body(640, 8, 1024, 0, 0); /* 10 pages: only with the busy cache gone */
+    r = cache_call(s.port, "POST", other, grow, NULL);
+    char retry[16];
+    ck_assert_error(r, 503, "cache_memory_full");
+    ck_assert_str_eq(header(&r, "Retry-After", retry, sizeof retry), "1");
+    reply_free(&r);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.r.status, 200);
+    reply_free(&a.r);
+    r = cache_call(s.port, "POST", other, grow, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(s.port, "GET", busy, NULL, NULL);
+    ck_assert_error(r, 404, "cache_not_found");
+    reply_free(&r);
+    ck_assert(metric(s.port, "attnd_cache_evictions_total{reason=\"memory\"}") == 1);
+    free(fill_body);
+    free(slow);
+    free(grow);
     ck_assert_int_eq(stop_server(&s), 0);
 }
 END_TEST
@@ -4114,6 +4680,34 @@ START_TEST(every_connection_busy_means_503_for_a_newcomer_not_silence)
         close(fd[i]);
     }
     ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+START_TEST(cache_belongs_to_the_key_that_made_it)
+{
+    char keys[256];
+    write_file(keys, sizeof keys, "cachekeys", KEY_ONE "\n" KEY_TWO "\n");
+    server s = start_server("--api-key-file", keys);
+    char id[23];
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", "Bearer " KEY_ONE, id);
+    const char *methods[] = {"GET", "POST", "DELETE"};
+    for (int i = 0; i < 3; i++) {
+        reply r = cache_call(s.port, methods[i], id, i == 1 ? "{\"q\": [[1, 1]]}" : NULL,
+                             "Bearer " KEY_TWO);
+        ck_assert_error(r, 404, "cache_not_found");
+        reply_free(&r);
+        r = cache_call(s.port, methods[i], id, i == 1 ? "{\"q\": [[1, 1]]}" : NULL, NULL);
+        ck_assert_int_eq(r.status, 401);
+        reply_free(&r);
+    }
+    reply r = cache_call(s.port, "GET", id, NULL, "Bearer " KEY_ONE);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(s.port, "DELETE", id, NULL, "Bearer " KEY_ONE);
+    ck_assert_int_eq(r.status, 204);
+    reply_free(&r);
+    ck_assert_int_eq(stop_server(&s), 0);
+    unlink(keys);
 }
 END_TEST
 
@@ -4395,6 +4989,302 @@ START_TEST(without_a_key_every_path_looks_the_same)
 }
 END_TEST
 
+typedef struct {
+    int port, thread;
+    const char *id;
+    long long lengths[10];
+    long status[10];
+} appender;
+
+#define APPEND_N 3
+
+/* Ten appends of APPEND_N positions whose values name the thread and the
+ * request, each on a connection of its own. */
+static void *append_thread(void *arg)
+{
+    appender *a = arg;
+    for (int i = 0; i < 10; i++) {
+        char body[200];
+        int tag = a->thread * 100 + i;
+        snprintf(body, sizeof body,
+                 "{\"k\": [[0, 0], [0, 0], [0, 0]], \"v\": [[%d, 0], [%d, 1], [%d, 2]]}", tag,
+                 tag, tag);
+        reply r = cache_call(a->port, "POST", a->id, body, NULL);
+        a->status[i] = r.status;
+        a->lengths[i] = body_integer(&r, "cache", "length");
+        reply_free(&r);
+    }
+    return NULL;
+}
+
+START_TEST(cache_concurrent_appends_from_many_connections_are_whole)
+{
+    enum { THREADS = 8 };
+    char id[23];
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
+    appender a[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        a[i] = (appender){.port = shared.port, .thread = i, .id = id};
+        pthread_create(&t[i], NULL, append_thread, &a[i]);
+    }
+    bool seen[THREADS * 10 + 1] = {false};
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        for (int j = 0; j < 10; j++) {
+            ck_assert_int_eq(a[i].status[j], 200);
+            long long n = a[i].lengths[j];
+            /* each append saw the cache end where another's whole append ended */
+            ck_assert_msg(n % APPEND_N == 0 && n >= APPEND_N && n <= THREADS * 10 * APPEND_N,
+                          "length %lld after an append", n);
+            ck_assert_msg(!seen[n / APPEND_N], "two appends ended at length %lld", n);
+            seen[n / APPEND_N] = true;
+        }
+    }
+    /* Every position holds what was sent: q = 0 weighs all keys alike, so
+     * the output is the mean of every value; and one request's three rows
+     * stay together (the rows' second value, 0 1 2, repeats in order). */
+    reply r = cache_call(shared.port, "POST", id,
+                         "{\"q\": [[0, 0]], \"causal\": false, \"output_encoding\": \"flat\"}",
+                         NULL);
+    ck_assert_int_eq(r.status, 200);
+    float mean[2];
+    answer_floats(&r, "output", mean, 2);
+    double want = 0;
+    for (int i = 0; i < THREADS; i++)
+        for (int j = 0; j < 10; j++)
+            want += i * 100 + j;
+    want /= THREADS * 10;
+    ck_assert_msg(fabs(mean[0] - want) < 1e-3 * want && fabs(mean[1] - 1.0) < 1e-5,
+                  "mean of the values %g %g, want %g 1", mean[0], mean[1], want);
+    reply_free(&r);
+    /* the last three positions: one request's, in order */
+    r = cache_call(shared.port, "POST", id,
+                   "{\"q\": [[0, 0], [0, 0], [0, 0]], \"window\": [0, 0], "
+                   "\"output_encoding\": \"flat\"}", NULL);
+    float last[6];
+    answer_floats(&r, "output", last, 6);
+    ck_assert(last[0] == last[2] && last[2] == last[4]);
+    ck_assert(last[1] == 0 && last[3] == 1 && last[5] == 2);
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(cache_work_limit_counts_the_positions_cached)
+{
+    server s = start_server("--max-work", "4e6");
+    char id[23];
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 16}", NULL, id);
+    float *x = calloc(200 * 16, sizeof *x);
+    char *body = NULL;
+    size_t len = 0;
+    int64_t shape[2] = {200, 16};
+    append(&body, &len, "{\"k\": ", 6);
+    put_tensor_b64(&body, &len, x, 2, shape);
+    append(&body, &len, ", \"v\": ", 7);
+    put_tensor_b64(&body, &len, x, 2, shape);
+    append(&body, &len, "}", 1);
+    reply r = cache_call(s.port, "POST", id, body, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    /* the append is about 2e6 units of work (its body, its elements); 200
+     * queries over the 200 positions about 6.6e6, one query 0.5e6 */
+    char *q = NULL;
+    len = 0;
+    append(&q, &len, "{\"q\": ", 6);
+    put_tensor_b64(&q, &len, x, 2, shape);
+    append(&q, &len, "}", 1);
+    r = cache_call(s.port, "POST", id, q, NULL);
+    ck_assert_error(r, 422, "work_limit");
+    reply_free(&r);
+    r = cache_call(s.port, "POST", id, "{\"q\": [[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]]}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    free(q);
+    free(body);
+    free(x);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+START_TEST(cache_id_from_x_cache_id_once_and_well_formed)
+{
+    static const char *const given[] = {"X-Cache-Id: 0123456789abcdef0123456789abcdef", NULL};
+    static const char body[] = "{\"num_kv_heads\": 1, \"head_dim\": 2}";
+    reply r = request(shared.port, "POST", "/v1/caches", given, body, -1);
+    char loc[128];
+    ck_assert_int_eq(r.status, 201);
+    ck_assert_str_eq(header(&r, "Location", loc, sizeof loc),
+                     "/v1/caches/0123456789abcdef0123456789abcdef");
+    reply_free(&r);
+    r = request(shared.port, "POST", "/v1/caches", given, body, -1);
+    ck_assert_error(r, 409, "cache_exists");
+    reply_free(&r);
+    static const char *const bad[] = {"X-Cache-Id: short", NULL};
+    r = request(shared.port, "POST", "/v1/caches", bad, body, -1);
+    ck_assert_error(r, 400, "invalid_value");
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", "0123456789abcdef0123456789abcdef", NULL, NULL);
+    ck_assert_int_eq(r.status, 204);
+    reply_free(&r);
+}
+END_TEST
+
+/* "precision": "bfloat16" over a cache is /v1/attention's bfloat16 over the
+ * same keys and values, to the bit (GQA, two query rows, causal), and not
+ * the float32 answer; a misspelt precision is a 422 naming the field. */
+START_TEST(cache_bfloat16_precision_is_v1_attentions_bfloat16_to_the_bit)
+{
+    enum { HQ = 4, HKV = 2, N = 100, NQ = 2, DK = 16, DV = 8 };
+    float *k = malloc(sizeof(float) * HKV * N * DK), *v = malloc(sizeof(float) * HKV * N * DV);
+    float q[HQ * NQ * DK];
+    for (int i = 0; i < HKV * N * DK; i++)
+        k[i] = uniform();
+    for (int i = 0; i < HKV * N * DV; i++)
+        v[i] = uniform();
+    for (int i = 0; i < HQ * NQ * DK; i++)
+        q[i] = 2 * uniform();
+    char id[23];
+    cache_new(shared.port, "{\"num_kv_heads\": 2, \"head_dim\": 16, \"value_dim\": 8}", NULL,
+              id);
+    char *append_body = step_body(-1, k, v, NULL, HKV, N, HQ, 0, DK, DV, "");
+    reply r = cache_call(shared.port, "POST", id, append_body, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    float got[HQ * NQ * DV], f32[HQ * NQ * DV], want[HQ * NQ * DV];
+    const char *options[] = {", \"precision\": \"bfloat16\"", ""};
+    float *outs[] = {got, f32};
+    for (int i = 0; i < 2; i++) {
+        char *body = step_body(-1, NULL, NULL, q, HKV, 0, HQ, NQ, DK, DV, options[i]);
+        r = cache_call(shared.port, "POST", id, body, NULL);
+        ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+        answer_floats(&r, "output", outs[i], HQ * NQ * DV);
+        reply_free(&r);
+        free(body);
+    }
+    char *body = NULL;
+    size_t len = 0;
+    int64_t qs[3] = {HQ, NQ, DK}, ks[3] = {HKV, N, DK}, vs[3] = {HKV, N, DV};
+    static const char head[] = "{\"causal\": true, \"precision\": \"bfloat16\", "
+                               "\"output_encoding\": \"flat\", \"q\": ";
+    append(&body, &len, head, sizeof head - 1);
+    put_tensor_b64(&body, &len, q, 3, qs);
+    append(&body, &len, ", \"k\": ", 7);
+    put_tensor_b64(&body, &len, k, 3, ks);
+    append(&body, &len, ", \"v\": ", 7);
+    put_tensor_b64(&body, &len, v, 3, vs);
+    append(&body, &len, "}", 1);
+    r = post_json(shared.port, "/v1/attention", body);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    answer_floats(&r, "output", want, HQ * NQ * DV);
+    reply_free(&r);
+    int worst = -1, differs = 0;
+    for (int i = 0; i < HQ * NQ * DV; i++) {
+        if (memcmp(&got[i], &want[i], sizeof got[i]) != 0 && worst < 0)
+            worst = i;
+        differs += got[i] != f32[i];
+    }
+    ck_assert_msg(worst < 0, "output[%d] %.9g over the cache, %.9g from /v1/attention", worst,
+                  worst < 0 ? 0 : got[worst], worst < 0 ? 0 : want[worst]);
+    ck_assert_msg(differs > 0, "bfloat16 gave float32's answer");
+    r = cache_call(shared.port, "POST", id, "{\"q\": [[0, 0], [0, 0]], \"precision\": \"bf16\"}",
+                   NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "precision");
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+    free(body);
+    free(append_body);
+    free(k);
+    free(v);
+}
+END_TEST
+
+START_TEST(cache_limits_are_in_info)
+{
+    reply r = get(shared.port, "/v1/info");
+    ck_assert_ptr_nonnull(strstr(r.body, "\"cache_memory\": 1073741824"));
+    ck_assert_ptr_nonnull(strstr(r.body, "\"cache_idle\": 600"));
+    reply_free(&r);
+}
+END_TEST
+
+/* docker/nginx.conf in front of two replicas: every cache made through it
+ * (anywhere) is found again through it, by the Location it answered, for
+ * every request on it; the caches spread over both replicas; and a cache
+ * whose replica stopped answers 404 cache_not_found while the others keep
+ * decoding. */
+START_TEST(nginx_routes_each_cache_to_the_replica_that_holds_it)
+{
+    enum { CACHES = 16 };
+    const char *nginx = access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "nginx";
+    char dir[] = "/tmp/attnd-lbc-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    chmod(dir, 0755);
+    server a = start_server("--threads", "1"), b = start_server("--threads", "1");
+    int ports[2] = {a.port, b.port};
+    int port = free_port();
+    ck_assert(write_nginx_conf(dir, port, ports, 2));
+    char conf[600], globals[700], log[600], errlog[600];
+    snprintf(conf, sizeof conf, "%s/nginx.conf", dir);
+    snprintf(log, sizeof log, "%s/nginx.out", dir);
+    snprintf(errlog, sizeof errlog, "%s/error.log", dir);
+    snprintf(globals, sizeof globals, "daemon off; pid %s/nginx.pid;%s", dir,
+             geteuid() == 0 ? " user root;" : "");
+    char *argv[] = {(char *)nginx, "-p", dir, "-e", errlog, "-c", conf, "-g", globals, NULL};
+    pid_t ng = spawn(argv, log);
+    ck_assert_msg(wait_listening(port, ng, 10), "nginx (%s) did not start; see %s", nginx, log);
+
+    char ids[CACHES][128];
+    for (int i = 0; i < CACHES; i++) {
+        reply r = post_json(port, "/v1/caches", "{\"num_kv_heads\": 1, \"head_dim\": 2}");
+        ck_assert_msg(r.status == 201, "through nginx: %ld %s", r.status, r.body);
+        char loc[128];
+        ck_assert_ptr_nonnull(header(&r, "Location", loc, sizeof loc));
+        ck_assert(!strncmp(loc, "/v1/caches/", 11));
+        snprintf(ids[i], sizeof ids[i], "%s", loc + 11);
+        reply_free(&r);
+    }
+    for (int step = 0; step < 3; step++)
+        for (int i = 0; i < CACHES; i++) {
+            reply r = cache_call(port, "POST", ids[i],
+                                 "{\"k\": [[1, 0]], \"v\": [[1, 2]], \"q\": [[0, 1]]}", NULL);
+            ck_assert_msg(r.status == 200, "cache %d step %d through nginx: %ld %s", i, step,
+                          r.status, r.body);
+            ck_assert_int_eq(body_integer(&r, "cache", "length"), step + 1);
+            reply_free(&r);
+        }
+    double na = metric(a.port, "attnd_caches"), nb = metric(b.port, "attnd_caches");
+    ck_assert_msg(na + nb == CACHES && na > 0 && nb > 0, "caches on the replicas: %g and %g",
+                  na, nb);
+
+    ck_assert_int_eq(stop_server(&a), 0);
+    int lost = 0;
+    for (int i = 0; i < CACHES; i++) {
+        reply r = cache_call(port, "GET", ids[i], NULL, NULL);
+        ck_assert_msg(r.status == 200 || r.status == 404, "with one replica stopped: %ld",
+                      r.status);
+        if (r.status == 404) {
+            ck_assert_error(r, 404, "cache_not_found");
+            lost++;
+        } else {
+            ck_assert_int_eq(body_integer(&r, NULL, "length"), 3);
+        }
+        reply_free(&r);
+    }
+    ck_assert_msg(lost == (int)na, "%d caches answered 404, %g were on the stopped replica",
+                  lost, na);
+    kill(ng, SIGQUIT);
+    waitpid(ng, NULL, 0);
+    ck_assert_int_eq(stop_server(&b), 0);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A temporary file of exactly n bytes of p (NULs included). */
 static void write_bytes(char *path, size_t cap, const char *p, size_t n)
 {
@@ -4627,6 +5517,23 @@ static Suite *server_suite(void)
     tcase_add_test(ops, text_access_log_names_the_request_id);
     suite_add_tcase(s, ops);
 
+    TCase *caches = tcase_create("caches");
+    tcase_add_unchecked_fixture(caches, shared_start, shared_stop);
+    tcase_set_timeout(caches, 60);
+    tcase_add_test(caches, cache_life_cycle_create_append_in_pieces_truncate_delete);
+    tcase_add_test(caches, cache_attention_matches_double_reference_for_every_dtype_and_variant);
+    tcase_add_test(caches, cache_bad_shapes_are_422_naming_the_field);
+    tcase_add_test(caches, cache_idle_one_expires_with_404_and_is_counted);
+    tcase_add_test(caches, cache_memory_evicts_the_least_recently_used_idle_cache);
+    tcase_add_test(caches, cache_memory_full_only_while_the_caches_to_evict_are_in_use);
+    tcase_add_test(caches, cache_belongs_to_the_key_that_made_it);
+    tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
+    tcase_add_test(caches, cache_work_limit_counts_the_positions_cached);
+    tcase_add_test(caches, cache_limits_are_in_info);
+    tcase_add_test(caches, cache_bfloat16_precision_is_v1_attentions_bfloat16_to_the_bit);
+    tcase_add_test(caches, cache_id_from_x_cache_id_once_and_well_formed);
+    suite_add_tcase(s, caches);
+
     TCase *oip = tcase_create("open_inference_protocol");
     tcase_add_unchecked_fixture(oip, shared_start, shared_stop);
     tcase_set_timeout(oip, 30);
@@ -4657,6 +5564,7 @@ static Suite *server_suite(void)
     TCase *lb = tcase_create("load_balancer");
     tcase_set_timeout(lb, 40);
     tcase_add_test(lb, nginx_spreads_requests_over_replicas_and_survives_one_stopping);
+    tcase_add_test(lb, nginx_routes_each_cache_to_the_replica_that_holds_it);
     suite_add_tcase(s, lb);
     return s;
 }

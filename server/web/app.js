@@ -964,10 +964,54 @@ const gradients = {
   run: runGradients,
 };
 
+// ------------------------------------------------------------- decoding
+
+const dc = document.getElementById('decoding');
+const dcForm = document.getElementById('dc-form');
+
+/* One token a step through a KV cache, then the whole sequence causally
+ * through /v1/attention: the same rows. The cache is deleted at the end,
+ * failed or not. */
+async function runDecoding() {
+  const precision = dcForm.elements.precision.value;
+  const cache = await api.request('POST', '/v1/caches', JSON.stringify({ num_kv_heads: 1, head_dim: 4 }));
+  const rows = [];
+  let last;
+  try {
+    for (const x of EX2_X) {
+      last = await api.compute(`/v1/caches/${cache.id}/attention`, { k: [x], v: [x], q: [x], precision });
+      rows.push(...last.output.data);
+    }
+  } finally {
+    await api.request('DELETE', `/v1/caches/${cache.id}`).catch(() => {});
+  }
+  const x = Tensor.from(EX2_X);
+  const whole = await api.attention({ q: x, k: x, v: x, causal: true, precision });
+  const decoded = new Tensor([EX2_X.length, 4], Float32Array.from(rows));
+  let worst = 0;
+  for (let i = 0; i < rows.length; i++) worst = Math.max(worst, Math.abs(decoded.data[i] - whole.output.data[i]));
+  return () => {
+    const tok = ['x₁', 'x₂', 'x₃'];
+    showMaps(document.getElementById('dc-maps'), [
+      heatmap(decoded, { name: 'dc-decoded', title: 'decoded, one token a step', kind: 'signed', rowLabels: tok }),
+      heatmap(whole.output, { name: 'dc-whole', title: 'causal attention, all at once', kind: 'signed', rowLabels: tok }),
+    ]);
+    dc.querySelector('.meta').replaceChildren(metaLine(last, ` — the cache held ${last.cache.length} positions; largest difference ${worst.toExponential(1)}`));
+  };
+}
+
+const decoding = {
+  section: dc,
+  setup() {
+    wire(dcForm, dc, runDecoding);
+  },
+  run: runDecoding,
+};
+
 // ------------------------------------------------------------- wiring
 
 // Every section of the page, in the order they appear.
-const SECTIONS = [playground, multihead, chapter, gradients];
+const SECTIONS = [playground, multihead, chapter, gradients, decoding];
 
 /** A section run on the user's request, with the page's status line. */
 async function submitted(section, work) {

@@ -14,7 +14,10 @@
 #      takes the pod away;
 #   3. podman-compose runs 3 replicas behind nginx (an nginx image built from
 #      the same Debian base where nginx:stable cannot be pulled): requests
-#      reach all three, and stopping one under load fails no request.
+#      reach all three, and stopping one under load fails no request; KV
+#      caches created through nginx are decoded on the replica that holds
+#      them, and when one replica stops mid-decode its caches answer 404
+#      cache_not_found within a second while the others go on decoding.
 # Base images come from a debootstrap of bookworm when no registry can give
 # them. Where podman cannot run, prints one SKIPPED line and exits 0.
 set -u
@@ -247,9 +250,41 @@ for r in $replicas; do
 done
 [ $spread = 3 ] && ok "requests spread over all 3 replicas" || bad "only $spread replicas answered"
 
+# KV caches through nginx: 24 caches, two decoding steps each (one position
+# appended, one query over the cache), every step on the replica that holds
+# the cache (else 404), the cache's length as many as the steps.
+step_body='{"k": [[1, 0]], "v": [[1, 2]], "q": [[0, 1]]}'
+: >"$tmp/caches"
+for _ in $(seq 24); do
+    curl -s -D - -o /dev/null "127.0.0.1:$lbport/v1/caches" -d '{"num_kv_heads": 1, "head_dim": 2}' \
+        | tr -d '\r' | sed -n 's|^[Ll]ocation: ||p' >>"$tmp/caches"
+done
+[ "$(grep -c '^/v1/caches/[0-9a-f]\{32\}$' "$tmp/caches")" = 24 ] \
+    && ok "24 caches created through nginx, each named by its balancer key" || bad "cache creation: $(head -3 "$tmp/caches")"
+decoded=0
+for s in 1 2; do
+    while read -r loc; do
+        len=$(curl -s "127.0.0.1:$lbport$loc/attention" -d "$step_body" | jq -r '.cache.length')
+        [ "$len" = "$s" ] && decoded=$((decoded + 1))
+    done <"$tmp/caches"
+done
+[ $decoded = 48 ] && ok "48 decoding steps through nginx, each on its cache's replica" || bad "$decoded of 48 decoding steps"
+
 # Under load (4 clients, one request after another each), stop one
 # replica: no request may fail, and the load must outlast the stop.
 victim=$(echo "$replicas" | head -1)
+held=$(podman logs "$victim" 2>&1 | grep -c '"path":"/v1/caches","status":201')
+# Decoding goes on during the stop: every answer is the step (200), the
+# victim draining (503 shutting_down) or its caches gone (404), never a
+# balancer's error.
+(
+    for _ in 1 2 3; do
+        while read -r loc; do
+            curl -s -o /dev/null -w '%{http_code}\n' "127.0.0.1:$lbport$loc/attention" -d '{"q": [[0, 1]]}'
+        done <"$tmp/caches"
+    done
+) >"$tmp/decode-load" &
+dpid=$!
 : >"$tmp/load"
 lpids=""
 for c in 1 2 3 4; do
@@ -265,13 +300,35 @@ podman stop -t 30 "$victim" >/dev/null 2>>"$tmp/podman.err"
 running=0
 for p in $lpids; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
 after=$(wc -l <"$tmp/load")
-wait $lpids
+wait $lpids $dpid
 total=$(wc -l <"$tmp/load")
 good=$(grep -c '^200$' "$tmp/load")
 echo "       during the stop of $victim: $good of $total requests 200 ($(sort "$tmp/load" | uniq -c | tr '\n' ' ')), $((total - after)) of them after it returned"
 [ "$running" = 4 ] && [ "$after" -lt "$total" ] && ok "the load ran on through the stop (4 clients)" || bad "the load ended before the stop ($running clients running)"
 [ "$total" = 600 ] && [ "$good" = 600 ] && ok "one replica stopped under load: no failed request" || bad "failed requests during the stop"
 [ "$(podman inspect -f '{{.State.ExitCode}}' "$victim")" = 0 ] && ok "the stopped replica exited 0" || bad "the stopped replica's exit code"
+
+others=$(grep -vc '^\(200\|404\|503\)$' "$tmp/decode-load")
+echo "       decoding during the stop: $(sort "$tmp/decode-load" | uniq -c | tr '\n' ' ')"
+[ "$others" = 0 ] && ok "decoding during the stop: only 200, 503 shutting_down or 404" || bad "decoding during the stop: $others answers other than 200, 503, 404"
+# With the victim gone: its caches are 404 cache_not_found within a second,
+# every other cache takes its next step (length 3).
+lost=0; kept=0; slow=0
+while read -r loc; do
+    out=$(curl -s -w '\n%{http_code} %{time_total}' "127.0.0.1:$lbport$loc/attention" -d "$step_body")
+    code=$(echo "$out" | tail -1 | cut -d' ' -f1)
+    secs=$(echo "$out" | tail -1 | cut -d' ' -f2)
+    python3 -c "import sys; sys.exit(0 if float('$secs') < 1 else 1)" || { slow=$((slow + 1)); echo "       slow: $loc $code in $secs s"; }
+    if [ "$code" = 404 ] && [ "$(echo "$out" | head -1 | jq -r .error.code)" = cache_not_found ]; then
+        lost=$((lost + 1))
+    elif [ "$code" = 200 ] && [ "$(echo "$out" | head -1 | jq -r .cache.length)" = 3 ]; then
+        kept=$((kept + 1))
+    fi
+done <"$tmp/caches"
+echo "       $victim held $held caches: $lost answered 404, $kept decoded on"
+[ "$held" -gt 0 ] && [ "$lost" = "$held" ] && [ $((lost + kept)) = 24 ] && [ $slow = 0 ] \
+    && ok "the stopped replica's caches answer 404 cache_not_found within 1 s, the others decode on" \
+    || bad "after the stop: $lost of $held caches 404, $kept of $((24 - held)) decoded, $slow slower than 1 s"
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -1,7 +1,8 @@
 // docker/nginx.conf as a KV cache balancer, run by a real nginx (Debian's) in
 // front of three stub replicas that keep caches the way attnd does: a cache
-// lives on the replica that created it, named by the X-Request-ID of the
-// creating request; any other replica answers 404 cache_not_found. The file
+// lives on the replica that created it, named by the X-Cache-Id of the
+// creating request (set by nginx); any other replica answers 404
+// cache_not_found. The file
 // is run as it is, with only its upstream lines pointed at the stubs, its
 // listen port and its log file changed (as tests/test_server.c does).
 import { test, before, after } from 'node:test';
@@ -28,14 +29,15 @@ function startStub(name) {
     let body = '';
     req.on('data', (d) => { body += d; });
     req.on('end', () => {
-      seen.push({ method: req.method, url: req.url, requestId: req.headers['x-request-id'] ?? null });
+      seen.push({ method: req.method, url: req.url, requestId: req.headers['x-request-id'] ?? null,
+        cacheId: req.headers['x-cache-id'] ?? null });
       const reply = (status, obj, headers = {}) => {
         res.writeHead(status, { 'Content-Type': 'application/json', ...headers });
         res.end(JSON.stringify({ replica: name, ...obj }));
       };
       const m = /^\/v1\/caches\/([^/]+)(\/attention)?$/.exec(req.url);
       if (req.url === '/v1/caches' && req.method === 'POST') {
-        const id = req.headers['x-request-id'];
+        const id = req.headers['x-cache-id'];
         if (!/^[0-9a-f]{32}$/.test(id ?? '')) return reply(400, { error: `no balancer key: ${id}` });
         caches.add(id);
         return reply(201, { id }, { Location: `/v1/caches/${id}` });
@@ -119,14 +121,18 @@ let created = [];
 
 test('nginx -t accepts docker/nginx.conf and a cache is created on any replica, named by a fresh 128-bit key', async () => {
   for (let i = 0; i < 30; i++) {
-    // A client's own X-Request-ID is not what names the cache.
-    const r = await call('POST', '/v1/caches', i % 2 ? { 'X-Request-ID': 'client-chosen' } : {});
+    // A client's own X-Cache-Id is replaced, and its X-Request-ID does not
+    // name the cache.
+    const r = await call('POST', '/v1/caches', i % 2
+      ? { 'X-Cache-Id': 'client-chosen-0123456789abcdef', 'X-Request-ID': `create-${i}` } : {});
     assert.equal(r.status, 201, JSON.stringify(r.body));
     assert.match(r.body.id, /^[0-9a-f]{32}$/);
     assert.equal(r.location, `/v1/caches/${r.body.id}`);
     created.push({ id: r.body.id, location: r.location, replica: r.body.replica });
   }
   assert.equal(new Set(created.map((c) => c.id)).size, 30, 'every id is new');
+  const creations = stubs.flatMap((s) => s.seen.filter((x) => x.url === '/v1/caches'));
+  assert.ok(creations.some((x) => x.requestId === 'create-1'), 'the client\'s X-Request-ID reaches attnd on a creation too');
   const per = Object.fromEntries(stubs.map((s) => [s.name, created.filter((c) => c.replica === s.name).length]));
   assert.ok(Object.values(per).every((n) => n > 0), `creations spread over every replica: ${JSON.stringify(per)}`);
 });
@@ -152,6 +158,12 @@ test('stateless requests still take turns over every replica, X-Request-ID passe
   assert.ok(got.every((n) => n >= 5), `round robin: ${got}`);
   const ids = stubs.flatMap((s) => s.seen.filter((x) => x.url === '/v1/attention').map((x) => x.requestId));
   assert.ok(ids.includes('trace-0') && ids.includes('trace-29'), 'the client\'s X-Request-ID reaches attnd');
+  // X-Cache-Id is the balancer's, on POST /v1/caches only: a client's own
+  // does not reach attnd elsewhere either.
+  const r = await call('POST', '/v1/attention', { 'X-Cache-Id': 'client-chosen-0123456789abcdef' });
+  assert.equal(r.status, 200);
+  const others = stubs.flatMap((s) => s.seen.filter((x) => x.url !== '/v1/caches'));
+  assert.ok(others.every((x) => x.cacheId === null), 'no X-Cache-Id beside POST /v1/caches');
 });
 
 test('one replica gone: its caches answer 404 cache_not_found at once, every other cache stays where it is', async () => {

@@ -341,8 +341,14 @@ test('docker/k8s/ingress/: Services and Ingresses valid against their schemas, c
   assert.deepEqual(hashKey('/v2/models/attention/infer'), { service: 'attnd', key: null });
   for (const url of ['/v1/caches/Zm9vYmFy-_09', '/v1/caches/Zm9vYmFy-_09/attention'])
     assert.deepEqual(hashKey(url), { service: 'attnd-caches', key: 'Zm9vYmFy-_09' }, url);
-  assert.deepEqual(hashKey('/v1/caches'), { service: 'attnd-cache-create', key: '$req_id' },
-    'creation is hashed on the X-Request-ID ingress-nginx sends');
+  assert.deepEqual(hashKey('/v1/caches'), { service: 'attnd-cache-create', key: '$request_id' },
+    'creation is hashed on nginx\'s fresh 128-bit $request_id');
+  // ... which is the X-Cache-Id attnd names the new cache by, and only there.
+  const snippet = (i) => i.metadata.annotations?.['nginx.ingress.kubernetes.io/configuration-snippet'] ?? '';
+  assert.match(snippet(route('/v1/caches').ingress), /^\s*proxy_set_header\s+X-Cache-Id\s+\$request_id\s*;\s*$/m,
+    'POST /v1/caches sends the key it was hashed on as X-Cache-Id');
+  for (const url of ['/v1/attention', '/v1/caches/Zm9vYmFy-_09/attention'])
+    assert.doesNotMatch(snippet(route(url).ingress), /X-Cache-Id/i, `${url} carries no X-Cache-Id`);
   const hashed = ingresses.filter((i) => i.metadata.annotations?.['nginx.ingress.kubernetes.io/upstream-hash-by']);
   assert.equal(new Set(hashed.map((i) => i.spec.rules[0].http.paths[0].backend.service.name)).size, hashed.length,
     'one Service per hash key: ingress-nginx keeps one balancer per Service');

@@ -75,7 +75,7 @@ async function open(url, viewport = DESKTOP) {
   page.on('pageerror', (e) => problems.push(String(e)));
   page.on('dialog', (d) => { problems.push(`dialog: ${d.message()}`); d.dismiss(); });
   page.on('request', (r) => {
-    if (r.method() === 'POST' && /\/v1\/(attention|multihead)$/.test(r.url()))
+    if (r.method() === 'POST' && /\/v1\/(attention|multihead|caches\/[^/]+\/attention)$/.test(r.url()))
       computes.push({ url: r.url(), body: r.postData() });
   });
   const response = await page.goto(url);
@@ -254,7 +254,7 @@ test('at 1400 px: every section drawn from the API answers, nothing scrolls side
   const status = await page.textContent('#page-status');
   assert.equal(state, 'ready', `page state ${state}: ${status}; ${problems.join('; ')}`);
   assert.deepEqual(problems, [], 'no console errors (a CSP violation would be one)');
-  for (const id of ['playground', 'multihead', 'chapter', 'gradients', 'ex1', 'ex2', 'ex6', 'theorem1', 'corollary1'])
+  for (const id of ['playground', 'multihead', 'chapter', 'gradients', 'decoding', 'ex1', 'ex2', 'ex6', 'theorem1', 'corollary1'])
     assert.equal(await page.getAttribute(`#${id}`, 'data-state'), 'ready', id);
   await shot(page, 'page.png');
   await shot(page, 'page-theorem1.png', '#theorem1');
@@ -271,7 +271,21 @@ test('at 1400 px: every section drawn from the API answers, nothing scrolls side
   await test_worked_examples(page);
   await test_theorems(page, computes);
   await test_gradients(page, computes);
+  await test_decoding(page, computes);
 });
+
+async function test_decoding(page, computes) {
+  // Each step sent one token to a cache; what is drawn is the steps' rows,
+  // and they are /v1/attention's causal rows over the three tokens.
+  const steps = computes.filter((c) => /\/v1\/caches\/[^/]+\/attention$/.test(c.url));
+  assert.equal(steps.length, 3, 'three decoding steps');
+  const X = [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]];
+  const a = await again(JSON.stringify({ q: X, k: X, v: X, causal: true, output_encoding: 'flat' }));
+  const ref = sdpaReference({ q: X.flat(), k: X.flat(), v: X.flat(), nq: 3, nk: 3, d: 4, dv: 4, causal: true });
+  const got = await drawn(page, 'dc-decoded');
+  assert.ok(maxRelErr(Float32Array.from(got), ref.output) < 1e-5, `decoded rows vs the reference: ${got}`);
+  sameFloats(await drawn(page, 'dc-whole'), decode(a.output).data, 'causal attention drawn');
+}
 
 async function test_playground(page) {
   // The textareas hold what was sent: send it again as nested arrays.

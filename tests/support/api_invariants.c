@@ -466,6 +466,84 @@ static bool check_one(api_op op, const char *body, size_t len, json_t *req,
     return ok;
 }
 
+/* ------------------------------------------------------------ KV caches */
+
+/* Two caches of one store, for the whole process: one head of 2, two heads
+ * of 4 (a query of 4 heads is GQA over them). Each input runs on both and
+ * then truncates them to 0 again, so that every input starts from empty. */
+static api_caches *cache_store;
+static char cache_ids[2][32];
+
+static bool caches_ready(void)
+{
+    if (cache_store)
+        return true;
+    cache_store = api_caches_new(1 << 20, 3600);
+    static const char *const made[2] = {"{\"num_kv_heads\": 1, \"head_dim\": 2}",
+                                        "{\"num_kv_heads\": 2, \"head_dim\": 4, "
+                                        "\"value_dim\": 3, \"dtype\": \"bfloat16\"}"};
+    api_limits lim = api_invariants_limits;
+    lim.caches = cache_store;
+    for (int i = 0; i < 2; i++) {
+        api_response res;
+        api_cache_create(made[i], strlen(made[i]), &lim, &res);
+        json_t *doc = res.status == 201 ? json_loadb(res.body, res.body_len, 0, NULL) : NULL;
+        const char *id = json_string_value(json_object_get(doc, "id"));
+        snprintf(cache_ids[i], sizeof cache_ids[i], "%s", id ? id : "");
+        json_decref(doc);
+        api_response_free(&res);
+    }
+    return cache_ids[0][0] && cache_ids[1][0];
+}
+
+/* POST /v1/caches/{id}/attention: 200, 400 or 422 (a cache that exists,
+ * with room to spare: never a 404 or a 503); the error object as for the
+ * other routes; an answer with "cache" {length, bytes} and "meta", and
+ * "output" exactly when the body has "q". */
+static bool check_cache(const char *body, size_t len, json_t *req, char *why, size_t cap)
+{
+    if (!caches_ready())
+        return fail(why, cap, "the fuzz target's caches could not be made");
+    for (int i = 0; i < 2; i++) {
+        api_limits lim = api_invariants_limits;
+        lim.caches = cache_store;
+        lim.cache_id = cache_ids[i];
+        char inner[300] = "";
+        api_response res;
+        api_handle(API_OP_CACHE_ATTENTION, body, len, &lim, &res);
+        bool ok = true;
+        json_t *doc = res.body ? json_loadb(res.body, res.body_len, JSON_REJECT_DUPLICATES, NULL)
+                               : NULL;
+        if (res.status != 200 && res.status != 400 && res.status != 422)
+            ok = fail(inner, sizeof inner, "status %d", res.status);
+        else if (!res.body || strlen(res.body) != res.body_len)
+            ok = fail(inner, sizeof inner, "status %d with no body or a NUL in it", res.status);
+        else if (res.status == 200 && !json_is_object(req))
+            ok = fail(inner, sizeof inner, "200 for a body that is not one strict JSON object");
+        else if (!json_is_object(doc))
+            ok = fail(inner, sizeof inner, "answer is not a JSON object: %.80s", res.body);
+        else if (res.status != 200)
+            ok = check_error(doc, res.status, inner, sizeof inner);
+        else if (!json_is_integer(json_object_get(json_object_get(doc, "cache"), "length")) ||
+                 !json_is_object(json_object_get(doc, "meta")))
+            ok = fail(inner, sizeof inner, "200 without \"cache\".length and \"meta\"");
+        else if ((json_object_get(doc, "output") != NULL) !=
+                 (json_object_get(req, "q") != NULL && !json_is_null(json_object_get(req, "q"))))
+            ok = fail(inner, sizeof inner, "\"output\" %s without \"q\" in the request",
+                      json_object_get(doc, "output") ? "answered" : "missing");
+        json_decref(doc);
+        api_response_free(&res);
+        static const char empty[] = "{\"truncate\": 0}";
+        api_handle(API_OP_CACHE_ATTENTION, empty, sizeof empty - 1, &lim, &res);
+        if (ok && res.status != 200)
+            ok = fail(inner, sizeof inner, "truncating to 0 afterwards: %d", res.status);
+        api_response_free(&res);
+        if (!ok)
+            return fail(why, cap, "/v1/caches/{id}/attention (cache %d): %s", i, inner);
+    }
+    return true;
+}
+
 /* ---------------------------------------- the Open Inference Protocol */
 
 /* The product of a JSON shape, or -1 when it is not an array of numbers. */
@@ -604,6 +682,7 @@ bool api_invariants_check(const char *body, size_t len, char *why, size_t cap)
                              &jerr);
     bool ok = check_one(API_OP_ATTENTION, body, len, req, why, cap) &&
               check_one(API_OP_MULTIHEAD, body, len, req, why, cap) &&
+              check_cache(body, len, req, why, cap) &&
               check_oip(API_OP_ATTENTION, body, len, why, cap) &&
               check_oip(API_OP_MULTIHEAD, body, len, why, cap);
     json_decref(req);

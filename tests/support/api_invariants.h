@@ -17,7 +17,10 @@
  * 422 work_limit before any compute starts). */
 extern const api_limits api_invariants_limits;
 
-/* Runs `body` through both compute operations and checks every answer:
+/* Runs `body` through both compute operations (and attention over two KV
+ * caches of a store of its own, truncated to 0 after each input: an answer
+ * with "cache" and "meta", "output" exactly when there is a "q") and checks
+ * every answer:
  * status 200, 400 or 422 (never a 500 for a few kilobytes of input); a body
  * that is one JSON object (jansson, strict, no duplicate keys) with no NUL
  * inside; an error is exactly {"error": {"status" = the status, "code",

@@ -1,0 +1,121 @@
+"""Decoding over HTTP against attnd: what a request costs beyond the kernel,
+and what a server-side KV cache saves over re-sending K and V every step.
+
+    python3 bench/decode_http.py URL [ROUNDS]
+
+Prints "name value" lines for bench/run.sh:
+  http_dec_rtt_us       median round trip of a decode step on a kept-alive
+                        connection: POST /v1/caches/{id}/attention appending
+                        one position (after truncating back to 32768) and
+                        attending one query row per head, H_q=32, H_kv=8,
+                        d=128, bfloat16 pages, q, k, v and the output base64
+  http_dec_compute_us   the median of the same steps' meta.timing_ms.compute
+                        (the append and the kernel, as the server timed them)
+  http_dec_overhead_us  the median over steps of round trip - compute
+  http_cache_step_ms    a step through a cache at 4096 positions (float32)
+  http_resend_step_ms   the same step through POST /v1/attention, q, k and v
+                        of all 4096 positions sent each time (base64)
+  http_resend_ratio     resend / cache, measured taking turns
+"""
+import base64
+import http.client
+import json
+import statistics
+import sys
+import time
+import urllib.parse
+
+import numpy as np
+
+H_Q, H_KV, D = 32, 8, 128
+
+
+def b64(a):
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "dtype": "float32", "base64": base64.b64encode(a.tobytes()).decode()}
+
+
+class Conn:
+    def __init__(self, url):
+        u = urllib.parse.urlsplit(url)
+        self.c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+
+    def call(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        self.c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        r = self.c.getresponse()
+        text = r.read()
+        if r.status >= 300:
+            sys.exit(f"{method} {path}: {r.status} {text[:200]!r}")
+        return json.loads(text) if text else {}
+
+
+def filled_cache(conn, rng, n, dtype):
+    cache = conn.call("POST", "/v1/caches", {"num_kv_heads": H_KV, "head_dim": D, "dtype": dtype})["id"]
+    for start in range(0, n, 2048):
+        m = min(2048, n - start)
+        conn.call("POST", f"/v1/caches/{cache}/attention",
+                  {"k": b64(rng.standard_normal((H_KV, m, D))), "v": b64(rng.standard_normal((H_KV, m, D)))})
+    return cache
+
+
+def step_body(rng, truncate):
+    return {"truncate": truncate, "k": b64(rng.standard_normal((H_KV, 1, D))),
+            "v": b64(rng.standard_normal((H_KV, 1, D))), "q": b64(rng.standard_normal((H_Q, 1, D))),
+            "output_encoding": "base64"}
+
+
+def main(url, rounds):
+    rng = np.random.default_rng(0)
+    conn = Conn(url)
+    # 1. a decode step's round trip against its compute time, 32768 positions
+    n = 32768
+    cache = filled_cache(conn, rng, n, "bfloat16")
+    bodies = [json.dumps(step_body(rng, n)).encode() for _ in range(8)]
+    rtt, comp, over = [], [], []
+    for i in range(rounds):
+        t = time.perf_counter()
+        conn.c.request("POST", f"/v1/caches/{cache}/attention", body=bodies[i % 8],
+                       headers={"Content-Type": "application/json"})
+        r = conn.c.getresponse()
+        answer = json.loads(r.read())
+        dt = (time.perf_counter() - t) * 1e6
+        c = answer["meta"]["timing_ms"]["compute"] * 1e3
+        if i >= 3:  # after a warm-up
+            rtt.append(dt)
+            comp.append(c)
+            over.append(dt - c)
+    conn.call("DELETE", f"/v1/caches/{cache}")
+    print("http_dec_rtt_us %.1f" % statistics.median(rtt))
+    print("http_dec_compute_us %.1f" % statistics.median(comp))
+    print("http_dec_overhead_us %.1f" % statistics.median(over))
+
+    # 2. the same step at 4096 positions: through a cache, or re-sending K, V
+    n = 4096
+    cache = filled_cache(conn, rng, n, "float32")
+    k = rng.standard_normal((H_KV, n, D))
+    v = rng.standard_normal((H_KV, n, D))
+    resend = json.dumps({"q": b64(rng.standard_normal((H_Q, 1, D))), "k": b64(k), "v": b64(v),
+                         "causal": True, "output_encoding": "base64"}).encode()
+    kept = [json.dumps(step_body(rng, n)).encode() for _ in range(8)]
+    t_cache, t_resend = [], []
+    for i in range(max(4, rounds // 10)):  # taking turns: 10 cache steps, one re-send
+        t = time.perf_counter()
+        for j in range(10):
+            conn.c.request("POST", f"/v1/caches/{cache}/attention", body=kept[j % 8],
+                           headers={"Content-Type": "application/json"})
+            conn.c.getresponse().read()
+        t_cache.append((time.perf_counter() - t) / 10)
+        t = time.perf_counter()
+        conn.c.request("POST", "/v1/attention", body=resend, headers={"Content-Type": "application/json"})
+        conn.c.getresponse().read()
+        t_resend.append(time.perf_counter() - t)
+    conn.call("DELETE", f"/v1/caches/{cache}")
+    c, s = statistics.median(t_cache), statistics.median(t_resend)
+    print("http_cache_step_ms %.3f" % (c * 1e3))
+    print("http_resend_step_ms %.3f" % (s * 1e3))
+    print("http_resend_ratio %.1f" % (s / c))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 100)
