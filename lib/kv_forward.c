@@ -83,6 +83,11 @@ typedef struct {
     float *strip;        /* [KERN_MR_MAX, KERN_BK] */
     float *m;            /* [KERN_FWD_BQ] (prefill) */
     double *l;           /* [KERN_FWD_BQ] (prefill) */
+    /* Prefill, the forward's blocked summation: the row maxima at the last
+     * fold [KERN_FWD_BQ], and the output rows folded so far in double
+     * [KERN_FWD_BQ, d_v]. */
+    float *m_tile;
+    double *acc;
     float *kt, *v;       /* [d_k, KERN_BK], [KERN_BK, d_v]: a widened page (prefill, 16-bit) */
 } kv_worker;
 
@@ -102,15 +107,17 @@ typedef struct {
     int64_t q_tiles;
 } kv_job;
 
-/* The last step of row (h, i), whose unnormalised output o and softmax
- * state (m, l) are complete: o /= l, and the row's softmax maximum and
- * sum; a row whose float accumulation overflowed is redone in double.
- * attn_sdpa_forward's last step, operation for operation. */
-static void finish_row(const kv_job *job, int64_t h, int64_t i, float *o, float m, double l)
+/* The last step of row (h, i), whose unnormalised output (acc [d_v] folded
+ * in double, NULL for none, plus o's float rows when `partial`) and softmax
+ * state (m, l) are complete: o = (acc + o) / l, and the row's softmax
+ * maximum and sum; a row whose float accumulation overflowed is redone in
+ * double. attn_sdpa_forward's last step, operation for operation. */
+static void finish_row(const kv_job *job, int64_t h, int64_t i, float *o, const double *acc,
+                       bool partial, float m, double l)
 {
     const sdpa_call *c = &job->kc.call;
     const attn_sdpa_params *p = c->p;
-    bool finite = job->kern->scale_finite(o, p->d_v, l > 0.0 ? (float)(1.0 / l) : 1.0f);
+    bool finite = sdpa_finish_row(o, acc, partial, l, p->d_v);
     attn_softmax_row sm = {.max = l > 0.0 ? m : -INFINITY, .sum = (float)l};
     bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
     if (!sm_finite || !finite) {
@@ -154,7 +161,7 @@ static void decode_unit(void *ctx, int64_t u, int worker)
             /* Row r of the unit: head g_begin + r / R's group, row r % R. */
             const int64_t g = unit.g_begin + r / R, gr = r % R;
             finish_row(job, g * job->kc.call.group + gr / p->n_q, gr % p->n_q, out + r * d_v,
-                       st.m[r], st.l[r]);
+                       NULL, true, st.m[r], st.l[r]);
         }
 }
 
@@ -247,9 +254,10 @@ static void prefill_unit(void *ctx, int64_t u, int worker)
     t.rows = p->n_q - t.i0 < KERN_FWD_BQ ? p->n_q - t.i0 : KERN_FWD_BQ;
     float *out = job->out + (t.h * p->n_q + t.i0) * p->d_v;
     for (int64_t r = 0; r < t.rows; r++) {
-        w->m[r] = -INFINITY;
+        w->m[r] = w->m_tile[r] = -INFINITY;
         w->l[r] = 0.0;
     }
+    memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
                          .scale = p->scale, .softcap = p->variants.softcap};
     int64_t k_begin, k_end;
@@ -258,12 +266,19 @@ static void prefill_unit(void *ctx, int64_t u, int worker)
     if (k_begin == k_end)
         memset(out, 0, (size_t)(t.rows * p->d_v) * sizeof *out);
     const attn_kv_dtype dtype = cache->config.dtype;
+    int64_t since_fold = 0; /* tiles in the float rows, as the forward counts them */
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        if (since_fold == SDPA_FOLD_TILES) {
+            sdpa_fold_rows(w->acc, w->m_tile, w->m, out, p->d_v, t.rows, p->d_v, true);
+            since_fold = 0;
+        }
         st.kt = t.j0 / KERN_BK;
-        st.accumulate = t.j0 > k_first;
+        st.accumulate = since_fold++ > 0;
         t.cols = k_end - t.j0 < KERN_BK ? k_end - t.j0 : KERN_BK;
         const unsigned char *block = kv_head_block(cache, st.kt, t.h / c->group);
-        kern_keys keys;
+        /* A page is a whole panel of KERN_BK keys (zero past the cached
+         * ones), however few of them the tile reads. */
+        kern_keys keys = {.ld = KERN_BK};
         if (dtype == ATTN_KV_FLOAT32) {
             keys.kt = (const float *)(const void *)block;
             keys.v = (const float *)(const void *)(block + cache->v_offset);
@@ -274,9 +289,11 @@ static void prefill_unit(void *ctx, int64_t u, int worker)
             keys.v = w->v;
         }
         job->kern->forward_tile(c, &t, &keys, &st);
+        sdpa_fold_rows(w->acc, w->m_tile, w->m, out, p->d_v, t.rows, p->d_v, false);
     }
     for (int64_t r = 0; r < t.rows; r++)
-        finish_row(job, t.h, t.i0 + r, out + r * p->d_v, w->m[r], w->l[r]);
+        finish_row(job, t.h, t.i0 + r, out + r * p->d_v, w->acc + r * p->d_v, since_fold > 0,
+                   w->m[r], w->l[r]);
 }
 
 /* ------------------------------------------------------------- the call */
@@ -358,7 +375,9 @@ static kv_worker *alloc_workers(int n, const attn_sdpa_params *p, bool prefill, 
     const int64_t kt = widen ? p->d_k * KERN_BK : 0, v = widen ? KERN_BK * p->d_v : 0;
     /* Floats, each part rounded up to whole cache lines (16 floats). */
     const int64_t at_m = (strip + 15) / 16 * 16, at_l = at_m + (rows + 15) / 16 * 16;
-    const int64_t at_kt = at_l + (2 * rows + 15) / 16 * 16, at_v = at_kt + (kt + 15) / 16 * 16;
+    const int64_t at_mt = at_l + (2 * rows + 15) / 16 * 16, at_acc = at_mt + (rows + 15) / 16 * 16;
+    const int64_t at_kt = at_acc + (2 * rows * p->d_v + 15) / 16 * 16;
+    const int64_t at_v = at_kt + (kt + 15) / 16 * 16;
     for (int i = 0; i < n; i++) {
         float *b = sdpa_alloc(at_v + v, sizeof(float));
         if (b == NULL) {
@@ -366,7 +385,7 @@ static kv_worker *alloc_workers(int n, const attn_sdpa_params *p, bool prefill, 
             return NULL;
         }
         w[i] = (kv_worker){.strip = b, .m = b + at_m, .l = (double *)(void *)(b + at_l),
-                           .kt = b + at_kt, .v = b + at_v};
+                           .m_tile = b + at_mt, .acc = (double *)(void *)(b + at_acc), .kt = b + at_kt, .v = b + at_v};
     }
     return w;
 }

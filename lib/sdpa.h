@@ -204,6 +204,13 @@ typedef struct {
 /* Tiles a float partial sum takes before it is folded into double. */
 #define SDPA_FOLD_TILES 16
 
+/* The forward's blocked summation of a unit's output rows (sdpa_forward.c;
+ * the KV cache's prefill runs the same steps): sdpa_fold_rows after every
+ * tile (folding every SDPA_FOLD_TILES tiles), sdpa_finish_row at the end. */
+void sdpa_fold_rows(double *acc, float *m_tile, const float *m, const float *out, int64_t ldo,
+                    int64_t rows, int64_t d_v, bool fold);
+bool sdpa_finish_row(float *o, const double *acc, bool partial, double l, int64_t d_v);
+
 /* ------------------------------------------------------ double precision */
 
 /* Output row i of head (b, h) computed in double precision from scratch

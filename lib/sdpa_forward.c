@@ -149,25 +149,40 @@ static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_wor
 
 /* ------------------------------------------------------------------ units */
 
-/* The unit's float output rows (since the last fold) into its double
- * sums, after a tile: first the sums are rescaled as the tile rescaled the
- * float rows, where it raised a row's maximum; with `fold`, the float rows
- * are then added in, and the next tile writes them afresh. */
-static void fold_rows(const sdpa_call *c, fwd_worker *w, const float *out, int64_t rows,
-                      bool fold)
+/* Rows [rows] of a forward unit's float output rows (since the last fold,
+ * row stride ldo) into their double sums acc [rows, d_v], after a tile:
+ * first the sums are rescaled as the tile rescaled the float rows, where
+ * it raised a row's maximum (m_tile holds each row's maximum before the
+ * tile, m after it); with `fold`, the float rows are then added in, and the
+ * next tile writes them afresh. */
+void sdpa_fold_rows(double *acc, float *m_tile, const float *m, const float *out, int64_t ldo,
+                    int64_t rows, int64_t d_v, bool fold)
 {
-    const int64_t d_v = c->p->d_v;
     for (int64_t r = 0; r < rows; r++) {
-        double *acc = w->acc + r * d_v;
-        if (w->m[r] > w->m_tile[r] && w->m_tile[r] != -INFINITY) {
-            double shrink = (double)expf(w->m_tile[r] - w->m[r]);
+        double *a = acc + r * d_v;
+        if (m[r] > m_tile[r] && m_tile[r] != -INFINITY) {
+            double shrink = (double)expf(m_tile[r] - m[r]);
             for (int64_t e = 0; e < d_v; e++)
-                acc[e] *= shrink;
+                a[e] *= shrink;
         }
-        w->m_tile[r] = w->m[r];
+        m_tile[r] = m[r];
         for (int64_t e = 0; fold && e < d_v; e++)
-            acc[e] += out[r * c->ldo + e];
+            a[e] += out[r * ldo + e];
     }
+}
+
+/* A row's output o [d_v] = (acc + o) / l, the float rows o added only when
+ * they hold tiles since the last fold (`partial`; acc NULL: nothing was
+ * folded); false when it is not finite. */
+bool sdpa_finish_row(float *o, const double *acc, bool partial, double l, int64_t d_v)
+{
+    const double inv = l > 0.0 ? 1.0 / l : 0.0;
+    bool finite = true;
+    for (int64_t e = 0; e < d_v; e++) {
+        o[e] = (float)(((acc != NULL ? acc[e] : 0.0) + (partial ? o[e] : 0.0f)) * inv);
+        finite &= isfinite(o[e]);
+    }
+    return finite;
 }
 
 /* Query block qt of head (b, h), through all its key tiles; its weights,
@@ -223,7 +238,7 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
         if (attn_cancelled(p->cancel))
             return;
         if (since_fold == SDPA_FOLD_TILES) {
-            fold_rows(c, w, out, t.rows, true);
+            sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, true);
             since_fold = 0;
         }
         st.kt = t.j0 / KERN_BK;
@@ -255,19 +270,14 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
             }
             job->kern->forward_tile(c, &t, &keys, &st);
         }
-        fold_rows(c, w, out, t.rows, false);
+        sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, false);
     }
     if (weights != NULL)
         finish_weights(job, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
-        const double *acc = w->acc + r * p->d_v, inv = l > 0.0 ? 1.0 / l : 0.0;
-        bool finite = true;
-        for (int64_t e = 0; e < p->d_v; e++) {
-            o[e] = (float)((acc[e] + (since_fold > 0 ? o[e] : 0.0f)) * inv);
-            finite &= isfinite(o[e]);
-        }
+        bool finite = sdpa_finish_row(o, w->acc + r * p->d_v, since_fold > 0, l, p->d_v);
         attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
         bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
         if (!sm_finite || !finite) {
