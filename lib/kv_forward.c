@@ -31,7 +31,9 @@
  * key tiles. A float32 page is the k^T panel forward_tile reads, as it
  * is; a 16-bit page is widened into the worker's panel and value tile
  * first, once per unit and page (O(page) memory; converting inside the
- * product instead would redo it for every strip of rows).
+ * product instead would redo it for every strip of rows). The output rows
+ * are summed as the forward sums them: float partials folded into double
+ * every SDPA_FOLD_TILES pages, each row finished as (acc + o) / l.
  *
  * Extra memory: the rotated queries (with rope), a few rows per worker,
  * and for several runs the partials, at most KV_MAX_RUNS outputs.
