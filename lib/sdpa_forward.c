@@ -6,16 +6,22 @@
  *
  * (In ATTN_LAYOUT_BNHD the tensors are [B, n, H, d] instead; see attn.h.)
  *
- * First k is packed, once per key/value head, into KERN_BK-wide panels of
- *   kt [B, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile)
- * which every query block of every query head that reads the head shares
- * (when only one unit reads each panel, short sequences, the unit packs it
- * itself, right before it uses it).
- * Then a work unit is one block of KERN_FWD_BQ query rows of one (batch,
- * head): it streams the key tiles past its rows (the kernel's forward_tile)
- * and owns its output rows, so units run in parallel without sharing
- * anything but read-only inputs. Extra memory: the packed copy of k, and a
- * few rows per worker.
+ * The call is a list of sequences: one per batch entry, or those of a
+ * ragged batch (attn_ragged), each with its own query rows and keys.
+ * First k is packed, once per key/value head of a sequence, into
+ * KERN_BK-wide panels of
+ *   kt [sequences, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile,
+ *                                                   from the sequence's first key)
+ * which every query block of every query head that reads the head shares;
+ * a sequence whose panels only one item reads (short sequences) has them
+ * packed by that item, right before it uses them.
+ * Then an item is one block of KERN_FWD_BQ query rows of one head of one
+ * sequence (or, for a short sequence, its rows of each query head that
+ * shares a key/value head): it streams the sequence's key tiles past its
+ * rows (the kernel's forward_tile) and owns its output rows, so items run
+ * in parallel without sharing anything but read-only inputs. Items go to
+ * the threads in units of about equal work (sdpa_units_plan). Extra
+ * memory: the packed copy of k, and a few rows per worker.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,38 +40,126 @@ typedef struct {
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
-    const float *kt; /* the packed panels; NULL when each unit packs its own */
+    float *kt; /* the packed panels; NULL when no sequence shares its own */
+    /* Panels of the sequences before s: panel_at[s] ([seqs + 1], ragged),
+     * or s * H_kv * k_tiles (one sequence per batch entry). A sequence with
+     * none shared has panel_at[s + 1] == panel_at[s]. */
+    const int64_t *panel_at;
     float *out, *weights;
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
-    int64_t q_tiles, k_tiles;
+    int64_t k_tiles;            /* the most key tiles of a sequence */
+    sdpa_work work;
+    sdpa_units units;
     fwd_worker *workers;
 } fwd_job;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+static int64_t tiles(int64_t n, int64_t per) { return (n + per - 1) / per; }
+
+/* ------------------------------------------------------------- sequences */
+
+/*
+ * A sequence's panels are packed beforehand and shared when more than one
+ * item reads them: several query blocks, or several query heads over more
+ * than one key tile. Otherwise its items are one per key/value head, each
+ * taking the sequence's query rows for every query head of the group and
+ * packing the panel it reads itself (one panel, packed once, when the
+ * group has several heads).
+ */
+static bool seq_shared(const sdpa_call *c, int64_t q_tiles, int64_t k_tiles)
+{
+    return q_tiles > 1 || (c->group > 1 && k_tiles > 1);
+}
+
+static int64_t first_panel(const fwd_job *job, int64_t s)
+{
+    return job->panel_at != NULL ? job->panel_at[s]
+                                 : s * job->call.p->heads_kv * job->k_tiles;
+}
+
+static int64_t fwd_items(const void *ctx, int64_t s)
+{
+    const fwd_job *job = ctx;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    if (q_tiles == 0)
+        return 0;
+    return seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK))
+               ? c.p->heads_q * q_tiles
+               : c.p->heads_kv;
+}
+
+/* Cost of one head's query block qt: the products over the keys it sees,
+ * and the per-row, per-tile and per-item steps around them (as many
+ * FLOPs as they take time, roughly). */
+static double block_cost(const sdpa_call *c, int64_t qt)
+{
+    const attn_sdpa_params *p = c->p;
+    const int64_t i0 = c->q_lo + qt * KERN_FWD_BQ, rows = min64(c->q_hi - i0, KERN_FWD_BQ);
+    int64_t begin, end;
+    sdpa_key_range(c, i0, rows, &begin, &end);
+    const double keys = (double)(end - begin), width = (double)(p->d_k + p->d_v);
+    return 2.0 * (double)rows * (keys + 16.0 * (double)tiles(end - begin, KERN_BK)) * width +
+           64.0 * width + 2e4;
+}
+
+static double fwd_cost(const void *ctx, int64_t s, int64_t i)
+{
+    const fwd_job *job = ctx;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    if (seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK)))
+        return block_cost(&c, i % q_tiles);
+    return (double)c.group * block_cost(&c, 0);
+}
+
+static double fwd_seq_cost(const void *ctx, int64_t s)
+{
+    const fwd_job *job = ctx;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    double cost = 0.0;
+    for (int64_t qt = 0; qt < tiles(c.q_hi - c.q_lo, KERN_FWD_BQ); qt++)
+        cost += block_cost(&c, qt);
+    return cost * (double)c.p->heads_q;
+}
+
 /* --------------------------------------------------------------- packing */
 
-typedef struct {
-    const sdpa_call *call;
-    const attn_kern *kern;
-    float *kt;
-    int64_t k_tiles;
-} pack_job;
+/* The sequence whose panels include panel u: the last s with
+ * first_panel(s) <= u < first_panel(s + 1). */
+static int64_t panel_seq(const fwd_job *job, int64_t u)
+{
+    if (job->panel_at == NULL)
+        return u / (job->call.p->heads_kv * job->k_tiles);
+    int64_t lo = 0, hi = job->work.seqs; /* panel_at[lo] <= u < panel_at[hi] */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (job->panel_at[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
-/* Unit: one key tile of one (batch, key/value head). */
+/* Unit: one key tile of one key/value head of a sequence. */
 static void pack_unit(void *ctx, int64_t u, int worker)
 {
     (void)worker;
-    const pack_job *j = ctx;
-    const attn_sdpa_params *p = j->call->p;
-    int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
-    int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
-    const float *k = j->call->k +
-                     sdpa_head_at(p, pair / p->heads_kv, pair % p->heads_kv, p->heads_kv,
-                                  p->n_k, p->d_k) +
-                     j0 * j->call->ldk;
-    j->kern->pack_t(k, j->call->ldk, keys, p->d_k, j->kt + u * p->d_k * KERN_BK);
+    const fwd_job *job = ctx;
+    const attn_sdpa_params *p = job->call.p;
+    int64_t b, s = panel_seq(job, u);
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK), at = u - first_panel(job, s);
+    const int64_t hk = at / k_tiles, j0 = c.k_lo + at % k_tiles * KERN_BK;
+    const float *k = c.k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) + j0 * c.ldk;
+    job->kern->pack_t(k, c.ldk, min64(KERN_BK, c.k_hi - j0), p->d_k,
+                      job->kt + u * p->d_k * KERN_BK);
 }
 
 /* --------------------------------------------------------------- weights */
@@ -73,8 +167,8 @@ static void pack_unit(void *ctx, int64_t u, int worker)
 /* Each tile's P went to the weights relative to the row maximum of its
  * time (tile_max); now that the final maximum m and sum l are known, every
  * tile is rescaled by exp(tile_max - m) / l. */
-static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_worker *w,
-                           int64_t k_first, int64_t k_end)
+static void finish_weights(const fwd_job *job, const sdpa_call *c, const sdpa_tile *t,
+                           const fwd_worker *w, int64_t k_first, int64_t k_end)
 {
     const attn_sdpa_params *p = job->call.p;
     const int64_t bh = t->b * p->heads_q + t->h;
@@ -82,76 +176,80 @@ static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_wor
         float *row = job->weights + (bh * p->n_q + t->i0 + r) * p->n_k;
         for (int64_t j0 = k_first; j0 < k_end; j0 += KERN_BK) {
             int64_t cols = min64(k_end - j0, KERN_BK);
-            float m_t = w->tile_max[r * job->k_tiles + j0 / KERN_BK];
+            float m_t = w->tile_max[r * job->k_tiles + (j0 - c->k_lo) / KERN_BK];
             float f = 0.0f;
             if (w->l[r] > 0.0 && m_t != -INFINITY)
                 f = (float)(exp((double)m_t - w->m[r]) / w->l[r]);
             for (int64_t j = 0; j < cols; j++)
                 row[j0 + j] *= f;
         }
-        /* Keys outside the tiles visited (causal, window): weight 0. */
+        /* Keys outside the tiles visited (causal, window, the other
+         * sequences of a ragged batch): weight 0. */
         memset(row, 0, (size_t)k_first * sizeof *row);
         memset(row + k_end, 0, (size_t)(p->n_k - k_end) * sizeof *row);
     }
 }
 
-/* ------------------------------------------------------------------ units */
+/* ------------------------------------------------------------------ items */
 
-static void forward_unit(void *ctx, int64_t u, int worker)
+/* Where a block's key tiles come from: the sequence's shared panels of its
+ * key/value head (tile kt at panels + kt * d_k * KERN_BK), or, when
+ * panels is NULL, the worker's own panel, which holds tile *packed (-1:
+ * none yet) and is packed anew for any other. */
+typedef struct {
+    const float *panels;
+    int64_t *packed;
+} fwd_keys;
+
+/* Query rows t->i0 .. t->i0 + t->rows of head (t->b, t->h), within the
+ * sequence of c, through every key tile of the sequence they see. */
+static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c, sdpa_tile t,
+                          fwd_keys from, sdpa_stats_acc *stats)
 {
-    const fwd_job *job = ctx;
-    const sdpa_call *c = &job->call;
     const attn_sdpa_params *p = c->p;
-    fwd_worker *w = &job->workers[worker];
-    int64_t qt = u % job->q_tiles, bh = u / job->q_tiles;
-    /* Causal query blocks grow in cost with their index: hand out the
-     * expensive ones first so that the last units to finish are cheap. */
-    if (p->causal)
-        qt = job->q_tiles - 1 - qt;
-    sdpa_tile t = {.b = bh / p->heads_q, .h = bh % p->heads_q, .i0 = qt * KERN_FWD_BQ};
-    t.rows = min64(p->n_q - t.i0, KERN_FWD_BQ);
+    const int64_t bh = t.b * p->heads_q + t.h;
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0;
     }
-    sdpa_stats_acc *stats = NULL;
-    if (job->unit_stats != NULL) {
-        stats = &job->unit_stats[bh * job->q_tiles + qt];
-        sdpa_stats_init(stats);
+    if (stats != NULL)
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
-    }
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
                          .weights = job->weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
-    const int64_t pair = t.b * p->heads_kv + t.h / c->group;
     const float *v = sdpa_head_v(c, t.b, t.h);
     /* Key tiles wholly outside the causal diagonal and the window are
-     * skipped; the last one is cut where the block's last row stops. */
+     * skipped; the last one is cut where the block's last row stops. Tiles
+     * start at the sequence's first key. */
     int64_t k_begin, k_end;
     sdpa_key_range(c, t.i0, t.rows, &k_begin, &k_end);
-    const int64_t k_first = k_begin / KERN_BK * KERN_BK;
+    const int64_t k_first = c->k_lo + (k_begin - c->k_lo) / KERN_BK * KERN_BK;
     if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
-        st.kt = t.j0 / KERN_BK;
+        st.kt = (t.j0 - c->k_lo) / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
         kern_keys keys = {.v = v + t.j0 * c->ldv};
-        if (job->kt != NULL) {
-            keys.kt = job->kt + (pair * job->k_tiles + st.kt) * p->d_k * KERN_BK;
+        if (from.panels != NULL) {
+            keys.kt = from.panels + st.kt * p->d_k * KERN_BK;
         } else {
-            job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols, p->d_k,
-                              w->panel);
+            /* (The heads of a group see the same keys of a tile.) */
+            if (*from.packed != st.kt) {
+                job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols,
+                                  p->d_k, w->panel);
+                *from.packed = st.kt;
+            }
             keys.kt = w->panel;
         }
         job->kern->forward_tile(c, &t, &keys, &st);
     }
     if (job->weights != NULL)
-        finish_weights(job, &t, w, k_end > k_begin ? k_first : k_end, k_end);
+        finish_weights(job, c, &t, w, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
@@ -176,6 +274,58 @@ static void forward_unit(void *ctx, int64_t u, int worker)
              * the largest weight is exp(m - lse) = 1 / l. */
             sdpa_stats_row(stats, log(l) - w->ent[r] / l, 1.0 / l);
     }
+}
+
+/* What the items of one unit share: the worker and the unit's statistics. */
+typedef struct {
+    const fwd_job *job;
+    fwd_worker *w;
+    sdpa_stats_acc *stats;
+} fwd_unit;
+
+/* Item i of sequence s (fwd_items says which items a sequence has). */
+static void forward_item(void *ctx, int64_t s, int64_t i)
+{
+    const fwd_unit *u = ctx;
+    const fwd_job *job = u->job;
+    const attn_sdpa_params *p = job->call.p;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
+    sdpa_tile t = {.b = b};
+    if (seq_shared(&c, q_tiles, k_tiles)) {
+        const int64_t qt = i % q_tiles;
+        t.h = i / q_tiles;
+        t.i0 = c.q_lo + qt * KERN_FWD_BQ;
+        t.rows = min64(c.q_hi - t.i0, KERN_FWD_BQ);
+        const int64_t hk = t.h / c.group;
+        int64_t none = -1;
+        fwd_keys from = {.panels = NULL, .packed = &none}; /* no keys: no tile is read */
+        if (k_tiles > 0)
+            from.panels = job->kt + (first_panel(job, s) + hk * k_tiles) * p->d_k * KERN_BK;
+        forward_block(job, u->w, &c, t, from, u->stats);
+        return;
+    }
+    /* One query block; the group's heads one after the other over the
+     * same panel. */
+    int64_t packed = -1;
+    fwd_keys from = {.panels = NULL, .packed = &packed};
+    t.i0 = c.q_lo;
+    t.rows = c.q_hi - c.q_lo;
+    for (t.h = i * c.group; t.h < (i + 1) * c.group; t.h++)
+        forward_block(job, u->w, &c, t, from, u->stats);
+}
+
+static void forward_unit(void *ctx, int64_t unit, int worker)
+{
+    const fwd_job *job = ctx;
+    fwd_unit u = {.job = job, .w = &job->workers[worker]};
+    if (job->unit_stats != NULL) {
+        u.stats = &job->unit_stats[unit];
+        sdpa_stats_init(u.stats);
+    }
+    sdpa_unit_items(&job->work, &job->units, unit, forward_item, &u);
 }
 
 /* ------------------------------------------------------------- workspace */
@@ -284,22 +434,41 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         .call = sdpa_call_of(p, q, k, v),
         .kern = attn_kern_get(),
         .out = out, .rows = rows, .weights = weights,
-        .q_tiles = (p->n_q + KERN_FWD_BQ - 1) / KERN_FWD_BQ,
-        .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
-    const int64_t units = p->batch * p->heads_q * job.q_tiles;
-    const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
-    int threads = sdpa_threads(p, units, attn_sdpa_flops(p));
-    /* A panel read by one unit only (one query block, no query heads
-     * sharing the key head) is packed by that unit, while it is in cache;
-     * otherwise once for all of them, before. */
-    const bool shared = job.q_tiles > 1 || job.call.group > 1;
+    const bool ragged = p->ragged.seqs > 0;
+    job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = fwd_items,
+                           .cost = fwd_cost, .seq_cost = fwd_seq_cost};
     _Alignas(64) char small[SMALL_WORKSPACE];
     fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
-    float *kt = shared ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
+    /* A panel read by one item only is packed by that item, while it is
+     * in cache; otherwise once for all of them, before. */
+    int64_t panels = 0, *panel_at = NULL;
+    if (ragged) {
+        panel_at = ws_alloc(&arena, job.work.seqs + 1, sizeof *panel_at);
+        if (panel_at == NULL)
+            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
+        panel_at[0] = 0;
+        for (int64_t seq = 0; seq < job.work.seqs; seq++) {
+            int64_t b;
+            const sdpa_call c = sdpa_call_seq(&job.call, seq, &b);
+            const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
+            job.k_tiles = k_tiles > job.k_tiles ? k_tiles : job.k_tiles;
+            bool shared = seq_shared(&c, tiles(c.q_hi - c.q_lo, KERN_FWD_BQ), k_tiles);
+            panel_at[seq + 1] = panel_at[seq] + (shared ? p->heads_kv * k_tiles : 0);
+        }
+        panels = panel_at[job.work.seqs];
+        job.panel_at = panel_at;
+    } else {
+        job.k_tiles = tiles(p->n_k, KERN_BK);
+        if (seq_shared(&job.call, tiles(p->n_q, KERN_FWD_BQ), job.k_tiles))
+            panels = p->batch * p->heads_kv * job.k_tiles;
+    }
+    sdpa_units_plan(&job.work, &job.units);
+    int threads = sdpa_threads(p, job.units.count, attn_sdpa_flops(p));
+    float *kt = panels > 0 ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
     job.kt = kt;
     if (stats != NULL)
-        job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
+        job.unit_stats = malloc((size_t)job.units.count * sizeof *job.unit_stats);
     job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
     /* With RoPE the kernels read rotated copies of q and k. */
     const bool rope = p->variants.rope_base > 0.0f;
@@ -308,7 +477,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
     }
-    bool ok = (!shared || kt != NULL) && job.workers != NULL &&
+    bool ok = (panels == 0 || kt != NULL) && job.workers != NULL &&
               (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
@@ -316,28 +485,22 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         job.call.q = q_rot;
         job.call.k = k_rot;
     }
-    if (!ok) {
-        ws_free(&arena, kt);
-        free(q_rot);
-        free(k_rot);
-        free(job.unit_stats);
-        free_workers(&arena, job.workers, threads);
-        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
-    }
-    if (shared) {
-        pack_job pack = {.call = &job.call, .kern = job.kern, .kt = kt, .k_tiles = job.k_tiles};
-        attn_parallel_for(threads, panels, pack_unit, &pack);
-    }
-    attn_parallel_for(threads, units, forward_unit, &job);
-    if (stats != NULL) {
-        for (int64_t u = 1; u < units; u++)
-            sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
-        sdpa_stats_finish(&job.unit_stats[0], stats);
+    if (ok) {
+        attn_parallel_for(threads, panels, pack_unit, &job);
+        attn_parallel_for(threads, job.units.count, forward_unit, &job);
+        if (stats != NULL) {
+            for (int64_t u = 1; u < job.units.count; u++)
+                sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
+            sdpa_stats_finish(&job.unit_stats[0], stats);
+        }
     }
     ws_free(&arena, kt);
+    ws_free(&arena, panel_at);
     free(q_rot);
     free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
+    if (!ok)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     return ATTN_OK;
 }
