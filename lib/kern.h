@@ -57,7 +57,9 @@ struct attn_kern {
                  bool accumulate);
 
     /* dst [cols, KERN_BK] = src^T for src [rows <= KERN_BK, cols] (row
-     * stride lds); columns rows .. KERN_BK of dst are zero. */
+     * stride lds); columns rows .. of dst are zero to the end of their
+     * vector (a multiple of the kernel's vector width), the rest of each
+     * row is left as it is. */
     void (*pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst);
 
     /* Folds key tile t (keys) into the forward state of query rows t. */

@@ -149,19 +149,33 @@ static void KF(gemm)(int rows, int64_t cols, int64_t kdim, const float *a, int64
 }
 
 /* dst [cols, KERN_BK] = src^T for src [rows, cols] (row stride lds):
- * whole VW x VW blocks by the register transpose, the edges one by one,
- * and columns rows .. KERN_BK of dst zero (the kernels read whole panels). */
+ * whole VW x VW blocks by the register transpose, and dst zero from column
+ * rows to the end of its vector (the kernels read whole vectors, masked
+ * past the tile's keys; a short tile does not pay for zeroing the whole
+ * panel). The last rows, fewer than a vector, go through the register
+ * transpose too, from a block where zeros follow them (a sequence of a few
+ * keys is all edge); columns past the last whole vector, one by one. */
 static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst)
 {
     const int64_t rows_v = rows / VW * VW, cols_v = cols / VW * VW;
+    const int64_t padded = (rows + VW - 1) / VW * VW;
     for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
         for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
             vtranspose(src + r0 * lds + c0, lds, dst + c0 * KERN_BK + r0, KERN_BK);
-    for (int64_t c = 0; c < cols; c++) {
+    if (rows > rows_v && cols_v > 0) {
+        _Alignas(64) float stage[VW * VW];
+        memset(stage, 0, sizeof stage);
+        for (int64_t c0 = 0; c0 < cols_v; c0 += VW) {
+            for (int64_t r = rows_v; r < rows; r++)
+                vstore(stage + (r - rows_v) * VW, vload(src + r * lds + c0));
+            vtranspose(stage, VW, dst + c0 * KERN_BK + rows_v, KERN_BK);
+        }
+    }
+    for (int64_t c = cols_v; c < cols; c++) {
         float *d = dst + c * KERN_BK;
-        for (int64_t r = c < cols_v ? rows_v : 0; r < rows; r++)
+        for (int64_t r = 0; r < rows; r++)
             d[r] = src[r * lds + c];
-        for (int64_t r = rows; r < KERN_BK; r++)
+        for (int64_t r = rows; r < padded; r++)
             d[r] = 0.0f;
     }
 }

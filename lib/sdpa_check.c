@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "sdpa.h"
 
@@ -233,5 +234,19 @@ void *sdpa_alloc(int64_t n, size_t size)
     if ((uint64_t)n > SIZE_MAX / size - 64)
         return NULL;
     size_t bytes = ((size_t)n * size + 63) / 64 * 64;
-    return aligned_alloc(64, bytes);
+    void *p = aligned_alloc(64, bytes);
+#ifdef MADV_HUGEPAGE
+    /* A large workspace (the packed keys of a long or ragged batch, dq's
+     * copies) is mapped anew by malloc at each call, and first touching it
+     * page by page costs a fault per 4 KiB, microseconds each on a virtual
+     * machine: it is asked to be backed by 2 MiB pages where the kernel
+     * has them (advice only). */
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    if (p != NULL && bytes >= 2 * huge) {
+        uintptr_t from = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+        uintptr_t to = ((uintptr_t)p + bytes) & ~(huge - 1);
+        (void)madvise((void *)from, to - from, MADV_HUGEPAGE);
+    }
+#endif
+    return p;
 }
