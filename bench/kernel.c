@@ -125,11 +125,19 @@ static int cmd_info(void)
  *   sgemm THREADS SIZE                 C = A B, all [SIZE, SIZE], on THREADS
  *                                      OpenBLAS threads
  *   sdpa full|causal|fwdbwd THREADS B H N D
+ *   ragged full|fwdbwd THREADS H D BATCH   a ragged batch of sequences packed
+ *                                      along the rows, q, k, v [H, n, D]
+ *   padded full|fwdbwd THREADS H D BATCH   the same batch padded to its longest
+ *                                      sequence, [B, H, longest, D], with a
+ *                                      key-padding mask [B, 1, 1, longest]
+ *                                      (what a client without seq_lens sends)
  *   mha fwd|fwdbwd THREADS B N DMODEL HEADS   causal, with W_O, no biases
  *   peak avx2|avx512 THREADS ITERS     bench/peak.c
+ * BATCH is log48 (48 sequences of lengths log-uniform over 16 .. 2048, about
+ * 20k rows) or short2000 (2000 of 1 .. 16), from a fixed seed.
  * Its buffers are made on first use and kept for the next turns.
  */
-typedef enum { T_SGEMM, T_SDPA, T_MHA, T_PEAK } task_kind;
+typedef enum { T_SGEMM, T_SDPA, T_RAGGED, T_PADDED, T_MHA, T_PEAK } task_kind;
 enum { SDPA_FULL, SDPA_CAUSAL, SDPA_FWDBWD };
 enum { MHA_FWD, MHA_FWDBWD };
 
@@ -137,7 +145,12 @@ typedef struct {
     char text[96];
     task_kind kind;
     int mode, threads;
-    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters */
+    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters;
+                     * ragged, padded: B H N D of the tensors sent */
+    int64_t *cu;    /* ragged, padded: the batch's offsets [seqs + 1] */
+    int64_t seqs;
+    uint8_t *keep;  /* padded: the key-padding mask [B, 1, 1, N] */
+    double pairs;   /* ragged, padded: sum of the sequences' lengths squared */
     /* Buffers, made on first use. */
     bool ready;
     float *f[12];
@@ -146,17 +159,68 @@ typedef struct {
     attn_mha_params mha;
 } task;
 
+/* The lengths of a BATCH (see the tasks above) into len [2000]; returns
+ * how many, or 0 for an unknown name. The same numbers in every process
+ * (a fixed seed, no libc random). */
+static int64_t batch_lengths(const char *name, int64_t *len)
+{
+    int64_t n = strcmp(name, "log48") == 0 ? 48 : strcmp(name, "short2000") == 0 ? 2000 : 0;
+    /* (the seed gives log48 19963 rows, the longest 2023) */
+    uint64_t x = n == 48 ? 22 : 7;
+    for (int64_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(x >> 11) * 0x1.0p-53;
+        len[i] = n == 48 ? (int64_t)lround(16.0 * pow(128.0, u)) : 1 + (int64_t)(u * 16.0);
+    }
+    return n;
+}
+
+/* A ragged or padded task's batch: offsets, the shapes of its tensors. */
+static bool batch_setup(task *t, const char *name)
+{
+    static int64_t len[2000];
+    t->seqs = batch_lengths(name, len);
+    if (t->seqs == 0)
+        return false;
+    t->cu = xmalloc((size_t)(t->seqs + 1) * sizeof *t->cu);
+    t->cu[0] = 0;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < t->seqs; i++) {
+        t->cu[i + 1] = t->cu[i] + len[i];
+        longest = len[i] > longest ? len[i] : longest;
+        t->pairs += (double)len[i] * (double)len[i];
+    }
+    long long h = t->a[0], d = t->a[1];
+    if (t->kind == T_RAGGED) {
+        t->a[0] = 1, t->a[1] = h, t->a[2] = t->cu[t->seqs], t->a[3] = d;
+    } else {
+        t->a[0] = t->seqs, t->a[1] = h, t->a[2] = longest, t->a[3] = d;
+        t->keep = xmalloc((size_t)(t->seqs * longest));
+        for (int64_t b = 0; b < t->seqs; b++)
+            for (int64_t j = 0; j < longest; j++)
+                t->keep[b * longest + j] = j < len[b];
+    }
+    return true;
+}
+
 /* The libattn parameters of an sdpa or mha task. */
 static void task_params(task *t)
 {
     const long long *a = t->a;
-    if (t->kind == T_SDPA)
+    if (t->kind == T_SDPA || t->kind == T_RAGGED || t->kind == T_PADDED)
         t->sdpa = (attn_sdpa_params){
             .batch = a[0], .heads_q = a[1], .heads_kv = a[1], .n_q = a[2], .n_k = a[2],
             .d_k = a[3], .d_v = a[3], .scale = attn_default_scale(a[3]),
             .causal = t->mode == SDPA_CAUSAL, .mask = {.kind = ATTN_MASK_NONE},
             .threads = t->threads,
         };
+    if (t->kind == T_RAGGED)
+        t->sdpa.ragged = (attn_ragged){.seqs = t->seqs, .cu_seqlens_q = t->cu};
+    if (t->kind == T_PADDED) {
+        const int64_t shape[4] = {a[0], 1, 1, a[2]};
+        t->sdpa.mask = (attn_mask){.kind = ATTN_MASK_BOOL, .allowed = t->keep};
+        attn_mask_broadcast(&t->sdpa.mask, 4, shape, a[0], a[1], a[2], a[2], NULL);
+    }
     if (t->kind == T_MHA)
         t->mha = (attn_mha_params){
             .batch = a[0], .n = a[1], .m = a[1], .d_model = a[2], .d_ctx = a[2],
@@ -168,7 +232,7 @@ static void task_params(task *t)
 
 static bool parse_task(const char *text, task *t)
 {
-    char kind[16], mode[16];
+    char kind[16], mode[16], batch[16];
     memset(t, 0, sizeof *t);
     snprintf(t->text, sizeof t->text, "%s", text);
     long long *a = t->a;
@@ -181,6 +245,14 @@ static bool parse_task(const char *text, task *t)
         else if (strcmp(mode, "causal") == 0) t->mode = SDPA_CAUSAL;
         else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
         else return false;
+    } else if (sscanf(text, "%15s %15s %d %lld %lld %15s", kind, mode, &t->threads, &a[0], &a[1],
+                      batch) == 6 &&
+               (strcmp(kind, "ragged") == 0 || strcmp(kind, "padded") == 0)) {
+        t->kind = kind[0] == 'r' ? T_RAGGED : T_PADDED;
+        if (strcmp(mode, "full") == 0) t->mode = SDPA_FULL;
+        else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
+        else return false;
+        if (a[0] < 1 || a[1] < 1 || !batch_setup(t, batch)) return false;
     } else if (sscanf(text, "%15s %15s %d %lld %lld %lld %lld", kind, mode, &t->threads,
                       &a[0], &a[1], &a[2], &a[3]) == 7 && strcmp(kind, "mha") == 0) {
         t->kind = T_MHA;
@@ -206,8 +278,10 @@ static bool parse_task(const char *text, task *t)
 
 /* Nominal FLOPs of one run: sgemm 2 s^3; the SDPA forward 4 B H N^2 D, the
  * two products of the full matrix (no discount for the causal mask, so that
- * causal and full compare as times; the backward not counted); multi-head
- * attention's forward as attn_mha_flops counts it. */
+ * causal and full compare as times; the backward not counted); a ragged
+ * batch's, padded or not, 4 H D sum(len^2): the pairs that exist, so that
+ * the padded batch's rate is its useful one; multi-head attention's forward
+ * as attn_mha_flops counts it. */
 static double task_flops(const task *t)
 {
     const long long *a = t->a;
@@ -216,6 +290,9 @@ static double task_flops(const task *t)
         return 2.0 * (double)a[0] * (double)a[0] * (double)a[0];
     case T_SDPA:
         return 4.0 * (double)a[0] * (double)a[1] * (double)a[2] * (double)a[2] * (double)a[3];
+    case T_RAGGED:
+    case T_PADDED:
+        return 4.0 * (double)a[1] * t->pairs * (double)a[3];
     case T_MHA:
         return attn_mha_flops(&t->mha);
     case T_PEAK:
@@ -232,7 +309,7 @@ static void task_prepare(task *t)
         size_t count = (size_t)(a[0] * a[0]);
         for (int i = 0; i < 3; i++)
             t->f[i] = alloc_random(count, &seed, 1.0f);
-    } else if (t->kind == T_SDPA) {
+    } else if (t->kind == T_SDPA || t->kind == T_RAGGED || t->kind == T_PADDED) {
         size_t count = (size_t)(a[0] * a[1] * a[2] * a[3]);
         for (int i = 0; i < 8; i++) /* q k v dout out dq dk dv */
             t->f[i] = alloc_random(count, &seed, 1.0f);
@@ -268,6 +345,8 @@ static bool task_run_once(task *t)
         return true;
     }
     case T_SDPA:
+    case T_RAGGED:
+    case T_PADDED:
         if (attn_sdpa_forward(&t->sdpa, f[0], f[1], f[2], f[4],
                               t->mode == SDPA_FWDBWD ? t->lse : NULL, NULL, NULL,
                               &err) != ATTN_OK)
@@ -520,6 +599,7 @@ typedef struct {
     double flops;
     int reps;
     double best; /* seconds of one run, best of the rounds; INFINITY if none */
+    double round_s[30]; /* each round's seconds (-1: failed) */
 } turn;
 
 static double turn_run(turn *u, int reps)
@@ -594,7 +674,7 @@ static int cmd_table(int threads, double budget_s)
 
     /* The rounds' measurements, in the order they take turns. */
     char buf[96];
-    turn turns[32];
+    turn turns[40];
     int n_turns = 0;
 #define TURN(who_, key_, ...)                                                   \
     do {                                                                        \
@@ -654,6 +734,28 @@ static int cmd_table(int threads, double budget_s)
     TURN(NULL, "fwdbwd", "sdpa fwdbwd %d 1 8 4096 64", threads);
     TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
     TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
+    /* Ragged batches: the packed batch, the same batch padded to its
+     * longest with a key-padding mask (what a client without seq_lens
+     * sends), and 2000 short sequences, compared with the dense n=4096
+     * turns above. */
+    TURN(NULL, "ragged_fwd", "ragged full %d 8 64 log48", threads);
+    TURN(NULL, "padded_fwd", "padded full %d 8 64 log48", threads);
+    TURN(NULL, "ragged_fwdbwd", "ragged fwdbwd %d 8 64 log48", threads);
+    TURN(NULL, "padded_fwdbwd", "padded fwdbwd %d 8 64 log48", threads);
+    TURN(NULL, "ragged_short_fwd", "ragged full %d 8 64 short2000", threads);
+    {
+        static int64_t len[2000];
+        const char *names[] = {"log48", "short2000"};
+        for (int b = 0; b < 2; b++) {
+            int64_t n = batch_lengths(names[b], len), rows = 0, longest = 0;
+            for (int64_t i = 0; i < n; i++) {
+                rows += len[i];
+                longest = len[i] > longest ? len[i] : longest;
+            }
+            printf("batch_%s %lld sequences %lld rows %lld longest\n", names[b], (long long)n,
+                   (long long)rows, (long long)longest);
+        }
+    }
     TURN(NULL, "mha_fwd", "mha fwd %d 8 512 512 8", threads);
     TURN(NULL, "mha_fwdbwd", "mha fwdbwd %d 8 512 512 8", threads);
 #undef TURN
@@ -685,6 +787,7 @@ static int cmd_table(int threads, double budget_s)
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < n_turns; i++) {
             double s = turn_run(&turns[i], turns[i].reps);
+            turns[i].round_s[r] = s;
             if (s > 0 && s < turns[i].best)
                 turns[i].best = s;
         }
@@ -699,6 +802,42 @@ static int cmd_table(int threads, double budget_s)
         }
         printf("%s_s %.6f\n", u->key, u->best);
         printf("%s_gflops %.2f\n", u->key, u->flops / u->best * 1e-9);
+    }
+    /* Ratios taken within each round, for their spread: the time of the
+     * first turn over the second's, measured a few seconds apart. */
+    static const char *const pairs[][3] = {
+        {"ragged_vs_dense_fwd", "fwd", "ragged_fwd"},
+        {"padded_vs_ragged_fwd", "padded_fwd", "ragged_fwd"},
+        {"ragged_vs_dense_fwdbwd", "fwdbwd", "ragged_fwdbwd"},
+        {"padded_vs_ragged_fwdbwd", "padded_fwdbwd", "ragged_fwdbwd"},
+        {"short_vs_dense_fwd", "fwd", "ragged_short_fwd"},
+    };
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+        const turn *x = NULL, *y = NULL;
+        for (int i = 0; i < n_turns; i++) {
+            if (strcmp(turns[i].key, pairs[p][1]) == 0)
+                x = &turns[i];
+            if (strcmp(turns[i].key, pairs[p][2]) == 0)
+                y = &turns[i];
+        }
+        if (x == NULL || y == NULL)
+            continue;
+        double r[30];
+        int n = 0;
+        for (int k = 0; k < rounds; k++)
+            if (x->round_s[k] > 0 && y->round_s[k] > 0)
+                r[n++] = x->round_s[k] / y->round_s[k];
+        if (n == 0)
+            continue;
+        for (int i = 1; i < n; i++) /* insertion sort: a handful */
+            for (int j = i; j > 0 && r[j] < r[j - 1]; j--) {
+                double t = r[j];
+                r[j] = r[j - 1];
+                r[j - 1] = t;
+            }
+        printf("%s_rounds %d\n", pairs[p][0], n);
+        printf("%s_min %.3f\n%s_median %.3f\n%s_max %.3f\n", pairs[p][0], r[0], pairs[p][0],
+               n % 2 ? r[n / 2] : 0.5 * (r[n / 2 - 1] + r[n / 2]), pairs[p][0], r[n - 1]);
     }
     for (int i = 0; i < n_kids; i++)
         if (kids[i].alive) {

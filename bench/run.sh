@@ -8,7 +8,8 @@
 #   1. the kernel: libattn's attention against the machine's limit (the best
 #      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
 #      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
-#      backward and multi-head, all taking turns in one run (bench/kernel.c)
+#      backward, ragged batches (packed, and padded with a mask) and
+#      multi-head, all taking turns in one run (bench/kernel.c)
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -413,6 +414,38 @@ row "causal time / full time, $sz, d=64" "$(ratio "$causal" "$full" %.2f)" \
     "$(scaled "$causal" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 0.55 0.5
 row "(forward+backward) time / forward time, $sz, d=64" "$(ratio "$fb" "$full" %.2f)" \
     "$(scaled "$fb" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 3.5 3.0
+# ---- ragged batches: the pairs that exist, against the dense n=4096 rows
+# spread NAME SCALE: " (per round min / median / max: a / b / c)" of
+# kernel.c's per-round ratio NAME, times SCALE.
+spread() {
+    [ -n "$(get "kern_$1_rounds")" ] || return 0
+    printf '; per round (%s rounds) min / median / max: %s / %s / %s' "$(get "kern_$1_rounds")" \
+        "$(calc %.2f "$(get "kern_$1_min") * $2")" "$(calc %.2f "$(get "kern_$1_median") * $2")" \
+        "$(calc %.2f "$(get "kern_$1_max") * $2")"
+}
+# flops_of KEY: the FLOPs of one run of a turn (GFLOP/s times seconds).
+flops_of() { [ -n "$(get "kern_$1_gflops")" ] && calc %.6g "$(get "kern_$1_gflops") * $(get "kern_$1_s")"; }
+rb=$(get kern_batch_log48); sb=$(get kern_batch_short2000)
+rlabel="48 sequences of 16..2048 ($(echo "$rb" | awk '{print $3}') rows), H=8, d=64"
+for m in fwd fwdbwd; do
+    what=$([ $m = fwd ] && echo forward || echo "forward+backward")
+    bar=$([ $m = fwd ] && echo 0.8 || echo 0.75); aim=$([ $m = fwd ] && echo 0.9 || echo "")
+    r=$(get "kern_ragged_${m}_gflops"); d=$(get "kern_${m}_gflops")
+    fr=$(flops_of "ragged_$m"); fd=$(flops_of "$m")
+    row "ragged batch, $rlabel: $what GFLOP/s on the pairs that exist / dense $what, $sz" \
+        "$(ratio "$r" "$d" %.2f)" \
+        "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread "ragged_vs_dense_$m" "$fr / $fd")" \
+        ">=" "$bar" $aim
+    pt=$(get "kern_padded_${m}_s"); rt=$(get "kern_ragged_${m}_s")
+    row "ragged batch, $rlabel: $what, padded to the longest with a [B, 1, 1, n] key-padding mask: time / packed time" \
+        "$(ratio "$pt" "$rt" %.1f)" \
+        "$(scaled "$pt" 0.001 %.1f) ms / $(scaled "$rt" 0.001 %.1f) ms$(spread "padded_vs_ragged_$m" 1)" ">=" 4
+done
+r=$(get kern_ragged_short_fwd_gflops); d=$(get kern_fwd_gflops)
+fr=$(flops_of ragged_short_fwd); fd=$(flops_of fwd)
+row "ragged batch, 2000 sequences of 1..16 ($(echo "$sb" | awk '{print $3}') rows), H=8, d=64: forward GFLOP/s on the pairs that exist / dense forward, $sz" \
+    "$(ratio "$r" "$d" %.2f)" \
+    "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread short_vs_dense_fwd "$fr / $fd")" ">=" 0.3
 mf=$(get kern_mha_fwd_s); mfb=$(get kern_mha_fwdbwd_s)
 row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) / forward" \
     "$(ratio "$mfb" "$mf" %.2f)" \

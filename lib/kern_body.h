@@ -390,27 +390,38 @@ static inline void KF(fold_row)(sdpa_fwd_state *st, int64_t row, float m_old, fl
 #define KERN_BV (KERN_BK / VW) /* vectors per row of a strip */
 
 /*
- * The row steps of a whole strip at once, for the usual tile: KMR rows,
- * KERN_BK keys all visible to every row, no mask, ALiBi or soft cap, no
- * statistics or weights. The rows go through each phase together, so that
- * the latency of one row's maximum and exponentials hides behind the
+ * The row steps of a whole strip at once, for a tile every row of which
+ * sees all its keys, with no mask, ALiBi or soft cap, no statistics or
+ * weights: `rows` rows (KMR in all but a block's last strip) of `cols`
+ * keys (KERN_BK in all but a sequence's last tile: then the last of its nv
+ * vectors holds `tail` keys). The rows go through each phase together, so
+ * that the latency of one row's maximum and exponentials hides behind the
  * others' (row by row, each waited for its own). The arithmetic is
- * score_row's and exp_sum's, operation for operation, so the bits are
- * those of the row-by-row path. False, with the strip untouched, when a
- * score overflowed (the row-by-row path then marks that row for double).
+ * score_row's and exp_sum's, operation for operation (a short last vector
+ * read and summed as they read and sum it), so the bits are those of the
+ * row-by-row path. False, with the strip untouched, when a score
+ * overflowed (the row-by-row path then marks that row for double).
  */
-static bool KF(strip_plain)(float *s, float scale, const float *m_old, float *m_new,
-                            float *sum)
+static inline __attribute__((always_inline)) bool
+KF(strip_steps)(float *s, float scale, const float *m_old, float *m_new, float *sum,
+                const int rows, const int nv, const bool short_last, int tail)
 {
     const vf vs = vset1(scale);
+    const vmask last = vmask_first(tail);
     vf m[KMR];
     vmask bad = vmask_first(0);
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < KMR; r++)
         m[r] = vset1(-INFINITY);
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++) {
-            vf x = vmul(vload(s + r * KERN_BK + v * VW), vs);
+    for (int r = 0; r < KMR; r++) {
+        if (r >= rows)
+            break;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) {
+            const float *p = s + r * KERN_BK + v * VW;
+            vf x = short_last && v == nv - 1 ? vkeep_range(vmul(vload_m(p, last), vs), 0, tail)
+                                             : vmul(vload(p), vs);
             m[r] = vmax(m[r], x);
             bad |= vbad(x);
         }
@@ -419,7 +430,12 @@ static bool KF(strip_plain)(float *s, float scale, const float *m_old, float *m_
         return false;
     vf shift[KMR], acc[KMR];
 #pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++)
+        shift[r] = acc[r] = vzero(); /* (rows past `rows` are never read) */
+#pragma GCC unroll 8
     for (int r = 0; r < KMR; r++) {
+        if (r >= rows)
+            break;
         float tile = vhmax(m[r]);
         m_new[r] = tile > m_old[r] ? tile : m_old[r];
         shift[r] = vset1(m_new[r]);
@@ -427,26 +443,54 @@ static bool KF(strip_plain)(float *s, float scale, const float *m_old, float *m_
     }
 #pragma GCC unroll 8
     for (int r = 0; r < KMR; r++) {
+        if (r >= rows)
+            break;
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++) {
+        for (int v = 0; v < nv; v++) {
             float *x = s + r * KERN_BK + v * VW;
-            vf e = vexp(vsub(vmul(vload(x), vs), shift[r]));
-            vstore(x, e);
-            acc[r] = vadd(acc[r], e);
+            if (short_last && v == nv - 1) {
+                vf e = vexp(vsub(vmul(vload_m(x, last), vs), shift[r]));
+                vstore_m(x, e, last);
+                acc[r] = vadd(acc[r], vmasked(e, last));
+            } else {
+                vf e = vexp(vsub(vmul(vload(x), vs), shift[r]));
+                vstore(x, e);
+                acc[r] = vadd(acc[r], e);
+            }
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++)
+    for (int r = 0; r < KMR; r++) {
+        if (r >= rows)
+            break;
         sum[r] = vhsum(acc[r]);
+    }
     return true;
 }
 
-/* Do all KMR rows of the strip from row i see all KERN_BK keys of the
+/* The usual tile: KMR rows of KERN_BK keys, every loop unrolled. */
+static bool KF(strip_plain)(float *s, float scale, const float *m_old, float *m_new,
+                            float *sum)
+{
+    return KF(strip_steps)(s, scale, m_old, m_new, sum, KMR, KERN_BV, false, 0);
+}
+
+/* A block's last strip, or a sequence's last tile: fewer rows or keys. */
+static bool KF(strip_short)(float *s, float scale, const float *m_old, float *m_new, float *sum,
+                            int rows, int64_t cols)
+{
+    const int nv = (int)((cols + VW - 1) / VW), tail = (int)(cols - (int64_t)(nv - 1) * VW);
+    if (tail == VW)
+        return KF(strip_steps)(s, scale, m_old, m_new, sum, rows, nv, false, 0);
+    return KF(strip_steps)(s, scale, m_old, m_new, sum, rows, nv, true, tail);
+}
+
+/* Do all `rows` rows of the strip from row i see all the keys of the
  * tile, with nothing but the scale on their scores? */
 static inline bool KF(strip_sees_all)(const sdpa_call *c, const sdpa_tile *t, int64_t i,
                                       int rows)
 {
-    if (!c->plain || rows != KMR || t->cols != KERN_BK)
+    if (!c->plain)
         return false;
     /* The visible keys only widen down the rows (causal, window): the first
      * row's end and the last row's start bound them all. */
@@ -470,10 +514,12 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
         KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
                  false);
         float m_new[KMR], sum[KMR];
+        const bool whole = rows == KMR && t->cols == KERN_BK;
         if (st->stats == NULL && st->weights == NULL &&
             KF(strip_sees_all)(c, t, t->i0 + r0, rows) &&
-            KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)) {
-            for (int r = 0; r < KMR; r++)
+            (whole ? KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)
+                   : KF(strip_short)(s, p->scale, st->m + r0, m_new, sum, rows, t->cols))) {
+            for (int r = 0; r < rows; r++)
                 KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
         } else {
             for (int r = 0; r < rows; r++) {
@@ -596,7 +642,8 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
         bool all_weighted = true;
         for (int r = 0; r < rows; r++)
             all_weighted &= st->rows[r0 + r].sum > 0.0f;
-        if (all_weighted && KF(strip_sees_all)(c, t, t->i0 + r0, rows)) {
+        if (all_weighted && rows == KMR && cols == KERN_BK &&
+            KF(strip_sees_all)(c, t, t->i0 + r0, rows)) {
             KF(bwd_strip_plain)(ps, ds, st->rows + r0, st->delta + r0, p->scale);
             KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq,
                      true);

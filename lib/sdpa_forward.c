@@ -283,6 +283,48 @@ typedef struct {
     sdpa_stats_acc *stats;
 } fwd_unit;
 
+/* Asks the caches for rows [r0, r1) of head h of a tensor at `base` with
+ * `heads` heads of width d (row stride ld). */
+static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t h, int64_t heads,
+                          int64_t n, int64_t d, int64_t ld, int64_t r0, int64_t r1, bool write)
+{
+    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t f = 0; f < d; f += 64 / (int64_t)sizeof(float)) {
+            if (write)
+                __builtin_prefetch(row + r * ld + f, 1);
+            else
+                __builtin_prefetch(row + r * ld + f, 0);
+        }
+}
+
+/* Prefetches the rows of the item after item i of short sequence s (the
+ * next key/value head, or the next sequence's first) when that item is a
+ * short sequence's too. Only for a ragged batch (batch 0's heads). */
+static void prefetch_next(const fwd_job *job, int64_t s, int64_t i)
+{
+    const sdpa_call *call = &job->call;
+    const attn_sdpa_params *p = call->p;
+    if (p->ragged.seqs == 0)
+        return;
+    int64_t hk = i + 1;
+    if (hk == p->heads_kv) {
+        hk = 0;
+        if (++s == p->ragged.seqs)
+            return;
+    }
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(call, s, &b);
+    if (c.q_hi - c.q_lo > KERN_FWD_BQ || c.k_hi - c.k_lo > KERN_BK)
+        return;
+    for (int64_t h = hk * c.group; h < (hk + 1) * c.group; h++) {
+        prefetch_rows(p, c.q, h, p->heads_q, p->n_q, p->d_k, c.ldq, c.q_lo, c.q_hi, false);
+        prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi, true);
+    }
+    prefetch_rows(p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.ldk, c.k_lo, c.k_hi, false);
+    prefetch_rows(p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.ldv, c.k_lo, c.k_hi, false);
+}
+
 /* Item i of sequence s (fwd_items says which items a sequence has). */
 static void forward_item(void *ctx, int64_t s, int64_t i)
 {
@@ -308,7 +350,10 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
         return;
     }
     /* One query block; the group's heads one after the other over the
-     * same panel. */
+     * same panel. A short sequence's item is over in a microsecond, about
+     * the time its rows take to come from memory: the next item's rows
+     * are asked for now, to arrive while this one computes. */
+    prefetch_next(job, s, i);
     int64_t packed = -1;
     fwd_keys from = {.panels = NULL, .packed = &packed};
     t.i0 = c.q_lo;
