@@ -322,6 +322,7 @@ function playgroundBody() {
   if (f.mask.value.trim()) parts.push(`"mask": ${f.mask.value}`);
   if (f.causal.checked) parts.push('"causal": true');
   if (f.scale.value.trim()) parts.push(`"scale": ${Number(f.scale.value)}`);
+  if (f.ragged.checked) parts.push(`"seq_lens": [${f.seq_lens.value}]`);
   parts.push('"return_weights": true', '"output_encoding": "base64"');
   return `{${parts.join(', ')}}`;
 }
@@ -335,6 +336,8 @@ async function runPlayground() {
   const flatW = new Tensor([heads, nq, nk], w.data);
   for (let h = 0; h < heads; h++)
     maps.push(heatmap(flatW.slice(h), { name: `weights-h${h}`, title: heads > 1 ? `weights, head ${h}` : 'weights A', rowTitle: 'query', colTitle: 'key' }));
+  const seqs = answer.meta.shape.sequences;
+  if (seqs) for (const map of maps) markBlocks(map, pgForm.elements.seq_lens.value);
   document.getElementById('pg-weights').replaceChildren(...maps);
   const o = answer.output;
   const [, dv] = o.shape.slice(-2);
@@ -343,7 +346,25 @@ async function runPlayground() {
   for (let h = 0; h < heads; h++)
     outs.push(heatmap(flatO.slice(h), { name: `output-h${h}`, title: heads > 1 ? `output, head ${h}` : 'output A V', kind: 'signed', rowTitle: 'query', colTitle: 'dim' }));
   document.getElementById('pg-output').replaceChildren(...outs);
-  pg.querySelector('.meta').replaceChildren(metaLine(answer, `, ${heads} head${heads > 1 ? 's' : ''}, n_q=${nq}, n_k=${nk}`));
+  pg.querySelector('.meta').replaceChildren(metaLine(answer, `, ${heads} head${heads > 1 ? 's' : ''}, n_q=${nq}, n_k=${nk}${seqs ? `, ${seqs} sequences` : ''}`));
+}
+
+/**
+ * A ragged batch's weights heatmap: each row and cell marked with its
+ * sequence (data-seq), and the cells outside the sequences' blocks, which
+ * the server never computed, set apart. `lengths` is the text the server
+ * accepted, so it parses.
+ */
+function markBlocks(map, lengths) {
+  const seqOf = [];
+  JSON.parse(`[${lengths}]`).forEach((n, s) => { for (let i = 0; i < n; i++) seqOf.push(s); });
+  map.querySelectorAll('tbody tr').forEach((tr, i) => {
+    tr.dataset.seq = seqOf[i];
+    tr.querySelectorAll('td').forEach((td, j) => {
+      if (seqOf[j] === seqOf[i]) td.dataset.seq = seqOf[i];
+      else td.classList.add('outside');
+    });
+  });
 }
 
 // ------------------------------------------------------------- multi-head

@@ -321,6 +321,58 @@ async function test_errors(page) {
   assert.deepEqual(await drawn(page, 'weights-h0'), [1]);
 }
 
+test('the playground\'s ragged batch draws block-diagonal weights, each block its sequence alone', async () => {
+  const { page, problems, computes } = await open(`${server.url}/`);
+  await readyOrError(page);
+  await page.check('#pg-form input[name="ragged"]');
+  await page.fill('#pg-form input[name="seq_lens"]', '2, 3, 1');
+  await page.click('#pg-form button[type="submit"]');
+  await page.waitForFunction(() => /3 sequences/.test(document.querySelector('#playground .timing')?.textContent ?? ''));
+  assert.deepEqual(problems, []);
+  const sent = computes.filter((c) => c.url.endsWith('/v1/attention') && JSON.parse(c.body).seq_lens).at(-1);
+  assert.ok(sent, 'the playground sent seq_lens');
+  const req = JSON.parse(sent.body);
+  assert.deepEqual(req.seq_lens, [2, 3, 1]);
+  const api = await again(sent.body, { output_encoding: 'flat' });
+  const W = decode(api.weights);
+  const [H, n] = [W.shape.length > 2 ? W.shape[0] : 1, W.shape.at(-1)];
+  const blocks = [[0, 2], [2, 5], [5, 6]];
+  const seqOf = (i) => blocks.findIndex(([a, b]) => i >= a && i < b);
+  for (let h = 0; h < H; h++) {
+    const got = await drawn(page, `weights-h${h}`);
+    sameFloats(got, W.data.subarray(h * n * n, (h + 1) * n * n), `ragged weights head ${h}`);
+    const q = H > 1 ? req.q[h] : req.q, k = H > 1 ? req.k[h] : req.k, v = H > 1 ? req.v[h] : req.v;
+    for (const [a, b] of blocks) {
+      // The block is its sequence computed alone, and the rest of its rows 0.
+      const ref = sdpaReference({ q: q.slice(a, b).flat(), k: k.slice(a, b).flat(), v: v.slice(a, b).flat(),
+        nq: b - a, nk: b - a, d: q[0].length, dv: v[0].length });
+      const block = [];
+      for (let i = a; i < b; i++)
+        for (let j = 0; j < n; j++) {
+          if (j >= a && j < b) block.push(got[i * n + j]);
+          else assert.equal(got[i * n + j], 0, `head ${h}: weight (${i}, ${j}) outside the blocks`);
+        }
+      assert.ok(maxRelErr(block, ref.weights) < 1e-5, `head ${h}, sequence [${a}, ${b}) vs its reference`);
+    }
+    // The cells outside the blocks are set apart, those inside carry their sequence.
+    const marks = await page.$$eval(`table.heatmap[data-name="weights-h${h}"] td`, (tds) =>
+      tds.map((td) => (td.classList.contains('outside') ? -1 : Number(td.dataset.seq))));
+    marks.forEach((m, c) => {
+      const i = Math.floor(c / n), j = c % n;
+      assert.equal(m, seqOf(i) === seqOf(j) ? seqOf(i) : -1, `head ${h}: cell (${i}, ${j}) marked ${m}`);
+    });
+  }
+  await page.locator('#playground').screenshot({ path: path.join(shots, 'page-ragged.png') });
+
+  // Lengths that do not add up to the rows: the API's 422, the field marked.
+  await page.fill('#pg-form input[name="seq_lens"]', '2, 3');
+  await page.click('#pg-form button[type="submit"]');
+  await page.waitForFunction(() => document.querySelector('#playground > .error').dataset.code === 'shape_mismatch');
+  assert.equal(await page.getAttribute('#playground > .error', 'data-field'), 'seq_lens');
+  assert.match(await page.getAttribute('#pg-form [data-field="seq_lens"]', 'class'), /\binvalid\b/);
+  await page.close();
+});
+
 test('from a second origin: works where --cors-origin allows it, says why where it does not', async () => {
   const port = statics.address().port;
   // Allowed origin.
