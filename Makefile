@@ -1,7 +1,9 @@
 # attnd — `make` builds, `make test` proves, `make bench` measures, `make run` serves.
 #
 #   make              build/attnd, build/libattn.a
-#   make test         every suite, then every suite again under ASan + UBSan
+#   make check        the quick loop: the C suites once, no sanitizer, no script
+#   make test         every suite and script, the kernel's cases on each kernel,
+#                     then the C suites under ASan + UBSan
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
@@ -41,7 +43,8 @@ TEST_SCRIPTS := $(sort $(wildcard tests/test_*.sh))
 TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o
+API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o \
+            $(BUILD)/obj/openapi_json.o
 SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/web_assets.o
 SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
@@ -70,17 +73,36 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-# The contract, embedded so that the binary serves GET /openapi.yaml on its own.
+# The contract, embedded so that the binary serves GET /openapi.yaml and
+# GET /openapi.json on its own: each file as a byte array (a NUL after it)
+# and its length, $(call embed,FILE,NAME).
+define embed
+@mkdir -p $(dir $@)
+@{ echo '#include <stddef.h>'; \
+   echo 'const char $(2)[] = {'; \
+   od -An -v -tx1 $(1) | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+   echo '0x00};'; \
+   echo 'const size_t $(2)_len = sizeof $(2) - 1;'; } > $@
+endef
 $(BUILD)/openapi_yaml.c: api/openapi.yaml
-	@mkdir -p $(dir $@)
-	@{ echo '#include <stddef.h>'; \
-	   echo 'const char api_openapi_yaml[] = {'; \
-	   od -An -v -tx1 $< | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
-	   echo '0x00};'; \
-	   echo 'const size_t api_openapi_yaml_len = sizeof api_openapi_yaml - 1;'; } > $@
-$(BUILD)/obj/openapi_yaml.o: $(BUILD)/openapi_yaml.c | $(DEPS_STAMP)
+	$(call embed,$<,api_openapi_yaml)
+$(BUILD)/openapi_json.c: $(BUILD)/openapi.json
+	$(call embed,$<,api_openapi_json)
+$(BUILD)/obj/openapi_%.o: $(BUILD)/openapi_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# The JSON form of the contract, converted at build time by a converter of
+# ours (tools/yaml2json.c: C and libc only, no new build dependency), which
+# reads the part of YAML the contract is written in and refuses anything
+# else, or anything YAML 1.1 and 1.2 read differently, rather than guess.
+# tests/test_openapi.sh checks it against PyYAML's reading of the YAML.
+HOSTCC ?= $(CC)
+$(BUILD)/yaml2json: tools/yaml2json.c
+	@mkdir -p $(dir $@)
+	$(HOSTCC) -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -o $@ $<
+$(BUILD)/openapi.json: api/openapi.yaml $(BUILD)/yaml2json
+	./$(BUILD)/yaml2json $< > $@.tmp && mv $@.tmp $@
 
 # The page (GET /, server/web/), embedded the same way: one byte array per file.
 # server/web/package.json only tells Node (18, Debian's) that attnd.js is an
@@ -109,17 +131,34 @@ $(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libatt
 $(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
 
-# Runs every suite of this build; tests/run-suite.sh prints each suite's
-# result line and fails when any suite fails.
+# The quick loop: every C suite of this build once, on the kernel libattn
+# picks (ATTN_KERNEL=generic or ATTN_KERNELS="avx2 generic" choose), no
+# sanitizer, no script. tests/run-suites.sh prints each suite's result line
+# and fails when any suite fails; it says how to run one suite or one case.
 check: $(TESTS) $(BUILD)/attnd
-	@sh tests/run-suites.sh $(BUILD) $(TESTS) $(TEST_SCRIPTS)
+	@sh tests/run-suites.sh $(BUILD) $(TESTS)
 
+# What CI runs: every suite and script once on the widest kernel this CPU
+# runs, the test cases tagged "kernel" again on each other kernel
+# (TEST_KERNELS, or ATTN_KERNELS when set); then the C suites once more
+# under ASan + UBSan, on that widest kernel only. The other kernels' forward
+# and backward tiles (lib/kern_body.h, the same C over other vector
+# operations) run in the plain pass only; their micro-kernels and row steps,
+# which test_kernels and test_lib call by name for every kernel, run under
+# the sanitizers too.
+TEST_KERNELS = $(or $(ATTN_KERNELS),avx512 avx2 generic)
+SAN_KERNELS = $(firstword $(TEST_KERNELS))
 test: $(DEPS_STAMP)
 	@sh tools/deps.sh test
-	$(MAKE) --no-print-directory check BUILD=build
-	# No fork under the sanitizers: each suite is one process, so LeakSanitizer
-	# checks everything it allocated when it exits (and fails the suite).
-	CK_FORK=no $(MAKE) --no-print-directory check BUILD=build/san SAN=1 OPT=-O1
+	@$(MAKE) --no-print-directory build/attnd $(TEST_SRC:tests/%.c=build/%)
+	@ATTN_KERNELS="$(TEST_KERNELS)" sh tests/run-suites.sh build \
+	    $(TEST_SRC:tests/%.c=build/%) $(TEST_SCRIPTS)
+	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 \
+	    build/san/attnd $(TEST_SRC:tests/%.c=build/san/%)
+	@# No fork under the sanitizers: each suite is one process, so LeakSanitizer
+	@# checks everything it allocated when it exits (and fails the suite).
+	@CK_FORK=no ATTN_KERNELS="$(SAN_KERNELS)" sh tests/run-suites.sh build/san \
+	    $(TEST_SRC:tests/%.c=build/san/%)
 
 run: $(BUILD)/attnd
 	./$(BUILD)/attnd

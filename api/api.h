@@ -45,6 +45,9 @@ typedef struct {
     double max_response; /* bytes; an answer that could be larger is a 422
                           * response_too_large; <= 0: no limit */
     int threads;         /* libattn threads for this request (>= 1) */
+    double arrival_ms;   /* when the request arrived, on api_now_ms's clock
+                          * (CLOCK_MONOTONIC, ms): meta.timing_ms.total counts
+                          * from it; 0: total is decode + compute + encode */
 } api_limits;
 
 /*
@@ -70,6 +73,8 @@ typedef struct {
     size_t body_len;
     size_t body_cap;  /* bytes the body holds in memory (>= body_len + 1) */
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
+    double total_ms;  /* meta.timing_ms.total (for an error: as it would be) */
+    char error_code[40]; /* the error's code when status is not 200, else "" */
 } api_response;
 
 /*
@@ -88,8 +93,9 @@ typedef struct {
  * A prepared call that will not be executed is freed by api_call_free.
  * Neither aborts; on an allocation failure the answer is a 500 with code
  * "out_of_memory" (or, if even that cannot be built, body == NULL and status
- * 500). meta.timing_ms.total in the body is decode + compute + encode; the
- * server adds its own time in the Server-Timing header.
+ * 500). meta.timing_ms.total in the body is the time since lim->arrival_ms
+ * (decode + compute + encode without one), rounded to the microsecond, and
+ * is res->total_ms, so that a header can repeat the same figure.
  */
 typedef struct api_call api_call;
 
@@ -126,5 +132,9 @@ void api_get_info(api_info *info);
 /* api/openapi.yaml, embedded at build time (build/openapi_yaml.c). */
 extern const char api_openapi_yaml[];
 extern const size_t api_openapi_yaml_len;
+/* The same contract as JSON (build/openapi.json, converted at build time by
+ * tools/yaml2json.c). */
+extern const char api_openapi_json[];
+extern const size_t api_openapi_json_len;
 
 #endif /* API_H */

@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,8 +37,15 @@ void api_lap(api_timing *t, double *step)
 static bool check_body(const char *body, size_t len, json_span *spans, size_t *members,
                        api_error *err)
 {
-    if (!json_text_validate_spans(body, len, spans, API_MAX_FIELDS, members, err))
+    if (!json_text_validate_spans(body, len, spans, API_MAX_FIELDS, members, err)) {
+        /* The byte where the text stopped being JSON, as the validator's
+         * message gives it ("... at byte N (line L, column C)"). */
+        const char *at = strstr(err->message, " at byte ");
+        long offset = 0;
+        if (at && sscanf(at, " at byte %ld", &offset) == 1 && offset >= 0)
+            api_hint_not_json(body, len, (size_t)offset, err);
         return false;
+    }
     size_t i = 0;
     while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' ||
                        body[i] == '\r'))
@@ -49,11 +57,19 @@ static bool check_body(const char *body, size_t len, json_span *spans, size_t *m
     return true;
 }
 
+double api_total_ms(const api_timing *t)
+{
+    double ms = t->arrival > 0 ? t->mark - t->arrival
+                               : t->decode_ms + t->compute_ms + t->encode_ms;
+    return ms > 0 ? round(ms * 1e3) / 1e3 : 0;
+}
+
 static void respond_error(api_response *res, api_error *err)
 {
     if (err->status < 400 || err->status > 599 || !err->code[0])
         api_fail(err, 500, "internal", "", "internal error (no error recorded)");
     res->status = err->status;
+    snprintf(res->error_code, sizeof res->error_code, "%s", err->code);
     res->body = api_error_json(err, &res->body_len);
     res->body_cap = res->body ? res->body_len + 1 : 0;
     if (!res->body) {
@@ -68,6 +84,7 @@ static void timings(api_response *res, const api_timing *t)
     res->decode_ms = t->decode_ms;
     res->compute_ms = t->compute_ms;
     res->encode_ms = t->encode_ms;
+    res->total_ms = api_total_ms(t);
 }
 
 /* ---------------------------------------------------------------- plans */
@@ -180,7 +197,7 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
 {
     memset(res, 0, sizeof *res);
     api_error err = {0};
-    api_timing t = {.mark = api_now_ms()};
+    api_timing t = {.arrival = lim->arrival_ms, .mark = api_now_ms()};
     const api_operation *o = operation(op);
     api_call *c = o ? call_new(o, lim) : NULL;
     bool ok;

@@ -147,11 +147,20 @@ int api_threads(const api_limits *lim);
 
 /* The three steps of a handler, measured with CLOCK_MONOTONIC. */
 typedef struct {
+    double arrival;                          /* ms when the request arrived, or 0 */
     double mark;                             /* ms at the last lap */
     double decode_ms, compute_ms, encode_ms; /* 0 for steps not reached */
 } api_timing;
 
 double api_now_ms(void);
+
+/* Adds to err's message (a body that is not JSON, at byte `offset`) what
+ * the body most likely is: a form submission, a NaN or an Infinity. */
+void api_hint_not_json(const char *body, size_t len, size_t offset, api_error *err);
+
+/* meta.timing_ms.total: since the arrival, or the three steps' sum without
+ * one, rounded to the microsecond. */
+double api_total_ms(const api_timing *t);
 
 /* Adds the time since the last lap to *step and starts the next one. */
 void api_lap(api_timing *t, double *step);

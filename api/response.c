@@ -190,7 +190,7 @@ void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
                     const api_cost *cost, api_timing *t)
 {
     api_lap(t, &t->encode_ms);
-    double total = t->decode_ms + t->compute_ms + t->encode_ms;
+    double total = api_total_ms(t);
     /* the dimensions, then under 300 bytes of keys and six numbers */
     char text[META_DIMS_MAX * (META_NAME_MAX + 24) + 480], *p = text;
     if (n_dims > META_DIMS_MAX)

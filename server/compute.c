@@ -44,11 +44,16 @@
  * 4) is ~6e4; inline it takes ~10 us of CPU instead of 16-20 us. */
 #define INLINE_MAX_WORK 2e6
 
-static api_limits limits(const srv_server *srv, int threads)
+/* The request's limits; its arrival on api_now_ms's clock (the same
+ * monotonic clock as srv_now, in ms) makes meta.timing_ms.total count from
+ * the request's headers. */
+static api_limits limits(const srv_request *r, int threads)
 {
+    const srv_server *srv = r->srv;
     return (api_limits){.max_work = srv->cfg->max_work,
                         .max_response = (double)srv->cfg->max_response,
-                        .threads = threads};
+                        .threads = threads,
+                        .arrival_ms = r->t_start * 1e3};
 }
 
 /* Reserves the room of an answer in the budget; false when it is spent. */
@@ -95,9 +100,10 @@ void compute_release(srv_request *r)
  * already (an error in r->res, or the budget's refusal). */
 static bool prepare(srv_request *r, int threads)
 {
-    api_limits lim = limits(r->srv, threads);
+    api_limits lim = limits(r, threads);
     api_cost cost;
-    r->call = api_prepare(r->route->op, r->body, r->body_len, &lim, &cost, &r->res);
+    r->call = api_prepare(r->route->op, r->connection->body, r->body_len, &lim, &cost,
+                          &r->res);
     if (!r->call)
         return false;
     if (!reserve(r, cost.response_bytes)) {
@@ -109,8 +115,9 @@ static bool prepare(srv_request *r, int threads)
     return true;
 }
 
-/* Computes a prepared (or still raw) request; r->res is its answer. */
-static void run(srv_request *r, int others)
+/* Computes a prepared (or still raw) request that waited `wait` seconds
+ * for its slot; r->res is its answer. */
+static void run(srv_request *r, int others, double wait)
 {
     int threads = others == 0 ? r->srv->compute.slots : 1;
     if (!r->call && !prepare(r, threads))
@@ -118,6 +125,7 @@ static void run(srv_request *r, int others)
     api_execute(r->call, threads, &r->res);
     r->call = NULL;
     settle(r);
+    metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
 }
 
 /* How much lower than the I/O threads a compute worker runs (nice). */
@@ -166,7 +174,8 @@ static void *worker_main(void *arg)
         q->running++;
         pthread_mutex_unlock(&q->lock);
 
-        run(r, others);
+        metrics_queued(&r->srv->metrics, r->label, -1);
+        run(r, others, srv_now() - r->t_queued);
 
         pthread_mutex_lock(&q->lock);
         q->running--;
@@ -218,9 +227,10 @@ compute_result compute_submit(srv_request *r)
      * refusal (400, 422, the budget) is then answered without a queue. */
     double work = 0;
     if (api_decode_work(r->body_len) <= INLINE_MAX_WORK / 2) {
-        api_limits lim = limits(r->srv, 1);
+        api_limits lim = limits(r, 1);
         api_cost cost;
-        r->call = api_prepare(r->route->op, r->body, r->body_len, &lim, &cost, &r->res);
+        r->call = api_prepare(r->route->op, r->connection->body, r->body_len, &lim, &cost,
+                              &r->res);
         if (!r->call)
             return COMPUTE_DONE;
         if (!reserve(r, cost.response_bytes)) {
@@ -235,7 +245,7 @@ compute_result compute_submit(srv_request *r)
     if (r->call && work <= INLINE_MAX_WORK && q->running < q->slots && q->waiting == 0) {
         int others = q->running++;
         pthread_mutex_unlock(&q->lock);
-        run(r, others);
+        run(r, others, 0);
         pthread_mutex_lock(&q->lock);
         q->running--;
         if (q->waiting)
@@ -256,6 +266,8 @@ compute_result compute_submit(srv_request *r)
     atomic_store(&r->computed, false);
     MHD_suspend_connection(r->conn);
     r->next = NULL;
+    r->t_queued = srv_now();
+    metrics_queued(&r->srv->metrics, r->label, +1);
     pthread_mutex_lock(&q->lock);
     if (q->tail)
         q->tail->next = r;
@@ -265,15 +277,6 @@ compute_result compute_submit(srv_request *r)
     pthread_cond_signal(&q->work);
     pthread_mutex_unlock(&q->lock);
     return COMPUTE_QUEUED;
-}
-
-int compute_queue_depth(srv_server *srv)
-{
-    srv_compute *q = &srv->compute;
-    pthread_mutex_lock(&q->lock);
-    int n = q->waiting;
-    pthread_mutex_unlock(&q->lock);
-    return n;
 }
 
 int compute_running(srv_server *srv)

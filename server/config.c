@@ -26,6 +26,7 @@ typedef enum {
 
 typedef struct {
     const char *name;    /* flag without "--"; env is ATTND_ + NAME with '-' -> '_' */
+    char short_name;     /* the one-letter flag ("-h"), or 0 */
     const char *metavar; /* shown in --help */
     opt_type type;
     size_t offset;       /* where the value lives in attnd_config */
@@ -91,11 +92,21 @@ static const opt_row options[] = {
     {.name = "timeout", .metavar = "SECONDS", .type = OPT_INT, .offset = OFF(timeout),
      .def = "30", .min = 1, .max = 86400, .limit = true,
      .help = "idle connections are closed after this long"},
-    /* Above what a load balancer in front needs (threads + queue + its idle
-     * keep-alive connections), far below the ~1000 connections the server
-     * holds, so that one client cannot take them all. */
+    /* Every connection holds a file descriptor and libmicrohttpd's 16 KiB
+     * buffer for it (touched only as far as it is used): 4096 is 64 MiB at
+     * most, and four times what a load generator or a proxy in front
+     * usually opens. Past it new connections wait in the listen backlog. */
+    {.name = "max-connections", .metavar = "N", .type = OPT_INT,
+     .offset = OFF(max_connections), .def = "4096", .min = 16, .max = 1000000,
+     .limit = true,
+     .help = "connections held at once; from 7/8 of it on, a new connection from the "
+             "address holding the most is refused"},
+    /* None by default: a load balancer, a proxy or a load generator opens
+     * hundreds of connections from one address, and no common server
+     * (nginx, HAProxy, Envoy, Triton) limits them by default. A flood from
+     * one address is met by --max-connections' rule instead. */
     {.name = "max-conns-per-ip", .metavar = "N", .type = OPT_INT,
-     .offset = OFF(max_conns_per_ip), .def = "256", .min = 0, .max = 100000, .limit = true,
+     .offset = OFF(max_conns_per_ip), .def = "0", .min = 0, .max = 100000, .limit = true,
      .help = "connections one client address may hold; past that 503 (0: no limit)"},
     /* Any origin by default: attnd takes no credentials or cookies, so a web
      * page gains nothing through CORS that a direct request would not have,
@@ -115,8 +126,9 @@ static const opt_row options[] = {
     {.name = "log-format", .metavar = "text|json", .type = OPT_CHOICE,
      .offset = OFF(log_format), .def = "text", .choices = log_formats,
      .help = "access log format on stderr"},
-    {.name = "version", .type = OPT_ACTION, .help = "print the version and exit"},
-    {.name = "help", .type = OPT_ACTION, .help = "print this help and exit"},
+    {.name = "version", .short_name = 'V', .type = OPT_ACTION,
+     .help = "print the version and exit"},
+    {.name = "help", .short_name = 'h', .type = OPT_ACTION, .help = "print this help and exit"},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -273,6 +285,15 @@ static const opt_row *find_option(const char *name, size_t n)
     return NULL;
 }
 
+/* The action with that one-letter flag (only actions have one), or NULL. */
+static const opt_row *find_short(char c)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (options[i].short_name == c)
+            return &options[i];
+    return NULL;
+}
+
 cfg_result config_load(attnd_config *cfg, int argc, char **argv, char *err,
                        size_t err_len)
 {
@@ -297,6 +318,10 @@ cfg_result config_load(attnd_config *cfg, int argc, char **argv, char *err,
     bool origins_from_flags = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
+        const opt_row *short_flag = arg[0] == '-' && arg[1] && arg[1] != '-' && !arg[2]
+                                        ? find_short(arg[1]) : NULL;
+        if (short_flag)
+            return !strcmp(short_flag->name, "help") ? CFG_HELP : CFG_VERSION;
         if (strncmp(arg, "--", 2) != 0) {
             fail(err, err_len, "unexpected argument \"%s\"", arg);
             return CFG_ERROR;
@@ -341,8 +366,11 @@ void config_help(FILE *out)
     char env[64], flag[64];
     for (size_t i = 0; i < N_OPTIONS; i++) {
         const opt_row *o = &options[i];
-        snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->metavar ? " " : "",
-                 o->metavar ? o->metavar : "");
+        if (o->short_name)
+            snprintf(flag, sizeof flag, "-%c, --%s", o->short_name, o->name);
+        else
+            snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->metavar ? " " : "",
+                     o->metavar ? o->metavar : "");
         fprintf(out, "  %-24s %s\n", flag, o->help);
         if (o->type == OPT_ACTION)
             continue;
@@ -352,6 +380,9 @@ void config_help(FILE *out)
         else
             fprintf(out, "  %-24s [env %s, default %s]\n", "", env, *o->def ? o->def : "none");
     }
+    fprintf(out, "\nOnce it runs, open http://127.0.0.1:8080/ (the page; the address and "
+                 "port as --bind and --port say)\nor read the API at /openapi.yaml "
+                 "(/openapi.json).\n");
 }
 
 /* Appends printf output at b->used, counting what does not fit. */

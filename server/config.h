@@ -30,6 +30,7 @@ typedef struct {
     int64_t max_response; /* bytes all answers in flight may hold; one larger is a 422 */
     int queue;           /* requests that may wait for a compute slot */
     int timeout;         /* seconds a connection may stay idle */
+    int max_connections; /* connections held at once */
     int max_conns_per_ip; /* connections one client address may hold; 0: any */
     int log_format;      /* log_format */
     int n_origins;       /* allowed CORS origins ("*" allows any) */

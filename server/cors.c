@@ -34,9 +34,10 @@ const char *cors_allowed(const srv_cors *cors, const char *origin)
 void cors_add_headers(struct MHD_Response *resp, const char *origin)
 {
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
-    /* Lets a page read the timings and the retry hint, and see Server-Timing
-     * in its own performance entries. */
-    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Server-Timing, Retry-After");
+    /* Lets a page read the timings, the retry hint and the request's id, and
+     * see Server-Timing in its own performance entries. */
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers",
+                            "Server-Timing, Retry-After, X-Request-ID");
     MHD_add_response_header(resp, "Timing-Allow-Origin", origin);
 }
 
@@ -70,6 +71,7 @@ void cors_preflight(srv_request *r, const char *allow)
     const char *requested = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                         "Access-Control-Request-Headers");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    MHD_add_response_header(resp, "X-Request-ID", r->id);
     if (r->origin) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->origin);
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);

@@ -440,12 +440,12 @@ static void put_ms(line_buf *b, double seconds)
 
 void log_request(srv_log *log, const srv_request *r, double seconds)
 {
-    const char *remote = r->remote;
-    char ts[40], line[1400];
+    const char *remote = r->connection->remote;
+    char ts[40], line[2000];
     line_buf b = {line, line + sizeof line - 1};
     timestamp(ts, sizeof ts);
     if (log->format == LOG_JSON) {
-        char method[40], path[1024];
+        char method[40], path[1024], agent[300];
         escape_json(method, sizeof method, r->method);
         escape_json(path, sizeof path, r->path);
         put(&b, "{\"time\":\"");
@@ -458,10 +458,24 @@ void log_request(srv_log *log, const srv_request *r, double seconds)
         put(&b, path);
         put(&b, "\",\"status\":");
         put_uint(&b, (unsigned)r->status);
+        if (r->error_code) { /* a literal of ours: nothing to escape */
+            put(&b, ",\"code\":\"");
+            put(&b, r->error_code);
+            put(&b, "\"");
+        }
         put(&b, ",\"bytes\":");
         put_uint(&b, r->bytes_out);
         put(&b, ",\"duration_ms\":");
         put_ms(&b, seconds);
+        put(&b, ",\"request_id\":\"");
+        put(&b, r->id); /* request_id.c keeps '"' and '\\' out of it */
+        put(&b, "\"");
+        if (r->user_agent) {
+            escape_json(agent, sizeof agent, r->user_agent);
+            put(&b, ",\"user_agent\":\"");
+            put(&b, agent);
+            put(&b, "\"");
+        }
         put(&b, "}");
     } else {
         put(&b, ts);
@@ -477,7 +491,8 @@ void log_request(srv_log *log, const srv_request *r, double seconds)
         put_uint(&b, r->bytes_out);
         put(&b, " ");
         put_ms(&b, seconds);
-        put(&b, "ms");
+        put(&b, "ms id=");
+        put(&b, r->id);
     }
     *b.p++ = '\n'; /* end - 1 kept room for it */
     emit(log, line, (size_t)(b.p - line), false);

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "config.h"
 #include "server.h"
@@ -14,6 +15,52 @@
  * nothing is in flight (see below). 0.5 s lost requests from wrk under a
  * load average of 19 on 2 cores, whose threads then wait that long to run. */
 #define DRAIN_GRACE_S 1.0
+
+/* Descriptors the process needs besides its connections: the listening
+ * socket, the I/O threads' wake-up channels, the signal pipe, stderr, a
+ * key file or /proc being read. */
+#define FD_RESERVE 64
+
+/* Raises the soft limit on open files to what --max-connections needs (as
+ * nginx's worker_rlimit_nofile does; the hard limit is the administrator's
+ * word); where the hard limit is lower, holds fewer connections and says
+ * so, rather than failing accepts with EMFILE later. */
+static void fit_descriptor_limit(attnd_config *cfg, srv_log *log)
+{
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0)
+        return;
+    rlim_t want = (rlim_t)cfg->max_connections + FD_RESERVE;
+    if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
+        rlim_t was = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max == RLIM_INFINITY || lim.rlim_max >= want ? want
+                                                                            : lim.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
+            lim.rlim_cur = was;
+    }
+    if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
+        int fit = lim.rlim_cur > 16 + FD_RESERVE ? (int)(lim.rlim_cur - FD_RESERVE) : 16;
+        log_event(log, "warn",
+                  "--max-connections %d needs %llu open files, and this process may have "
+                  "%llu (ulimit -n): holding at most %d connections",
+                  cfg->max_connections, (unsigned long long)want,
+                  (unsigned long long)lim.rlim_cur, fit);
+        cfg->max_connections = fit;
+    }
+}
+
+/* The address a browser on this machine reaches the server at. */
+static void page_url(const attnd_config *cfg, bool https, int port, char *url, size_t cap)
+{
+    const char *host = cfg->bind;
+    if (!strcmp(host, "0.0.0.0"))
+        host = "127.0.0.1";
+    else if (!strcmp(host, "::"))
+        host = "::1";
+    bool v6 = strchr(host, ':') != NULL;
+    snprintf(url, cap, "%s://%s%s%s:%d/", https ? "https" : "http", v6 ? "[" : "", host,
+             v6 ? "]" : "", port);
+}
 
 int main(int argc, char **argv)
 {
@@ -57,6 +104,7 @@ int main(int argc, char **argv)
     api_get_info(&info);
     if (info.blas_shortfall != NULL)
         log_event(log, "warn", "%s", info.blas_shortfall);
+    fit_descriptor_limit(&cfg, log);
     if (!http_start(&srv, err, sizeof err)) {
         log_event(log, "error", "%s", err);
         return 1;
@@ -70,6 +118,10 @@ int main(int argc, char **argv)
               cfg.queue,
               (long long)cfg.max_body, tls_enabled(&srv) ? ", HTTPS" : "",
               auth_required(&srv.auth) ? ", API key required" : "");
+    char url[100];
+    page_url(&cfg, tls_enabled(&srv), http_port(&srv), url, sizeof url);
+    log_event(log, "info", "open %s in a browser; the API is described at %sopenapi.yaml",
+              url, url);
 
     int sig;
     while ((sig = signals_wait()) == SIGHUP) {

@@ -20,18 +20,20 @@ static void handle_readyz(srv_request *r);
 static void handle_metrics(srv_request *r);
 static void handle_info(srv_request *r);
 static void handle_openapi(srv_request *r);
+static void handle_openapi_json(srv_request *r);
 
 static const srv_route routes[] = {
     {.method = "POST", .path = "/v1/attention", .handle = handle_compute, .has_body = true,
-     .op = API_OP_ATTENTION},
+     .computes = true, .op = API_OP_ATTENTION},
     {.method = "POST", .path = "/v1/multihead", .handle = handle_compute, .has_body = true,
-     .op = API_OP_MULTIHEAD},
+     .computes = true, .op = API_OP_MULTIHEAD},
     /* For probes (a load balancer, Kubernetes): no API key needed. */
     {.method = "GET", .path = "/healthz", .handle = handle_healthz, .open = true},
     {.method = "GET", .path = "/readyz", .handle = handle_readyz, .open = true},
     {.method = "GET", .path = "/metrics", .handle = handle_metrics},
     {.method = "GET", .path = "/v1/info", .handle = handle_info},
     {.method = "GET", .path = "/openapi.yaml", .handle = handle_openapi},
+    {.method = "GET", .path = "/openapi.json", .handle = handle_openapi_json},
     /* The page (page.c): one row per file of server/web/ it loads. */
     {.method = "GET", .path = "/", .handle = page_reply},
     {.method = "GET", .path = "/app.js", .handle = page_reply},
@@ -78,6 +80,84 @@ const srv_canned *routes_not_allowed(const srv_server *srv, const char *path)
 {
     int row = find_path(&srv->routes, path);
     return srv->routes.not_allowed[row >= 0 ? row : 0];
+}
+
+/* ------------------------------------------------------------ near misses */
+
+/* Paths longer than this are not compared (no route is near one). */
+#define NEAR_MAX_PATH 64
+/* The most edits that still make a near miss. */
+#define NEAR_MAX_EDITS 3
+
+static char fold(char c)
+{
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+}
+
+/* The edits (a character inserted, deleted or replaced, or two neighbours
+ * swapped: the optimal string alignment distance) that turn a into b, case
+ * aside, both at most NEAR_MAX_PATH long. */
+static int edits(const char *a, size_t la, const char *b, size_t lb)
+{
+    int rows[3][NEAR_MAX_PATH + 1]; /* row i of the table is rows[i % 3] */
+    for (size_t j = 0; j <= lb; j++)
+        rows[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int *prev2 = rows[(i + 1) % 3], *prev = rows[(i - 1) % 3], *cur = rows[i % 3];
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int cost = fold(a[i - 1]) != fold(b[j - 1]);
+            int d = prev[j] + 1;
+            if (cur[j - 1] + 1 < d)
+                d = cur[j - 1] + 1;
+            if (prev[j - 1] + cost < d)
+                d = prev[j - 1] + cost;
+            if (i > 1 && j > 1 && fold(a[i - 1]) == fold(b[j - 2]) &&
+                fold(a[i - 2]) == fold(b[j - 1]) && prev2[j - 2] + 1 < d)
+                d = prev2[j - 2] + 1;
+            cur[j] = d;
+        }
+    }
+    return rows[la % 3][lb];
+}
+
+/* The route path `path` is most likely a mistyping of, or NULL: within
+ * NEAR_MAX_EDITS edits, and fewer than a third of the route's length (so
+ * that "/x" is no miss of "/"). */
+static const char *near_miss(const char *path)
+{
+    size_t lp = strlen(path);
+    if (lp > NEAR_MAX_PATH)
+        return NULL;
+    const char *best = NULL;
+    int best_edits = NEAR_MAX_EDITS + 1;
+    for (int i = 0; i < N_ROUTES; i++) {
+        const char *route = routes[i].path;
+        size_t lr = strlen(route);
+        size_t gap = lp > lr ? lp - lr : lr - lp;
+        if (lr < 4 || lr > NEAR_MAX_PATH || gap >= (size_t)best_edits)
+            continue;
+        int d = edits(path, lp, route, lr);
+        if (d < best_edits && 3 * (size_t)d <= lr + 2) {
+            best = route;
+            best_edits = d;
+        }
+    }
+    return best;
+}
+
+void routes_not_found(srv_request *r)
+{
+    const char *near = near_miss(r->path);
+    if (!near) {
+        http_reply_stock(r, STOCK_NOT_FOUND);
+        return;
+    }
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "no such path; did you mean %s? The API is described at GET /openapi.yaml",
+             near);
+    http_reply_error(r, 404, "not_found", msg);
 }
 
 /* ------------------------------------------------------------- handlers */
@@ -137,11 +217,15 @@ void routes_compute_done(srv_request *r)
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
         return;
     }
+    if (res->status != 200)
+        r->error_code = res->error_code; /* lives until the request ends */
     /* Microseconds as integers: float formatting would cost more than the
-     * rest of a tiny request's transport. */
+     * rest of a tiny request's transport. The total is the body's
+     * meta.timing_ms.total, from the request's headers to its answer
+     * written. */
     static const char *const names[4] = {"decode", "compute", "encode", "total"};
     unsigned long long us[4] = {to_us(res->decode_ms), to_us(res->compute_ms),
-                                to_us(res->encode_ms), to_us((srv_now() - r->t_start) * 1e3)};
+                                to_us(res->encode_ms), to_us(res->total_ms)};
     char timing[200]; /* at most 4 x (7 + 5 + 20 + 4) + 3 x 2 + 1 */
     char *p = timing;
     for (int i = 0; i < 4; i++) {
@@ -186,6 +270,11 @@ static void handle_info(srv_request *r)
 static void handle_openapi(srv_request *r)
 {
     http_reply_canned(r, r->srv->routes.openapi);
+}
+
+static void handle_openapi_json(srv_request *r)
+{
+    http_reply_canned(r, r->srv->routes.openapi_json);
 }
 
 /* ------------------------------------------------------------- building */
@@ -287,6 +376,7 @@ bool routes_init(srv_server *srv)
 {
     srv_routes *t = &srv->routes;
     const char *labels[N_ROUTES];
+    bool computes[N_ROUTES];
     int n_labels = 0;
     for (int i = 0; i < N_ROUTES; i++) {
         t->path_row[i] = i;
@@ -295,9 +385,10 @@ bool routes_init(srv_server *srv)
                 t->path_row[i] = t->path_row[j];
                 break;
             }
+        computes[n_labels] = routes[i].computes;
         labels[n_labels++] = routes[i].path;
     }
-    metrics_init(&srv->metrics, labels, n_labels);
+    metrics_init(&srv->metrics, labels, computes, n_labels);
 
     for (int i = 0; i < N_ROUTES; i++) {
         if (t->path_row[i] != i)
@@ -328,12 +419,15 @@ bool routes_init(srv_server *srv)
                           NULL, NULL);
     t->openapi = canned_new(srv, 200, "application/yaml", api_openapi_yaml,
                             api_openapi_yaml_len, NULL, NULL);
+    t->openapi_json = canned_new(srv, 200, "application/json", api_openapi_json,
+                                 api_openapi_json_len, NULL, NULL);
     size_t info_len = 0;
     t->info_body = build_info(srv, &info_len);
     t->info = t->info_body ? canned_new(srv, 200, "application/json", t->info_body, info_len,
                                         NULL, NULL)
                            : NULL;
-    return t->healthz && t->ready && t->openapi && t->info && page_init(srv);
+    return t->healthz && t->ready && t->openapi && t->openapi_json && t->info &&
+           page_init(srv);
 }
 
 void routes_free(srv_server *srv)
@@ -346,9 +440,10 @@ void routes_free(srv_server *srv)
     canned_free(t->healthz);
     canned_free(t->ready);
     canned_free(t->openapi);
+    canned_free(t->openapi_json);
     canned_free(t->info);
     page_free(srv);
     free(t->info_body);
-    t->healthz = t->ready = t->openapi = t->info = NULL;
+    t->healthz = t->ready = t->openapi = t->openapi_json = t->info = NULL;
     t->info_body = NULL;
 }

@@ -24,6 +24,7 @@
 
 typedef struct srv_server srv_server;
 typedef struct srv_request srv_request;
+typedef struct srv_connection srv_connection;
 typedef struct srv_route srv_route;
 typedef struct srv_canned srv_canned;
 
@@ -38,29 +39,31 @@ struct srv_route {
     const char *path;
     srv_handler handle;
     bool has_body;      /* POST: the body is read before the handler runs */
-    api_op op;          /* for the compute routes */
+    bool computes;      /* queues for a compute slot (metrics by route) */
+    api_op op;          /* ... and computes this operation */
     bool open;          /* answered without an API key (/healthz, /readyz) */
 };
 
-/* One per connection, reused by each request on it (keep-alive), so that a
- * request costs no allocation of its own. */
+/* The longest X-Request-ID taken from a client (longer ones are replaced). */
+#define REQUEST_ID_MAX 128
+
+/* One request: everything its handling learns, reset by one assignment when
+ * the next request on its connection begins (http.c, request_begin). */
 struct srv_request {
     srv_server *srv;
+    srv_connection *connection; /* the connection it came on */
     struct MHD_Connection *conn;
     const srv_route *route;  /* NULL when no route matched */
     int label;               /* metrics route label (metrics_label) */
     const char *method, *path; /* MHD's strings, valid until completion */
     size_t target_len;       /* the request target's length, query included */
     const char *origin;      /* the Origin to echo back, or NULL */
+    const char *user_agent;  /* the client's User-Agent, or NULL (for the log) */
+    char id[REQUEST_ID_MAX + 1]; /* X-Request-ID: the client's, or a fresh one */
     double t_start;          /* monotonic seconds at the first callback */
-    char remote[46];         /* client address for the log (INET6_ADDRSTRLEN),
-                              * formatted once per connection */
-    struct srv_client *client; /* its count under --max-conns-per-ip, or NULL */
-    bool over_limit;         /* past --max-conns-per-ip: 503 and close */
     bool in_flight;          /* between the first callback and completion */
 
-    char *body;              /* accumulated request body */
-    size_t body_len, body_cap;
+    size_t body_len;         /* bytes in connection->body */
     size_t bytes_in;         /* body bytes received, kept or not */
     bool too_large;
     bool out_of_memory;      /* the body could not be stored */
@@ -68,14 +71,31 @@ struct srv_request {
     bool responded;          /* a response has been queued */
     int status;
     size_t bytes_out;
+    const char *error_code;  /* an error answer's code ("not_found"), or NULL */
 
     /* compute routes */
     atomic_bool computed;    /* set by a worker before it resumes the connection */
     api_call *call;          /* prepared (decoded, costed), not computed yet */
     double reserved;         /* answer bytes held against --max-response */
     int refusal;             /* a stock_error to answer instead of res, or -1 */
+    double t_queued;         /* monotonic seconds when it joined the queue */
     api_response res;
     srv_request *next;       /* compute queue link */
+};
+
+/* One per connection: what outlives a request on it (keep-alive), so that
+ * a request costs no allocation of its own. */
+struct srv_connection {
+    srv_server *srv;
+    struct MHD_Connection *conn;
+    char remote[46];         /* client address for the log (INET6_ADDRSTRLEN),
+                              * formatted once per connection */
+    struct srv_client *client; /* its count by address (conn_limit.c), or NULL */
+    bool over_limit;         /* past --max-conns-per-ip: 503 and close */
+    char *body;              /* the request body buffer, kept between requests */
+    size_t body_cap;
+    size_t target_len;       /* the target of the request line read last */
+    srv_request request;     /* the request on it now, or the last one */
 };
 
 double srv_now(void); /* monotonic seconds */
@@ -90,6 +110,18 @@ bool http_draining(const srv_server *srv);
 long http_in_flight(srv_server *srv); /* requests started and not yet completed */
 long http_open_connections(srv_server *srv); /* client connections open now */
 void http_stop(srv_server *srv);       /* after the drain: close everything */
+void http_resume(srv_request *r);      /* from a compute worker */
+
+typedef struct srv_headers srv_headers;
+/* Starts the next request on cx (its fields reset at once), matches its
+ * route and counts it in flight. */
+void request_begin(srv_connection *cx, const char *method, const char *path,
+                   const srv_headers *h);
+/* The request is over (answered, or its client gone): logged, counted, and
+ * what it held released. */
+void request_end(srv_request *r);
+
+/* --------------------------------------------------------- replies.c */
 
 /* A response built once and served many times (freed by canned_free). */
 srv_canned *canned_new(const srv_server *srv, int status, const char *content_type,
@@ -115,12 +147,40 @@ typedef enum {
     N_STOCK
 } stock_error;
 
+bool stock_init(srv_server *srv);
+void stock_free(srv_server *srv);
+
 void http_reply_canned(srv_request *r, const srv_canned *c);
 void http_reply_stock(srv_request *r, stock_error e);
 /* Takes ownership of body (malloc'd). extra: NULL-terminated name/value pairs. */
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
-void http_resume(srv_request *r); /* from a compute worker */
+/* An error answer built for this request alone (api_error_json of it). */
+void http_reply_error(srv_request *r, int status, const char *code, const char *message);
+/* A connection past --max-conns-per-ip: its one answer, then it closes. */
+void http_refuse_over_limit(srv_request *r);
+/* The headers every answer carries that depend on the request
+ * (X-Request-ID, CORS, Connection: close while draining). */
+void http_add_request_headers(const srv_request *r, struct MHD_Response *resp);
+
+/* ------------------------------------------------------ request_id.c */
+
+/* Sets r->id: `given` (the client's X-Request-ID) when it is 1 to
+ * REQUEST_ID_MAX visible ASCII characters other than '"' and '\\', else a
+ * fresh id of 96 random bits in 16 base64url characters. */
+void request_id_set(srv_request *r, const char *given);
+
+/* ------------------------------------------------------------ body.c */
+
+/* Checks what the headers promise before a byte of the body is read, so
+ * that an oversized or unreadable upload is refused without being
+ * received (length: the Content-Length when has_length). Returns false
+ * when a response was queued. */
+bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has_length);
+/* Keeps n more bytes of the body (or counts them past --max-body). */
+void body_take(srv_request *r, const char *data, size_t n);
+/* Between requests: a large buffer is not kept for an idle connection. */
+void body_trim(srv_connection *cx);
 
 /* ---------------------------------------------------------- framing.c */
 
@@ -128,8 +188,9 @@ void http_resume(srv_request *r); /* from a compute worker */
  * them (each MHD_lookup_connection_value is a walk of its own). The first
  * of each, as a lookup finds; of the framing fields, what framing_check
  * needs to judge every occurrence. */
-typedef struct {
+struct srv_headers {
     const char *content_type, *origin, *authorization; /* or NULL */
+    const char *user_agent, *request_id;               /* or NULL */
     int n_length, n_encoding;
     const char *length;      /* the first Content-Length value */
     uint64_t value;          /* ... read, when well formed */
@@ -137,7 +198,7 @@ typedef struct {
     const char *differing;   /* a later value that is not the same number */
     const char *encoding;    /* the first Transfer-Encoding value */
     bool only_chunked;       /* every Transfer-Encoding is "chunked" */
-} srv_headers;
+};
 
 void headers_read(struct MHD_Connection *c, srv_headers *h);
 
@@ -151,11 +212,20 @@ typedef enum {
  * *length is the Content-Length when *has_length. */
 framing_result framing_check(srv_request *r, const srv_headers *h, uint64_t *length,
                              bool *has_length);
+/* A Content-Length as libmicrohttpd reads it: decimal digits only, at
+ * most 2^64 - 1. */
+bool framing_parse_length(const char *s, uint64_t *out);
+/* The message of the 400 for a malformed Content-Length `value`. */
+void framing_length_message(char *msg, size_t cap, const char *value);
 
-/* libmicrohttpd refuses the request just read on this connection for its
- * malformed Content-Length (r's connection, uri its target): answers it
- * with JSON on the socket itself (framing.c says why). */
-void framing_malformed_length(srv_request *r, const char *uri);
+/* ------------------------------------------------------- mhd_quirks.c */
+
+/* What attnd does about the libmicrohttpd versions it knows to misbehave
+ * (mhd_quirks.c says which, and why). Called from http.c's callbacks;
+ * with another version, each does nothing. */
+void quirks_request_line(srv_connection *cx, const char *uri); /* the URI callback */
+void quirks_connection_closed(srv_connection *cx);
+void quirks_logged(srv_server *srv, const char *message);      /* libmicrohttpd's log */
 
 /* ----------------------------------------------------------- routes.c */
 
@@ -167,7 +237,7 @@ typedef struct {
     int path_row[ROUTES_MAX];
     char allow[ROUTES_MAX][64];
     srv_canned *not_allowed[ROUTES_MAX];
-    srv_canned *healthz, *ready, *openapi, *info;
+    srv_canned *healthz, *ready, *openapi, *openapi_json, *info;
     char *info_body;
     srv_canned *page[ROUTES_MAX]; /* page.c: one per file of server/web/ */
 } srv_routes;
@@ -182,6 +252,8 @@ const srv_route *routes_match(const srv_server *srv, const char *method, const c
 const char *routes_allow(const srv_server *srv, const char *path);
 /* the 405 for path */
 const srv_canned *routes_not_allowed(const srv_server *srv, const char *path);
+/* The 404, which names the route the path is a near miss of, if any. */
+void routes_not_found(srv_request *r);
 void routes_compute_done(srv_request *r); /* answer a finished compute */
 
 /* ---------------------------------------------------------- compute.c */
@@ -216,7 +288,6 @@ compute_result compute_submit(srv_request *r);
 /* The request's answer is gone (sent or abandoned): its bytes return to
  * the response budget. */
 void compute_release(srv_request *r);
-int compute_queue_depth(srv_server *srv); /* waiting for a slot */
 int compute_running(srv_server *srv);     /* computing now */
 double compute_response_pending(srv_server *srv); /* bytes */
 void compute_stop(srv_server *srv);
@@ -225,28 +296,44 @@ void compute_stop(srv_server *srv);
 
 /* The statuses counted by name; anything else is "other". */
 #define METRICS_N_STATUS 15
-/* Latency histogram buckets (the last counter is +Inf). */
+/* Histogram buckets (the last counter is +Inf). */
 #define METRICS_N_BUCKETS 18
 
 typedef struct {
+    atomic_ulong bucket[METRICS_N_BUCKETS + 1]; /* observations per bucket */
+    atomic_ulong sum_ns;                          /* their sum */
+} srv_histogram;
+
+typedef struct {
     atomic_ulong requests[METRICS_N_STATUS + 1];
-    atomic_ulong bucket[METRICS_N_BUCKETS + 1];
-    atomic_ulong duration_ns;
+    srv_histogram duration;  /* headers in to answer out */
+    atomic_long in_flight;   /* started, not yet completed */
+    /* compute routes */
+    atomic_long queued;      /* waiting for a compute slot */
+    srv_histogram queue_wait; /* time waiting for a slot (0 when none) */
+    srv_histogram compute;   /* time computing (meta.timing_ms.compute) */
 } srv_route_counters;
 
 typedef struct {
     const char *labels[ROUTES_MAX + 1]; /* 0..n-1 the route table's paths, n "other" */
+    bool computes[ROUTES_MAX + 1];      /* a compute route (queue and compute series) */
     int n_labels;
     srv_route_counters counters[ROUTES_MAX + 1];
     atomic_long in_flight;   /* requests started and not yet completed */
     atomic_ulong bytes_received, bytes_sent;
+    double start_time;       /* the process's start, seconds since the epoch */
 } srv_metrics;
 
-void metrics_init(srv_metrics *m, const char *const *labels, int n);
-void metrics_request_start(srv_metrics *m);
+void metrics_init(srv_metrics *m, const char *const *labels, const bool *computes, int n);
+void metrics_request_start(srv_metrics *m, int label);
 void metrics_request_done(srv_metrics *m, int label, int status, double seconds,
                           size_t bytes_in, size_t bytes_out);
 long metrics_in_flight(srv_metrics *m);
+/* A request joins (+1) or leaves (-1) the compute queue of its route. */
+void metrics_queued(srv_metrics *m, int label, int delta);
+/* A computed request: how long it waited for a slot and computed. */
+void metrics_computed(srv_metrics *m, int label, double wait_seconds,
+                      double compute_seconds);
 char *metrics_render(srv_server *srv, size_t *len); /* Prometheus text, malloc'd */
 
 /* -------------------------------------------------------------- log.c */
@@ -305,19 +392,31 @@ void cors_preflight(srv_request *r, const char *allow);
 typedef struct srv_client srv_client; /* one client address and its count */
 
 typedef struct {
-    int max_per_ip;          /* 0: no limit */
+    int max_per_ip;          /* --max-conns-per-ip; 0: no limit */
+    int pressure;            /* open connections from which the address holding
+                              * the most is refused */
     pthread_mutex_t lock;
     srv_client *buckets[CONN_LIMIT_BUCKETS];
+    int open;                /* connections counted now */
+    int most;                /* the most one address holds now */
+    int *holding;            /* holding[k]: addresses that hold k connections */
+    int holding_cap;         /* ... for k < holding_cap */
+    atomic_ulong refused_per_ip, refused_pressure; /* at accept */
 } srv_conn_limit;
 
-void conn_limit_init(srv_conn_limit *cl, int max_per_ip);
-/* The accept policy: false when the address already holds the limit plus
- * OVER_LIMIT_SLACK connections. */
+/* max_connections: the daemon's limit (--max-connections). False when out
+ * of memory. */
+bool conn_limit_init(srv_conn_limit *cl, int max_per_ip, int max_connections);
+/* The accept policy: false for an address that already holds the limit
+ * plus OVER_LIMIT_SLACK connections, or, once `pressure` connections are
+ * open, for the address that holds the most. */
 bool conn_limit_accept(srv_conn_limit *cl, const struct sockaddr *sa);
-/* Counts a new connection; *over_limit when it is past the limit. Returns
- * the handle for conn_limit_close, or NULL when not counted (no limit). */
+/* Counts a new connection; *over_limit when it is past --max-conns-per-ip.
+ * Returns the handle for conn_limit_close, or NULL when not counted (not
+ * an IP address, or no memory). */
 srv_client *conn_limit_open(srv_conn_limit *cl, const struct sockaddr *sa, bool *over_limit);
 void conn_limit_close(srv_conn_limit *cl, srv_client *c);
+int conn_limit_open_now(srv_conn_limit *cl); /* connections counted now */
 void conn_limit_free(srv_conn_limit *cl);
 
 /* ------------------------------------------------------------- auth.c */

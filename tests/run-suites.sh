@@ -1,27 +1,57 @@
 #!/bin/sh
-# Runs each test binary (or tests/test_*.sh script) given, with ATTND_BIN
-# pointing at this build's server, once per libattn kernel (ATTN_KERNEL=
-# generic, avx2, avx512; ATTN_KERNELS chooses the list), and fails if any of
-# them fails. A kernel this CPU lacks is skipped with one line saying so.
-# Each libcheck suite prints its own "N%: Checks: N, Failures: N, Errors: N" line.
+# tests/run-suites.sh BUILD SUITE...
+#
+# Runs each suite given (a libcheck binary, or a tests/test_*.sh script)
+# with ATTND_BIN pointing at BUILD's server, prints its result line and its
+# time, and fails if any suite fails.
+#
+# ATTN_KERNELS lists the libattn kernels to run with (generic, avx2,
+# avx512); unset or empty, it is the one libattn picks (ATTN_KERNEL, or the
+# widest this CPU runs). The first kernel runs every suite whole. Each
+# further one runs only the test cases tagged "kernel" (CK_INCLUDE_TAGS):
+# those whose results depend on the kernel; the rest, the scripts included,
+# would only repeat themselves. A kernel this CPU lacks is skipped with one
+# line saying so; when it lacks them all, the suites run on libattn's pick.
+#
+# One suite, one test case: run the binary with libcheck's CK_RUN_CASE,
+# e.g. `CK_RUN_CASE=gradients build/test_lib` (tcase_create's names).
 set -u
-build=$1; shift
+build=$1
+shift
 export ATTND_BIN="$build/attnd"
 export ATTND_TESTDATA="${ATTND_TESTDATA:-$(pwd)/tests/data}"
 status=0
-for kernel in ${ATTN_KERNELS:-generic avx2 avx512}; do
+first=yes
+
+# Runs the suites on the kernel in ATTN_KERNEL (or libattn's pick).
+run_kernel() {
+    name=$("$ATTND_BIN" --version | sed -n 's/.*kernel \([a-z0-9]*\),.*/\1/p')
+    for t in "$@"; do
+        if [ $first = yes ]; then
+            echo "== $t (kernel $name)"
+        else
+            case "$t" in *.sh) continue ;; esac
+            echo "== $t (kernel $name: the cases tagged kernel)"
+        fi
+        start=$(date +%s)
+        case "$t" in
+            *.sh) sh "$t" ;;
+            *) if [ $first = yes ]; then "$t"; else CK_INCLUDE_TAGS=kernel "$t"; fi ;;
+        esac || { echo "FAILED: $t (kernel $name)"; status=1; }
+        echo "   $(($(date +%s) - start)) s"
+    done
+    first=no
+}
+
+for kernel in ${ATTN_KERNELS:-}; do
     # attnd --version names the kernel it runs: the forced one when the CPU has it.
     if ! ATTN_KERNEL=$kernel "$ATTND_BIN" --version | grep -q "kernel $kernel,"; then
         echo "== kernel $kernel: skipped, this CPU cannot run it"
         continue
     fi
-    export ATTN_KERNEL=$kernel
-    for t in "$@"; do
-        echo "== $t (kernel $kernel)"
-        case "$t" in
-            *.sh) sh "$t" ;;
-            *) "$t" ;;
-        esac || { echo "FAILED: $t (kernel $kernel)"; status=1; }
-    done
+    ATTN_KERNEL=$kernel
+    export ATTN_KERNEL
+    run_kernel "$@"
 done
+[ $first = no ] || run_kernel "$@"
 exit $status

@@ -123,26 +123,34 @@ static int for_each_corpus_file(void (*fn)(const char *, const char *, size_t))
     return n;
 }
 
-/* The text of s placed so that its last byte is the last readable byte
- * before a PROT_NONE page: any read past the end faults. */
+/* Texts placed so that the last byte of each is the last readable byte
+ * before a PROT_NONE page: any read past the end faults. A fence takes
+ * texts of up to `cap` bytes, one after another (fence_put): a loop over
+ * many texts maps and unmaps once, not once a text (an munmap in a process
+ * with threads costs a TLB shootdown on every core). */
 typedef struct {
-    char *map;
-    size_t map_len;
-    char *text;
+    char *map, *end; /* end: the first byte of the PROT_NONE page */
+    size_t map_len, cap;
 } fenced;
 
-static fenced fence(const char *s, size_t len)
+static fenced fence_make(size_t cap)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t pages = (len + page - 1) / page + 1;
-    fenced f;
-    f.map_len = (pages + 1) * page;
+    size_t pages = (cap + page - 1) / page + 1;
+    fenced f = {.map_len = (pages + 1) * page, .cap = cap};
     f.map = mmap(NULL, f.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ck_assert(f.map != MAP_FAILED);
     ck_assert_int_eq(mprotect(f.map + pages * page, page, PROT_NONE), 0);
-    f.text = f.map + pages * page - len;
-    memcpy(f.text, s, len);
+    f.end = f.map + pages * page;
     return f;
+}
+
+/* s[0..len) against the fence; returns where it starts. */
+static const char *fence_put(fenced *f, const char *s, size_t len)
+{
+    CHECK(len <= f->cap, "a text of %zu bytes in a fence of %zu", len, f->cap);
+    memcpy(f->end - len, s, len);
+    return f->end - len;
 }
 
 static void unfence(fenced *f)
@@ -231,12 +239,12 @@ END_TEST
 static void check_fenced(const char *name, const char *text, size_t len)
 {
     (void)name;
+    fenced f = fence_make(len);
     for (size_t cut = 0; cut <= len; cut += (len > 64 ? len / 16 + 1 : 1)) {
-        fenced f = fence(text, cut);
         api_error e;
-        (void)json_text_validate(f.text, cut, &e);
-        unfence(&f);
+        (void)json_text_validate(fence_put(&f, text, cut), cut, &e);
     }
+    unfence(&f);
 }
 
 START_TEST(validator_never_reads_past_the_end)
@@ -244,12 +252,13 @@ START_TEST(validator_never_reads_past_the_end)
     for_each_corpus_file(check_fenced);
     const char *cases[] = {"\"abc", "\"\\u12", "\"\\", "[1,", "{\"a\"", "tru", "-", "1e", "1.",
                            "\"\xe2\x82", "[\"\\ud800\\u"};
+    fenced f = fence_make(64);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        fenced f = fence(cases[i], strlen(cases[i]));
         api_error e;
-        ck_assert_msg(!json_text_validate(f.text, strlen(cases[i]), &e), "%s", cases[i]);
-        unfence(&f);
+        const char *text = fence_put(&f, cases[i], strlen(cases[i]));
+        ck_assert_msg(!json_text_validate(text, strlen(cases[i]), &e), "%s", cases[i]);
     }
+    unfence(&f);
 }
 END_TEST
 
@@ -1834,7 +1843,11 @@ START_TEST(half_narrowing_rounds_to_nearest_even_on_every_path)
             CHECK(memcmp(out, portable + 6, 74) == 0, "%s path tail", PATH_NAME[p]);
         }
     }
-    /* every float32 subnormal, where vcvtne2ps2bf16 reads zero */
+    /* every float32 subnormal, where vcvtne2ps2bf16 reads zero; the paths
+     * asked for once (each question is a CPUID, slow in a virtual machine) */
+    bool supported[API_HALF_AVX512_BF16 + 1];
+    for (api_half_path p = API_HALF_F16C; p <= API_HALF_AVX512_BF16; p++)
+        supported[p] = api_half_path_supported(p);
     for (uint32_t u = 0; u < 0x800000; u += 0x800000 / 65536 - 1) {
         float f;
         memcpy(&f, &u, 4);
@@ -1844,7 +1857,7 @@ START_TEST(half_narrowing_rounds_to_nearest_even_on_every_path)
             xs[i] = i == 5 ? f : 1.0f + (float)i;
         api_f32_to_half(API_BF16, xs, a, 32, API_HALF_PORTABLE);
         for (api_half_path p = API_HALF_F16C; p <= API_HALF_AVX512_BF16; p++)
-            if (api_half_path_supported(p)) {
+            if (supported[p]) {
                 api_f32_to_half(API_BF16, xs, b, 32, p);
                 CHECK(memcmp(a, b, 64) == 0, "%s: subnormal %08x", PATH_NAME[p], u);
             }
@@ -2010,6 +2023,7 @@ START_TEST(mutated_documents_never_crash)
     };
     const char alphabet[] = "[]{},:\"\\-+.eE0123456789tfnu \n\x80\xc3\xff/=A";
     uint64_t seed = 99;
+    fenced f = fence_make(256);
     for (int iter = 0; iter < 6000; iter++) {
         const char *src = seeds[iter % 6];
         size_t len = strlen(src);
@@ -2041,20 +2055,20 @@ START_TEST(mutated_documents_never_crash)
                 }
             }
         }
-        fenced f = fence(buf, len);
+        const char *text = fence_put(&f, buf, len);
         api_error e;
         api_tensor t;
-        bool ok = json_text_validate(f.text, len, &e);
+        bool ok = json_text_validate(text, len, &e);
         if (ok && (iter % 6) == 5) {
             json_member m[4];
             size_t n;
-            (void)json_text_members(f.text, f.text + len, m, 4, &n, "", &e);
+            (void)json_text_members(text, text + len, m, 4, &n, "", &e);
         }
         /* decode is meant for validated text, but must not crash on any */
-        if (api_tensor_decode(f.text, f.text + len, "q", true, &t, &e))
+        if (api_tensor_decode(text, text + len, "q", true, &t, &e))
             api_tensor_free(&t);
-        unfence(&f);
     }
+    unfence(&f);
 }
 END_TEST
 
@@ -2292,6 +2306,7 @@ START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
 {
     uint64_t seed = 7;
     int valid_rows = 0, invalid_rows = 0;
+    fenced f = fence_make(2400);
     for (int iter = 0; iter < 20000; iter++) {
         char doc[2400];
         size_t w = 0;
@@ -2303,10 +2318,10 @@ START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
         memcpy(doc + w, iter % 4 ? "]" : " ]\n", iter % 4 ? 1 : 3);
         w += iter % 4 ? 1 : 3;
         /* the end of the text right after the document: reads past it fault */
-        fenced f = fence(doc, w);
+        const char *text = fence_put(&f, doc, w);
         api_error e;
         bool want = ref_number_array(doc, w);
-        bool got = json_text_validate(f.text, w, &e);
+        bool got = json_text_validate(text, w, &e);
         CHECK(got == want, "%.*s: validator %d, reference %d (%s)", (int)w, doc, got, want,
               got ? "" : e.message);
         if (want) {
@@ -2327,7 +2342,7 @@ START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
                 p = q;
             }
             api_tensor t;
-            bool ok = api_tensor_decode(f.text, f.text + w, "q", false, &t, &e);
+            bool ok = api_tensor_decode(text, text + w, "q", false, &t, &e);
             if (not_finite >= 0) {
                 char name[32];
                 snprintf(name, sizeof name, "q[%lld] is", (long long)not_finite);
@@ -2344,16 +2359,21 @@ START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
                 api_tensor_free(&t);
         }
         want ? valid_rows++ : invalid_rows++;
-        unfence(&f);
     }
+    unfence(&f);
     ck_assert_int_gt(valid_rows, 3000);
     ck_assert_int_gt(invalid_rows, 3000);
 }
 END_TEST
 
-static TCase *tcase(Suite *s, const char *name)
+/* kernel: the case reads JSON through the validator or the tensor reader,
+ * whose row classifier ATTN_KERNEL selects (api/json/row_scan.c), and make
+ * test runs it once per kernel (the tag "kernel", tests/run-suites.sh). */
+static TCase *tcase(Suite *s, const char *name, bool kernel)
 {
     TCase *tc = tcase_create(name);
+    if (kernel)
+        tcase_set_tags(tc, "kernel");
     /* the property tests run ~1M cases; sanitizers slow them several-fold */
     tcase_set_timeout(tc, 600);
     suite_add_tcase(s, tc);
@@ -2363,25 +2383,25 @@ static TCase *tcase(Suite *s, const char *name)
 Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
-    TCase *tc = tcase(s, "validator");
+    TCase *tc = tcase(s, "validator", true);
     tcase_add_test(tc, validator_matches_jsontestsuite_corpus);
     tcase_add_test(tc, validator_never_reads_past_the_end);
     tcase_add_test(tc, validator_rejects_what_rfc8259_forbids);
     tcase_add_test(tc, validator_error_names_offset_line_and_column);
     tcase_add_test(tc, validator_bounds_nesting_without_recursion);
     tcase_add_test(tc, validator_checks_every_byte_of_long_strings);
-    tc = tcase(s, "objects");
+    tc = tcase(s, "objects", false);
     tcase_add_test(tc, skip_finds_the_end_of_each_value);
     tcase_add_test(tc, members_lists_decoded_keys_and_value_spans);
     tcase_add_test(tc, members_detects_duplicates_after_decoding);
     tcase_add_test(tc, members_refuses_non_objects_and_too_many_fields);
     tcase_add_test(tc, validator_notes_the_members_of_the_object);
-    tc = tcase(s, "strings");
+    tc = tcase(s, "strings", false);
     tcase_add_test(tc, utf8_sequence_matches_reference_on_every_short_input);
     tcase_add_test(tc, utf8_valid_and_uncut_on_texts);
     tcase_add_test(tc, escape_text_reads_back_as_the_text_for_any_bytes);
     tcase_add_test(tc, escape_text_examples);
-    tc = tcase(s, "decode");
+    tc = tcase(s, "decode", true);
     tcase_add_test(tc, decode_nested_ranks_two_to_four);
     tcase_add_test(tc, decode_long_rows_match_strtod);
     tcase_add_test(tc, decode_bool_masks_in_every_form);
@@ -2397,31 +2417,31 @@ Suite *codec_suite(void)
     tcase_add_test(tc, decode_checks_declared_shape_before_allocating);
     tcase_add_test(tc, decode_type_errors_come_before_shape_errors);
     tcase_add_test(tc, messages_quote_keys_whole_and_escaped);
-    tc = tcase(s, "half");
+    tc = tcase(s, "half", false);
     tcase_add_test(tc, half_widening_exact_for_every_pattern_and_path);
     tcase_add_test(tc, half_narrowing_rounds_to_nearest_even_on_every_path);
     tcase_add_test(tc, decode_half_base64_tensors);
     tcase_add_test(tc, encode_half_base64_rounds_to_nearest_even);
-    tc = tcase(s, "numbers");
+    tc = tcase(s, "numbers", false);
     tcase_add_test(tc, parse_number_edge_cases);
     tcase_add_test(tc, parse_number_matches_strtod_on_random_texts);
     tcase_add_test(tc, parse_number_exact_where_rounding_is_close);
     tcase_add_test(tc, pow10_table_entries_are_right);
-    tc = tcase(s, "format");
+    tc = tcase(s, "format", false);
     tcase_add_test(tc, float_text_examples);
     tcase_add_test(tc, float_text_round_trips_every_kind_of_float);
     tcase_add_test(tc, float_text_is_shortest);
     tcase_add_test(tc, float_text_is_shortest_and_nearest);
-    tc = tcase(s, "encode");
+    tc = tcase(s, "encode", false);
     tcase_add_test(tc, encode_forms_exact_text);
     tcase_add_test(tc, encode_decode_round_trip_bit_exact);
     tcase_add_test(tc, buf_grows_and_formats);
     tcase_add_test(tc, base64_rfc4648_vectors);
-    tc = tcase(s, "rows");
+    tc = tcase(s, "rows", true);
     tcase_add_test(tc, row_scan_paths_classify_every_byte_alike);
     tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
     tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
-    tc = tcase(s, "robustness");
+    tc = tcase(s, "robustness", true);
     tcase_add_test(tc, mutated_documents_never_crash);
     return s;
 }

@@ -106,6 +106,10 @@ static Suite *fuzz_suite(void)
 {
     Suite *s = suite_create("fuzz");
     TCase *tc = tcase_create("replay");
+    /* The inputs go through the whole pipeline, the validator's row
+     * classifier and libattn's kernel included: make test replays them once
+     * per kernel (the tag "kernel", tests/run-suites.sh). */
+    tcase_set_tags(tc, "kernel");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, fuzz_regressions_keep_every_invariant);
     tcase_add_test(tc, fuzz_corpus_keeps_every_invariant);

@@ -9,8 +9,9 @@
  * float32 on the way is still right, and a constant shift of a score row
  * changes no gradient.
  *
- * The suite runs once per kernel (tests/run-suites.sh sets ATTN_KERNEL);
- * the tests of the kernel table itself walk every available kernel anyway.
+ * The micro-kernels are tested by name, every one this CPU runs; the
+ * promises through the kernel ATTN_KERNEL chose, which make test varies
+ * (the cases tagged "kernel", tests/run-suites.sh).
  */
 #include <check.h>
 #include <math.h>
@@ -22,6 +23,7 @@
 #include "kern.h" /* lib-private: the micro-kernels */
 #include "support/ref.h"
 #include "support/sdpa_case.h"
+#include "support/worst.h"
 
 static const attn_kernel_kind KINDS[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2,
                                          ATTN_KERNEL_AVX512};
@@ -50,8 +52,16 @@ START_TEST(gemm_matches_double_reference_at_every_block_shape)
 {
     const int64_t widths[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 48, 64, 65, 100, 128};
     const int64_t depths[] = {0, 1, 2, 5, 64, 67};
-    enum { LDC = 140, ROWS = 8 };
+    enum { LDC = 140, ROWS = 8, KMAX = 67 };
     uint64_t seed = 11;
+    /* One set of random operands serves every shape: A, B and C's starting
+     * values (c0; C is written, so it starts from a copy each time). B is
+     * copied into a buffer of its shape's size, so that the sanitizer sees
+     * a read past it. */
+    float *a = random_floats(70 * 70, &seed, 1.0);
+    float *b_all = random_floats((size_t)(KMAX + 1) * LDC, &seed, 1.0);
+    float *c0 = random_floats(ROWS * LDC, &seed, 1.0);
+    float *c = xcalloc(ROWS * LDC, sizeof *c);
     for (size_t kd = 0; kd < 3; kd++) {
         const attn_kern *kk = attn_kern_of(KINDS[kd]);
         if (kk == NULL)
@@ -66,20 +76,20 @@ START_TEST(gemm_matches_double_reference_at_every_block_shape)
                             /* A [rows, kdim] by rows (lda 70) or stored
                              * transposed [kdim, rows] (lda 9). */
                             int64_t a_rs = layout ? 1 : 70, a_cs = layout ? 9 : 1;
-                            float *a = random_floats(70 * 70, &seed, 1.0);
-                            float *b = random_floats((size_t)(kdim + 1) * LDC, &seed, 1.0);
-                            float *c = random_floats(ROWS * LDC, &seed, 1.0);
-                            float *c0 = xcalloc(ROWS * LDC, sizeof *c0);
-                            memcpy(c0, c, ROWS * LDC * sizeof *c);
+                            float *b = xcalloc((size_t)(kdim + 1) * LDC, sizeof *b);
+                            memcpy(b, b_all, (size_t)(kdim + 1) * LDC * sizeof *b);
+                            memcpy(c, c0, ROWS * LDC * sizeof *c);
                             kk->gemm(rows, cols, kdim, a, a_rs, a_cs, b, LDC, c, LDC, acc);
+                            /* Errors relative to the tolerance, which grows
+                             * with the sum of the terms' magnitudes. */
+                            worst_elem inside = {0};
+                            long long outside = -1; /* first element changed outside C */
                             for (int r = 0; r < ROWS; r++)
                                 for (int64_t j = 0; j < LDC; j++) {
                                     float got = c[r * LDC + j];
                                     if (r >= rows || j >= cols) {
-                                        ck_assert_msg(got == c0[r * LDC + j],
-                                                      "%s: wrote outside C at (%d, %lld)",
-                                                      attn_kernel_kind_name(KINDS[kd]), r,
-                                                      (long long)j);
+                                        if (outside < 0 && !(got == c0[r * LDC + j]))
+                                            outside = r * LDC + j;
                                         continue;
                                     }
                                     double want = acc ? c0[r * LDC + j] : 0.0, mag = fabs(want);
@@ -89,19 +99,27 @@ START_TEST(gemm_matches_double_reference_at_every_block_shape)
                                         want += t;
                                         mag += fabs(t);
                                     }
-                                    ck_assert_msg(fabs(got - want) <= 1e-6 * (mag + 1.0),
-                                                  "%s rows %d cols %lld kdim %lld layout %d: "
-                                                  "C[%d][%lld] = %.9g, want %.9g",
-                                                  attn_kernel_kind_name(KINDS[kd]), rows,
-                                                  (long long)cols, (long long)kdim, layout, r,
-                                                  (long long)j, (double)got, want);
+                                    worst_note(&inside, r * LDC + j, got, want,
+                                               fabs(got - want) / (1e-6 * (mag + 1.0)));
                                 }
-                            free(a);
+                            ck_assert_msg(outside < 0,
+                                          "%s rows %d cols %lld: wrote outside C at (%lld, %lld)",
+                                          attn_kernel_kind_name(KINDS[kd]), rows,
+                                          (long long)cols, outside / LDC, outside % LDC);
+                            ck_assert_msg(inside.err <= 1.0,
+                                          "%s rows %d cols %lld kdim %lld layout %d: C[%lld][%lld]"
+                                          " = %.9g, want %.9g (%.3g times the tolerance)",
+                                          attn_kernel_kind_name(KINDS[kd]), rows,
+                                          (long long)cols, (long long)kdim, layout,
+                                          inside.at / LDC, inside.at % LDC, inside.got,
+                                          inside.want, inside.err);
                             free(b);
-                            free(c);
-                            free(c0);
                         }
     }
+    free(a);
+    free(b_all);
+    free(c);
+    free(c0);
 }
 END_TEST
 
@@ -125,17 +143,22 @@ START_TEST(pack_transposes_and_zero_pads_to_the_vector_every_shape)
                     dst[i] = NAN;
                 kk->pack_t(src, lds, rows, cols, dst);
                 const int64_t padded = (rows + widths[kd] - 1) / widths[kd] * widths[kd];
+                worst_elem w = {0};
                 for (int64_t c = 0; c < cols; c++)
-                    for (int64_t r = 0; r < padded; r++) {
-                        float want = r < rows ? src[r * lds + c] : 0.0f;
-                        ck_assert_msg(dst[c * KERN_BK + r] == want,
-                                      "%s: %lldx%lld: dst[%lld][%lld] = %g, want %g",
-                                      attn_kernel_kind_name(KINDS[kd]), (long long)rows,
-                                      (long long)cols, (long long)c, (long long)r,
-                                      (double)dst[c * KERN_BK + r], (double)want);
-                    }
-                for (int64_t r = 0; r < KERN_BK; r++)
-                    ck_assert_msg(isnan(dst[cols * KERN_BK + r]), "wrote past the panel");
+                    for (int64_t r = 0; r < padded; r++)
+                        worst_note(&w, c * KERN_BK + r, dst[c * KERN_BK + r],
+                                   r < rows ? src[r * lds + c] : 0.0f,
+                                   exact_err(dst[c * KERN_BK + r],
+                                             r < rows ? src[r * lds + c] : 0.0f));
+                ck_assert_msg(w.err == 0.0, "%s: %lldx%lld: dst[%lld][%lld] = %g, want %g",
+                              attn_kernel_kind_name(KINDS[kd]), (long long)rows,
+                              (long long)cols, w.at / KERN_BK, w.at % KERN_BK, w.got, w.want);
+                int64_t past = 0;
+                while (past < KERN_BK && isnan(dst[cols * KERN_BK + past]))
+                    past++;
+                ck_assert_msg(past == KERN_BK, "%s: %lldx%lld: wrote past the panel",
+                              attn_kernel_kind_name(KINDS[kd]), (long long)rows,
+                              (long long)cols);
                 free(src);
                 free(dst);
             }
@@ -219,11 +242,14 @@ START_TEST(row_steps_stay_inside_the_row)
                 x[j] = (float)j - 40.0f;
             for (int g = 0; g < GUARD; g++)
                 x[n + g] = INFINITY; /* read past the row: inf or nan shows it */
-            ck_assert(kk->scale_finite(x, n, 0.5f));
-            for (int64_t j = 0; j < n; j++)
-                ck_assert(x[j] == ((float)j - 40.0f) * 0.5f);
-            for (int g = 0; g < GUARD; g++)
-                ck_assert(x[n + g] == INFINITY);
+            ck_assert_msg(kk->scale_finite(x, n, 0.5f), "%s: n=%lld: finite row not finite",
+                          attn_kernel_kind_name(KINDS[kd]), (long long)n);
+            worst_elem w = {0};
+            for (int64_t j = 0; j < n + GUARD; j++)
+                worst_note(&w, j, x[j], j < n ? ((float)j - 40.0f) * 0.5f : INFINITY,
+                           exact_err(x[j], j < n ? ((float)j - 40.0f) * 0.5f : INFINITY));
+            ck_assert_msg(w.err == 0.0, "%s: n=%lld: x[%lld] = %g, want %g",
+                          attn_kernel_kind_name(KINDS[kd]), (long long)n, w.at, w.got, w.want);
             if (n > 0) {
                 x[n - 1] = 3e38f;
                 ck_assert_msg(!kk->scale_finite(x, n, 4.0f), "%s: overflow at n=%lld missed",
@@ -457,13 +483,15 @@ START_TEST(output_is_finite_where_the_sum_on_the_way_overflows)
     for (int j = 0; j < NK * D; j++)
         kd[j] = k[j], vd[j] = v[j];
     ref_sdpa_forward(&p, qd, kd, vd, want, NULL, want_w);
-    for (int i = 0; i < 2 * D; i++)
-        ck_assert_msg(isfinite(out[i]) && fabs(out[i] - want[i]) <= 1e-6 * fabs(want[i]),
-                      "out[%d] = %g, want %g", i, (double)out[i], want[i]);
+    worst_elem wo = {0}, ww = {0};
+    for (int i = 0; i < 2 * D; i++) /* relative, and an infinity is infinitely far */
+        worst_note(&wo, i, out[i], want[i],
+                   isfinite(out[i]) ? fabs(out[i] - want[i]) / fabs(want[i]) : INFINITY);
+    ck_assert_msg(wo.err <= 1e-6, "out[%lld] = %g, want %g", wo.at, wo.got, wo.want);
     /* The weights of the row whose scores overflowed come from double too. */
     for (int j = 0; j < 2 * NK; j++)
-        ck_assert_msg(fabs(w[j] - want_w[j]) <= 1e-6, "weight %d = %g, want %g", j,
-                      (double)w[j], want_w[j]);
+        worst_note(&ww, j, w[j], want_w[j], fabs(w[j] - want_w[j]));
+    ck_assert_msg(ww.err <= 1e-6, "weight %lld = %g, want %g", ww.at, ww.got, ww.want);
 }
 END_TEST
 
@@ -534,7 +562,11 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, exp_within_2_ulp_of_expf_over_the_softmax_range);
     tcase_add_test(tc, row_steps_stay_inside_the_row);
     suite_add_tcase(s, tc);
+    /* The micro-kernels above are each called by name; what follows runs
+     * on the kernel ATTN_KERNEL chose, so make test runs it once per kernel
+     * (the tag "kernel", tests/run-suites.sh). */
     tc = tcase_create("promises");
+    tcase_set_tags(tc, "kernel");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, layout_bnhd_gives_the_numbers_of_bhnd_bit_for_bit);
     tcase_add_test(tc, results_are_the_same_bits_call_after_call);

@@ -20,6 +20,7 @@
 #include "attn.h"
 #include "support/ref.h"
 #include "support/sdpa_case.h"
+#include "support/worst.h"
 #include "kern.h" /* lib-private: the micro-kernels and their row steps */
 
 /* ----------------------------------------------------- small functions */
@@ -1009,17 +1010,19 @@ START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
     case_sync(&c);
     lib_fwd got;
     lib_forward(&c, &c.lib, &got, true, true);
+    worst_elem wo = {0}, wl = {0}, ww = {0};
     for (int64_t i = 0; i < n_q; i++) {
         int64_t win = i % 2 ? early : late;
-        ck_assert_msg(got.out[i] == (float)win, "row %lld output %.9g",
-                      (long long)i, (double)got.out[i]);
-        ck_assert_msg(fabs(got.lse[i] - 1e4) < 1e-2, "row %lld lse %.9g",
-                      (long long)i, (double)got.lse[i]);
+        worst_note(&wo, i, got.out[i], (double)win, exact_err(got.out[i], (double)win));
+        worst_note(&wl, i, got.lse[i], 1e4, fabs(got.lse[i] - 1e4));
         for (int64_t j = 0; j < n_k; j++)
-            ck_assert_msg(got.weights[i * n_k + j] == (j == win ? 1.0f : 0.0f),
-                          "weight (%lld,%lld) = %g", (long long)i,
-                          (long long)j, (double)got.weights[i * n_k + j]);
+            worst_note(&ww, i * n_k + j, got.weights[i * n_k + j], j == win ? 1.0 : 0.0,
+                       exact_err(got.weights[i * n_k + j], j == win ? 1.0 : 0.0));
     }
+    ck_assert_msg(wo.err == 0, "row %lld output %.9g, want %.9g", wo.at, wo.got, wo.want);
+    ck_assert_msg(wl.err < 1e-2, "row %lld lse %.9g", wl.at, wl.got);
+    ck_assert_msg(ww.err == 0, "weight (%lld,%lld) = %g, want %g", ww.at / n_k, ww.at % n_k,
+                  ww.got, ww.want);
     ck_assert_msg(fabs(got.stats.max_weight_mean - 1.0) < 1e-9 &&
                       fabs(got.stats.entropy_max) < 1e-9,
                   "one-hot stats: max weight %g entropy max %g",
@@ -1039,9 +1042,11 @@ START_TEST(extreme_scores_across_tiles_and_backward_stay_finite)
     ck_assert_msg(fabs(g.dv[early] - sum_early) <
                       1e-4 * (1 + fabs(sum_early)),
                   "dv[early] = %g, want %g", (double)g.dv[early], sum_early);
+    worst_elem wd = {0};
     for (int64_t j = 0; j < n_k; j++)
-        ck_assert_msg(j == late || j == early || g.dv[j] == 0.0f,
-                      "dv[%lld] = %g", (long long)j, (double)g.dv[j]);
+        if (j != late && j != early)
+            worst_note(&wd, j, g.dv[j], 0.0, exact_err(g.dv[j], 0.0));
+    ck_assert_msg(wd.err == 0, "dv[%lld] = %g, want 0", wd.at, wd.got);
     lib_grads_free(&g);
     case_free(&c);
 }
@@ -1376,16 +1381,22 @@ START_TEST(weights_rows_sum_to_one)
         lib_fwd got;
         lib_forward(&c, &c.lib, &got, true, false);
         int64_t n_k = p.n_k;
+        /* outside: how far a weight lies outside [0, 1]; off: a row sum from 1 */
+        worst_elem outside = {0}, off = {0};
         for (size_t r = 0; r < c.n_rows; r++) {
             double sum = 0.0;
             for (int64_t j = 0; j < n_k; j++) {
                 float w = got.weights[r * (size_t)n_k + (size_t)j];
-                ck_assert_msg(w >= 0.0f && w <= 1.0f, "weight %g", (double)w);
+                worst_note(&outside, (long long)(r * (size_t)n_k + (size_t)j), w, 0.5,
+                           w >= 0.0f && w <= 1.0f ? 0.0 : fabs(w - 0.5) + 1.0);
                 sum += w;
             }
-            ck_assert_msg(fabs(sum - 1.0) < 1e-5, "n=%lld row %zu sums to %.9g",
-                          (long long)n, r, sum);
+            worst_note(&off, (long long)r, sum, 1.0, fabs(sum - 1.0));
         }
+        ck_assert_msg(outside.err == 0, "n=%lld: weight (%lld,%lld) = %g", (long long)n,
+                      outside.at / n_k, outside.at % n_k, outside.got);
+        ck_assert_msg(off.err < 1e-5, "n=%lld row %lld sums to %.9g", (long long)n, off.at,
+                      off.got);
         lib_fwd_free(&got);
         case_free(&c);
     }
@@ -1405,6 +1416,7 @@ START_TEST(output_in_convex_hull_of_visible_values)
     lib_fwd got;
     lib_forward(&c, &c.lib, &got, false, false);
     const attn_sdpa_params *q = &c.ref;
+    worst_elem beyond = {0};
     for (int64_t b = 0; b < q->batch; b++)
         for (int64_t h = 0; h < q->heads_q; h++)
             for (int64_t i = 0; i < q->n_q; i++)
@@ -1421,9 +1433,16 @@ START_TEST(output_in_convex_hull_of_visible_values)
                     size_t o = (size_t)(((b * q->heads_q + h) * q->n_q + i) *
                                             q->d_v + t);
                     double y = got.out[o];
-                    ck_assert_msg(y >= lo - 1e-6 && y <= hi + 1e-6,
-                                  "out %g outside [%g, %g]", y, lo, hi);
+                    /* how far y lies outside [lo, hi] (infinitely when y
+                     * is NaN or no value is visible) */
+                    worst_note(&beyond, (long long)o, y, y < lo ? lo : hi,
+                               y >= lo && y <= hi ? 0.0
+                               : y < lo           ? lo - y
+                               : y > hi           ? y - hi
+                                                  : INFINITY);
                 }
+    ck_assert_msg(beyond.err <= 1e-6, "out[%lld] = %g outside the hull of its values, by %g",
+                  beyond.at, beyond.got, beyond.err);
     lib_fwd_free(&got);
     case_free(&c);
 }
@@ -1628,6 +1647,7 @@ static void pf_unit(void *ctx, int64_t i, int worker)
         volatile double x = 0;
         for (int k = 0; k < 20000; k++)
             x += k;
+        (void)x;
     }
 }
 
@@ -1638,9 +1658,11 @@ START_TEST(parallel_for_runs_every_unit_once)
             int *runs = calloc((size_t)count + 1, sizeof *runs);
             pf_ctx c = {.runs = runs, .threads = threads};
             attn_parallel_for(threads, count, pf_unit, &c);
-            for (int64_t i = 0; i < count; i++)
-                ck_assert_msg(runs[i] == 1, "threads %d, count %lld: unit %lld ran %d times",
-                              threads, (long long)count, (long long)i, runs[i]);
+            int64_t wrong = 0;
+            while (wrong < count && runs[wrong] == 1)
+                wrong++;
+            ck_assert_msg(wrong == count, "threads %d, count %lld: unit %lld ran %d times",
+                          threads, (long long)count, (long long)wrong, runs[wrong]);
             ck_assert_msg(!c.bad_worker, "threads %d: a worker number out of range", threads);
             free(runs);
         }
@@ -1953,28 +1975,28 @@ START_TEST(vexp_kinds_match_exp_and_flush_below_min)
                 x[n + g] = 12345.0f;
             float sum = attn_kern_of(vexp_kinds[kd])->exp_sum(x, n, shift);
             double total = 0.0;
+            /* exact: 0 below the minimum, 1 at 0; the rest relative */
+            worst_elem exact = {0}, rel = {0};
             for (int64_t j = 0; j < n; j++) {
                 total += x[j];
-                if (arg[j] < ATTN_EXP_MIN) {
-                    ck_assert_msg(x[j] == 0.0f, "%s: exp(%g) = %g, want 0",
-                                  vexp_names[kd], (double)arg[j],
-                                  (double)x[j]);
+                if (arg[j] < ATTN_EXP_MIN || arg[j] == 0.0f) {
+                    double want = arg[j] == 0.0f ? 1.0 : 0.0;
+                    worst_note(&exact, j, x[j], want, exact_err(x[j], want));
                     continue;
                 }
-                if (arg[j] == 0.0f)
-                    ck_assert_msg(x[j] == 1.0f, "%s: exp(0) = %.9g",
-                                  vexp_names[kd], (double)x[j]);
                 double want = exp((double)arg[j]);
-                double e = fabs(x[j] - want) / want;
-                worst = fmax(worst, e);
-                ck_assert_msg(e < 4.8e-7, "%s: exp(%.9g) = %.9g, want %.9g",
-                              vexp_names[kd], (double)arg[j], (double)x[j],
-                              want);
+                worst_note(&rel, j, x[j], want, fabs(x[j] - want) / want);
             }
-            for (int g = 0; g < GUARD; g++)
-                ck_assert_msg(x[n + g] == 12345.0f,
-                              "%s: n=%lld wrote past the row at +%d",
-                              vexp_names[kd], (long long)n, g);
+            worst = fmax(worst, rel.err);
+            ck_assert_msg(exact.err == 0, "%s: exp(%g) = %.9g, want %g", vexp_names[kd],
+                          (double)arg[exact.at], exact.got, exact.want);
+            ck_assert_msg(rel.err < 4.8e-7, "%s: exp(%.9g) = %.9g, want %.9g",
+                          vexp_names[kd], (double)arg[rel.at], rel.got, rel.want);
+            int past = 0;
+            while (past < GUARD && x[n + past] == 12345.0f)
+                past++;
+            ck_assert_msg(past == GUARD, "%s: n=%lld wrote past the row at +%d",
+                          vexp_names[kd], (long long)n, past);
             ck_assert_msg(fabs(sum - total) <= 1e-6 * (1.0 + total),
                           "%s: n=%lld sum %.9g, elements add to %.9g",
                           vexp_names[kd], (long long)n, (double)sum, total);
@@ -1996,6 +2018,8 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
             continue;
         ck_assert_msg(attn_kern_of(vexp_kinds[kd])->max(x, 0) == -INFINITY,
                       "%s: max of nothing", vexp_names[kd]);
+        int64_t wrong_n = 0, wrong_at = 0;
+        float wrong = -1.0f;
         for (int64_t n = 1; n <= MAXN; n++)
             for (int64_t at = 0; at < n; at++) {
                 for (int64_t j = 0; j < n; j++)
@@ -2004,10 +2028,11 @@ START_TEST(vmax_kinds_find_the_maximum_at_every_position)
                     x[n + g] = 1e30f; /* past the row: must not be read */
                 x[at] = -1.0f;
                 float m = attn_kern_of(vexp_kinds[kd])->max(x, n);
-                ck_assert_msg(m == -1.0f, "%s: n=%lld max at %lld: got %g",
-                              vexp_names[kd], (long long)n, (long long)at,
-                              (double)m);
+                if (!(m == -1.0f) && wrong == -1.0f)
+                    wrong = m, wrong_n = n, wrong_at = at;
             }
+        ck_assert_msg(wrong == -1.0f, "%s: n=%lld max at %lld: got %g", vexp_names[kd],
+                      (long long)wrong_n, (long long)wrong_at, (double)wrong);
         for (int64_t j = 0; j < 20; j++)
             x[j] = -INFINITY;
         ck_assert_msg(attn_kern_of(vexp_kinds[kd])->max(x, 20) == -INFINITY,
@@ -2122,14 +2147,18 @@ END_TEST
 static Suite *lib_suite(void)
 {
     Suite *s = suite_create("lib");
+    /* kernel: the group's results depend on libattn's kernel (ATTN_KERNEL),
+     * and make test runs it once per kernel (the tag "kernel",
+     * tests/run-suites.sh). The "kernels" group calls each one by name. */
     struct {
         const char *name;
+        bool kernel;
         const TTest *tests[16];
     } groups[] = {
-        {"functions",
+        {"functions", false,
          {default_scale_is_inverse_sqrt_dk,
           flops_count_two_products_without_mask_discount}},
-        {"chapter",
+        {"chapter", true,
          {worked_example_1_two_tokens_weights_0_6698,
           worked_example_2_three_tokens_closed_form,
           exercise_5_causal_n3_lower_triangular,
@@ -2137,7 +2166,7 @@ static Suite *lib_suite(void)
           exercise_5_causal_uniform_scores_average_the_prefix,
           exercise_6_unscaled_scores_saturate_softmax,
           exercise_6_scaled_by_inverse_sqrt_64}},
-        {"forward",
+        {"forward", true,
          {reference_backward_matches_its_finite_differences,
           forward_matches_reference_small_shapes_ranks_2_to_4,
           forward_square_sizes_around_tile_boundaries,
@@ -2147,12 +2176,12 @@ static Suite *lib_suite(void)
           forward_batched_heads_around_tile_boundaries,
           forward_many_key_tiles_and_wide_heads,
           forward_optional_outputs_may_be_null}},
-        {"causal",
+        {"causal", true,
          {causal_bottom_right_when_nq_lt_nk,
           causal_nq_gt_nk_top_rows_zero_with_lse_minus_inf,
           causal_nq_gt_nk_backward_gives_zero_grads_no_nan,
           causal_weights_zero_above_aligned_diagonal_at_tile_sizes}},
-        {"masks",
+        {"masks", true,
          {mask_broadcast_strides_for_each_shape,
           mask_broadcast_rejects_non_broadcastable_shapes,
           bool_mask_broadcast_shapes_match_reference,
@@ -2163,14 +2192,14 @@ static Suite *lib_suite(void)
           bool_mask_fully_masked_row_gives_zeros,
           bool_mask_all_false_gives_zeros_and_empty_stats,
           bool_mask_with_causal_around_tile_boundaries}},
-        {"gqa",
+        {"gqa", true,
          {gqa_forward_hq4_hkv2_and_hkv1, gqa_query_head_uses_kv_head_h_over_group,
           gqa_backward_hkv2_sums_shared_heads,
           gqa_backward_hkv1_multi_query}},
-        {"extremes",
+        {"extremes", true,
          {extreme_scores_give_exact_one_hot_weights,
           extreme_scores_across_tiles_and_backward_stay_finite}},
-        {"gradients",
+        {"gradients", true,
          {grad_matches_finite_differences_plain,
           grad_matches_finite_differences_causal,
           grad_matches_finite_differences_nq_ne_nk,
@@ -2183,25 +2212,25 @@ static Suite *lib_suite(void)
           grad_overwrites_rather_than_accumulates,
           grad_unchanged_by_a_large_constant_row_bias,
           grad_zero_for_exactly_one_hot_rows_at_large_scale}},
-        {"properties",
+        {"properties", true,
          {weights_rows_sum_to_one, output_in_convex_hull_of_visible_values,
           self_attention_permutation_equivariant}},
-        {"stats",
+        {"stats", true,
          {stats_match_reference_without_mask,
           stats_match_reference_causal_bool_mask_gqa,
           stats_bias_counts_every_score,
           stats_match_reference_around_tile_boundaries,
           stats_many_key_tiles_two_threads}},
-        {"threads",
+        {"threads", true,
          {threads_1_and_2_agree_forward_and_backward,
           threads_more_than_work_agree,
           threads_2_large_backward_sums_every_workers_dq,
           concurrent_calls_from_two_threads_match_sequential,
           parallel_for_runs_every_unit_once}},
-        {"kernels",
+        {"kernels", false,
          {vexp_kinds_match_exp_and_flush_below_min,
           vmax_kinds_find_the_maximum_at_every_position}},
-        {"blas",
+        {"blas", false,
          {blas_shortfall_prescott_on_avx512_names_both_coretypes,
           blas_shortfall_haswell_on_avx512_costs_up_to_2x,
           blas_shortfall_on_avx2_and_avx_cpus_names_their_coretype,
@@ -2209,7 +2238,7 @@ static Suite *lib_suite(void)
           blas_shortfall_makes_no_claim_for_unknown_cores,
           blas_shortfall_message_fits_any_buffer,
           cpu_features_agree_with_the_kernels_supported}},
-        {"invalid",
+        {"invalid", false,
          {valid_params_are_accepted, invalid_heads_not_divisible,
           invalid_scale_not_positive_finite, invalid_sizes_zero_or_negative,
           invalid_threads_zero_or_negative, invalid_null_tensors,
@@ -2218,6 +2247,8 @@ static Suite *lib_suite(void)
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         TCase *tc = tcase_create(groups[g].name);
+        if (groups[g].kernel)
+            tcase_set_tags(tc, "kernel");
         /* Generous: the sanitizer build at -O1 is several times slower. */
         tcase_set_timeout(tc, 120);
         for (size_t t = 0; t < 16 && groups[g].tests[t]; t++)

@@ -15,6 +15,7 @@
 
 #include "attn.h"
 #include "support/ref.h"
+#include "support/worst.h"
 
 /* Forward: max |impl - ref| <= FWD_TOL * max(1, max |ref|). float32 sums of a
  * few dozen terms are good to ~1e-6; a missing scale or a transposed weight
@@ -241,7 +242,8 @@ static void heads_by_ref_sdpa(const problem *pr, int64_t b, const double *q, con
     double *kh = malloc((size_t)(s->hk * s->m * s->d_k) * sizeof *kh);
     double *vh = malloc((size_t)(s->hk * s->m * s->d_v) * sizeof *vh);
     double *oh = malloc((size_t)(s->h * s->n * s->d_v) * sizeof *oh);
-    ck_assert(qh && kh && vh && oh);
+    if (!(qh && kh && vh && oh)) /* not ck_assert: this runs for every finite difference */
+        ck_abort_msg("out of memory");
     for (int64_t h = 0; h < s->h; h++)
         for (int64_t i = 0; i < s->n; i++)
             for (int64_t t = 0; t < s->d_k; t++)
@@ -281,7 +283,8 @@ static void ref_forward(const problem *pr, double *out, double *weights, ref_sta
     double *v = malloc((size_t)(s->m * kdv) * sizeof(double));
     double *cat = malloc((size_t)(s->n * hdv) * sizeof(double));
     double *row = malloc((size_t)s->m * sizeof(double));
-    ck_assert(q && k && v && cat && row);
+    if (!(q && k && v && cat && row)) /* not ck_assert: this runs for every finite difference */
+        ck_abort_msg("out of memory");
     if (st) {
         memset(st, 0, sizeof *st);
         st->entropy_min = INFINITY;
@@ -380,7 +383,8 @@ static double ref_loss(const problem *pr, const float *dout)
 {
     int64_t len = out_len(pr);
     double *out = malloc((size_t)len * sizeof(double));
-    ck_assert(out);
+    if (!out) /* not ck_assert: this runs for every finite difference */
+        ck_abort_msg("out of memory");
     ref_forward(pr, out, NULL, NULL);
     double loss = 0.0;
     for (int64_t i = 0; i < len; i++)
@@ -424,17 +428,20 @@ static double check_forward(const problem *pr, const char *what)
     ck_assert_msg(s == ATTN_OK, "%s: forward failed: %s", what, err.message);
     ref_forward(pr, ref, NULL, NULL);
 
-    double worst = 0.0, mag = fmax(1.0, max_abs_d(ref, len));
-    for (int64_t i = 0; i < len; i++) {
-        ck_assert_msg(isfinite(out[i]), "%s: out[%lld] is not finite", what, (long long)i);
-        worst = fmax(worst, fabs((double)out[i] - ref[i]) / mag);
-    }
+    /* Relative to the largest reference value; a value not finite is
+     * infinitely far. */
+    double mag = fmax(1.0, max_abs_d(ref, len));
+    worst_elem w = {0};
+    for (int64_t i = 0; i < len; i++)
+        worst_note(&w, i, out[i], ref[i],
+                   isfinite(out[i]) ? fabs((double)out[i] - ref[i]) / mag : INFINITY);
     if (verbose())
-        fprintf(stderr, "mha forward %-40s rel err %.3g\n", what, worst);
-    ck_assert_msg(worst <= FWD_TOL, "%s: forward error %g > %g", what, worst, FWD_TOL);
+        fprintf(stderr, "mha forward %-40s rel err %.3g\n", what, w.err);
+    ck_assert_msg(w.err <= FWD_TOL, "%s: out[%lld] = %.9g, reference %.9g: error %g > %g", what,
+                  w.at, w.got, w.want, w.err, FWD_TOL);
     free(out);
     free(ref);
-    return worst;
+    return w.err;
 }
 
 static float *random_floats(int64_t len, uint64_t seed)
@@ -514,27 +521,21 @@ static double check_grad_fd(problem *pr, const float *dout, int which, const flo
         t->d[at[e]] = orig;
         fd[e] = (up - down) / (2.0 * FD_STEP);
     }
+    /* mag is not finite when g has a value that is not: that counts as
+     * infinitely far too. */
     double mag = fmax(fmax(max_abs_d(fd, count), max_abs_f(g, t->len)), floor);
-    double worst = 0.0;
-    int64_t worst_at = 0;
-    for (int64_t e = 0; e < count; e++) {
-        ck_assert_msg(isfinite(g[at[e]]), "%s: d%s[%lld] not finite", what,
-                      tensor_name[which], (long long)at[e]);
-        double rel = fabs((double)g[at[e]] - fd[e]) / mag;
-        if (rel > worst) {
-            worst = rel;
-            worst_at = e;
-        }
-    }
+    worst_elem w = {0};
+    for (int64_t e = 0; e < count; e++)
+        worst_note(&w, at[e], g[at[e]], fd[e],
+                   isfinite(g[at[e]]) ? fabs((double)g[at[e]] - fd[e]) / mag : INFINITY);
     if (verbose())
         fprintf(stderr, "mha grad    %-32s d%-7s rel err %.3g (max |g| %.3g)\n", what,
-                tensor_name[which], worst, mag);
-    ck_assert_msg(worst <= GRAD_TOL, "%s: d%s[%lld] = %g but finite differences give %g",
-                  what, tensor_name[which], (long long)at[worst_at],
-                  (double)g[at[worst_at]], fd[worst_at]);
+                tensor_name[which], w.err, mag);
+    ck_assert_msg(w.err <= GRAD_TOL, "%s: d%s[%lld] = %g but finite differences give %g",
+                  what, tensor_name[which], w.at, w.got, w.want);
     free(fd);
     free(at);
-    return worst;
+    return w.err;
 }
 
 /* Backward with every gradient asked, each checked against finite
@@ -885,8 +886,11 @@ START_TEST(threads_give_the_same_answer_as_one_thread)
     ck_assert_int_eq(attn_mha_backward(&p, &in, dout, &v4, NULL), ATTN_OK);
 
     double mag = max_abs_f(one, len);
+    worst_elem wo = {0};
     for (int64_t i = 0; i < len; i++)
-        ck_assert_double_eq_tol(one[i], many[i], 1e-5 * mag);
+        worst_note(&wo, i, many[i], one[i], fabs((double)one[i] - many[i]));
+    ck_assert_msg(wo.err < 1e-5 * mag, "out[%lld]: %g with 1 thread, %g with 4", wo.at,
+                  wo.want, wo.got);
     /* db_k is zero in exact arithmetic (see check_all_grads): what is left
      * of it is rounding, which another summation order (another thread
      * count, OpenBLAS's Haswell kernels) changes entirely; it is held to the
@@ -899,10 +903,11 @@ START_TEST(threads_give_the_same_answer_as_one_thread)
         if (!g1.g[t])
             continue;
         double gm = t == T_BK ? largest : fmax(max_abs_f(g1.g[t], pr.t[t].len), 1e-6);
+        worst_elem wg = {0};
         for (int64_t e = 0; e < pr.t[t].len; e++)
-            ck_assert_msg(fabs((double)g1.g[t][e] - g4.g[t][e]) <= 1e-4 * gm,
-                          "d%s[%lld]: %g with 1 thread, %g with 4", tensor_name[t],
-                          (long long)e, (double)g1.g[t][e], (double)g4.g[t][e]);
+            worst_note(&wg, e, g4.g[t][e], g1.g[t][e], fabs((double)g1.g[t][e] - g4.g[t][e]));
+        ck_assert_msg(wg.err <= 1e-4 * gm, "d%s[%lld]: %g with 1 thread, %g with 4",
+                      tensor_name[t], wg.at, wg.want, wg.got);
     }
     /* And the threaded answer is still the reference's. */
     pr.s.threads = 4;
@@ -1059,8 +1064,11 @@ START_TEST(only_the_requested_gradients_are_written)
         ck_assert(one.g[t]);
         attn_mha_grads v = grads_view(&one);
         ck_assert_int_eq(attn_mha_backward(&p, &in, dout, &v, NULL), ATTN_OK);
+        worst_elem w = {0};
         for (int64_t e = 0; e < pr.t[t].len; e++)
-            ck_assert_float_eq_tol(one.g[t][e], all.g[t][e], 1e-6);
+            worst_note(&w, e, one.g[t][e], all.g[t][e], fabs((double)one.g[t][e] - all.g[t][e]));
+        ck_assert_msg(w.err < 1e-6, "d%s[%lld]: %g alone, %g with the others", tensor_name[t],
+                      w.at, w.got, w.want);
         grads_free(&one);
     }
     /* Nothing asked: nothing to do, and fine. */
@@ -1232,7 +1240,10 @@ END_TEST
 static Suite *mha_suite(void)
 {
     Suite *s = suite_create("mha");
+    /* Numbers computed by libattn's kernel: make test runs these cases once
+     * per kernel (the tag "kernel", tests/run-suites.sh). */
     TCase *fwd = tcase_create("forward");
+    tcase_set_tags(fwd, "kernel");
     tcase_set_timeout(fwd, 120);
     tcase_add_test(fwd, self_attention_matches_reference_with_every_bias);
     tcase_add_test(fwd, variants_apply_per_head_after_the_projections);
@@ -1253,6 +1264,7 @@ static Suite *mha_suite(void)
     suite_add_tcase(s, fwd);
 
     TCase *bwd = tcase_create("backward");
+    tcase_set_tags(bwd, "kernel");
     tcase_set_timeout(bwd, 120);
     tcase_add_test(bwd, grad_self_attention_every_input_matches_finite_differences);
     tcase_add_test(bwd, grad_cross_attention_every_input_matches_finite_differences);

@@ -393,7 +393,10 @@ END_TEST
 static Suite *variants_suite(void)
 {
     Suite *s = suite_create("variants");
+    /* Numbers computed by libattn's kernel: make test runs both cases once
+     * per kernel (the tag "kernel", tests/run-suites.sh). */
     TCase *tc = tcase_create("each");
+    tcase_set_tags(tc, "kernel");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, window_matches_reference_each_side_and_both);
     tcase_add_test(tc, alibi_matches_reference_per_head_and_per_batch);
@@ -405,6 +408,7 @@ static Suite *variants_suite(void)
     tcase_add_test(tc, invalid_variants_are_refused_with_a_message);
     suite_add_tcase(s, tc);
     tc = tcase_create("promises");
+    tcase_set_tags(tc, "kernel");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, key_shards_merge_exactly_through_the_lse);
     tcase_add_test(tc, permuting_keys_changes_nothing_without_rope_and_something_with);

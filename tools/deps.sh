@@ -7,7 +7,7 @@ set -u
 need="libmicrohttpd-dev libjansson-dev libopenblas-dev pkg-config"
 case "${1:-build}" in
     build) ;;
-    test)  need="$need check libcurl4-openssl-dev nginx curl openssl python3-torch python3-numpy jq nodejs systemd" ;;
+    test)  need="$need check libcurl4-openssl-dev nginx curl openssl python3-torch python3-numpy python3-yaml jq nodejs systemd wrk" ;;
     bench) need="$need wrk nginx curl python3-fastapi python3-uvicorn python3-numpy" ;;
     fuzz)  need="$need check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev" ;;
     reliability) need="$need check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev wrk nginx curl valgrind python3" ;;

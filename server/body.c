@@ -1,0 +1,106 @@
+/*
+ * Request bodies: which Content-Types are read as JSON, the --max-body
+ * limit (judged from the Content-Length before a byte is read, and counted
+ * for a chunked upload), and the buffer each connection keeps for the
+ * bodies of its requests.
+ */
+#include "server.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* A body buffer larger than this is not kept for the connection's next
+ * request: idle keep-alive connections should not pin megabytes. */
+#define KEEP_BODY_BUFFER (1u << 20)
+
+/* No Content-Type, curl's default form type, or JSON (any parameters, any
+ * +json subtype) are read as JSON, so that `curl -d @request.json URL` works
+ * as typed; anything else (multipart, say) is a 415. */
+static bool readable_as_json(const char *content_type)
+{
+    if (!content_type)
+        return true;
+    const char *p = content_type;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t n = strcspn(p, "; \t");
+    if (n == 0)
+        return true;
+    if ((n == 16 && !strncasecmp(p, "application/json", n)) ||
+        (n == 33 && !strncasecmp(p, "application/x-www-form-urlencoded", n)))
+        return true;
+    return n > 17 && !strncasecmp(p, "application/", 12) && !strncasecmp(p + n - 5, "+json", 5);
+}
+
+static bool reserve(srv_connection *cx, size_t need)
+{
+    if (need <= cx->body_cap)
+        return true;
+    char *p = realloc(cx->body, need);
+    if (!p)
+        return false;
+    cx->body = p;
+    cx->body_cap = need;
+    return true;
+}
+
+bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has_length)
+{
+    if (http_draining(r->srv)) {
+        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+        return false;
+    }
+    if (!readable_as_json(h->content_type)) {
+        http_reply_stock(r, STOCK_UNSUPPORTED_MEDIA);
+        return false;
+    }
+    if (has_length) {
+        if (length > (uint64_t)r->srv->cfg->max_body) {
+            http_reply_stock(r, STOCK_BODY_TOO_LARGE);
+            return false;
+        }
+        /* One allocation of the announced size instead of a doubling series. */
+        if (!reserve(r->connection, length ? (size_t)length : 1))
+            r->out_of_memory = true;
+    }
+    return true;
+}
+
+void body_take(srv_request *r, const char *data, size_t n)
+{
+    srv_connection *cx = r->connection;
+    size_t max_body = (size_t)r->srv->cfg->max_body;
+    r->bytes_in += n;
+    if (r->too_large || r->out_of_memory)
+        return;
+    if (r->body_len + n > max_body) {
+        /* Only a chunked upload gets here (a Content-Length was checked). */
+        r->too_large = true;
+        return;
+    }
+    if (r->body_len + n > cx->body_cap) {
+        size_t cap = cx->body_cap * 2;
+        if (cap < r->body_len + n)
+            cap = r->body_len + n;
+        if (cap < 16384)
+            cap = 16384;
+        if (cap > max_body)
+            cap = max_body;
+        if (!reserve(cx, cap)) {
+            r->out_of_memory = true;
+            return;
+        }
+    }
+    memcpy(cx->body + r->body_len, data, n);
+    r->body_len += n;
+}
+
+void body_trim(srv_connection *cx)
+{
+    if (cx->body_cap > KEEP_BODY_BUFFER) {
+        free(cx->body);
+        cx->body = NULL;
+        cx->body_cap = 0;
+    }
+}

@@ -1,0 +1,216 @@
+/*
+ * Answers: the queueing of a response with the headers every response
+ * carries, the canned responses (built once at start, served many times:
+ * /healthz, /openapi.yaml, the page, the 405s) and the transport's stock
+ * errors (404, 413, 415, 503, 401, ...).
+ *
+ * A canned response is served as its shared copy only while nothing about
+ * the request needs a header of its own. Every answer names its request
+ * (X-Request-ID), so in practice each is built for its request from the
+ * canned body, which stays shared: the copy costs a response object and
+ * its headers, never the body.
+ */
+#include "server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct srv_canned {
+    int status;
+    const char *content_type;
+    const char *body;
+    size_t len;
+    char *owned;              /* body storage when canned_error built it */
+    const char *code;         /* the error code of an error body, or NULL */
+    const char *hname, *hvalue;
+};
+
+void http_add_request_headers(const srv_request *r, struct MHD_Response *resp)
+{
+    if (r->id[0])
+        MHD_add_response_header(resp, "X-Request-ID", r->id);
+    if (r->srv->cors.enabled)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+    if (r->origin)
+        cors_add_headers(resp, r->origin);
+    /* While draining, tell keep-alive clients to go elsewhere next time. */
+    if (http_draining(r->srv))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+}
+
+static struct MHD_Response *canned_build(const srv_canned *c)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(c->len, (void *)c->body, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return NULL;
+    if (c->content_type)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, c->content_type);
+    if (c->hname)
+        MHD_add_response_header(resp, c->hname, c->hvalue);
+    return resp;
+}
+
+srv_canned *canned_new(const srv_server *srv, int status, const char *content_type,
+                       const char *body, size_t len, const char *hname,
+                       const char *hvalue)
+{
+    (void)srv;
+    srv_canned *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    *c = (srv_canned){.status = status, .content_type = content_type, .body = body,
+                      .len = len, .hname = hname, .hvalue = hvalue};
+    return c;
+}
+
+srv_canned *canned_error(const srv_server *srv, int status, const char *code,
+                         const char *message, const char *hname, const char *hvalue)
+{
+    api_error e;
+    api_fail(&e, status, code, "", "%s", message);
+    size_t len;
+    char *body = api_error_json(&e, &len);
+    if (!body)
+        return NULL;
+    srv_canned *c = canned_new(srv, status, "application/json", body, len, hname, hvalue);
+    if (!c) {
+        free(body);
+        return NULL;
+    }
+    c->owned = body;
+    c->code = code; /* a literal of the caller's */
+    return c;
+}
+
+void canned_free(srv_canned *c)
+{
+    if (!c)
+        return;
+    free(c->owned);
+    free(c);
+}
+
+static void queue(srv_request *r, int status, struct MHD_Response *resp, size_t len)
+{
+    r->responded = true;
+    r->status = status;
+    r->bytes_out = len;
+    if (MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
+        r->status = 0; /* the connection is gone or in a state that takes no answer */
+}
+
+/* The canned answer c with r's headers, and `close` to end the connection. */
+static void reply_canned(srv_request *r, const srv_canned *c, bool close)
+{
+    r->error_code = c->code;
+    struct MHD_Response *resp = canned_build(c);
+    if (!resp) {
+        r->responded = true;
+        r->status = 0; /* not even an answer fits: the connection is dropped */
+        return;
+    }
+    http_add_request_headers(r, resp);
+    if (close && !http_draining(r->srv)) /* else it has one already */
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    queue(r, c->status, resp, c->len);
+    MHD_destroy_response(resp);
+}
+
+void http_reply_canned(srv_request *r, const srv_canned *c)
+{
+    reply_canned(r, c, false);
+}
+
+void http_reply_stock(srv_request *r, stock_error e)
+{
+    reply_canned(r, r->srv->stock[e], false);
+}
+
+void http_refuse_over_limit(srv_request *r)
+{
+    reply_canned(r, r->srv->stock[STOCK_TOO_MANY_CONNECTIONS], true);
+}
+
+void http_reply_owned(srv_request *r, int status, const char *content_type,
+                      char *body, size_t len, const char *const *extra)
+{
+    struct MHD_Response *resp =
+        body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp) {
+        free(body);
+        http_reply_stock(r, STOCK_OUT_OF_MEMORY);
+        return;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    for (; extra && extra[0]; extra += 2)
+        MHD_add_response_header(resp, extra[0], extra[1]);
+    http_add_request_headers(r, resp);
+    queue(r, status, resp, len);
+    MHD_destroy_response(resp);
+}
+
+void http_reply_error(srv_request *r, int status, const char *code, const char *message)
+{
+    api_error e;
+    api_fail(&e, status, code, "", "%s", message);
+    size_t len = 0;
+    char *body = api_error_json(&e, &len);
+    http_reply_owned(r, status, "application/json", body, len, NULL);
+    if (r->status == status)
+        r->error_code = code; /* a literal of the caller's */
+}
+
+bool stock_init(srv_server *srv)
+{
+    srv_canned **stock = srv->stock;
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "the request body is larger than this server's limit of %lld bytes (--max-body)",
+             (long long)srv->cfg->max_body);
+    stock[STOCK_NOT_FOUND] = canned_error(srv, 404, "not_found",
+        "no such path; the API is described at GET /openapi.yaml", NULL, NULL);
+    stock[STOCK_BODY_TOO_LARGE] = canned_error(srv, 413, "body_too_large", msg, NULL, NULL);
+    stock[STOCK_UNSUPPORTED_MEDIA] = canned_error(srv, 415, "unsupported_media_type",
+        "the body must be JSON: send Content-Type: application/json (or none)", NULL, NULL);
+    stock[STOCK_OUT_OF_MEMORY] = canned_error(srv, 500, "out_of_memory",
+        "the server ran out of memory for this request; try a smaller one", NULL, NULL);
+    stock[STOCK_OVERLOADED] = canned_error(srv, 503, "overloaded",
+        "every compute slot is busy and the queue is full; retry shortly",
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    snprintf(msg, sizeof msg,
+             "the answers waiting to be sent already hold most of this server's %lld "
+             "bytes for them (--max-response); retry shortly",
+             (long long)srv->cfg->max_response);
+    stock[STOCK_RESPONSES_PENDING] = canned_error(srv, 503, "overloaded", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    stock[STOCK_SHUTTING_DOWN] = canned_error(srv, 503, "shutting_down",
+        "this server is shutting down; retry on another replica",
+        MHD_HTTP_HEADER_RETRY_AFTER, "5");
+    snprintf(msg, sizeof msg,
+             "this client already has the %d connections that --max-conns-per-ip allows; "
+             "reuse or close one, then retry", srv->cfg->max_conns_per_ip);
+    stock[STOCK_TOO_MANY_CONNECTIONS] = canned_error(srv, 503, "too_many_connections", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    /* RFC 6750 section 3: the challenge, and error="invalid_token" when a
+     * token was presented but is not one of the keys. */
+    stock[STOCK_NO_KEY] = canned_error(srv, 401, "unauthorized",
+        "this server needs an API key: send Authorization: Bearer <key>",
+        MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
+    stock[STOCK_WRONG_KEY] = canned_error(srv, 401, "unauthorized",
+        "the bearer token is not one of this server's API keys",
+        MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\", error=\"invalid_token\"");
+    for (int i = 0; i < N_STOCK; i++)
+        if (!stock[i])
+            return false;
+    return true;
+}
+
+void stock_free(srv_server *srv)
+{
+    for (int i = 0; i < N_STOCK; i++) {
+        canned_free(srv->stock[i]);
+        srv->stock[i] = NULL;
+    }
+}
