@@ -3036,7 +3036,7 @@ START_TEST(queue_depth_and_wait_are_counted_per_route)
     async_req b = {s.port, "/v1/attention", tiny_attention, {0}, 0};
     pthread_t ta, tb;
     pthread_create(&ta, NULL, async_post_thread, &a);
-    ck_assert(wait_computing(s.port));
+    ck_assert(wait_computing(s.port, 1));
     pthread_create(&tb, NULL, async_post_thread, &b);
     const char *depth = "attnd_queue_depth{route=\"/v1/attention\"}";
     ck_assert_msg(metric_reaching(s.port, depth, 1) == 1, "the second never queued");
