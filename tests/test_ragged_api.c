@@ -682,6 +682,7 @@ static Suite *ragged_api_suite(void)
 {
     Suite *s = suite_create("ragged_api");
     TCase *tc = tcase_create("routes");
+    tcase_set_tags(tc, "kernel"); /* numbers: again on each kernel (run-suites.sh) */
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, attention_each_sequence_is_the_sequence_sent_alone);
     tcase_add_test(tc, attention_seq_lens_alone_splits_the_keys_alike);
