@@ -21,10 +21,23 @@ CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
-CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra -Werror -pthread \
-                -Ilib -Iapi -Iserver
+# Warnings are errors for whoever works on attnd (a git checkout) and in make
+# check and make test, but not for a packager's build of a release (no .git)
+# or any build that sets WERROR=0: a newer compiler's new warning must not
+# stop a distribution's build.
+ifeq ($(origin WERROR),undefined)
+WERROR := $(if $(wildcard .git),1,0)
+ifneq ($(filter check test,$(MAKECMDGOALS)),)
+WERROR := 1
+endif
+endif
+export WERROR # to the makes that make test starts
+CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -pthread
 # Recursively expanded on purpose: pkg-config may only exist once tools/deps.sh ran.
 PKG_CFLAGS = $(shell pkg-config --cflags openblas jansson libmicrohttpd 2>/dev/null)
+PKG_CFLAGS_LIB = $(shell pkg-config --cflags openblas 2>/dev/null)
+PKG_CFLAGS_API = $(shell pkg-config --cflags jansson 2>/dev/null)
+PKG_CFLAGS_SRV = $(shell pkg-config --cflags jansson libmicrohttpd 2>/dev/null)
 PKG_LIBS_LIB = $(shell pkg-config --libs openblas 2>/dev/null) -lm
 PKG_LIBS_API = $(shell pkg-config --libs jansson 2>/dev/null)
 PKG_LIBS_SRV = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
@@ -32,9 +45,33 @@ PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null)
 ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
-CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(PKG_CFLAGS) $(CFLAGS_ISA) $(CFLAGS)
-LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
 
+# The layers. Each is compiled seeing only the headers it may use, so that an
+# include that reaches across a layer does not compile (tests/test_layers.sh
+# checks that it does not):
+#   cpu/     what this CPU can run; libc only (libattn and the codec use it)
+#   lib/     libattn: lib/, cpu/ and OpenBLAS
+#   api/     api/ and its codec (api/json/), cpu/, and of libattn only its
+#            public header, attn.h, linked alone into BUILD/include
+#   server/  server/ and api/: nothing of libattn
+#   tests/   everything
+INC_CPU    = -Icpu
+INC_LIB    = -Ilib -Icpu $(PKG_CFLAGS_LIB)
+INC_API    = -Iapi -Icpu -I$(BUILD)/include $(PKG_CFLAGS_API)
+INC_SERVER = -Iserver -Iapi $(PKG_CFLAGS_SRV)
+INC_TESTS  = -Ilib -Iapi -Iserver -Icpu $(PKG_CFLAGS)
+$(BUILD)/obj/cpu/%.o:    CFLAGS_LAYER = $(INC_CPU)
+$(BUILD)/obj/lib/%.o:    CFLAGS_LAYER = $(INC_LIB)
+$(BUILD)/obj/api/%.o:    CFLAGS_LAYER = $(INC_API)
+$(BUILD)/obj/server/%.o: CFLAGS_LAYER = $(INC_SERVER)
+$(BUILD)/obj/tests/%.o:  CFLAGS_LAYER = $(INC_TESTS)
+$(BUILD)/obj/web_assets.o: CFLAGS_LAYER = $(INC_SERVER)
+
+CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(CFLAGS_LAYER) $(CFLAGS_ISA) $(CFLAGS)
+LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
+OBJCOPY ?= objcopy
+
+CPU_SRC  := $(sort $(wildcard cpu/*.c))
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 API_SRC  := $(sort $(wildcard api/*.c api/json/*.c))
 SRV_SRC  := $(sort $(filter-out server/main.c,$(wildcard server/*.c)))
@@ -42,9 +79,10 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_SCRIPTS := $(sort $(wildcard tests/test_*.sh))
 TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
+CPU_OBJ  := $(CPU_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o \
-            $(BUILD)/obj/openapi_json.o
+            $(BUILD)/obj/openapi_json.o $(CPU_OBJ)
 SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/web_assets.o
 SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
@@ -69,9 +107,26 @@ $(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma
 $(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma
 endif
 
-$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(BUILD)/include/attn.h $(BUILD)/layers.env
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# libattn's public header, alone in a directory of its own for api/ to see.
+# A link, so that an error message's path opens the real file.
+$(BUILD)/include/attn.h: lib/attn.h
+	@mkdir -p $(dir $@)
+	ln -sf $(abspath $<) $@
+
+# Each layer's flags, for tests/test_layers.sh; rewritten only when they change.
+$(BUILD)/layers.env: FORCE
+	@mkdir -p $(dir $@)
+	@{ echo "CC='$(CC)'"; echo "CFLAGS_COMMON='$(CFLAGS_COMMON) $(CFLAGS)'"; \
+	   echo "INC_CPU='$(INC_CPU)'"; echo "INC_LIB='$(INC_LIB)'"; \
+	   echo "INC_API='$(INC_API)'"; echo "INC_SERVER='$(INC_SERVER)'"; \
+	   echo "LDFLAGS_ALL='$(LDFLAGS_ALL)'"; echo "PKG_LIBS_LIB='$(PKG_LIBS_LIB)'"; } > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
+.PHONY: FORCE
+FORCE:
 
 # The contract, embedded so that the binary serves GET /openapi.yaml and
 # GET /openapi.json on its own: each file as a byte array (a NUL after it)
@@ -100,7 +155,7 @@ $(BUILD)/obj/openapi_%.o: $(BUILD)/openapi_%.c | $(DEPS_STAMP)
 HOSTCC ?= $(CC)
 $(BUILD)/yaml2json: tools/yaml2json.c
 	@mkdir -p $(dir $@)
-	$(HOSTCC) -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -o $@ $<
+	$(HOSTCC) -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -o $@ $<
 $(BUILD)/openapi.json: api/openapi.yaml $(BUILD)/yaml2json
 	./$(BUILD)/yaml2json $< > $@.tmp && mv $@.tmp $@
 
@@ -115,9 +170,14 @@ $(BUILD)/obj/web_assets.o: $(BUILD)/web_assets.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(BUILD)/libattn.a: $(LIB_OBJ)
+# libattn.a is one object: libattn's files (and cpu/) linked together, every
+# name but the attn_ ones made local, so that a program may have a function
+# of its own called sdpa_alloc or cpu_features. The tests link it too.
+$(BUILD)/libattn.a: $(LIB_OBJ) $(CPU_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(LD) -r -o $(BUILD)/obj/libattn.o $^
+	$(OBJCOPY) --wildcard --keep-global-symbol='attn_*' $(BUILD)/obj/libattn.o
+	ar rcs $@ $(BUILD)/obj/libattn.o
 $(BUILD)/libattnapi.a: $(API_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

@@ -13,6 +13,7 @@
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
+#   4b. the fixed cost of one attn_parallel_for call (bench/parallel.c)
 #   5. HTTP under wrk: attnd against nginx (../shared/peers/nginx.conf) and the
 #      FastAPI peer (../shared/peers/fastapi_attention.py)
 # Everything it starts listens on 127.0.0.1 and is stopped on exit. Raw
@@ -20,7 +21,7 @@
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel memory server codec http"; default all),
+# BENCH_ONLY (a subset of "kernel memory server codec parallel http"; default all),
 # BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -54,7 +55,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 want() {
-    case " ${BENCH_ONLY:-kernel memory server codec http} " in *" $1 "*) return 0 ;; esac
+    case " ${BENCH_ONLY:-kernel memory server codec parallel http} " in *" $1 "*) return 0 ;; esac
     return 1
 }
 put() { echo "$1 $2" >> "$RES"; }
@@ -98,11 +99,12 @@ compile() { # name libs...
         return 1
     fi
 }
-have_kernel=0; have_memory=0; have_codec=0
+have_kernel=0; have_memory=0; have_codec=0; have_parallel=0
 [ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libattnapi.a" ] && [ -f "$BUILD/libattn.a" ] &&
     compile codec "$BUILD/libattnapi.a" "$BUILD/libattn.a" && have_codec=1
+[ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
 # ------------------------------------------------------------------ machine
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
@@ -194,6 +196,14 @@ if [ $have_codec = 1 ] && want codec; then
     note "codec: 1M floats against jansson"
     if "$OUT/codec" 1000000 > "$TMP/codec"; then
         while read -r k v; do put "codec_$k" "$v"; done < "$TMP/codec"
+    fi
+fi
+
+# ------------------------------------------------------------------ 4b. parallel
+if [ $have_parallel = 1 ] && want parallel; then
+    note "parallel: the cost of an empty attn_parallel_for call"
+    if "$OUT/parallel" $THREADS > "$TMP/parallel"; then
+        while read -r k v; do put "par_$k" "$v"; done < "$TMP/parallel"
     fi
 fi
 
@@ -470,6 +480,11 @@ row "tensor codec: jansson time / ours (decode+encode), 1M float32" \
     "$(get codec_ratio)" \
     "ours: decode $(get codec_ours_decode_mbs) MB/s, encode $(get codec_ours_encode_mbs) MB/s; jansson: json_loadb $(get codec_jansson_decode_mbs) MB/s, json_dumps $(get codec_jansson_encode_mbs) MB/s; text $(scaled "$(get codec_text_bytes)" 1e6 %.1f) MB" \
     ">=" 8 15
+
+SECTION=parallel
+row "an empty attn_parallel_for call on $THREADS threads (us): starting and joining them" \
+    "$(get "par_empty_t${THREADS}_us")" \
+    "1 thread: $(get par_empty_t1_us) us; 64 units of ~2 us: $(get "par_tiny_t${THREADS}_us") us on $THREADS threads, $(get par_tiny_t1_us) us on 1"
 
 # http_detail NAME: "12345 req/s, p99 0.52 ms" (+ failures)
 http_detail() {

@@ -10,24 +10,36 @@ NumPy arrays in a request travel as base64 float32 ({"shape", "dtype",
 "base64"}; bool arrays as "dtype": "bool" masks), and the client asks for
 base64 answers, so every tensor comes back bit for bit as the server computed
 it. Anything that is not an array is sent as JSON as it is. An answer that
-is not 2xx raises AttndError with the API's status, code, message and field.
+is not 2xx raises AttndError with the API's status, code, message and field;
+a server that does not answer raises AttndError with status 0 and code
+"network".
 
 Run as a script it prints a few answers of a server:
     python3 examples/attnd_client.py [URL]
+URL defaults to $ATTND_URL, then http://127.0.0.1:8080. A server that is not
+there, or an answer that is an error, ends the script with one line saying
+so (and exit status 1).
 """
 import base64
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    if __name__ == "__main__":
+        sys.exit("attnd_client.py needs NumPy: apt-get install python3-numpy, or pip install numpy")
+    raise
 
 
 class AttndError(Exception):
     def __init__(self, status, code, message, field=None):
         super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.reason = None  # status 0: why there was no answer ("Connection refused")
 
 
 def encode(a):
@@ -90,6 +102,30 @@ class Client:
                 raise AttndError(e.code, "not_json", f"{method} {path} answered {e.code}") from None
             raise AttndError(err.get("status", e.code), err.get("code"), err.get("message"),
                              err.get("field")) from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            # No answer at all: refused, unresolvable, timed out, or not a URL.
+            reason = getattr(e, "reason", e)
+            reason = getattr(reason, "strerror", None) or str(reason)
+            err = AttndError(0, "network", f"no answer from {self.base}{path}: {reason}")
+            err.reason = reason
+            raise err from None
+
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def server_url(argv):
+    """The server's URL: the first argument, else $ATTND_URL, else the
+    default; "host:port" alone is taken as http://host:port, as curl does."""
+    url = argv[1] if len(argv) > 1 else os.environ.get("ATTND_URL") or DEFAULT_URL
+    return url if "://" in url else "http://" + url
+
+
+def one_line(url, e):
+    """What a failed request means for whoever ran the script, in one line."""
+    if e.status == 0:
+        return f"cannot reach {url}: is attnd running? ({e.reason})"
+    return f"{url} answered {e.status} {e.code}: {e.message}"
 
 
 def main(base):
@@ -113,4 +149,8 @@ def main(base):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080")
+    url = server_url(sys.argv)
+    try:
+        main(url)
+    except AttndError as e:
+        sys.exit(one_line(url, e))

@@ -2,13 +2,20 @@
 # The chapter, by curl: its worked examples, exercises and theorems, each one
 # request to a running attnd, printed as "$ command" and the answer (the
 # same requests are in docs/chapter.md, with their answers).
-#   sh examples/chapter.sh [URL]        (default http://127.0.0.1:8080)
-# Needs curl and jq; Theorem 1 uses python3 (standard library) for its inputs.
+#   sh examples/chapter.sh [URL]   (default $ATTND_URL, then http://127.0.0.1:8080)
+# Each command is printed with the URL it uses. Needs curl and jq; Theorem 1
+# uses python3 (standard library) for its inputs.
 set -eu
-URL=${1:-http://127.0.0.1:8080}
+URL=${1:-${ATTND_URL:-http://127.0.0.1:8080}}
 here=$(dirname "$0")
+if ! curl -s -o /dev/null --max-time 10 "$URL/healthz"; then
+    echo "cannot reach $URL: is attnd running?" >&2
+    exit 1
+fi
+# The URL as sed's replacement text: \, & and the delimiter | escaped.
+url_text=$(printf '%s' "$URL" | sed 's/[\\&|]/\\&/g')
 run() {
-    printf '$ %s\n' "$(echo "$1" | sed "s|\$URL|localhost:8080|g; s|\$here|examples|g")"
+    printf '$ %s\n' "$(printf '%s' "$1" | sed "s|\$URL|$url_text|g; s|\$here|examples|g")"
     eval "$1"
 }
 

@@ -24,8 +24,11 @@
  * caller pay for the n_q x n_k matrix, and it is the caller's buffer.
  *
  * Threads: each call runs its independent work (batch x head x query tile)
- * on `threads` threads of its own (pthreads) and is safe to call from many
- * threads at once. libattn keeps OpenBLAS itself single-threaded (it calls
+ * on at most `threads` threads, the calling thread and helper threads, and
+ * is safe to call from many threads at once. Helpers are started on first
+ * need and kept, blocked while idle, for later calls; they run at the
+ * scheduling policy and nice value of the thread that calls, and are
+ * stopped at exit. libattn keeps OpenBLAS itself single-threaded (it calls
  * openblas_set_num_threads(1) once, on first use), so that `threads` is the
  * whole of the parallelism and the cores are never oversubscribed.
  */

@@ -13,6 +13,7 @@
 
 #include <cblas.h>
 
+#include "cpu_features.h"
 #include "internal.h"
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
@@ -40,18 +41,10 @@ const char *attn_blas_corename(void)
 unsigned attn_cpu_features(void)
 {
     unsigned f = 0;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx"))
-        f |= ATTN_CPU_AVX;
-    if (__builtin_cpu_supports("avx2"))
-        f |= ATTN_CPU_AVX2;
-    if (__builtin_cpu_supports("fma"))
-        f |= ATTN_CPU_FMA;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-        f |= ATTN_CPU_AVX512;
-#endif
+    f |= cpu_has(CPU_AVX) ? ATTN_CPU_AVX : 0;
+    f |= cpu_has(CPU_AVX2) ? ATTN_CPU_AVX2 : 0;
+    f |= cpu_has(CPU_FMA) ? ATTN_CPU_FMA : 0;
+    f |= cpu_has(CPU_AVX512F | CPU_AVX512BW | CPU_AVX512DQ | CPU_AVX512VL) ? ATTN_CPU_AVX512 : 0;
     return f;
 }
 

@@ -5,10 +5,11 @@
 #include "attn.h"
 
 /* Calls fn(ctx, i, worker) for every i in [0, count) on up to `threads`
- * threads (the calling thread is one of them); worker is in [0, threads).
- * Runs inline when threads <= 1 or count <= 1; when threads cannot be
- * started, the calling thread does the work alone. Every i has run when it
- * returns. */
+ * threads: the calling thread, always worker 0, and helper threads kept
+ * between calls (lib/parallel.c); worker is in [0, threads). Runs inline
+ * when threads <= 1 or count <= 1, and when called from inside fn; when no
+ * helper can be had, the calling thread does the work alone. Every i has
+ * run when it returns. */
 void attn_parallel_for(int threads, int64_t count,
                        void (*fn)(void *ctx, int64_t i, int worker), void *ctx);
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_features.h"
 #include "kern.h"
 
 static const char *const NAMES[] = {
@@ -24,13 +25,11 @@ bool attn_kernel_supported(attn_kernel_kind kind)
     case ATTN_KERNEL_GENERIC:
         return true;
 #if defined(__x86_64__)
+    /* What each file is compiled for (-mavx2 -mfma, -mavx512f): see Makefile. */
     case ATTN_KERNEL_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return cpu_has(CPU_AVX2 | CPU_FMA);
     case ATTN_KERNEL_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma");
+        return cpu_has(CPU_AVX512F | CPU_AVX2 | CPU_FMA);
 #endif
     default:
         return false;

@@ -2,7 +2,10 @@
 # The page's files and the clients of examples/ against a live attnd
 # (ATTND_BIN): GET / and its files as embedded, the chapter by curl
 # (examples/chapter.sh) with its numbers checked, the Python client
-# (tests/clients_check.py) and the JavaScript one (tests/node/client.test.mjs).
+# (tests/clients_check.py) and the JavaScript one (tests/node/client.test.mjs);
+# each example takes the server's URL from its argument or ATTND_URL, and
+# says in one line (exit status 1) when the server is not there or answers
+# an error.
 set -u
 bin=${ATTND_BIN:-build/attnd}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +27,31 @@ for _ in $(seq 100); do
 done
 [ -n "$port" ] || { cat "$tmp/log"; echo "FAILED attnd did not start"; exit 1; }
 url=http://127.0.0.1:$port
+
+# A port where nothing listens: bound by the system, then let go.
+closed=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+    node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
+nowhere=http://127.0.0.1:$closed
+# The API's own words for a wrong path under the server's URL.
+notfound=$(curl -s "$url/nope/v1/info" | sed -n 's/.*"message":"\([^"]*\)".*/\1/p')
+
+# An example ($2...) run against a server that is not there, then against a
+# path that answers 404: one line each, naming the URL (and the API's
+# message), and a non-zero exit.
+one_line_failures() {
+    name=$1
+    shift
+    "$@" "$nowhere" >"$tmp/down" 2>&1
+    rc=$?
+    expect "$name: a server that is not there is one line, exit $rc" \
+        '[ $rc != 0 ] && [ $(wc -l <"$tmp/down") = 1 ] && grep -q "^cannot reach $nowhere: is attnd running? (" "$tmp/down"'
+    [ $rc != 0 ] && [ "$(wc -l <"$tmp/down")" = 1 ] || cat "$tmp/down"
+    "$@" "$url/nope" >"$tmp/http" 2>&1
+    rc=$?
+    expect "$name: an HTTP error is the server's message in one line, exit $rc" \
+        '[ $rc != 0 ] && [ -n "$notfound" ] && [ "$(cat "$tmp/http")" = "$url/nope answered 404 not_found: $notfound" ]'
+    [ $rc != 0 ] && [ "$(wc -l <"$tmp/http")" = 1 ] || cat "$tmp/http"
+}
 
 # The page.
 curl -s -D "$tmp/h" -o "$tmp/index.html" "$url/"
@@ -57,6 +85,13 @@ assert len(got) == 3'
     expect "chapter: Exercise 2 outputs inside [1, 9], as computed here" 'out "\"q\": \[\[3,1\]" | python3 -c "$exercise2"'
     expect "chapter: Theorem 1 Var(S)/d_k and Var(S~) near 1" 'grep "^{.*var_scaled" "$tmp/chapter" | jq -e "(.var_scores / .d_k) > 0.85 and (.var_scores / .d_k) < 1.15 and .var_scaled > 0.85 and .var_scaled < 1.15" | grep -c true | grep -qx 3'
     expect "chapter: Corollary 1 max weight up, entropy down" 'grep "^{.*max_weight" "$tmp/chapter" | jq -s -e ".[0].max_weight < .[1].max_weight and .[1].max_weight < .[2].max_weight and .[2].max_weight > 0.9 and .[2].entropy < 0.3" >/dev/null'
+    expect "chapter: every command shown names the URL it used" \
+        '[ $(grep -c "^\\$ " "$tmp/chapter") -ge 10 ] && ! grep "^\\$ " "$tmp/chapter" | grep -v -q -F "$url/v1/attention" && ! grep -q localhost "$tmp/chapter"'
+    ATTND_URL=$url sh "$root/examples/chapter.sh" >"$tmp/chapter-env" 2>&1
+    expect "chapter: the URL from ATTND_URL" '[ "$(grep -c "^\\$ .*$url/v1/attention" "$tmp/chapter-env")" = "$(grep -c "^\\$ " "$tmp/chapter")" ]'
+    sh "$root/examples/chapter.sh" "$nowhere" >"$tmp/chapter-down" 2>&1
+    rc=$?
+    expect "chapter: a server that is not there is one line, exit $rc" '[ $rc != 0 ] && [ "$(cat "$tmp/chapter-down")" = "cannot reach $nowhere: is attnd running?" ]'
 else
     echo "SKIPPED examples/chapter.sh: needs jq and python3 (tools/deps.sh test installs them)"
 fi
@@ -69,6 +104,9 @@ done
 if [ -n "$py" ]; then
     if "$py" "$here/clients_check.py" "$url" >"$tmp/py" 2>&1; then ok "Python client (tests/clients_check.py)"; else cat "$tmp/py"; bad "Python client"; fi
     expect "examples/attnd_client.py runs" '"$py" "$root/examples/attnd_client.py" "$url" >"$tmp/pyex" 2>&1 && grep -q "^error: 422 shape_mismatch" "$tmp/pyex"'
+    expect "examples/attnd_client.py: the URL from ATTND_URL" 'ATTND_URL=$url "$py" "$root/examples/attnd_client.py" >"$tmp/pyenv" 2>&1 && grep -q "^server: " "$tmp/pyenv" && grep -q "^error: 422 shape_mismatch" "$tmp/pyenv"'
+    expect "examples/attnd_client.py: the argument before ATTND_URL" 'ATTND_URL=$nowhere "$py" "$root/examples/attnd_client.py" "$url" 2>&1 | grep -q "^error: 422 shape_mismatch"'
+    one_line_failures examples/attnd_client.py "$py" "$root/examples/attnd_client.py"
     # The keys of one context split across two attnd processes,
     # merged exactly with return_lse (the script checks the merge itself
     # against one request and a float64 reference, and exits 1 otherwise).
@@ -98,6 +136,9 @@ fi
 if command -v node >/dev/null; then
     if ATTND_BIN="$bin" node --test "$here/node/client.test.mjs" >"$tmp/js" 2>&1; then ok "JavaScript client (tests/node/client.test.mjs)"; else cat "$tmp/js"; bad "JavaScript client"; fi
     expect "examples/client.mjs runs" 'node "$root/examples/client.mjs" "$url" >"$tmp/jsex" 2>&1 && grep -q "^error: 422 shape_mismatch" "$tmp/jsex"'
+    expect "examples/client.mjs: the URL from ATTND_URL" 'ATTND_URL=$url node "$root/examples/client.mjs" >"$tmp/jsenv" 2>&1 && grep -q "^server: " "$tmp/jsenv" && grep -q "^error: 422 shape_mismatch" "$tmp/jsenv"'
+    expect "examples/client.mjs: the argument before ATTND_URL" 'ATTND_URL=$nowhere node "$root/examples/client.mjs" "$url" 2>&1 | grep -q "^error: 422 shape_mismatch"'
+    one_line_failures examples/client.mjs node "$root/examples/client.mjs"
 else
     echo "SKIPPED JavaScript client: no node (tools/deps.sh test installs nodejs)"
 fi

@@ -22,6 +22,7 @@
 #include "support/sdpa_case.h"
 #include "support/worst.h"
 #include "kern.h" /* lib-private: the micro-kernels and their row steps */
+#include "cpu_features.h"
 
 /* ----------------------------------------------------- small functions */
 
@@ -2142,6 +2143,54 @@ START_TEST(cpu_features_agree_with_the_kernels_supported)
 }
 END_TEST
 
+/* Whether /proc/cpuinfo's first "flags" line lists `flag`; -1 when the
+ * file cannot be read (not Linux). Linux lists an instruction set only when
+ * it also saves its registers, as cpu_features() requires. */
+static int cpuinfo_has(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return -1;
+    static char line[1 << 14];
+    int has = -1;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "flags", 5) == 0) {
+            has = 0;
+            for (char *t = strtok(strchr(line, ':') + 1, " \n"); t; t = strtok(NULL, " \n"))
+                has |= strcmp(t, flag) == 0;
+            break;
+        }
+    fclose(f);
+    return has;
+}
+
+START_TEST(cpu_features_match_proc_cpuinfo)
+{
+#if defined(__x86_64__)
+    static const struct {
+        unsigned bit;
+        const char *flag;
+    } FLAGS[] = {
+        {CPU_AVX, "avx"},           {CPU_AVX2, "avx2"},         {CPU_FMA, "fma"},
+        {CPU_F16C, "f16c"},         {CPU_AVX512F, "avx512f"},   {CPU_AVX512BW, "avx512bw"},
+        {CPU_AVX512DQ, "avx512dq"}, {CPU_AVX512VL, "avx512vl"}, {CPU_AVX512_BF16, "avx512_bf16"},
+        {CPU_AMX_TILE, "amx_tile"}, {CPU_AMX_BF16, "amx_bf16"},
+    };
+    if (cpuinfo_has("fpu") < 0)
+        return; /* no /proc/cpuinfo to hold the probe to */
+    char differ[256] = "";
+    for (size_t i = 0; i < sizeof FLAGS / sizeof *FLAGS; i++)
+        if (cpu_has(FLAGS[i].bit) != (cpuinfo_has(FLAGS[i].flag) == 1))
+            snprintf(differ + strlen(differ), sizeof differ - strlen(differ), " %s (%s)",
+                     FLAGS[i].flag, cpu_has(FLAGS[i].bit) ? "probed only" : "cpuinfo only");
+    ck_assert_msg(differ[0] == '\0', "cpu_features() and /proc/cpuinfo differ on:%s", differ);
+#endif
+    ck_assert_uint_eq(cpu_features(), cpu_features());
+    /* Permission for AMX is asked only of a CPU that has it. */
+    ck_assert(!cpu_amx_request() || cpu_has(CPU_AMX_TILE));
+}
+END_TEST
+
 /* --------------------------------------------------------------- suite */
 
 static Suite *lib_suite(void)
@@ -2237,7 +2286,8 @@ static Suite *lib_suite(void)
           blas_shortfall_none_when_kernels_use_all_the_cpu_has,
           blas_shortfall_makes_no_claim_for_unknown_cores,
           blas_shortfall_message_fits_any_buffer,
-          cpu_features_agree_with_the_kernels_supported}},
+          cpu_features_agree_with_the_kernels_supported,
+          cpu_features_match_proc_cpuinfo}},
         {"invalid", false,
          {valid_params_are_accepted, invalid_heads_not_divisible,
           invalid_scale_not_positive_finite, invalid_sizes_zero_or_negative,

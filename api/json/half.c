@@ -8,7 +8,7 @@
  * largest finite one become infinity (the API refuses to send those, see
  * api_half_fits), and a NaN stays a (quiet) NaN.
  *
- * Three paths, chosen once from what the CPU has (__builtin_cpu_supports):
+ * Three paths, chosen from what the CPU has (cpu_features.h, probed once):
  * AVX-512 (vcvtph2ps / vcvtps2ph on 16 lanes, vcvtne2ps2bf16 with
  * AVX512_BF16), F16C with AVX (8 lanes), and portable C. They give the same
  * bits for every input; tests/test_codec.c holds each path the CPU supports
@@ -20,8 +20,9 @@
 
 #include <string.h>
 
+#include "cpu_features.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #define HALF_X86 1
 #endif
@@ -201,24 +202,6 @@ __attribute__((target("avx512f,avx512bf16"))) static void f32_to_bf16_avx512(con
 
 /* ------------------------------------------------------------ dispatch */
 
-#ifdef HALF_X86
-/* F16C (CPUID leaf 1, ECX bit 29) and AVX512_BF16 (leaf 7, subleaf 1, EAX
- * bit 5) asked of CPUID directly: clang 14's __builtin_cpu_supports knows
- * neither name. Whether the OS saves the AVX and AVX-512 registers is what
- * "avx" and "avx512f" check, next to them. */
-static bool has_f16c(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
-}
-
-static bool has_avx512_bf16(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
-}
-#endif
-
 bool api_half_path_supported(api_half_path path)
 {
     switch (path) {
@@ -226,11 +209,11 @@ bool api_half_path_supported(api_half_path path)
         return true;
 #ifdef HALF_X86
     case API_HALF_F16C:
-        return __builtin_cpu_supports("avx") && has_f16c();
+        return cpu_has(CPU_AVX | CPU_F16C);
     case API_HALF_AVX512:
-        return __builtin_cpu_supports("avx512f");
+        return cpu_has(CPU_AVX512F);
     case API_HALF_AVX512_BF16:
-        return __builtin_cpu_supports("avx512f") && has_avx512_bf16();
+        return cpu_has(CPU_AVX512F | CPU_AVX512_BF16);
 #endif
     default:
         return false;

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #include "attn.h"
+#include "cpu_features.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ROW_SCAN_X86 1
@@ -148,9 +149,9 @@ bool row_scan_supported(row_scan_path path)
     case ROW_SCAN_SSE2:
         return true;
     case ROW_SCAN_AVX2:
-        return __builtin_cpu_supports("avx2");
+        return cpu_has(CPU_AVX2);
     case ROW_SCAN_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+        return cpu_has(CPU_AVX512F | CPU_AVX512BW);
 #endif
     default:
         return false;

@@ -14,7 +14,8 @@
 // nested arrays in a request are sent as they are.
 //
 // An answer that is not 2xx throws an AttndError carrying the API's status,
-// code, message and field unchanged.
+// code, message and field unchanged (and the whole error object as
+// `detail`).
 
 /** A float32 tensor: shape and row-major data. */
 export class Tensor {
@@ -79,12 +80,13 @@ export class Tensor {
 
 /** An answer of the API that is not 2xx, or a request that never got one. */
 export class AttndError extends Error {
-  constructor(status, code, message, field) {
+  constructor(status, code, message, field, detail = null) {
     super(message);
     this.name = 'AttndError';
     this.status = status; // 0: no HTTP answer (network, CORS)
     this.code = code;
     this.field = field ?? null;
+    this.detail = detail; // the API's error object, as it came
   }
 }
 
@@ -128,9 +130,17 @@ export function base64Decode(text) {
   return bytes;
 }
 
+// JSON has no infinity: the nested and flat encodings write lse's -inf (a
+// row that sees no key, the one null an answer has) as null.
+const fromJson = (x) => (x === null ? -Infinity : x);
+
 /** A tensor of an answer, in any of the three encodings, as a Tensor. */
 export function decodeTensor(t) {
-  if (Array.isArray(t)) return Tensor.from(t);
+  if (Array.isArray(t)) {
+    const shape = [];
+    for (let a = t; Array.isArray(a); a = a[0]) shape.push(a.length);
+    return new Tensor(shape, t.flat(Infinity).map(fromJson));
+  }
   if (t && typeof t.base64 === 'string') {
     const bytes = base64Decode(t.base64);
     const view = new DataView(bytes.buffer);
@@ -138,12 +148,12 @@ export function decodeTensor(t) {
     for (let i = 0; i < data.length; i++) data[i] = view.getFloat32(i * 4, true);
     return new Tensor(t.shape, data);
   }
-  if (t && Array.isArray(t.data)) return new Tensor(t.shape, t.data);
+  if (t && Array.isArray(t.data)) return new Tensor(t.shape, t.data.flat(Infinity).map(fromJson));
   throw new TypeError('not a tensor');
 }
 
 // The tensor-valued members of an answer; everything else is plain JSON.
-const TENSOR_KEYS = ['output', 'weights'];
+const TENSOR_KEYS = ['output', 'weights', 'lse'];
 
 function decodeAnswer(body) {
   for (const key of TENSOR_KEYS) if (body[key] != null) body[key] = decodeTensor(body[key]);
@@ -197,8 +207,11 @@ export class Client {
         body,
       });
     } catch (e) {
-      // A refused connection and a CORS refusal look the same from a page.
-      throw new AttndError(0, 'network', `no answer from ${this.base || 'this server'}${path}: ${e.message}`, null);
+      // A refused connection and a CORS refusal look the same from a page;
+      // in Node.js the cause says which (e.cause.code: ECONNREFUSED, ...).
+      const err = new AttndError(0, 'network', `no answer from ${this.base || 'this server'}${path}: ${e.message}`, null);
+      err.cause = e;
+      throw err;
     }
     const text = await res.text();
     let json;
@@ -209,7 +222,7 @@ export class Client {
     }
     if (!res.ok) {
       const e = json.error ?? {};
-      throw new AttndError(e.status ?? res.status, e.code ?? 'error', e.message ?? text, e.field);
+      throw new AttndError(e.status ?? res.status, e.code ?? 'error', e.message ?? text, e.field, e);
     }
     return json;
   }
