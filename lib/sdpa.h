@@ -129,11 +129,12 @@ typedef struct {
     sdpa_item_at start[SDPA_UNITS_MAX + 2]; /* unit u: [start[u], start[u + 1]) */
 } sdpa_units;
 
-/* Cuts w into units; returns the total cost. */
-double sdpa_units_plan(const sdpa_work *w, sdpa_units *u);
+/* Cuts w into units; returns the total cost. (attn_ names, as libattn.a
+ * exports no other, because test_ragged calls these two.) */
+double attn_units_plan(const sdpa_work *w, sdpa_units *u);
 
 /* Calls fn(ctx, s, i) for every item of unit u, in order. */
-void sdpa_unit_items(const sdpa_work *w, const sdpa_units *u, int64_t unit,
+void attn_unit_items(const sdpa_work *w, const sdpa_units *u, int64_t unit,
                      void (*fn)(void *ctx, int64_t s, int64_t i), void *ctx);
 
 /* ------------------------------------------------------------ statistics */

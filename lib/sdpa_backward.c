@@ -18,7 +18,7 @@
  * short ones) is split S ways (key tiles s, s + S, s + 2S, ... to split s:
  * interleaved, so causal splits cost alike), and split s adds into its own
  * copy of dq, summed in split order at the end. Items go to the threads in
- * units of about equal work (sdpa_units_plan). Either way which thread
+ * units of about equal work (attn_units_plan). Either way which thread
  * runs which item changes nothing: the result is the same for a given
  * thread count, bit for bit.
  */
@@ -168,7 +168,7 @@ static void backward_unit(void *ctx, int64_t unit, int worker)
 {
     const bwd_job *job = ctx;
     bwd_unit u = {.job = job, .w = &job->workers[worker]};
-    sdpa_unit_items(&job->work, &job->units, unit, backward_item, &u);
+    attn_unit_items(&job->work, &job->units, unit, backward_item, &u);
 }
 
 /* The O(rows d) steps around the tiles, spread over the workers in blocks. */
@@ -335,7 +335,7 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
         int64_t pair_tiles = plan_costs(&job, entries, &total);
         threads = sdpa_threads(p, pair_tiles, 2.5 * attn_sdpa_flops(p));
         plan_splits(&job, entries, threads, total);
-        sdpa_units_plan(&job.work, &job.units);
+        attn_units_plan(&job.work, &job.units);
     }
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);

@@ -20,7 +20,7 @@
  * shares a key/value head): it streams the sequence's key tiles past its
  * rows (the kernel's forward_tile) and owns its output rows, so items run
  * in parallel without sharing anything but read-only inputs. Items go to
- * the threads in units of about equal work (sdpa_units_plan). Extra
+ * the threads in units of about equal work (attn_units_plan). Extra
  * memory: the packed copy of k, and a few rows per worker.
  */
 #include <math.h>
@@ -370,7 +370,7 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
         u.stats = &job->unit_stats[unit];
         sdpa_stats_init(u.stats);
     }
-    sdpa_unit_items(&job->work, &job->units, unit, forward_item, &u);
+    attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
 }
 
 /* ------------------------------------------------------------- workspace */
@@ -508,7 +508,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         if (seq_shared(&job.call, tiles(p->n_q, KERN_FWD_BQ), job.k_tiles))
             panels = p->batch * p->heads_kv * job.k_tiles;
     }
-    sdpa_units_plan(&job.work, &job.units);
+    attn_units_plan(&job.work, &job.units);
     int threads = sdpa_threads(p, job.units.count, attn_sdpa_flops(p));
     float *kt = panels > 0 ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
     job.kt = kt;

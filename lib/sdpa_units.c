@@ -13,7 +13,7 @@
  * sequence in which a cut falls is walked item by item. So the plan costs
  * O(sequences + the items of the sequences cut), and a cut sequence is
  * one whose items are large. */
-double sdpa_units_plan(const sdpa_work *w, sdpa_units *u)
+double attn_units_plan(const sdpa_work *w, sdpa_units *u)
 {
     double total = 0.0;
     for (int64_t s = 0; s < w->seqs; s++)
@@ -47,7 +47,7 @@ double sdpa_units_plan(const sdpa_work *w, sdpa_units *u)
     return total;
 }
 
-void sdpa_unit_items(const sdpa_work *w, const sdpa_units *u, int64_t unit,
+void attn_unit_items(const sdpa_work *w, const sdpa_units *u, int64_t unit,
                      void (*fn)(void *ctx, int64_t s, int64_t i), void *ctx)
 {
     const sdpa_item_at end = u->start[unit + 1];

@@ -724,13 +724,13 @@ START_TEST(work_units_share_the_work_not_the_count)
                          .seq_cost = fake_seq_cost};
     for (int order = 0; order < 2; order++) {
         sdpa_units u;
-        double total = sdpa_units_plan(&w, &u);
+        double total = attn_units_plan(&w, &u);
         ck_assert(u.count >= 2 && u.count <= SDPA_UNITS_MAX);
         walk k = {.w = &w};
         double half[2] = {0, 0};
         for (int64_t unit = 0; unit < u.count; unit++) {
             double before = k.cost;
-            sdpa_unit_items(&w, &u, unit, visit, &k);
+            attn_unit_items(&w, &u, unit, visit, &k);
             half[unit >= u.count / 2] += k.cost - before;
         }
         ck_assert_int_eq(k.seen, f.long_items + 8 * (f.seqs - 1));
@@ -751,7 +751,7 @@ START_TEST(a_small_call_is_one_unit)
     const sdpa_work w = {.ctx = &f, .seqs = f.seqs, .items = fake_items, .cost = fake_cost,
                          .seq_cost = fake_seq_cost};
     sdpa_units u;
-    sdpa_units_plan(&w, &u);
+    attn_units_plan(&w, &u);
     ck_assert_int_eq(u.count, 1);
 }
 END_TEST
