@@ -134,7 +134,9 @@ static int cmd_info(void)
  *   mha fwd|fwdbwd THREADS B N DMODEL HEADS   causal, with W_O, no biases
  *   peak avx2|avx512 THREADS ITERS     bench/peak.c
  * BATCH is log48 (48 sequences of lengths log-uniform over 16 .. 2048, about
- * 20k rows) or short2000 (2000 of 1 .. 16), from a fixed seed.
+ * 20k rows), short2000 (2000 of 1 .. 16) or mixed501 (one of 4096, first,
+ * then 500 of 1 .. 32: nearly all the work in one sequence, which only
+ * units cut by work share between the threads), from a fixed seed.
  * Its buffers are made on first use and kept for the next turns.
  */
 typedef enum { T_SGEMM, T_SDPA, T_RAGGED, T_PADDED, T_MHA, T_PEAK } task_kind;
@@ -164,13 +166,19 @@ typedef struct {
  * (a fixed seed, no libc random). */
 static int64_t batch_lengths(const char *name, int64_t *len)
 {
-    int64_t n = strcmp(name, "log48") == 0 ? 48 : strcmp(name, "short2000") == 0 ? 2000 : 0;
+    const bool mixed = strcmp(name, "mixed501") == 0;
+    int64_t n = strcmp(name, "log48") == 0       ? 48
+                : strcmp(name, "short2000") == 0 ? 2000
+                : mixed                          ? 501
+                                                 : 0;
     /* (the seed gives log48 19963 rows, the longest 2023) */
     uint64_t x = n == 48 ? 22 : 7;
     for (int64_t i = 0; i < n; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         double u = (double)(x >> 11) * 0x1.0p-53;
-        len[i] = n == 48 ? (int64_t)lround(16.0 * pow(128.0, u)) : 1 + (int64_t)(u * 16.0);
+        len[i] = n == 48 ? (int64_t)lround(16.0 * pow(128.0, u))
+                 : mixed ? (i == 0 ? 4096 : 1 + (int64_t)(u * 32.0))
+                         : 1 + (int64_t)(u * 16.0);
     }
     return n;
 }
@@ -610,7 +618,9 @@ static double turn_run(turn *u, int reps)
     return t != NULL ? task_run(t, reps) : -1;
 }
 
-static int cmd_table(int threads, double budget_s)
+/* The table's turns: every one, or (only_ragged) the ragged batches' and
+ * the dense turns they are compared with, with no child process. */
+static int cmd_table(int threads, double budget_s, bool only_ragged)
 {
     signal(SIGPIPE, SIG_IGN);
     char self[4096];
@@ -631,6 +641,7 @@ static int cmd_table(int threads, double budget_s)
      * first; Prescott last, so that when unset picks it, unset measures it. */
     child kids[12];
     int n_kids = 0;
+    const bool all = !only_ragged;
     kids[n_kids++] = (child){.label = "unset", .var = "OPENBLAS_CORETYPE", .blas = true};
     if (avx512)
         kids[n_kids++] = (child){.label = "SkylakeX", .var = "OPENBLAS_CORETYPE",
@@ -655,6 +666,8 @@ static int cmd_table(int threads, double budget_s)
      * rather than with this process's. */
     int env_kid = n_kids;
     kids[n_kids++] = (child){.label = "env", .var = "ATTND_BENCH_CHILD", .value = "env"};
+    if (only_ragged)
+        n_kids = 0;
     for (int i = 0; i < n_kids; i++)
         child_start(&kids[i], self);
 
@@ -688,7 +701,7 @@ static int cmd_table(int threads, double budget_s)
     /* sgemm of about the work of one n=4096, d=64 forward (2 * 2560^3 =
      * 33.6 GFLOP against 34.4), on the same cores. */
     const int gemm = 2560;
-    for (int i = 0; i < first_kernel; i++) {
+    for (int i = 0; all && i < first_kernel; i++) {
         child *c = &kids[i];
         bool again = false;
         for (int j = 0; j < i; j++)
@@ -703,7 +716,7 @@ static int cmd_table(int threads, double budget_s)
         snprintf(key, sizeof key, "sgemm_%s", c->label);
         TURN(c, key, "sgemm %d %d", threads, gemm);
     }
-    for (int isa = 0; isa < N_PEAK; isa++)
+    for (int isa = 0; all && isa < N_PEAK; isa++)
         if (peak_isa_supported((peak_isa)isa)) {
             char key[48];
             snprintf(key, sizeof key, "peak_%s", peak_isa_name((peak_isa)isa));
@@ -711,17 +724,19 @@ static int cmd_table(int threads, double budget_s)
             TURN(NULL, key, "peak %s %d %d", peak_isa_name((peak_isa)isa), threads, 20000000);
         }
     TURN(NULL, "fwd", "sdpa full %d 1 8 4096 64", threads);
-    TURN(&kids[env_kid], "fwd_env", "sdpa full %d 1 8 4096 64", threads);
-    TURN(&kids[prescott], "fwd_prescott", "sdpa full %d 1 8 4096 64", threads);
+    if (all) {
+        TURN(&kids[env_kid], "fwd_env", "sdpa full %d 1 8 4096 64", threads);
+        TURN(&kids[prescott], "fwd_prescott", "sdpa full %d 1 8 4096 64", threads);
+    }
     /* And with the widest OpenBLAS kernels: how much the forward still
      * owes to OpenBLAS. */
-    for (int i = 1; i < prescott; i++)
+    for (int i = 1; all && i < prescott; i++)
         if (kids[i].alive) {
             printf("fwd_blas_wide_core %s\n", kids[i].label);
             TURN(&kids[i], "fwd_blas_wide", "sdpa full %d 1 8 4096 64", threads);
             break;
         }
-    for (int i = first_kernel; i < env_kid; i++) {
+    for (int i = first_kernel; all && i < env_kid; i++) {
         /* The portable kernel is an order of magnitude slower: two heads
          * instead of eight keep its turn as short as the others'. */
         int heads = strcmp(kids[i].label, "generic") == 0 ? 2 : 8;
@@ -730,10 +745,13 @@ static int cmd_table(int threads, double budget_s)
         printf("%s_heads %d\n", key, heads);
         TURN(&kids[i], key, "sdpa full %d 1 %d 4096 64", threads, heads);
     }
-    TURN(NULL, "causal", "sdpa causal %d 1 8 4096 64", threads);
+    if (all)
+        TURN(NULL, "causal", "sdpa causal %d 1 8 4096 64", threads);
     TURN(NULL, "fwdbwd", "sdpa fwdbwd %d 1 8 4096 64", threads);
-    TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
-    TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
+    if (all) {
+        TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
+        TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
+    }
     /* Ragged batches: the packed batch, the same batch padded to its
      * longest with a key-padding mask (what a client without seq_lens
      * sends), and 2000 short sequences, compared with the dense n=4096
@@ -743,10 +761,11 @@ static int cmd_table(int threads, double budget_s)
     TURN(NULL, "ragged_fwdbwd", "ragged fwdbwd %d 8 64 log48", threads);
     TURN(NULL, "padded_fwdbwd", "padded fwdbwd %d 8 64 log48", threads);
     TURN(NULL, "ragged_short_fwd", "ragged full %d 8 64 short2000", threads);
+    TURN(NULL, "ragged_mixed_fwd", "ragged full %d 8 64 mixed501", threads);
     {
         static int64_t len[2000];
-        const char *names[] = {"log48", "short2000"};
-        for (int b = 0; b < 2; b++) {
+        const char *names[] = {"log48", "short2000", "mixed501"};
+        for (int b = 0; b < 3; b++) {
             int64_t n = batch_lengths(names[b], len), rows = 0, longest = 0;
             for (int64_t i = 0; i < n; i++) {
                 rows += len[i];
@@ -756,8 +775,10 @@ static int cmd_table(int threads, double budget_s)
                    (long long)rows, (long long)longest);
         }
     }
-    TURN(NULL, "mha_fwd", "mha fwd %d 8 512 512 8", threads);
-    TURN(NULL, "mha_fwdbwd", "mha fwdbwd %d 8 512 512 8", threads);
+    if (all) {
+        TURN(NULL, "mha_fwd", "mha fwd %d 8 512 512 8", threads);
+        TURN(NULL, "mha_fwdbwd", "mha fwdbwd %d 8 512 512 8", threads);
+    }
 #undef TURN
     for (int i = 0; i < n_turns; i++) {
         task probe;
@@ -811,6 +832,7 @@ static int cmd_table(int threads, double budget_s)
         {"ragged_vs_dense_fwdbwd", "fwdbwd", "ragged_fwdbwd"},
         {"padded_vs_ragged_fwdbwd", "padded_fwdbwd", "ragged_fwdbwd"},
         {"short_vs_dense_fwd", "fwd", "ragged_short_fwd"},
+        {"mixed_vs_dense_fwd", "fwd", "ragged_mixed_fwd"},
     };
     for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
         const turn *x = NULL, *y = NULL;
@@ -855,8 +877,9 @@ int main(int argc, char **argv)
         return cmd_info();
     if (argc == 2 && strcmp(argv[1], "child") == 0)
         return cmd_child();
-    if ((argc == 3 || argc == 4) && strcmp(argv[1], "table") == 0)
-        return cmd_table(atoi(argv[2]), argc == 4 ? atof(argv[3]) : 40.0);
-    fprintf(stderr, "usage: kernel info | table THREADS [SECONDS]\n");
+    if ((argc >= 3 && argc <= 5) && strcmp(argv[1], "table") == 0 &&
+        (argc < 5 || strcmp(argv[4], "ragged") == 0))
+        return cmd_table(atoi(argv[2]), argc >= 4 ? atof(argv[3]) : 40.0, argc == 5);
+    fprintf(stderr, "usage: kernel info | table THREADS [SECONDS [ragged]]\n");
     return 2;
 }

@@ -9,7 +9,9 @@
 #      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
 #      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
 #      backward, ragged batches (packed, and padded with a mask) and
-#      multi-head, all taking turns in one run (bench/kernel.c)
+#      multi-head, all taking turns in one run (bench/kernel.c); with
+#      BENCH_ONLY=ragged (and not kernel), only the ragged batches' turns
+#      and the dense ones they are compared with
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -21,7 +23,7 @@
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel memory server codec parallel http"; default all),
+# BENCH_ONLY (a subset of "kernel ragged memory server codec parallel http"; default all),
 # BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -55,7 +57,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 want() {
-    case " ${BENCH_ONLY:-kernel memory server codec parallel http} " in *" $1 "*) return 0 ;; esac
+    case " ${BENCH_ONLY:-kernel ragged memory server codec parallel http} " in *" $1 "*) return 0 ;; esac
     return 1
 }
 put() { echo "$1 $2" >> "$RES"; }
@@ -125,9 +127,18 @@ else
 fi
 
 # ------------------------------------------------------------------ 1. kernel
-if [ $have_kernel = 1 ] && want kernel; then
-    note "kernel: attention, sgemm under each OpenBLAS kernel and FMA loops, taking turns"
-    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" > "$TMP/kernel"; then
+# The ragged batches' turns are part of the kernel table; alone, they take
+# turns with the dense forward and forward+backward only.
+if [ $have_kernel = 1 ] && { want kernel || want ragged; }; then
+    if want kernel; then
+        note "kernel: attention, sgemm under each OpenBLAS kernel and FMA loops, taking turns"
+        only=""
+    else
+        note "kernel: ragged batches and the dense turns they are compared with, taking turns"
+        only=ragged
+    fi
+    # shellcheck disable=SC2086
+    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" $only > "$TMP/kernel"; then
         while read -r k v; do put "kern_$k" "$v"; done < "$TMP/kernel"
         cp "$TMP/kernel" "$OUT/kernel.txt"
     fi
@@ -411,7 +422,7 @@ w=$(get kern_fwd_blas_wide_gflops); wl=$(get kern_fwd_blas_wide_core)
 for k in generic avx2 avx512; do
     h=$(get "kern_fwd_kernel_${k}_heads")
     label="forward with ATTN_KERNEL=$k / machine's limit, B=1, H=${h:-8}, n=4096, d=64"
-    if [ -n "$(get kern_threads)" ] && [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
+    if want kernel && [ -n "$(get kern_threads)" ] && [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
         printf '| %s | n/a | not run: the CPU lacks it | | info |\n' "$label"
         continue
     fi
@@ -424,7 +435,13 @@ row "causal time / full time, $sz, d=64" "$(ratio "$causal" "$full" %.2f)" \
     "$(scaled "$causal" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 0.55 0.5
 row "(forward+backward) time / forward time, $sz, d=64" "$(ratio "$fb" "$full" %.2f)" \
     "$(scaled "$fb" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 3.5 3.0
+mf=$(get kern_mha_fwd_s); mfb=$(get kern_mha_fwdbwd_s)
+row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) / forward" \
+    "$(ratio "$mfb" "$mf" %.2f)" \
+    "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
+
 # ---- ragged batches: the pairs that exist, against the dense n=4096 rows
+SECTION=ragged
 # spread NAME SCALE: " (per round min / median / max: a / b / c)" of
 # kernel.c's per-round ratio NAME, times SCALE.
 spread() {
@@ -456,10 +473,13 @@ fr=$(flops_of ragged_short_fwd); fd=$(flops_of fwd)
 row "ragged batch, 2000 sequences of 1..16 ($(echo "$sb" | awk '{print $3}') rows), H=8, d=64: forward GFLOP/s on the pairs that exist / dense forward, $sz" \
     "$(ratio "$r" "$d" %.2f)" \
     "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread short_vs_dense_fwd "$fr / $fd")" ">=" 0.3
-mf=$(get kern_mha_fwd_s); mfb=$(get kern_mha_fwdbwd_s)
-row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) / forward" \
-    "$(ratio "$mfb" "$mf" %.2f)" \
-    "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
+# Nearly all the work in one sequence: at half the dense rate or less, one
+# thread would be doing it while the other waits.
+r=$(get kern_ragged_mixed_fwd_gflops)
+fr=$(flops_of ragged_mixed_fwd)
+row "ragged batch, one sequence of 4096 and 500 of 1..32 (the long one first), H=8, d=64: forward GFLOP/s on the pairs that exist / dense forward, $sz ($THREADS threads)" \
+    "$(ratio "$r" "$d" %.2f)" \
+    "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread mixed_vs_dense_fwd "$fr / $fd")" ">=" 0.8
 
 SECTION=memory
 g=$(get mem_growth_kb)

@@ -8,7 +8,7 @@
  * one-key-per-query case is checked against its closed form. Then every
  * error the fields can give, and the cost: meta.flops and meta.work count
  * the blocks only, so --max-work admits a packed batch that padding would
- * not fit.
+ * not fit, while --max-response judges the whole weights matrix sent.
  */
 #include "api.h"
 #include "attn.h"
@@ -678,6 +678,55 @@ START_TEST(flops_and_work_count_only_the_blocks)
 }
 END_TEST
 
+START_TEST(weights_are_the_whole_matrix_within_max_response)
+{
+    /* 40 sequences of 1 .. 40 rows (820), one head: the blocks hold 22140
+     * weights, the matrix sent 820^2 = 672400 (2.7 MB as base64 float32).
+     * --max-response judges the matrix sent, zeros included. */
+    enum { S = 40, N = S * (S + 1) / 2 };
+    int64_t len[S];
+    for (int i = 0; i < S; i++)
+        len[i] = i + 1;
+    const int64_t s2[2] = {N, 2};
+    float *x = rnd_floats(N * 2);
+    json_t *body = json_pack("{s:o,s:o,s:o,s:o,s:b,s:s}", "q", tensor(x, 2, s2), "k",
+                             tensor(x, 2, s2), "v", tensor(x, 2, s2), "seq_lens",
+                             lengths(len, S), "return_weights", 1, "output_encoding", "base64");
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    const double matrix_b64 = 4.0 * N * N * 4 / 3;
+    const struct {
+        double limit;
+        int status;
+    } cases[] = {{matrix_b64 / 2, 422}, {matrix_b64 * 1.5, 200}};
+    for (size_t i = 0; i < 2; i++) {
+        api_limits lim = {.max_response = cases[i].limit, .threads = 2};
+        api_response res;
+        api_handle(API_OP_ATTENTION, text, strlen(text), &lim, &res);
+        ck_assert_msg(res.status == cases[i].status, "limit %g: status %d: %.300s",
+                      cases[i].limit, res.status, res.body);
+        json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        if (cases[i].status == 422) {
+            json_t *e = error_of(j);
+            ck_assert_str_eq(json_string_value(json_object_get(e, "code")), "response_too_large");
+        } else {
+            /* The whole [n, n] matrix came back, zeros outside the blocks. */
+            json_t *w = json_object_get(j, "weights");
+            json_t *shape = json_object_get(w, "shape");
+            ck_assert_int_eq(json_integer_value(json_array_get(shape, 0)), N);
+            ck_assert_int_eq(json_integer_value(json_array_get(shape, 1)), N);
+            ck_assert_int_ge((long long)strlen(json_string_value(json_object_get(w, "base64"))),
+                             (long long)(matrix_b64 - 4));
+        }
+        json_decref(j);
+        api_response_free(&res);
+    }
+    free(text);
+    free(x);
+}
+END_TEST
+
 static Suite *ragged_api_suite(void)
 {
     Suite *s = suite_create("ragged_api");
@@ -696,6 +745,7 @@ static Suite *ragged_api_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("cost");
     tcase_add_test(tc, flops_and_work_count_only_the_blocks);
+    tcase_add_test(tc, weights_are_the_whole_matrix_within_max_response);
     suite_add_tcase(s, tc);
     return s;
 }
