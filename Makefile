@@ -7,8 +7,10 @@
 #   make run          the server on its defaults (ATTND_* variables change them)
 #   make bench        the benchmark table
 #   make web-test     the page at GET / in Debian's Chromium (playwright-core)
-#   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated
-#   make container-test  docker/Dockerfile and compose.yaml run with podman
+#   make ops-test     promtool, a real Prometheus scraping attnd, docker/k8s/ validated,
+#                     docker/nginx.conf routing KV caches
+#   make container-test  docker/Dockerfile, compose.yaml and the k8s Deployment
+#                     (podman kube play) run with podman
 #   make install      attnd, its systemd unit, libattn (attn.h, libattn.a, attn.pc)
 #   make fuzz         the libFuzzer target on the request path, FUZZ_TIME seconds
 #   make reliability  fuzzing, soak, overload, slow clients, fail-over, drain,
@@ -34,14 +36,15 @@ endif
 export WERROR # to the makes that make test starts
 CFLAGS_COMMON = -std=c11 -D_GNU_SOURCE -g -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) -pthread
 # Recursively expanded on purpose: pkg-config may only exist once tools/deps.sh ran.
+# jansson is the tests' independent JSON parser, the reference the codec
+# (api/json/) is held to; attnd itself neither includes nor links it.
 PKG_CFLAGS = $(shell pkg-config --cflags openblas jansson libmicrohttpd 2>/dev/null)
 PKG_CFLAGS_LIB = $(shell pkg-config --cflags openblas 2>/dev/null)
-PKG_CFLAGS_API = $(shell pkg-config --cflags jansson 2>/dev/null)
-PKG_CFLAGS_SRV = $(shell pkg-config --cflags jansson libmicrohttpd 2>/dev/null)
+PKG_CFLAGS_SRV = $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 PKG_LIBS_LIB = $(shell pkg-config --libs openblas 2>/dev/null) -lm
-PKG_LIBS_API = $(shell pkg-config --libs jansson 2>/dev/null)
 PKG_LIBS_SRV = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
-PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null)
+PKG_LIBS_JANSSON = $(shell pkg-config --libs jansson 2>/dev/null)
+PKG_LIBS_TEST = $(shell pkg-config --libs check libcurl 2>/dev/null) $(PKG_LIBS_JANSSON)
 ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
@@ -49,22 +52,27 @@ endif
 # The layers. Each is compiled seeing only the headers it may use, so that an
 # include that reaches across a layer does not compile (tests/test_layers.sh
 # checks that it does not):
-#   cpu/     what this CPU can run; libc only (libattn and the codec use it)
-#   lib/     libattn: lib/, cpu/ and OpenBLAS
-#   api/     api/ and its codec (api/json/), cpu/, and of libattn only its
-#            public header, attn.h, linked alone into BUILD/include
-#   server/  server/ and api/: nothing of libattn
-#   tests/   everything
+#   cpu/       what this CPU can run; libc only (libattn and the codec use it)
+#   lib/       libattn: lib/, cpu/ and OpenBLAS
+#   api/json/  the codec, a library of its own: api/json/ and cpu/ only,
+#              nothing of the API layer or of libattn
+#   api/       api/ and the codec's header (json/codec.h), and of libattn
+#              only its public header, attn.h, linked alone into BUILD/include
+#   server/    server/ and api/: nothing of libattn
+#   tests/     everything
 INC_CPU    = -Icpu
 INC_LIB    = -Ilib -Icpu $(PKG_CFLAGS_LIB)
-INC_API    = -Iapi -Icpu -I$(BUILD)/include $(PKG_CFLAGS_API)
+INC_CODEC  = -Iapi/json -Icpu
+INC_API    = -Iapi -I$(BUILD)/include
 INC_SERVER = -Iserver -Iapi $(PKG_CFLAGS_SRV)
 INC_TESTS  = -Ilib -Iapi -Iserver -Icpu $(PKG_CFLAGS)
-$(BUILD)/obj/cpu/%.o:    CFLAGS_LAYER = $(INC_CPU)
-$(BUILD)/obj/lib/%.o:    CFLAGS_LAYER = $(INC_LIB)
-$(BUILD)/obj/api/%.o:    CFLAGS_LAYER = $(INC_API)
-$(BUILD)/obj/server/%.o: CFLAGS_LAYER = $(INC_SERVER)
-$(BUILD)/obj/tests/%.o:  CFLAGS_LAYER = $(INC_TESTS)
+# (of two patterns, the one with the shorter stem, api/json/, wins)
+$(BUILD)/obj/cpu/%.o:      CFLAGS_LAYER = $(INC_CPU)
+$(BUILD)/obj/lib/%.o:      CFLAGS_LAYER = $(INC_LIB)
+$(BUILD)/obj/api/%.o:      CFLAGS_LAYER = $(INC_API)
+$(BUILD)/obj/api/json/%.o: CFLAGS_LAYER = $(INC_CODEC)
+$(BUILD)/obj/server/%.o:   CFLAGS_LAYER = $(INC_SERVER)
+$(BUILD)/obj/tests/%.o:    CFLAGS_LAYER = $(INC_TESTS)
 $(BUILD)/obj/web_assets.o: CFLAGS_LAYER = $(INC_SERVER)
 
 CFLAGS_ALL = $(CFLAGS_COMMON) $(OPT) $(SANFLAGS) $(CFLAGS_LAYER) $(CFLAGS_ISA) $(CFLAGS)
@@ -73,7 +81,8 @@ OBJCOPY ?= objcopy
 
 CPU_SRC  := $(sort $(wildcard cpu/*.c))
 LIB_SRC  := $(sort $(wildcard lib/*.c))
-API_SRC  := $(sort $(wildcard api/*.c api/json/*.c))
+CODEC_SRC := $(sort $(wildcard api/json/*.c))
+API_SRC  := $(sort $(wildcard api/*.c))
 SRV_SRC  := $(sort $(filter-out server/main.c,$(wildcard server/*.c)))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_SCRIPTS := $(sort $(wildcard tests/test_*.sh))
@@ -81,8 +90,9 @@ TEST_SUPPORT := $(sort $(wildcard tests/support/*.c))
 
 CPU_OBJ  := $(CPU_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CODEC_OBJ := $(CODEC_SRC:%.c=$(BUILD)/obj/%.o)
 API_OBJ  := $(API_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/openapi_yaml.o \
-            $(BUILD)/obj/openapi_json.o $(CPU_OBJ)
+            $(BUILD)/obj/openapi_json.o
 SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/web_assets.o
 SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/%)
@@ -105,6 +115,7 @@ $(DEPS_STAMP): tools/deps.sh
 ifeq ($(shell uname -m),x86_64)
 $(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma
 $(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma
+$(BUILD)/obj/lib/kern_avx512_bf16.o: CFLAGS_ISA = -mavx512f -mavx512bw -mavx512bf16 -mavx2 -mfma
 endif
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(BUILD)/include/attn.h $(BUILD)/layers.env
@@ -122,7 +133,8 @@ $(BUILD)/layers.env: FORCE
 	@mkdir -p $(dir $@)
 	@{ echo "CC='$(CC)'"; echo "CFLAGS_COMMON='$(CFLAGS_COMMON) $(CFLAGS)'"; \
 	   echo "INC_CPU='$(INC_CPU)'"; echo "INC_LIB='$(INC_LIB)'"; \
-	   echo "INC_API='$(INC_API)'"; echo "INC_SERVER='$(INC_SERVER)'"; \
+	   echo "INC_CODEC='$(INC_CODEC)'"; echo "INC_API='$(INC_API)'"; \
+	   echo "INC_SERVER='$(INC_SERVER)'"; \
 	   echo "LDFLAGS_ALL='$(LDFLAGS_ALL)'"; echo "PKG_LIBS_LIB='$(PKG_LIBS_LIB)'"; } > $@.tmp
 	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
 .PHONY: FORCE
@@ -178,6 +190,14 @@ $(BUILD)/libattn.a: $(LIB_OBJ) $(CPU_OBJ)
 	$(LD) -r -o $(BUILD)/obj/libattn.o $^
 	$(OBJCOPY) --wildcard --keep-global-symbol='attn_*' $(BUILD)/obj/libattn.o
 	ar rcs $@ $(BUILD)/obj/libattn.o
+# libcodec.a, the JSON codec (api/json/, with its own copy of cpu/), made the
+# same way: only the codec_ names global. It needs nothing of libattnapi.a
+# or libattn.a (tests/test_layers.sh links a program against it alone).
+$(BUILD)/libcodec.a: $(CODEC_OBJ) $(CPU_OBJ)
+	@rm -f $@
+	$(LD) -r -o $(BUILD)/obj/libcodec.o $^
+	$(OBJCOPY) --wildcard --keep-global-symbol='codec_*' $(BUILD)/obj/libcodec.o
+	ar rcs $@ $(BUILD)/obj/libcodec.o
 $(BUILD)/libattnapi.a: $(API_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -185,11 +205,14 @@ $(BUILD)/libattnsrv.a: $(SRV_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+$(BUILD)/attnd: $(BUILD)/obj/server/main.o $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a \
+               $(BUILD)/libcodec.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_SRV) $(PKG_LIBS_LIB)
 
-$(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(BUILD)/libattnsrv.a $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+# The tests call cpu/ too (its copies in the libraries are hidden).
+$(BUILD)/test_%: $(BUILD)/obj/tests/test_%.o $(SUPPORT_OBJ) $(CPU_OBJ) $(BUILD)/libattnsrv.a \
+                 $(BUILD)/libattnapi.a $(BUILD)/libcodec.a $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_SRV) $(PKG_LIBS_LIB)
 
 # The quick loop: every C suite of this build once, on the kernel libattn
 # picks (ATTN_KERNEL=generic or ATTN_KERNELS="avx2 generic" choose), no
@@ -232,9 +255,11 @@ bench: $(BUILD)/attnd $(BUILD)/libattn.a
 web-test: $(BUILD)/attnd
 	@sh tests/node/run.sh $(BUILD) chromium tests/node/page.test.mjs
 
-# Prometheus (Debian's, with promtool) and the Kubernetes manifests.
+# Prometheus (Debian's, with promtool), the Kubernetes manifests (with the
+# KEDA and KServe alternatives and the ingress), and docker/nginx.conf
+# routing KV caches in Debian's nginx.
 ops-test: $(BUILD)/attnd
-	@sh tests/node/run.sh $(BUILD) prometheus tests/node/ops.test.mjs
+	@sh tests/node/run.sh $(BUILD) "prometheus nginx" tests/node/ops.test.mjs tests/node/balancer.test.mjs
 
 # The image and the compose stack, built and run with podman + runc.
 container-test:
@@ -267,11 +292,13 @@ install: $(BUILD)/attnd $(BUILD)/libattn.a
 FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -fsanitize=fuzzer-no-link
 $(BUILD)/fuzz_api: $(BUILD)/obj/tests/fuzz/fuzz_api.o $(BUILD)/obj/tests/support/api_invariants.o \
-                   $(BUILD)/obj/tests/support/ref.o $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+                   $(BUILD)/obj/tests/support/ref.o $(BUILD)/libattnapi.a $(BUILD)/libcodec.a \
+                   $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS_JANSSON) $(PKG_LIBS_LIB)
 $(BUILD)/capture_test_api: $(BUILD)/obj/tests/test_api.o $(BUILD)/obj/tests/fuzz/capture.o \
-                           $(SUPPORT_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -Wl,--wrap=api_handle -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+                           $(SUPPORT_OBJ) $(CPU_OBJ) $(BUILD)/libattnapi.a $(BUILD)/libcodec.a \
+                           $(BUILD)/libattn.a
+	$(CC) $(LDFLAGS_ALL) -Wl,--wrap=api_handle -o $@ $^ $(PKG_LIBS_TEST) $(PKG_LIBS_LIB)
 fuzz-build: $(DEPS_STAMP)
 	@sh tools/deps.sh fuzz
 	@$(MAKE) --no-print-directory build/capture_test_api
@@ -299,8 +326,8 @@ reliability: $(DEPS_STAMP)
 exhaustive: $(BUILD)/float_exhaustive
 	./$(BUILD)/float_exhaustive
 $(BUILD)/float_exhaustive: $(BUILD)/obj/tests/float_exhaustive.o $(BUILD)/obj/tests/support/float_check.o \
-                           $(BUILD)/libattnapi.a $(BUILD)/libattn.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS_API) $(PKG_LIBS_LIB)
+                           $(BUILD)/libcodec.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
 
 clean:
 	rm -rf build

@@ -120,6 +120,7 @@ void api_response_free(api_response *res);
 typedef struct {
     const char *libattn;       /* libattn's version */
     const char *kernel;        /* the attention micro-kernel in use: "avx2", ... */
+    const char *bf16;          /* how bfloat16 products run: "avx512_bf16", "emulated" */
     const char *blas_config;   /* OpenBLAS's build configuration */
     const char *blas_corename; /* the OpenBLAS kernel chosen for this CPU */
     /* NULL, or one sentence when OpenBLAS runs narrower kernels than the CPU

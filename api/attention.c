@@ -24,7 +24,7 @@
 enum {
     F_Q, F_K, F_V, F_CAUSAL, F_MASK, F_SCALE, F_RETURN_WEIGHTS, F_RETURN_STATS,
     F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP,
-    F_ROPE, F_RETURN_LSE, F_SEQ_LENS, F_SEQ_LENS_K, F_COUNT
+    F_ROPE, F_RETURN_LSE, F_SEQ_LENS, F_SEQ_LENS_K, F_PRECISION, F_COUNT
 };
 
 static const api_field api_attention_fields[] = {
@@ -46,6 +46,7 @@ static const api_field api_attention_fields[] = {
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
     [F_SEQ_LENS] = {"seq_lens", API_FIELD_LENGTHS, false},
     [F_SEQ_LENS_K] = {"seq_lens_k", API_FIELD_LENGTHS, false},
+    [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
 };
 
 static const char *const FORMS =
@@ -64,7 +65,7 @@ static attention_state *state(const api_call *c)
 }
 
 /* B, H, n, d of a rank-2..4 tensor. */
-static void dims(const api_tensor *t, int64_t *b, int64_t *h, int64_t *n,
+static void dims(const codec_tensor *t, int64_t *b, int64_t *h, int64_t *n,
                  int64_t *d)
 {
     int r = t->rank;
@@ -78,8 +79,8 @@ static void dims(const api_tensor *t, int64_t *b, int64_t *h, int64_t *n,
     api_fail(err, 422, "shape_mismatch", field, fmt, (long long)(a), (long long)(b))
 
 /* q, k and v fit together: ranks, batch, heads, n_k, d_k. */
-static bool check_qkv(const api_tensor *q, const api_tensor *k,
-                      const api_tensor *v, api_error *err)
+static bool check_qkv(const codec_tensor *q, const codec_tensor *k,
+                      const codec_tensor *v, api_error *err)
 {
     if (!api_check_rank(q, "q", 2, 4, FORMS, err) ||
         !api_check_rank(k, "k", 2, 4, FORMS, err) ||
@@ -134,6 +135,12 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     t->weights = state(c)->weights >= 0 ? t->scores : 0;
     api_variant_cost(p, t); /* a window narrows the scores, not the weights */
+    if (p->precision == ATTN_PRECISION_BFLOAT16) {
+        t->bf16_flops = t->flops;
+        t->rounded = (double)p->batch * ((double)p->heads_q * (double)p->n_q * (double)p->d_k +
+                                         (double)p->heads_kv * (double)p->n_k *
+                                             (double)(p->d_k + p->d_v));
+    }
 }
 
 /* Cauchy-Schwarz: |scale q.k + bias| <= max(scale, 1) |q_i| |k_j| + max|bias|,
@@ -143,7 +150,7 @@ static void cost(const api_call *c, api_cost_terms *t)
 static double score_bound(const api_call *c, const char **blame)
 {
     const attn_sdpa_params *p = &state(c)->p;
-    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor;
+    const codec_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor;
     double bias = p->mask.kind == ATTN_MASK_BIAS
                       ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
                       : 0;
@@ -161,7 +168,7 @@ static double score_bound(const api_call *c, const char **blame)
 static bool validate(api_call *c, api_error *err)
 {
     attention_state *st = state(c);
-    const api_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
+    const codec_tensor *q = &c->f[F_Q].tensor, *k = &c->f[F_K].tensor,
                      *v = &c->f[F_V].tensor;
     if (!check_qkv(q, k, v, err))
         return false;
@@ -183,6 +190,8 @@ static bool validate(api_call *c, api_error *err)
         .scale = c->f[F_SCALE].present ? c->f[F_SCALE].number : attn_default_scale(dq),
         .causal = c->f[F_CAUSAL].present && c->f[F_CAUSAL].flag,
         .threads = 1,
+        .precision = c->f[F_PRECISION].present ? c->f[F_PRECISION].precision
+                                               : ATTN_PRECISION_FLOAT32,
     };
     if (!(st->p.scale > 0))
         return api_fail(err, 422, "invalid_value", "scale",
@@ -192,6 +201,11 @@ static bool validate(api_call *c, api_error *err)
     if (!api_ragged_setup(&c->f[F_SEQ_LENS], &c->f[F_SEQ_LENS_K], bq, nq, nk, &names,
                           &st->ragged, err))
         return false;
+    if (st->ragged.seqs > 0 && st->p.precision == ATTN_PRECISION_BFLOAT16)
+        return api_fail(err, 422, "invalid_value", "precision",
+                        "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
+                        "computed in float32 (leave precision out, or send the sequences "
+                        "as requests of their own)");
     if (c->f[F_MASK].present &&
         !api_mask_setup(&c->f[F_MASK].tensor, r, weights_shape, bq, hq, nq, nk,
                         &st->p.mask, err))
@@ -253,7 +267,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     if (!c->want_grad)
         return true;
     /* The output must be finite for the backward pass to mean anything. */
-    if (!api_check_output(out, rows * p->d_v, "the output", API_ENC_NESTED, err))
+    if (!api_check_output(out, rows * p->d_v, "the output", CODEC_ENC_NESTED, err))
         return false;
     if (attn_sdpa_backward(p, q, k, v, out, st->rows, api_field_data(c, F_GRAD_OUTPUT),
                            result(c, st->dq), result(c, st->dk), result(c, st->dv),

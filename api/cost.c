@@ -32,6 +32,13 @@
  *   RoPE angle (position,   n_q = 1, n_k = 200000, d_k = 64 against
  *     pair): cos and sin      32 heads of n_k = 20000: 165-225 ns      5000
  *   RoPE element turned     (the same two runs): 9-21 ns              400
+ *   bfloat16 product FLOP   n = 1024, d = 64, one head, against the
+ *     (precision bfloat16)    float32 forward and backward of the same
+ *                             run: vdpbf16ps 0.55-0.8x; emulated
+ *                             AVX-512 1.2-1.35x, AVX2 1.5x, generic
+ *                             11-17x (C steps)          0.8 / 1.5 / 2 / 18
+ *   element rounded to      the rounding and packing of q, k, v: about
+ *     bfloat16                1 ns an element at n = 2048, d = 64          40
  *   window                  scores: the band and the 64-key tiles its
  *                             edges cut (api/variants.c); [0, 0] over
  *                             n = 65536: 500-650 ns a row
@@ -71,13 +78,32 @@
 #define PRICE_TEXT_NUMBER 3000.0
 #define PRICE_BASE64_NUMBER 96.0
 #define PRICE_BODY_BYTE 96.0
+#define PRICE_ROUNDED 40.0
+
+/* A bfloat16 product FLOP, in float32 product FLOPs of the same kernel:
+ * what the way libattn runs them costs (see the table above). */
+static double bf16_flop_price(void)
+{
+    if (attn_bf16() == ATTN_BF16_AVX512_BF16)
+        return 0.8;
+    switch (attn_kernel()) {
+    case ATTN_KERNEL_AVX512:
+        return 1.5;
+    case ATTN_KERNEL_AVX2:
+        return 2.0;
+    default:
+        return 18.0;
+    }
+}
 
 double api_compute_work(const api_cost_terms *t, bool stats, bool backward)
 {
     double per_score = PRICE_SCORE + (t->masked ? PRICE_MASK : 0);
-    double work = t->flops + t->pairs * PRICE_PAIR + t->rows * PRICE_ROW +
+    double flops = t->flops - t->bf16_flops + t->bf16_flops * bf16_flop_price();
+    double work = flops + t->pairs * PRICE_PAIR + t->rows * PRICE_ROW +
                   t->scores * per_score + t->softcapped * PRICE_SOFTCAP +
-                  t->angles * PRICE_ANGLE + t->rotated * PRICE_ROTATED;
+                  t->angles * PRICE_ANGLE + t->rotated * PRICE_ROTATED +
+                  t->rounded * PRICE_ROUNDED;
     /* The backward pass redoes the forward's scores and adds its own
      * products; the statistics and the weights come from the forward only. */
     if (backward)
@@ -89,9 +115,9 @@ double api_compute_work(const api_cost_terms *t, bool stats, bool backward)
            t->averaged * PRICE_AVERAGE;
 }
 
-double api_encode_work(double numbers, api_encoding enc)
+double api_encode_work(double numbers, codec_encoding enc)
 {
-    bool text = enc == API_ENC_NESTED || enc == API_ENC_FLAT;
+    bool text = enc == CODEC_ENC_NESTED || enc == CODEC_ENC_FLAT;
     return numbers * (text ? PRICE_TEXT_NUMBER : PRICE_BASE64_NUMBER);
 }
 
@@ -100,11 +126,11 @@ double api_decode_work(size_t len)
     return (double)len * PRICE_BODY_BYTE;
 }
 
-/* The longest text of a float32 (api_float_text: "-1000206000000000.0")
+/* The longest text of a float32 (codec_float_text: "-1000206000000000.0")
  * and its comma. */
 #define TEXT_NUMBER_MAX 20.0
 
-double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc)
+double api_encoded_bytes(int rank, const int64_t *shape, codec_encoding enc)
 {
     double count = 1, shape_text = 2;
     for (int i = 0; i < rank; i++) {
@@ -112,17 +138,17 @@ double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc)
         shape_text += 21; /* an int64 and its comma */
     }
     switch (enc) {
-    case API_ENC_BASE64:
-    case API_ENC_BASE64_F16:
-    case API_ENC_BASE64_BF16: {
+    case CODEC_ENC_BASE64:
+    case CODEC_ENC_BASE64_F16:
+    case CODEC_ENC_BASE64_BF16: {
         /* {"shape":[...],"dtype":"bfloat16","base64":"..."} */
-        double bytes = count * (enc == API_ENC_BASE64 ? 4 : 2);
+        double bytes = count * (enc == CODEC_ENC_BASE64 ? 4 : 2);
         return 48 + shape_text + 4 * ceil(bytes / 3);
     }
-    case API_ENC_FLAT:
+    case CODEC_ENC_FLAT:
         /* {"shape":[...],"data":[...]} */
         return 24 + shape_text + count * TEXT_NUMBER_MAX;
-    case API_ENC_NESTED:
+    case CODEC_ENC_NESTED:
         break;
     }
     /* Each array at depth i (there are shape[0] * ... * shape[i-1] of

@@ -1,9 +1,9 @@
 /*
  * api_error: filled by whichever step fails, turned into the body
- * {"error": {"status", "code", "message", "field"}} here and nowhere else.
+ * {"error": {"status", "code", "message", "field"}} here and nowhere else;
+ * and the codec's errors turned into api_errors, here and nowhere else.
  */
-#include "api.h"
-#include "json/json_string.h"
+#include "request.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,27 +23,57 @@ bool api_fail(api_error *e, int status, const char *code, const char *field,
     return false;
 }
 
+/* The status and code of each kind of the codec's errors: the form of a
+ * value is the client's mistake (400), sizes that do not fit are a
+ * request that cannot be computed (422). */
+static const struct {
+    int status;
+    const char *code;
+} codec_kinds[] = {
+    [CODEC_ERR_SYNTAX] = {400, "invalid_json"},
+    [CODEC_ERR_WRONG_TYPE] = {400, "wrong_type"},
+    [CODEC_ERR_DUPLICATE_KEY] = {400, "duplicate_key"},
+    [CODEC_ERR_TOO_MANY_MEMBERS] = {400, "too_many_fields"},
+    [CODEC_ERR_UNKNOWN_MEMBER] = {400, "unknown_field"},
+    [CODEC_ERR_MISSING_MEMBER] = {400, "missing_field"},
+    [CODEC_ERR_NOT_FINITE] = {400, "invalid_number"},
+    [CODEC_ERR_BASE64] = {400, "invalid_base64"},
+    [CODEC_ERR_RAGGED] = {422, "ragged_array"},
+    [CODEC_ERR_SHAPE] = {422, "invalid_shape"},
+    [CODEC_ERR_SHAPE_MISMATCH] = {422, "shape_mismatch"},
+    [CODEC_ERR_ELEMENT] = {422, "invalid_value"},
+    [CODEC_ERR_NO_MEMORY] = {500, "out_of_memory"},
+};
+
+bool api_fail_codec(api_error *err, const codec_error *ce)
+{
+    size_t k = (size_t)ce->kind;
+    if (k >= sizeof codec_kinds / sizeof codec_kinds[0] || !codec_kinds[k].code)
+        return api_fail(err, 500, "internal", ce->field, "%s", ce->message);
+    return api_fail(err, codec_kinds[k].status, codec_kinds[k].code, ce->field, "%s",
+                    ce->message);
+}
+
 /* The longest text a field of api_error may give, quoted. */
-#define QUOTED_MAX(cap) (JSON_ESCAPED_MAX(cap) + 2)
+#define QUOTED_MAX(cap) (CODEC_ESCAPED_MAX(cap) + 2)
 
 /*
  * The JSON string of the text in a fixed field, at p; returns the end.
  * A character that the field's size cut in half is dropped; anything else
- * that is not UTF-8 becomes U+FFFD (json_escape_text), so the error body
+ * that is not UTF-8 becomes U+FFFD (codec_escape_text), so the error body
  * is always valid JSON.
  */
 static char *put_string(char *p, const char *s, size_t cap)
 {
-    size_t n = json_utf8_uncut(s, strnlen(s, cap));
+    size_t n = codec_utf8_uncut(s, strnlen(s, cap));
     *p++ = '"';
-    p += json_escape_text(p, JSON_ESCAPED_MAX(n) + 1, s, n, 0);
+    p += codec_escape_text(p, CODEC_ESCAPED_MAX(n) + 1, s, n, 0);
     *p++ = '"';
     return p;
 }
 
-/* Written directly rather than through jansson objects (an allocation per
- * member and a sizing dump before the real one): this is the body of every
- * refused request. */
+/* Written directly into one block, the only allocation: this is the body
+ * of every refused request. */
 char *api_error_json(const api_error *e, size_t *len)
 {
     char text[64 + QUOTED_MAX(sizeof e->code) + QUOTED_MAX(sizeof e->message) +

@@ -12,6 +12,7 @@
 #include "request.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,28 +34,45 @@ void api_lap(api_timing *t, double *step)
 }
 
 /* The body must be one JSON object: the fields are its members, whose
- * places the validator notes on its way (spans, API_MAX_FIELDS of them). */
-static bool check_body(const char *body, size_t len, json_span *spans, size_t *members,
+ * places the validator notes on its way (spans, API_MAX_FIELDS of them),
+ * with the rows of the tensors among them. */
+static bool check_body(codec_doc *doc, const char *body, size_t len, codec_span *spans,
                        api_error *err)
 {
-    if (!json_text_validate_spans(body, len, spans, API_MAX_FIELDS, members, err)) {
-        /* The byte where the text stopped being JSON, as the validator's
-         * message gives it ("... at byte N (line L, column C)"). */
-        const char *at = strstr(err->message, " at byte ");
-        long offset = 0;
-        if (at && sscanf(at, " at byte %ld", &offset) == 1 && offset >= 0)
-            api_hint_not_json(body, len, (size_t)offset, err);
+    codec_error ce;
+    if (!codec_doc_validate(doc, body, len, spans, API_MAX_FIELDS, &ce)) {
+        api_fail_codec(err, &ce);
+        /* where the text stopped being JSON, to say what it looks like */
+        if (ce.kind == CODEC_ERR_SYNTAX)
+            api_hint_not_json(body, len, ce.offset, err);
         return false;
     }
-    size_t i = 0;
-    while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' ||
-                       body[i] == '\r'))
-        i++;
-    if (i < len && body[i] != '{')
+    const char *first = codec_skip_ws(body, body + len);
+    if (first < body + len && *first != '{')
         return api_fail(err, 400, "wrong_type", "",
                         "the request body must be a JSON object of fields, "
                         "e.g. {\"q\": ..., \"k\": ..., \"v\": ...}");
     return true;
+}
+
+/* The codec's instruction sets follow libattn's kernel when ATTN_KERNEL
+ * chose it, so that the suites run once per kernel run each of the codec's
+ * paths too; otherwise the codec uses the widest this CPU runs. */
+static void match_codec_to_kernel(void)
+{
+    static const codec_simd for_kernel[] = {
+        [ATTN_KERNEL_GENERIC] = CODEC_SIMD_PORTABLE,
+        [ATTN_KERNEL_AVX2] = CODEC_SIMD_AVX2,
+        [ATTN_KERNEL_AVX512] = CODEC_SIMD_AVX512,
+    };
+    if (attn_kernel_forced())
+        codec_set_simd(for_kernel[attn_kernel()]);
+}
+
+void api_codec_setup(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, match_codec_to_kernel);
 }
 
 double api_total_ms(const api_timing *t)
@@ -195,6 +213,7 @@ static const api_operation *operation(api_op op)
 api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits *lim,
                       api_cost *cost, api_response *res)
 {
+    api_codec_setup();
     memset(res, 0, sizeof *res);
     api_error err = {0};
     api_timing t = {.arrival = lim->arrival_ms, .mark = api_now_ms()};
@@ -209,12 +228,12 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
         ok = api_fail(&err, 500, "internal", "", "no request body given");
     else {
         const char *text = body ? body : "";
-        json_span spans[API_MAX_FIELDS];
-        size_t members = 0;
-        ok = check_body(text, len, spans, &members, &err) &&
-             api_read_fields(spans, members, text + len, o->fields, o->n_fields,
-                             o->other->fields, o->other->n_fields, o->other->route, c->f,
-                             &err);
+        codec_span spans[API_MAX_FIELDS];
+        codec_doc doc; /* filled by check_body whatever it finds */
+        ok = check_body(&doc, text, len, spans, &err) &&
+             api_read_fields(&doc, o->fields, o->n_fields, o->other->fields,
+                             o->other->n_fields, o->other->route, c->f, &err);
+        codec_doc_free(&doc);
     }
     if (ok) {
         c->want_stats = c->f[o->f_return_stats].present && c->f[o->f_return_stats].flag;
@@ -267,21 +286,21 @@ static bool compute(api_call *c, int threads, api_error *err)
 }
 
 /* Writes `"name":tensor` and frees the tensor: the text now holds it. */
-static void emit(api_buf *b, api_result *r, api_encoding enc, bool first)
+static void emit(codec_buf *b, api_result *r, codec_encoding enc, bool first)
 {
     if (!first)
-        api_buf_append(b, ",", 1);
-    api_buf_append(b, "\"", 1);
-    api_buf_puts(b, r->name);
-    api_buf_append(b, "\":", 2);
-    api_tensor_encode(b, r->data, r->rank, r->shape, enc);
+        codec_buf_append(b, ",", 1);
+    codec_buf_append(b, "\"", 1);
+    codec_buf_puts(b, r->name);
+    codec_buf_append(b, "\":", 2);
+    codec_tensor_encode(b, r->data, r->rank, r->shape, enc);
     free(r->data);
     r->data = NULL;
 }
 
-static void encode(api_call *c, api_buf *b)
+static void encode(api_call *c, codec_buf *b)
 {
-    api_buf_puts(b, "{");
+    codec_buf_puts(b, "{");
     bool first = true, grads = false;
     for (int i = 0; i < c->n_results; i++) {
         if (c->results[i].in_grad) {
@@ -292,21 +311,21 @@ static void encode(api_call *c, api_buf *b)
         first = false;
     }
     if (grads) {
-        api_buf_puts(b, ",\"grad\":{");
+        codec_buf_puts(b, ",\"grad\":{");
         first = true;
         for (int i = 0; i < c->n_results; i++)
             if (c->results[i].in_grad) {
                 emit(b, &c->results[i], c->enc, first);
                 first = false;
             }
-        api_buf_puts(b, "}");
+        codec_buf_puts(b, "}");
     }
     if (c->want_stats)
         api_write_stats(b, &c->stats);
     api_dim dims[16];
     size_t n_dims = c->op->dims(c, dims);
     api_write_meta(b, dims, n_dims, &c->cost, &c->t);
-    api_buf_puts(b, "}");
+    codec_buf_puts(b, "}");
 }
 
 void api_execute(api_call *c, int threads, api_response *res)
@@ -320,12 +339,12 @@ void api_execute(api_call *c, int threads, api_response *res)
         c->op->release(c);
     api_values_free(c->f, c->op->n_fields);
     api_lap(&c->t, &c->t.compute_ms);
-    api_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
+    codec_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
     if (out.data) {
         out.cap = FIRST_BLOCK;
         out.data[0] = '\0';
         encode(c, &out);
-        api_buf_append(&out, "", 1); /* a NUL after the body, for callers that want a C string */
+        codec_buf_append(&out, "", 1); /* a NUL after the body, for callers that want a C string */
     }
     if (ok && (!out.data || out.failed))
         ok = api_fail(&err, 500, "out_of_memory", "",
@@ -333,7 +352,7 @@ void api_execute(api_call *c, int threads, api_response *res)
     timings(res, &c->t);
     api_call_free(c);
     if (!ok) {
-        api_buf_free(&out);
+        codec_buf_free(&out);
         respond_error(res, &err);
         return;
     }

@@ -24,9 +24,7 @@ static bool name_char(char c, bool first)
 /* "name=" at the start of the body (after spaces). */
 static bool form_encoded(const char *body, size_t len)
 {
-    size_t i = 0;
-    while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n'))
-        i++;
+    size_t i = (size_t)(codec_skip_ws(body, body + len) - body);
     size_t start = i;
     while (i < len && name_char(body[i], i == start))
         i++;

@@ -22,6 +22,7 @@ void api_get_info(api_info *info)
     pthread_once(&shortfall_once, find_shortfall);
     info->libattn = attn_version();
     info->kernel = attn_kernel_name();
+    info->bf16 = attn_bf16_name();
     info->blas_config = attn_blas_config();
     info->blas_corename = attn_blas_corename();
     info->blas_shortfall = has_shortfall ? shortfall : NULL;

@@ -27,7 +27,7 @@ enum {
     F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
     F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE,
     F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP, F_ROPE, F_RETURN_LSE, F_SEQ_LENS, F_SEQ_LENS_CONTEXT,
-    F_COUNT
+    F_PRECISION, F_COUNT
 };
 
 static const api_field api_multihead_fields[] = {
@@ -58,6 +58,7 @@ static const api_field api_multihead_fields[] = {
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
     [F_SEQ_LENS] = {"seq_lens", API_FIELD_LENGTHS, false},
     [F_SEQ_LENS_CONTEXT] = {"seq_lens_context", API_FIELD_LENGTHS, false},
+    [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
 };
 
 /* For messages about the gradients, in the order of the inputs. */
@@ -87,14 +88,14 @@ static multihead_state *state(const api_call *c)
 #define MISMATCH(field, ...) api_fail(err, 422, "shape_mismatch", field, __VA_ARGS__)
 #define LL(x) ((long long)(x))
 
-static const api_tensor *given(const api_call *c, int f)
+static const codec_tensor *given(const api_call *c, int f)
 {
     return c->f[f].present ? &c->f[f].tensor : NULL;
 }
 
 /* A weight [rows, cols] whose rows must be `rows`; `rows_of` says where
  * that number comes from ("x has d_model="), the number follows it. */
-static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
+static bool check_weight(const codec_tensor *w, const char *field, int64_t rows,
                          const char *rows_of, const char *form, api_error *err)
 {
     if (!api_check_rank(w, field, 2, 2, form, err))
@@ -107,7 +108,7 @@ static bool check_weight(const api_tensor *w, const char *field, int64_t rows,
 }
 
 /* A bias [len] that must match the columns of its projection. */
-static bool check_bias(const api_tensor *b, const char *field, int64_t len,
+static bool check_bias(const codec_tensor *b, const char *field, int64_t len,
                        const char *of, api_error *err)
 {
     if (!b)
@@ -126,7 +127,7 @@ static bool check_bias(const api_tensor *b, const char *field, int64_t len,
 /* x and context: ranks, batch, and the sizes n, m, d_model, d_ctx. */
 static bool validate_sequences(api_call *c, api_error *err)
 {
-    const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
+    const codec_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
     if (!api_check_rank(x, "x", 2, 3, "[n, d_model] or [batch, n, d_model]", err))
         return false;
     int r = state(c)->rank = x->rank;
@@ -179,7 +180,7 @@ static bool validate_weights(api_call *c, api_error *err)
     const char *rows_q = "x has d_model=";
     const char *rows_kv = given(c, F_CONTEXT) ? "context has d_ctx=" : "x has d_model=";
 
-    const api_tensor *w_q = given(c, F_W_Q), *w_k = given(c, F_W_K),
+    const codec_tensor *w_q = given(c, F_W_Q), *w_k = given(c, F_W_K),
                      *w_v = given(c, F_W_V), *w_o = given(c, F_W_O);
     if (!check_weight(w_q, "w_q", p->d_model, rows_q, "[d_model, num_heads*d_k]", err))
         return false;
@@ -227,9 +228,9 @@ static bool validate_weights(api_call *c, api_error *err)
 static double score_bound(const api_call *c, const char **blame)
 {
     const attn_mha_params *p = &state(c)->p;
-    const api_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
-    const api_tensor *kv_in = ctx ? ctx : x;
-    const api_tensor *b_q = given(c, F_B_Q), *b_k = given(c, F_B_K);
+    const codec_tensor *x = given(c, F_X), *ctx = given(c, F_CONTEXT);
+    const codec_tensor *kv_in = ctx ? ctx : x;
+    const codec_tensor *b_q = given(c, F_B_Q), *b_k = given(c, F_B_K);
     double q = api_max_row_norm(x->f32, x->count / p->d_model, p->d_model) *
                    api_norm(c->f[F_W_Q].tensor.f32, c->f[F_W_Q].tensor.count) +
                (b_q ? api_norm(b_q->f32, b_q->count) : 0);
@@ -282,6 +283,13 @@ static void cost(const api_call *c, api_cost_terms *t)
         .variants = p->variants, .ragged = p->ragged,
     };
     api_variant_cost(&inner, t);
+    /* The projections stay float32 (OpenBLAS): only the attention's
+     * products are bfloat16. */
+    if (p->precision == ATTN_PRECISION_BFLOAT16) {
+        t->bf16_flops = attn_sdpa_flops(&inner);
+        t->rounded = B * ((double)p->heads * (double)p->n * (double)p->d_k +
+                          (double)p->kv_heads * (double)p->m * (double)(p->d_k + p->d_v));
+    }
 }
 
 static bool validate(api_call *c, api_error *err)
@@ -295,6 +303,8 @@ static bool validate(api_call *c, api_error *err)
     p->causal = c->f[F_CAUSAL].present && c->f[F_CAUSAL].flag;
     p->scale = c->f[F_SCALE].present ? c->f[F_SCALE].number
                                      : attn_default_scale(p->d_k);
+    p->precision = c->f[F_PRECISION].present ? c->f[F_PRECISION].precision
+                                             : ATTN_PRECISION_FLOAT32;
     if (!(p->scale > 0))
         return api_fail(err, 422, "invalid_value", "scale",
                         "scale must be greater than 0 (as a float32), got %g",
@@ -309,6 +319,11 @@ static bool validate(api_call *c, api_error *err)
     if (!api_ragged_setup(&c->f[F_SEQ_LENS], &c->f[F_SEQ_LENS_CONTEXT], p->batch, p->n, p->m,
                           &names, &st->ragged, err))
         return false;
+    if (st->ragged.seqs > 0 && p->precision == ATTN_PRECISION_BFLOAT16)
+        return api_fail(err, 422, "invalid_value", "precision",
+                        "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
+                        "computed in float32 (leave precision out, or send the sequences "
+                        "as requests of their own)");
     p->ragged = api_ragged_lib(&st->ragged);
     int64_t scores[4] = {p->batch, p->heads, p->n, p->m};
     if (c->f[F_MASK].present &&

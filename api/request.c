@@ -2,11 +2,12 @@
  * Reading the members of a request body against an operation's field table:
  * the one place where unknown, missing and mistyped fields are refused.
  *
- * Tensors go through the codec (api_tensor_decode); the other values are
- * scalars read from their text in place: numbers with the codec's reader, so
- * that "scale": 0.1 rounds to float32 exactly as the tensors' numbers do and
- * 1e39 is refused the same way, and strings with jansson only when they hold
- * escapes.
+ * Tensors go through the codec (codec_doc_tensor); the other values are
+ * scalars read from their text in place by the codec's readers: numbers as
+ * the tensors' numbers are, so that "scale": 0.1 rounds to float32 exactly
+ * as a tensor's 0.1 does and 1e39 is refused the same way, integers exactly
+ * (from their digits, not a rounded double), strings with their escapes
+ * resolved.
  */
 #include "request.h"
 
@@ -15,19 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* "a string", "an array", ... from the first byte of a validated value. */
-static const char *json_kind_name(const char *value)
-{
-    switch (*value) {
-    case '{': return "an object";
-    case '[': return "an array";
-    case '"': return "a string";
-    case 't': case 'f': return "a boolean";
-    case 'n': return "null";
-    default: return "a number";
-    }
-}
 
 /* Edit distance with adjacent transpositions (optimal string alignment),
  * case-insensitive, so that "casual" is one edit from "causal". */
@@ -86,13 +74,13 @@ static bool has_field(const char *key, const api_field *schema, size_t n)
     return false;
 }
 
-static bool unknown_field(const json_member *m, const api_field *schema,
+static bool unknown_field(const codec_member *m, const api_field *schema,
                           size_t n, const api_field *other, size_t n_other,
                           const char *other_route, api_error *err)
 {
     const char *shown = m->key_too_long ? "..." : "";
     char key[80]; /* the whole key, escaped: "q\u0000x" is not cut at its NUL */
-    json_member_key_shown(m, key, sizeof key);
+    codec_member_key_shown(m, key, sizeof key);
     if (!m->key_too_long && has_field(m->key, other, n_other))
         return api_fail(err, 400, "unknown_field", m->key,
                         "unknown field \"%s\" (it belongs to %s)", m->key,
@@ -116,50 +104,30 @@ static bool unknown_field(const json_member *m, const api_field *schema,
                     "unknown field \"%s\"; the fields are %s", key, names);
 }
 
-/* A string value, decoded into text[0..cap) and NUL-terminated (a longer
- * one is cut, which only shortens the message that quotes it): the bytes
- * between the quotes when there is no escape, as almost always, or else
- * jansson's decoding (the text was validated already, so jansson fails
- * only when out of memory; it ends the string at an escaped NUL, and so
- * does this). */
-static bool string_value(const json_member *m, char *text, size_t cap)
+/* A string value, decoded (escapes resolved) into text[0..cap) and
+ * NUL-terminated; a longer one is cut, which only shortens the message that
+ * quotes it. An escaped NUL ("nested\u0000x" is valid JSON) ends the text
+ * with a visible "\u0000...", so that the value matches no allowed one and
+ * the message shows why. */
+static void string_value(const codec_member *m, char *text, size_t cap)
 {
-    const char *s = m->value + 1, *end = m->value_end - 1;
-    if (!memchr(s, '\\', (size_t)(end - s))) {
-        size_t n = (size_t)(end - s) < cap - 1 ? (size_t)(end - s) : cap - 1;
-        memcpy(text, s, n);
-        text[n] = '\0';
-        return true;
-    }
-    /* JSON_ALLOW_NUL: "nested\u0000x" is valid JSON, and must come out as a
-     * value that matches nothing rather than as a failure to read it. */
-    json_t *j = json_loadb(m->value, (size_t)(m->value_end - m->value),
-                           JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
-    if (!j)
-        return false;
-    const char *value = json_string_value(j);
-    if (strlen(value) != json_string_length(j))
-        snprintf(text, cap, "%s\\u0000...", value); /* matches no allowed value */
-    else
-        snprintf(text, cap, "%s", value);
-    json_decref(j);
-    return true;
+    size_t n = codec_string_decode(m->value, m->value_end, text, cap - 1, NULL);
+    if (n > cap - 1)
+        n = cap - 1;
+    text[n] = '\0';
+    size_t len = strlen(text);
+    if (len < n)
+        snprintf(text + len, cap - len, "\\u0000...");
 }
 
-static bool out_of_memory(const api_field *f, api_error *err)
-{
-    return api_fail(err, 500, "out_of_memory", f->name,
-                    "out of memory while reading %s", f->name);
-}
-
-static bool wrong_type(const api_field *f, const json_member *m,
+static bool wrong_type(const api_field *f, const codec_member *m,
                        const char *wanted, api_error *err)
 {
     return api_fail(err, 400, "wrong_type", f->name, "%s must be %s, got %s",
-                    f->name, wanted, json_kind_name(m->value));
+                    f->name, wanted, codec_kind_name(*m->value));
 }
 
-static bool read_bool(const api_field *f, const json_member *m, api_value *v,
+static bool read_bool(const api_field *f, const codec_member *m, api_value *v,
                       api_error *err)
 {
     if (*m->value != 't' && *m->value != 'f')
@@ -169,13 +137,13 @@ static bool read_bool(const api_field *f, const json_member *m, api_value *v,
     return true;
 }
 
-static bool read_number(const api_field *f, const json_member *m,
+static bool read_number(const api_field *f, const codec_member *m,
                         api_value *v, api_error *err)
 {
     if (*m->value != '-' && !isdigit((unsigned char)*m->value))
         return wrong_type(f, m, "a number", err);
     const char *stop;
-    if (!api_parse_number(m->value, m->value_end, &stop, &v->number))
+    if (!codec_parse_float(m->value, m->value_end, &stop, &v->number))
         return api_fail(err, 400, "invalid_number", f->name,
                         "%s=%.*s is not finite as a float32 (largest is about 3.4e38)",
                         f->name, (int)(m->value_end - m->value < 40 ? m->value_end - m->value : 40),
@@ -186,35 +154,31 @@ static bool read_number(const api_field *f, const json_member *m,
 /* The integer whose JSON text (a validated value) is [p, end), for `field`
  * (`name` in messages: "num_heads", "window[1]"): 400 wrong_type for
  * anything but a number without a fractional part, 422 invalid_value
- * beyond +-1e15. */
+ * beyond +-1e15 (or written in 64 bytes or more). */
 static bool integer_value(const char *field, const char *name, const char *p,
                           const char *end, int64_t *out, api_error *err)
 {
     if (*p != '-' && !isdigit((unsigned char)*p))
         return api_fail(err, 400, "wrong_type", field, "%s must be an integer, got %s",
-                        name, json_kind_name(p));
-    /* strtod on a copy: the text is a validated JSON number, which strtod
-     * reads exactly (jansson would refuse integers beyond int64 and reals
-     * beyond double, and cannot tell either from running out of memory). */
-    size_t len = (size_t)(end - p);
-    char text[64];
-    if (len >= sizeof text)
+                        name, codec_kind_name(*p));
+    int len = (int)(end - p);
+    if (len >= 64)
         return api_fail(err, 422, "invalid_value", field,
                         "%s=%.40s... is out of range", name, p);
-    memcpy(text, p, len);
-    text[len] = '\0';
-    double x = strtod(text, NULL);
-    if (x != floor(x))
-        return api_fail(err, 400, "wrong_type", field,
-                        "%s must be an integer, got %s", name, text);
-    if (!(x >= -1e15 && x <= 1e15))
-        return api_fail(err, 422, "invalid_value", field,
-                        "%s=%s is out of range", name, text);
-    *out = (int64_t)x;
-    return true;
+    const char *stop;
+    switch (codec_parse_integer(p, end, 1000000000000000, &stop, out)) {
+    case CODEC_INT_OK:
+        return true;
+    case CODEC_INT_FRACTION:
+        return api_fail(err, 400, "wrong_type", field, "%s must be an integer, got %.*s", name,
+                        len, p);
+    case CODEC_INT_RANGE:
+        break;
+    }
+    return api_fail(err, 422, "invalid_value", field, "%s=%.*s is out of range", name, len, p);
 }
 
-static bool read_integer(const api_field *f, const json_member *m,
+static bool read_integer(const api_field *f, const codec_member *m,
                          api_value *v, api_error *err)
 {
     return integer_value(f->name, f->name, m->value, m->value_end, &v->integer, err);
@@ -223,7 +187,7 @@ static bool read_integer(const api_field *f, const json_member *m,
 /* "window": [left, right]. The form (an array of exactly two integers) is
  * the field's type, so anything else is 400; whether the numbers make a
  * window (>= -1) is judged with the other options (api_variants_setup). */
-static bool read_window(const api_field *f, const json_member *m, api_value *v,
+static bool read_window(const api_field *f, const codec_member *m, api_value *v,
                         api_error *err)
 {
     static const char *const FORM =
@@ -231,21 +195,21 @@ static bool read_window(const api_field *f, const json_member *m, api_value *v,
     const char *p = m->value, *end = m->value_end;
     if (*p != '[')
         return wrong_type(f, m, FORM, err);
-    p = json_skip_ws(p + 1, end);
+    p = codec_skip_ws(p + 1, end);
     int count = 0;
     while (p < end && *p != ']') {
         if (count == 2)
             return api_fail(err, 400, "wrong_type", f->name,
                             "%s has more than two entries; it must be %s", f->name, FORM);
-        const char *after = json_text_skip(p, end);
+        const char *after = codec_skip_value(p, end);
         char name[80];
         snprintf(name, sizeof name, "%s[%d]", f->name, count);
         if (!integer_value(f->name, name, p, after, &v->pair[count], err))
             return false;
         count++;
-        p = json_skip_ws(after, end);
+        p = codec_skip_ws(after, end);
         if (p < end && *p == ',')
-            p = json_skip_ws(p + 1, end);
+            p = codec_skip_ws(p + 1, end);
     }
     if (count != 2)
         return api_fail(err, 400, "wrong_type", f->name, "%s has %d entr%s; it must be %s",
@@ -256,32 +220,33 @@ static bool read_window(const api_field *f, const json_member *m, api_value *v,
 /* "rope": {"base": b}: an object whose one member is the base, so that a
  * misspelt option ("theta", "bse") is refused as an unknown field is.
  * Whether b makes a rotation (> 0) is judged with the shapes. */
-static bool read_rope(const api_field *f, const json_member *m, api_value *v,
+static bool read_rope(const api_field *f, const codec_member *m, api_value *v,
                       api_error *err)
 {
     if (*m->value != '{')
         return wrong_type(f, m, "an object {\"base\": number}", err);
-    json_member members[4];
+    codec_member members[4];
     size_t count = 0;
     char sub[sizeof err->field];
-    if (!json_text_members(m->value, m->value_end, members, 4, &count, f->name, err)) {
-        if (strcmp(err->code, "too_many_fields") == 0)
+    codec_error ce;
+    if (!codec_members(m->value, m->value_end, members, 4, &count, f->name, &ce)) {
+        if (ce.kind == CODEC_ERR_TOO_MANY_MEMBERS)
             return api_fail(err, 400, "unknown_field", f->name,
                             "%s has too many fields; it is {\"base\": number}", f->name);
-        return false;
+        return api_fail_codec(err, &ce);
     }
-    const json_member *base = NULL;
+    const codec_member *base = NULL;
     for (size_t i = 0; i < count; i++) {
         if (!members[i].key_too_long && strcmp(members[i].key, "base") == 0) {
             base = &members[i];
             continue;
         }
-        snprintf(sub, sizeof sub, "%s.%.*s%s", f->name, 40, members[i].key,
-                 members[i].key_too_long || strlen(members[i].key) > 40 ? "..." : "");
+        char key[44]; /* 40 bytes of it, then "..." */
+        codec_member_key_shown(&members[i], key, sizeof key);
+        snprintf(sub, sizeof sub, "%s.%s", f->name, key);
         return api_fail(err, 400, "unknown_field", sub,
-                        "%s has an unknown field \"%.40s%s\"; its only field is \"base\" "
-                        "(the rotary base, e.g. 10000)", f->name, members[i].key,
-                        members[i].key_too_long || strlen(members[i].key) > 40 ? "..." : "");
+                        "%s has an unknown field \"%s\"; its only field is \"base\" "
+                        "(the rotary base, e.g. 10000)", f->name, key);
     }
     snprintf(sub, sizeof sub, "%s.base", f->name);
     if (!base || *base->value == 'n')
@@ -292,10 +257,16 @@ static bool read_rope(const api_field *f, const json_member *m, api_value *v,
     return read_number(&as_number, base, v, err);
 }
 
+static bool out_of_memory(const api_field *f, api_error *err)
+{
+    return api_fail(err, 500, "out_of_memory", f->name,
+                    "out of memory while reading %s", f->name);
+}
+
 /* "seq_lens": [n_1, ..., n_B], an array of integers (400 for anything
  * else), each >= 0 (422 invalid_value naming the entry). Whether they fit
  * the tensors is judged with the shapes (api_ragged_setup). */
-static bool read_lengths(const api_field *f, const json_member *m, api_value *v,
+static bool read_lengths(const api_field *f, const codec_member *m, api_value *v,
                          api_error *err)
 {
     static const char *const FORM = "an array of integers >= 0, one length per sequence";
@@ -303,19 +274,19 @@ static bool read_lengths(const api_field *f, const json_member *m, api_value *v,
     if (*p != '[')
         return wrong_type(f, m, FORM, err);
     int64_t count = 0; /* a first pass counts the entries, the second reads them */
-    for (const char *e = json_skip_ws(p + 1, end); e < end && *e != ']';) {
+    for (const char *e = codec_skip_ws(p + 1, end); e < end && *e != ']';) {
         count++;
-        e = json_skip_ws(json_text_skip(e, end), end);
+        e = codec_skip_ws(codec_skip_value(e, end), end);
         if (e < end && *e == ',')
-            e = json_skip_ws(e + 1, end);
+            e = codec_skip_ws(e + 1, end);
     }
     v->lengths = malloc((size_t)(count > 0 ? count : 1) * sizeof *v->lengths);
     if (!v->lengths)
         return out_of_memory(f, err);
     v->count = count;
     int64_t i = 0;
-    for (const char *e = json_skip_ws(p + 1, end); e < end && *e != ']'; i++) {
-        const char *after = json_text_skip(e, end);
+    for (const char *e = codec_skip_ws(p + 1, end); e < end && *e != ']'; i++) {
+        const char *after = codec_skip_value(e, end);
         char name[80];
         snprintf(name, sizeof name, "%s[%lld]", f->name, (long long)i);
         bool ok = integer_value(f->name, name, e, after, &v->lengths[i], err);
@@ -328,28 +299,27 @@ static bool read_lengths(const api_field *f, const json_member *m, api_value *v,
             v->lengths = NULL;
             return false;
         }
-        e = json_skip_ws(after, end);
+        e = codec_skip_ws(after, end);
         if (e < end && *e == ',')
-            e = json_skip_ws(e + 1, end);
+            e = codec_skip_ws(e + 1, end);
     }
     return true;
 }
 
-static bool read_encoding(const api_field *f, const json_member *m,
+static bool read_encoding(const api_field *f, const codec_member *m,
                           api_value *v, api_error *err)
 {
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
     char s[64];
-    if (!string_value(m, s, sizeof s))
-        return out_of_memory(f, err);
+    string_value(m, s, sizeof s);
     bool ok = true;
     if (strcmp(s, "nested") == 0)
-        v->encoding = API_ENC_NESTED;
+        v->encoding = CODEC_ENC_NESTED;
     else if (strcmp(s, "flat") == 0)
-        v->encoding = API_ENC_FLAT;
+        v->encoding = CODEC_ENC_FLAT;
     else if (strcmp(s, "base64") == 0)
-        v->encoding = API_ENC_BASE64;
+        v->encoding = CODEC_ENC_BASE64;
     else
         ok = api_fail(err, 422, "invalid_value", f->name,
                       "%s must be one of \"nested\", \"flat\", \"base64\", got \"%.40s\"",
@@ -357,17 +327,16 @@ static bool read_encoding(const api_field *f, const json_member *m,
     return ok;
 }
 
-static bool read_dtype(const api_field *f, const json_member *m, api_value *v,
+static bool read_dtype(const api_field *f, const codec_member *m, api_value *v,
                        api_error *err)
 {
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"float32\", \"float16\", \"bfloat16\"", err);
     char s[64];
-    if (!string_value(m, s, sizeof s))
-        return out_of_memory(f, err);
-    static const api_dtype dtypes[] = {API_F32, API_F16, API_BF16};
+    string_value(m, s, sizeof s);
+    static const codec_dtype dtypes[] = {CODEC_F32, CODEC_F16, CODEC_BF16};
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-        if (strcmp(s, api_dtype_name(dtypes[i])) == 0) {
+        if (strcmp(s, codec_dtype_name(dtypes[i])) == 0) {
             v->dtype = dtypes[i];
             return true;
         }
@@ -376,23 +345,42 @@ static bool read_dtype(const api_field *f, const json_member *m, api_value *v,
                     f->name, s);
 }
 
-bool api_output_encoding(const api_value *encoding, const api_value *dtype, api_encoding *out,
+/* "precision": "float32" | "bfloat16" (attn.h states the arithmetic of each). */
+static bool read_precision(const api_field *f, const codec_member *m, api_value *v,
+                           api_error *err)
+{
+    if (*m->value != '"')
+        return wrong_type(f, m, "one of \"float32\", \"bfloat16\"", err);
+    char s[64];
+    string_value(m, s, sizeof s);
+    if (strcmp(s, "float32") == 0)
+        v->precision = ATTN_PRECISION_FLOAT32;
+    else if (strcmp(s, "bfloat16") == 0)
+        v->precision = ATTN_PRECISION_BFLOAT16;
+    else
+        return api_fail(err, 422, "invalid_value", f->name,
+                        "%s must be one of \"float32\", \"bfloat16\", got \"%.40s\"%s", f->name,
+                        s, strcmp(s, "bf16") == 0 ? " (bfloat16 is spelt out)" : "");
+    return true;
+}
+
+bool api_output_encoding(const api_value *encoding, const api_value *dtype, codec_encoding *out,
                          api_error *err)
 {
-    *out = encoding->present ? encoding->encoding : API_ENC_NESTED;
+    *out = encoding->present ? encoding->encoding : CODEC_ENC_NESTED;
     if (!dtype->present)
         return true;
-    if (*out != API_ENC_BASE64)
+    if (*out != CODEC_ENC_BASE64)
         return api_fail(err, 422, "invalid_value", "output_dtype",
                         "output_dtype is the dtype of base64 outputs; it needs "
                         "\"output_encoding\": \"base64\" (the numbers of nested and flat "
                         "outputs are float32 already)");
-    *out = dtype->dtype == API_F16 ? API_ENC_BASE64_F16
-         : dtype->dtype == API_BF16 ? API_ENC_BASE64_BF16 : API_ENC_BASE64;
+    *out = dtype->dtype == CODEC_F16 ? CODEC_ENC_BASE64_F16
+         : dtype->dtype == CODEC_BF16 ? CODEC_ENC_BASE64_BF16 : CODEC_ENC_BASE64;
     return true;
 }
 
-static bool read_weights_mode(const api_field *f, const json_member *m,
+static bool read_weights_mode(const api_field *f, const codec_member *m,
                               api_value *v, api_error *err)
 {
     if (*m->value == 't' || *m->value == 'f') {
@@ -402,8 +390,7 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
     if (*m->value != '"')
         return wrong_type(f, m, "true, false or \"mean\"", err);
     char s[64];
-    if (!string_value(m, s, sizeof s))
-        return out_of_memory(f, err);
+    string_value(m, s, sizeof s);
     bool ok = strcmp(s, "mean") == 0;
     if (ok)
         v->flag = v->mean = true;
@@ -417,10 +404,10 @@ static bool read_weights_mode(const api_field *f, const json_member *m,
  * over them has no meaning (and a -inf bias is spelled as a boolean mask
  * here), so they are refused like 1e39. Nested arrays hold JSON numbers
  * only, which the codec has already refused when not finite as a float32. */
-static bool check_finite_input(const api_field *f, const json_member *m,
-                               const api_tensor *t, api_error *err)
+static bool check_finite_input(const api_field *f, const codec_member *m,
+                               const codec_tensor *t, api_error *err)
 {
-    if (t->dtype != API_F32 || *m->value == '[')
+    if (t->dtype != CODEC_F32 || *m->value == '[')
         return true;
     for (int64_t i = 0; i < t->count; i++)
         if (!isfinite(t->f32[i]))
@@ -431,26 +418,26 @@ static bool check_finite_input(const api_field *f, const json_member *m,
     return true;
 }
 
-static bool read_tensor(const api_field *f, const json_member *m,
+static bool read_tensor(const codec_doc *doc, const api_field *f, const codec_member *m,
                         api_value *v, api_error *err)
 {
     bool is_mask = f->kind == API_FIELD_MASK;
-    if (!api_tensor_decode(m->value, m->value_end, f->name, is_mask,
-                           &v->tensor, err))
-        return false;
+    codec_error ce;
+    if (!codec_doc_tensor(doc, m->value, m->value_end, f->name, is_mask, &v->tensor, &ce))
+        return api_fail_codec(err, &ce);
     if (!check_finite_input(f, m, &v->tensor, err)) {
-        api_tensor_free(&v->tensor);
+        codec_tensor_free(&v->tensor);
         return false;
     }
     return true;
 }
 
-static bool read_value(const api_field *f, const json_member *m, api_value *v,
-                       api_error *err)
+static bool read_value(const codec_doc *doc, const api_field *f, const codec_member *m,
+                       api_value *v, api_error *err)
 {
     switch (f->kind) {
     case API_FIELD_TENSOR:
-    case API_FIELD_MASK: return read_tensor(f, m, v, err);
+    case API_FIELD_MASK: return read_tensor(doc, f, m, v, err);
     case API_FIELD_BOOL: return read_bool(f, m, v, err);
     case API_FIELD_NUMBER: return read_number(f, m, v, err);
     case API_FIELD_INTEGER: return read_integer(f, m, v, err);
@@ -460,23 +447,24 @@ static bool read_value(const api_field *f, const json_member *m, api_value *v,
     case API_FIELD_WINDOW: return read_window(f, m, v, err);
     case API_FIELD_ROPE: return read_rope(f, m, v, err);
     case API_FIELD_LENGTHS: return read_lengths(f, m, v, err);
+    case API_FIELD_PRECISION: return read_precision(f, m, v, err);
     }
     return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
 }
 
-bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
-                     const api_field *schema, size_t n_fields, const api_field *other,
-                     size_t n_other, const char *other_route, api_value *values,
-                     api_error *err)
+bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fields,
+                     const api_field *other, size_t n_other, const char *other_route,
+                     api_value *values, api_error *err)
 {
-    json_member members[API_MAX_FIELDS];
+    codec_member members[API_MAX_FIELDS];
     size_t count = 0;
-    if (!json_spans_members(spans, n_members, end, members, API_MAX_FIELDS, &count, "", err))
-        return false;
+    codec_error ce;
+    if (!codec_doc_members(doc, members, API_MAX_FIELDS, &count, "", &ce))
+        return api_fail_codec(err, &ce);
 
     /* Which member holds each field; names first, so that a typo is
      * reported before anything else and no tensor is decoded in vain. */
-    const json_member *of_field[API_MAX_FIELDS] = {0};
+    const codec_member *of_field[API_MAX_FIELDS] = {0};
     for (size_t i = 0; i < count; i++) {
         size_t f = 0;
         while (f < n_fields && (members[i].key_too_long ||
@@ -497,10 +485,10 @@ bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
 
     memset(values, 0, n_fields * sizeof *values);
     for (size_t f = 0; f < n_fields; f++) {
-        const json_member *m = of_field[f];
+        const codec_member *m = of_field[f];
         if (!m || *m->value == 'n')
             continue;
-        if (!read_value(&schema[f], m, &values[f], err)) {
+        if (!read_value(doc, &schema[f], m, &values[f], err)) {
             api_values_free(values, n_fields);
             return false;
         }
@@ -513,7 +501,7 @@ void api_values_free(api_value *values, size_t n_fields)
 {
     for (size_t f = 0; f < n_fields; f++) {
         if (values[f].tensor.f32 || values[f].tensor.b8)
-            api_tensor_free(&values[f].tensor);
+            codec_tensor_free(&values[f].tensor);
         free(values[f].lengths);
         values[f].lengths = NULL;
         values[f].present = false;

@@ -15,8 +15,6 @@
 #include "json/codec.h"
 #include "attn.h"
 
-#include <jansson.h>
-
 /* ------------------------------------------------------------- fields */
 
 typedef enum {
@@ -31,6 +29,7 @@ typedef enum {
     API_FIELD_WINDOW,   /* [left, right]: two integers */
     API_FIELD_ROPE,     /* {"base": number} */
     API_FIELD_LENGTHS,  /* [n_1, ..., n_B]: integers >= 0 (a ragged batch's lengths) */
+    API_FIELD_PRECISION,/* "float32" | "bfloat16" (the products' arithmetic) */
 } api_field_kind;
 
 typedef struct {
@@ -43,14 +42,15 @@ typedef struct {
  * or null (null means "the default", as None does in PyTorch). */
 typedef struct {
     bool present;
-    api_tensor tensor;     /* TENSOR, MASK */
+    codec_tensor tensor;     /* TENSOR, MASK */
     bool flag;             /* BOOL; WEIGHTS: true for true and for "mean" */
     bool mean;             /* WEIGHTS: "mean" */
     float number;          /* NUMBER; ROPE: the base */
     int64_t integer;       /* INTEGER */
     int64_t pair[2];       /* WINDOW: left, right */
-    api_encoding encoding; /* ENCODING */
-    api_dtype dtype;       /* DTYPE */
+    codec_encoding encoding; /* ENCODING */
+    codec_dtype dtype;       /* DTYPE */
+    attn_precision precision; /* PRECISION */
     int64_t *lengths;      /* LENGTHS: [count] (malloc'd; api_values_free frees it) */
     int64_t count;         /* LENGTHS */
 } api_value;
@@ -59,22 +59,19 @@ typedef struct {
 #define API_MAX_FIELDS 32
 
 /*
- * Reads the members of the body's object (validated JSON text ending at
- * `end`, whose n_members members json_text_validate_spans noted in spans)
+ * Reads the members of the body's object (the validated document `doc`)
  * into values[i] for schema[i]. Refuses, in this order: an unknown member
  * (400 unknown_field, suggesting the nearest name), a missing required field
  * (400 missing_field), then each value in schema order: wrong JSON type
  * (400 wrong_type), a bad number (400 invalid_number), a value outside its
- * set (422 invalid_value), and whatever api_tensor_decode refuses.
+ * set (422 invalid_value), and whatever codec_tensor_decode refuses.
  * `other` (may be NULL) is another operation's table, used only to say
  * "num_heads is a field of /v1/multihead" for a member sent to the wrong route.
  * On failure nothing is left to free.
  */
-bool api_read_fields(const json_span *spans, size_t n_members, const char *end,
-                     const api_field *schema, size_t n_fields, const api_field *other,
-                     size_t n_other,
-                     const char *other_route, api_value *values,
-                     api_error *err);
+bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fields,
+                     const api_field *other, size_t n_other, const char *other_route,
+                     api_value *values, api_error *err);
 
 void api_values_free(api_value *values, size_t n_fields);
 
@@ -82,8 +79,17 @@ void api_values_free(api_value *values, size_t n_fields);
  * output_dtype fields (each may be absent): nested by default, base64 in
  * the dtype asked for. output_dtype with another encoding is a 422
  * invalid_value (it would change nothing). */
-bool api_output_encoding(const api_value *encoding, const api_value *dtype, api_encoding *out,
+bool api_output_encoding(const api_value *encoding, const api_value *dtype, codec_encoding *out,
                          api_error *err);
+
+/* The codec's error as the API's: its kind gives the status and the code,
+ * its field and message are the client's to read as they are. Returns
+ * false. */
+bool api_fail_codec(api_error *err, const codec_error *ce);
+
+/* The codec's instruction sets matched to libattn's kernel (once; every
+ * request calls it first). */
+void api_codec_setup(void);
 
 /* -------------------------------------------------------- shape checks */
 
@@ -92,19 +98,19 @@ const char *api_shape_text(char *buf, size_t size, int rank,
                            const int64_t *shape);
 
 /* 422 invalid_shape unless rank is in [lo, hi] and every dimension >= 1. */
-bool api_check_rank(const api_tensor *t, const char *field, int lo, int hi,
+bool api_check_rank(const codec_tensor *t, const char *field, int lo, int hi,
                     const char *forms, api_error *err);
 
 /* 422 shape_mismatch unless t has exactly `shape`; `what` names the thing
  * it must match ("the output"). */
-bool api_check_shape(const api_tensor *t, const char *field, int rank,
+bool api_check_shape(const codec_tensor *t, const char *field, int rank,
                      const int64_t *shape, const char *what, api_error *err);
 
 /* Fills mask (kind, data, strides) from a decoded mask tensor, broadcast to
  * [batch, heads, n_q, n_k]; `score_rank` is the rank of the scores the
  * client sees (a mask may not have more dimensions), `score_shape` its
  * shape for the message. 422 shape_mismatch (field "mask") otherwise. */
-bool api_mask_setup(const api_tensor *t, int score_rank,
+bool api_mask_setup(const codec_tensor *t, int score_rank,
                     const int64_t *score_shape, int64_t batch, int64_t heads,
                     int64_t n_q, int64_t n_k, attn_mask *mask,
                     api_error *err);
@@ -119,7 +125,7 @@ float *api_alloc_floats(int64_t count);
 
 /* 422 numerical_overflow when any of the `count` floats of an output is
  * not finite, or would not be in the encoding's dtype (float16 past 65504). */
-bool api_check_output(const float *x, int64_t count, const char *what, api_encoding enc,
+bool api_check_output(const float *x, int64_t count, const char *what, codec_encoding enc,
                       api_error *err);
 
 /* Largest Euclidean norm of the `rows` rows of x [rows, cols], in double. */
@@ -168,7 +174,7 @@ void api_lap(api_timing *t, double *step);
 /* ----------------------------------------------------------- response */
 
 /* Appends `,"stats": {...}`, nulls where a count is 0. */
-void api_write_stats(api_buf *b, const attn_stats *s);
+void api_write_stats(codec_buf *b, const attn_stats *s);
 
 /* One named dimension of meta.shape. */
 typedef struct {
@@ -179,7 +185,7 @@ typedef struct {
 /* Appends `,"meta": {...}` from the `n_dims` named dimensions in `shape`,
  * the flops, the work, and the timings, after closing the encode step (the
  * meta's own few bytes are not timed). */
-void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
+void api_write_meta(codec_buf *b, const api_dim *shape, size_t n_dims,
                     const api_cost *cost, api_timing *t);
 
 /* ---------------------------------------------------------------- cost */
@@ -202,6 +208,11 @@ typedef struct {
     double biased;     /* scores given an ALiBi term */
     double angles;     /* RoPE: (position, pair) angles whose cosine and sine are taken */
     double rotated;    /* RoPE: elements of q and k turned */
+    /* bfloat16 precision: the part of `flops` done on bfloat16 operands
+     * (priced at the rate of the way libattn runs them, attn_bf16()), and
+     * the elements of q, k and v rounded to bfloat16 */
+    double bf16_flops;
+    double rounded;
 } api_cost_terms;
 
 /* The work of terms (backward: with the gradients), without the decoding
@@ -209,10 +220,10 @@ typedef struct {
 double api_compute_work(const api_cost_terms *terms, bool stats, bool backward);
 
 /* The work of encoding `numbers` numbers in `enc`. */
-double api_encode_work(double numbers, api_encoding enc);
+double api_encode_work(double numbers, codec_encoding enc);
 
-/* The most bytes api_tensor_encode writes for a tensor of this shape. */
-double api_encoded_bytes(int rank, const int64_t *shape, api_encoding enc);
+/* The most bytes codec_tensor_encode writes for a tensor of this shape. */
+double api_encoded_bytes(int rank, const int64_t *shape, codec_encoding enc);
 
 /* ------------------------------------------------------------ variants */
 
@@ -276,7 +287,7 @@ attn_ragged api_ragged_lib(const api_ragged *r);
 void api_ragged_free(api_ragged *r);
 
 /* An upper bound of the ALiBi term |slope * (p_i - j)| over every score. */
-double api_alibi_bound(const attn_variants *v, const api_tensor *slopes, int64_t n_q,
+double api_alibi_bound(const attn_variants *v, const codec_tensor *slopes, int64_t n_q,
                        int64_t n_k);
 
 /* The variants' cost terms for the attention of p (what libattn computes:
@@ -291,7 +302,7 @@ void api_lse_rows(const attn_softmax_row *rows, int64_t count, float *lse);
 /* api_check_output for an lse result: -inf is a row that sees no key (the
  * encodings carry it: null, or -inf in base64); anything else must be
  * finite and fit the output dtype. */
-bool api_check_lse(const float *lse, int64_t count, const char *what, api_encoding enc,
+bool api_check_lse(const float *lse, int64_t count, const char *what, codec_encoding enc,
                    api_error *err);
 
 /* ------------------------------------------------------------- skeleton */
@@ -312,7 +323,7 @@ typedef struct {
     bool in_grad;      /* under "grad" rather than at the top */
     const char *what;  /* for messages: "the output", "the gradient of q" */
     int rank;
-    int64_t shape[API_MAX_RANK];
+    int64_t shape[CODEC_MAX_RANK];
     int64_t count;
     bool empty_rows;   /* lse: -inf (a row that sees no key) is an answer, not an overflow */
     float *data;
@@ -327,7 +338,7 @@ struct api_call {
     api_limits lim;
     api_timing t;
     api_cost cost;
-    api_encoding enc;
+    codec_encoding enc;
     bool want_stats, want_grad;
     attn_stats stats;
     int n_results;

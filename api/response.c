@@ -1,11 +1,10 @@
 /*
  * Writing the parts of an answer: tensors through the codec (straight from
  * float32 to text), and the small objects (stats, meta) composed on the
- * stack and appended once. Building those as jansson objects and dumping
- * them cost more than all the rest of a small request (an allocation per
- * key and value, a printf per number, and two dumps: json_dumpb sizes,
- * then writes). The text is still the one jansson wrote: keys in the same
- * order, compact, integers in decimal and reals as put_real() below.
+ * stack and appended once, since a tree of JSON nodes (an allocation per
+ * key and value, then a dump to size the text and one to write it) would
+ * cost more than all the rest of a small request. The text: keys in a
+ * fixed order, compact, integers in decimal and reals as put_real() below.
  *
  * The put_* helpers write at p and return the end; given NULL (an earlier
  * step failed) they return NULL, so that a sequence of them needs one check.
@@ -61,11 +60,11 @@ static char *put_int(char *p, int64_t x)
 #define REAL_TEXT_MAX 32
 
 /*
- * jansson's text of a real with `precision` (<= 17) significant digits:
- * printf's %.*g, then ".0" when there is neither '.' nor 'e' (so that it
- * reads back as a real), and the exponent without '+' or leading zeros.
- * NULL for a non-finite value, which has no JSON text (jansson refused it
- * too, and the answer became a 500).
+ * The text of a real with `precision` (<= 17) significant digits: printf's
+ * %.*g, then ".0" when there is neither '.' nor 'e' (so that it reads back
+ * as a real), and the exponent without '+' or leading zeros. NULL for a
+ * non-finite value, which has no JSON text (callers check finiteness first:
+ * the statistics are a 422 numerical_overflow before anything is written).
  */
 static char *put_real(char *p, double x, int precision)
 {
@@ -144,16 +143,16 @@ static char *put_real6(char *p, double x)
 }
 
 /* Appends text[0..end), or marks b failed when a step gave NULL. */
-static void append_composed(api_buf *b, const char *text, const char *end)
+static void append_composed(codec_buf *b, const char *text, const char *end)
 {
     if (end)
-        api_buf_append(b, text, (size_t)(end - text));
+        codec_buf_append(b, text, (size_t)(end - text));
     else
         b->failed = true;
 }
 
-/* A statistic as jansson wrote a json_real (17 digits), or null when it
- * was taken over no entries. */
+/* A statistic as a real of 17 significant digits (which read back as the
+ * same double), or null when it was taken over no entries. */
 static char *put_stat(char *p, const char *name, double value, int64_t count,
                       bool first)
 {
@@ -161,7 +160,7 @@ static char *put_stat(char *p, const char *name, double value, int64_t count,
     return count > 0 ? put_real(p, value, 17) : put_text(p, "null");
 }
 
-void api_write_stats(api_buf *b, const attn_stats *s)
+void api_write_stats(codec_buf *b, const attn_stats *s)
 {
     int64_t ns = s->scores_count, nr = s->rows_count;
     char text[512], *p = text; /* 7 numbers, under 150 bytes of keys */
@@ -186,7 +185,7 @@ void api_write_stats(api_buf *b, const attn_stats *s)
 #define META_DIMS_MAX 16
 #define META_NAME_MAX 16
 
-void api_write_meta(api_buf *b, const api_dim *shape, size_t n_dims,
+void api_write_meta(codec_buf *b, const api_dim *shape, size_t n_dims,
                     const api_cost *cost, api_timing *t)
 {
     api_lap(t, &t->encode_ms);

@@ -21,7 +21,7 @@ const char *api_shape_text(char *buf, size_t size, int rank,
     return buf;
 }
 
-bool api_check_rank(const api_tensor *t, const char *field, int lo, int hi,
+bool api_check_rank(const codec_tensor *t, const char *field, int lo, int hi,
                     const char *forms, api_error *err)
 {
     char s[96];
@@ -41,7 +41,7 @@ bool api_check_rank(const api_tensor *t, const char *field, int lo, int hi,
     return true;
 }
 
-bool api_check_shape(const api_tensor *t, const char *field, int rank,
+bool api_check_shape(const codec_tensor *t, const char *field, int rank,
                      const int64_t *shape, const char *what, api_error *err)
 {
     bool same = t->rank == rank;
@@ -56,7 +56,7 @@ bool api_check_shape(const api_tensor *t, const char *field, int rank,
                     api_shape_text(want, sizeof want, rank, shape));
 }
 
-bool api_mask_setup(const api_tensor *t, int score_rank,
+bool api_mask_setup(const codec_tensor *t, int score_rank,
                     const int64_t *score_shape, int64_t batch, int64_t heads,
                     int64_t n_q, int64_t n_k, attn_mask *mask, api_error *err)
 {
@@ -72,7 +72,7 @@ bool api_mask_setup(const api_tensor *t, int score_rank,
                         "dimension equal or 1, no more dimensions than the scores)",
                         api_shape_text(got, sizeof got, t->rank, t->shape),
                         api_shape_text(want, sizeof want, score_rank, score_shape));
-    if (t->dtype == API_BOOL) {
+    if (t->dtype == CODEC_BOOL) {
         mask->kind = ATTN_MASK_BOOL;
         mask->allowed = t->b8;
     } else {
@@ -98,7 +98,7 @@ float *api_alloc_floats(int64_t count)
     return malloc((count ? (size_t)count : 1) * sizeof(float));
 }
 
-bool api_check_output(const float *x, int64_t count, const char *what, api_encoding enc,
+bool api_check_output(const float *x, int64_t count, const char *what, codec_encoding enc,
                       api_error *err)
 {
     for (int64_t i = 0; i < count; i++)
@@ -109,14 +109,14 @@ bool api_check_output(const float *x, int64_t count, const char *what, api_encod
                             "them down", what, (long long)i);
     /* A 2-byte output dtype would turn values past its range into
      * infinities (as PyTorch's .to() does); the API sends no infinities. */
-    api_dtype dtype = api_encoding_dtype(enc);
+    codec_dtype dtype = codec_encoding_dtype(enc);
     size_t at;
-    if (dtype != API_F32 && count > 0 && !api_half_fits(dtype, x, (size_t)count, &at))
+    if (dtype != CODEC_F32 && count > 0 && !codec_half_fits(dtype, x, (size_t)count, &at))
         return api_fail(err, 422, "numerical_overflow", "output_dtype",
                         "%s does not fit %s: element %zu (row-major) is %g, beyond its "
                         "largest finite value (%s); ask for a wider output_dtype", what,
-                        api_dtype_name(dtype), at, (double)x[at],
-                        dtype == API_F16 ? "65504" : "3.3895e38");
+                        codec_dtype_name(dtype), at, (double)x[at],
+                        dtype == CODEC_F16 ? "65504" : "3.3895e38");
     return true;
 }
 

@@ -39,7 +39,7 @@ static bool alibi_setup(const api_value *a, const api_variant_shape *s,
 {
     if (!a->present)
         return true;
-    const api_tensor *t = &a->tensor;
+    const codec_tensor *t = &a->tensor;
     bool per_head = t->rank == 1 && t->shape[0] == s->heads_q;
     bool per_batch = t->rank == 2 && t->shape[0] == s->batch && t->shape[1] == s->heads_q;
     if (!per_head && !per_batch) {
@@ -83,7 +83,7 @@ bool api_variants_setup(const api_variant_values *f, const api_variant_shape *s,
     return true;
 }
 
-double api_alibi_bound(const attn_variants *v, const api_tensor *slopes, int64_t n_q,
+double api_alibi_bound(const attn_variants *v, const codec_tensor *slopes, int64_t n_q,
                        int64_t n_k)
 {
     if (!v->alibi_slopes)
@@ -131,10 +131,10 @@ void api_variant_cost(const attn_sdpa_params *p, api_cost_terms *t)
     }
 }
 
-bool api_check_lse(const float *lse, int64_t count, const char *what, api_encoding enc,
+bool api_check_lse(const float *lse, int64_t count, const char *what, codec_encoding enc,
                    api_error *err)
 {
-    api_dtype dtype = api_encoding_dtype(enc);
+    codec_dtype dtype = codec_encoding_dtype(enc);
     for (int64_t i = 0; i < count; i++) {
         if (lse[i] == -INFINITY)
             continue;
@@ -144,11 +144,11 @@ bool api_check_lse(const float *lse, int64_t count, const char *what, api_encodi
                             "%s overflows float32 (a non-finite value at element %lld); the "
                             "inputs are too large in magnitude, scale them down",
                             what, (long long)i);
-        if (dtype != API_F32 && !api_half_fits(dtype, lse + i, 1, &at))
+        if (dtype != CODEC_F32 && !codec_half_fits(dtype, lse + i, 1, &at))
             return api_fail(err, 422, "numerical_overflow", "output_dtype",
                             "%s does not fit %s: element %lld (row-major) is %g, beyond its "
                             "largest finite value; ask for a wider output_dtype", what,
-                            api_dtype_name(dtype), (long long)i, (double)lse[i]);
+                            codec_dtype_name(dtype), (long long)i, (double)lse[i]);
     }
     return true;
 }

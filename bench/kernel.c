@@ -115,6 +115,7 @@ static int cmd_info(void)
     printf("blas_config %s\n", openblas_get_config());
     printf("attn_version %s\n", attn_version());
     printf("attn_kernel %s\n", attn_kernel_name());
+    printf("attn_bf16 %s\n", attn_bf16_name());
     return 0;
 }
 
@@ -124,7 +125,7 @@ static int cmd_info(void)
  * A task is one line of text, the same whether it runs here or in a child:
  *   sgemm THREADS SIZE                 C = A B, all [SIZE, SIZE], on THREADS
  *                                      OpenBLAS threads
- *   sdpa full|causal|fwdbwd THREADS B H N D
+ *   sdpa full|causal|fwdbwd THREADS B H N D [bf16]   (bf16: in bfloat16 precision)
  *   ragged full|fwdbwd THREADS H D BATCH   a ragged batch of sequences packed
  *                                      along the rows, q, k, v [H, n, D]
  *   padded full|fwdbwd THREADS H D BATCH   the same batch padded to its longest
@@ -147,6 +148,8 @@ typedef struct {
     char text[96];
     task_kind kind;
     int mode, threads;
+    bool bf16; /* sdpa in ATTN_PRECISION_BFLOAT16 */
+    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters */
     long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters;
                      * ragged, padded: B H N D of the tensors sent */
     int64_t *cu;    /* ragged, padded: the batch's offsets [seqs + 1] */
@@ -221,6 +224,7 @@ static void task_params(task *t)
             .d_k = a[3], .d_v = a[3], .scale = attn_default_scale(a[3]),
             .causal = t->mode == SDPA_CAUSAL, .mask = {.kind = ATTN_MASK_NONE},
             .threads = t->threads,
+            .precision = t->bf16 ? ATTN_PRECISION_BFLOAT16 : ATTN_PRECISION_FLOAT32,
         };
     if (t->kind == T_RAGGED)
         t->sdpa.ragged = (attn_ragged){.seqs = t->seqs, .cu_seqlens_q = t->cu};
@@ -240,7 +244,7 @@ static void task_params(task *t)
 
 static bool parse_task(const char *text, task *t)
 {
-    char kind[16], mode[16], batch[16];
+    char kind[16], mode[16], batch[16], precision[16];
     memset(t, 0, sizeof *t);
     snprintf(t->text, sizeof t->text, "%s", text);
     long long *a = t->a;
@@ -249,6 +253,10 @@ static bool parse_task(const char *text, task *t)
     } else if (sscanf(text, "%15s %15s %d %lld %lld %lld %lld", kind, mode, &t->threads,
                       &a[0], &a[1], &a[2], &a[3]) == 7 && strcmp(kind, "sdpa") == 0) {
         t->kind = T_SDPA;
+        int fields = sscanf(text, "%*s %*s %*d %*d %*d %*d %*d %15s", precision);
+        if (fields == 1 && strcmp(precision, "bf16") != 0)
+            return false;
+        t->bf16 = fields == 1;
         if (strcmp(mode, "full") == 0) t->mode = SDPA_FULL;
         else if (strcmp(mode, "causal") == 0) t->mode = SDPA_CAUSAL;
         else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
@@ -285,11 +293,10 @@ static bool parse_task(const char *text, task *t)
 }
 
 /* Nominal FLOPs of one run: sgemm 2 s^3; the SDPA forward 4 B H N^2 D, the
- * two products of the full matrix (no discount for the causal mask, so that
- * causal and full compare as times; the backward not counted); a ragged
- * batch's, padded or not, 4 H D sum(len^2): the pairs that exist, so that
- * the padded batch's rate is its useful one; multi-head attention's forward
- * as attn_mha_flops counts it. */
+ * two products of the full matrix in either precision (no discount for the
+ * causal mask, so that causal and full compare as times; the backward not
+ * counted); a ragged batch's, padded or not, 4 H D sum(len^2): the pairs
+ * that exist, so that the padded batch's rate is its useful one; multi-head attention's forward as attn_mha_flops counts it. */
 static double task_flops(const task *t)
 {
     const long long *a = t->a;
@@ -428,14 +435,14 @@ static task *task_get(const char *text)
 /* ================================================================ child */
 
 /*
- * A child says "ready COREName KERNEL" once, then answers each line
+ * A child says "ready COREName KERNEL BF16" once, then answers each line
  * "REPS TASK" with "ok SECONDS" (the mean of one run) or "error".
  */
 static int cmd_child(void)
 {
     char line[256];
     setvbuf(stdout, NULL, _IOLBF, 0);
-    printf("ready %s %s\n", openblas_get_corename(), attn_kernel_name());
+    printf("ready %s %s %s\n", openblas_get_corename(), attn_kernel_name(), attn_bf16_name());
     while (fgets(line, sizeof line, stdin) != NULL) {
         line[strcspn(line, "\n")] = '\0';
         int reps = 0, used = 0;
@@ -463,7 +470,7 @@ typedef struct {
     char buf[512];
     size_t len;
     bool alive;
-    char core[64], kernel[32];
+    char core[64], kernel[32], bf16[32];
     char death[160];       /* why it is not counted */
 } child;
 
@@ -575,7 +582,7 @@ static void child_start(child *c, const char *self)
     char line[256];
     if (!child_read(c, line, sizeof line, 60))
         return;
-    if (sscanf(line, "ready %63s %31s", c->core, c->kernel) != 2)
+    if (sscanf(line, "ready %63s %31s %31s", c->core, c->kernel, c->bf16) != 3)
         child_dead(c, "said something else than ready");
 }
 
@@ -666,6 +673,14 @@ static int cmd_table(int threads, double budget_s, bool only_ragged)
      * rather than with this process's. */
     int env_kid = n_kids;
     kids[n_kids++] = (child){.label = "env", .var = "ATTND_BENCH_CHILD", .value = "env"};
+    /* bfloat16 products emulated (what a CPU without AVX512_BF16 runs),
+     * when this process has the instruction. */
+    int bf16_emu_kid = -1;
+    if (attn_bf16() != ATTN_BF16_EMULATED) {
+        bf16_emu_kid = n_kids;
+        kids[n_kids++] = (child){.label = "bf16_emulated", .var = "ATTN_BF16",
+                                 .value = "emulated"};
+    }
     if (only_ragged)
         n_kids = 0;
     for (int i = 0; i < n_kids; i++)
@@ -674,13 +689,14 @@ static int cmd_table(int threads, double budget_s, bool only_ragged)
     printf("threads %d\n", threads);
     printf("core %s\n", openblas_get_corename());
     printf("kernel %s\n", attn_kernel_name());
+    printf("bf16 %s\n", attn_bf16_name());
     const char *env_core = getenv("OPENBLAS_CORETYPE");
     printf("env_coretype %s\n", env_core != NULL ? (*env_core ? env_core : "(empty)") : "(unset)");
     for (int i = 0; i < n_kids; i++) {
         child *c = &kids[i];
         const char *pre = c->blas ? "blas" : "kernel";
         if (c->alive)
-            printf("%s_%s_core %s %s\n", pre, c->label, c->core, c->kernel);
+            printf("%s_%s_core %s %s %s\n", pre, c->label, c->core, c->kernel, c->bf16);
         else
             printf("%s_%s_dead %s\n", pre, c->label, c->death);
     }
@@ -751,6 +767,15 @@ static int cmd_table(int threads, double budget_s, bool only_ragged)
     if (all) {
         TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
         TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
+        /* bfloat16, each right after or before its float32 twin above. */
+        TURN(NULL, "fwd_bf16", "sdpa full %d 1 8 4096 64 bf16", threads);
+        TURN(NULL, "fwd_bf16_d128", "sdpa full %d 1 8 4096 128 bf16", threads);
+        TURN(NULL, "fwdbwd_bf16", "sdpa fwdbwd %d 1 8 4096 64 bf16", threads);
+        if (bf16_emu_kid >= 0 && kids[bf16_emu_kid].alive) {
+            TURN(&kids[env_kid], "fwd_env_f32", "sdpa full %d 1 8 4096 64", threads);
+            TURN(&kids[bf16_emu_kid], "fwd_bf16_emulated", "sdpa full %d 1 8 4096 64 bf16",
+                 threads);
+        }
     }
     /* Ragged batches: the packed batch, the same batch padded to its
      * longest with a key-padding mask (what a client without seq_lens
@@ -833,6 +858,10 @@ static int cmd_table(int threads, double budget_s, bool only_ragged)
         {"padded_vs_ragged_fwdbwd", "padded_fwdbwd", "ragged_fwdbwd"},
         {"short_vs_dense_fwd", "fwd", "ragged_short_fwd"},
         {"mixed_vs_dense_fwd", "fwd", "ragged_mixed_fwd"},
+        {"bf16_fwd", "fwd", "fwd_bf16"},
+        {"bf16_fwd_d128", "fwd_d128", "fwd_bf16_d128"},
+        {"bf16_fwdbwd", "fwdbwd", "fwdbwd_bf16"},
+        {"bf16_emulated_fwd", "fwd_env_f32", "fwd_bf16_emulated"},
     };
     for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
         const turn *x = NULL, *y = NULL;

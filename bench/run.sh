@@ -8,10 +8,10 @@
 #   1. the kernel: libattn's attention against the machine's limit (the best
 #      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
 #      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
-#      backward, ragged batches (packed, and padded with a mask) and
-#      multi-head, all taking turns in one run (bench/kernel.c); with
-#      BENCH_ONLY=ragged (and not kernel), only the ragged batches' turns
-#      and the dense ones they are compared with
+#      backward, bfloat16 against float32, ragged batches (packed, and padded
+#      with a mask) and multi-head, all taking turns in one run
+#      (bench/kernel.c); with BENCH_ONLY=ragged (and not kernel), only the
+#      ragged batches' turns and the dense ones they are compared with
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -104,8 +104,7 @@ compile() { # name libs...
 have_kernel=0; have_memory=0; have_codec=0; have_parallel=0
 [ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
-[ -f "$BUILD/libattnapi.a" ] && [ -f "$BUILD/libattn.a" ] &&
-    compile codec "$BUILD/libattnapi.a" "$BUILD/libattn.a" && have_codec=1
+[ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
 # ------------------------------------------------------------------ machine
@@ -122,8 +121,9 @@ if [ $have_kernel = 1 ]; then
     CORENAME=$(awk '$1 == "blas_corename" { print $2 }' "$TMP/info")
     BLASCONF=$(awk '$1 == "blas_config" { sub(/^[^ ]+ /, ""); print }' "$TMP/info")
     ATTNKERNEL=$(awk '$1 == "attn_kernel" { print $2 }' "$TMP/info")
+    ATTNBF16=$(awk '$1 == "attn_bf16" { print $2 }' "$TMP/info")
 else
-    CORENAME="?"; BLASCONF="?"; ATTNKERNEL="?"
+    CORENAME="?"; BLASCONF="?"; ATTNKERNEL="?"; ATTNBF16="?"
 fi
 
 # ------------------------------------------------------------------ 1. kernel
@@ -391,7 +391,7 @@ echo
 echo "attnd benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
 if [ "${OPENBLAS_CORETYPE+set}" = set ]; then coretype="OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"; else coretype="OPENBLAS_CORETYPE unset"; fi
-echo "Machine: $CPU, $CORES cores ($FLAGS); OpenBLAS runs its $CORENAME kernels in this environment ($coretype; $BLASCONF); libattn kernel $ATTNKERNEL"
+echo "Machine: $CPU, $CORES cores ($FLAGS); OpenBLAS runs its $CORENAME kernels in this environment ($coretype; $BLASCONF); libattn kernel $ATTNKERNEL, bfloat16 products $ATTNBF16"
 echo "Load average (1 min) at the start: $LOAD_START, at the end: $(cut -d' ' -f1 /proc/loadavg) (other work on the machine makes every figure noisier)"
 # Under load OpenBLAS's threaded sgemm loses more than libattn (its threads
 # wait for each other at every block, spinning), which flatters the kernel rows.
@@ -435,6 +435,33 @@ row "causal time / full time, $sz, d=64" "$(ratio "$causal" "$full" %.2f)" \
     "$(scaled "$causal" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 0.55 0.5
 row "(forward+backward) time / forward time, $sz, d=64" "$(ratio "$fb" "$full" %.2f)" \
     "$(scaled "$fb" 0.001 %.1f) ms / $(scaled "$full" 0.001 %.1f) ms" "<=" 3.5 3.0
+# bfloat16 against float32, each ratio of the best times of the rounds, and
+# its spread: the ratio within each round (the two measured seconds apart).
+bp=$(get kern_bf16)
+spread() {
+    [ -n "$(get "kern_$1_median")" ] &&
+        echo "; per round $(get "kern_$1_min") / $(get "kern_$1_median") / $(get "kern_$1_max") (min / median / max of $(get "kern_$1_rounds") rounds)"
+}
+b=$(get kern_fwd_bf16_gflops)
+row "bfloat16 forward / float32 forward, $sz, d=64 (bf16 path: ${bp:-?})" \
+    "$(ratio "$(get kern_fwd_s)" "$(get kern_fwd_bf16_s)" %.2f)" \
+    "${b:-?} / $(get kern_fwd_gflops) GFLOP/s$(spread bf16_fwd)" ">=" 1.5 1.8
+row "bfloat16 forward / machine's limit, $sz, d=64" "$(ratio "$b" "$best" %.2f)" "$(vs_limit "$b")"
+b=$(get kern_fwd_bf16_d128_gflops)
+row "bfloat16 forward / float32 forward, $sz, d=128" \
+    "$(ratio "$(get kern_fwd_d128_s)" "$(get kern_fwd_bf16_d128_s)" %.2f)" \
+    "${b:-?} / $(get kern_fwd_d128_gflops) GFLOP/s$(spread bf16_fwd_d128)" ">=" 1.5 1.8
+row "bfloat16 forward / machine's limit, $sz, d=128" "$(ratio "$b" "$best" %.2f)" "$(vs_limit "$b")"
+fb16=$(get kern_fwdbwd_bf16_s)
+row "bfloat16 (forward+backward) / float32 (forward+backward), $sz, d=64" \
+    "$(ratio "$fb" "$fb16" %.2f)" \
+    "$(scaled "$fb16" 0.001 %.1f) ms / $(scaled "$fb" 0.001 %.1f) ms$(spread bf16_fwdbwd)" ">=" 1.3
+if [ -n "$(get kern_kernel_bf16_emulated_core)" ]; then
+    e=$(get kern_fwd_bf16_emulated_gflops)
+    row "bfloat16 forward emulated (ATTN_BF16=emulated, as without AVX512_BF16) / float32 forward, children, $sz, d=64" \
+        "$(ratio "$(get kern_fwd_env_f32_s)" "$(get kern_fwd_bf16_emulated_s)" %.2f)" \
+        "${e:-?} / $(get kern_fwd_env_f32_gflops) GFLOP/s$(spread bf16_emulated_fwd)"
+fi
 mf=$(get kern_mha_fwd_s); mfb=$(get kern_mha_fwdbwd_s)
 row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) / forward" \
     "$(ratio "$mfb" "$mf" %.2f)" \

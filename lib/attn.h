@@ -5,7 +5,8 @@
  * all of them (Eq. 16-18).
  *
  * Conventions
- *   - Every tensor is float32, row-major, contiguous, owned by the caller.
+ *   - Every tensor is float32, row-major, contiguous, owned by the caller
+ *     (ATTN_PRECISION_BFLOAT16 changes the arithmetic, not the tensors).
  *   - SDPA tensors are 4-D: q [B, H_q, n_q, d_k], k [B, H_kv, n_k, d_k],
  *     v [B, H_kv, n_k, d_v], out [B, H_q, n_q, d_v]. Lower-rank callers use
  *     B = 1 and/or H = 1.
@@ -147,6 +148,55 @@ typedef struct {
 } attn_variants;
 
 /*
+ * The arithmetic of the attention's matrix products.
+ *
+ * ATTN_PRECISION_FLOAT32 (the default, 0): float32 throughout.
+ *
+ * ATTN_PRECISION_BFLOAT16: the products take bfloat16 operands and
+ * accumulate in float32, as bfloat16 hardware runs them; everything else
+ * stays float32. Exactly:
+ *   - scores S = q k^T from q and k rounded to bfloat16 (attn_bf16_round;
+ *     with RoPE, after the rotation, which is float32);
+ *   - the softmax in float32 (scale, soft cap, ALiBi, mask, maxima, exp,
+ *     sums), FlashAttention's online softmax over blocks of 64 keys (keys
+ *     64t .. 64t + 63): block t's weights p_ij = bf16(exp(x_ij - m_i(t)))
+ *     with m_i(t) the row's largest final score in blocks 0 .. t, the
+ *     row's sum l_i the sum of these rounded weights (earlier blocks'
+ *     rescaled by exp(m_i(t-1) - m_i(t)) as the maximum grows);
+ *   - out_i = sum_j p_ij bf16(v_j) / l_i, the products with v on bfloat16
+ *     operands accumulated in float32 (rescaled as l_i is);
+ *   - backward: P = exp(x - m) / l and dS = P (dP - delta) (with the scale
+ *     and the soft cap's derivative) in float32 from the forward's rows;
+ *     the five products S = q k^T, dP = dO v^T, dV = P^T dO, dQ = dS k,
+ *     dK = dS^T q on bfloat16 operands (q, k, v, dO, P, dS rounded),
+ *     accumulated in float32.
+ * Each product is the AVX512_BF16 instruction vdpbf16ps's: per element of
+ * the result, the summed index taken in pairs (lo, hi), pair by pair,
+ * acc += a_hi b_hi, then acc += a_lo b_lo, each a float32 fused
+ * multiply-add rounded to nearest even, with subnormal inputs read as zero
+ * and subnormal results flushed to zero. The pairs: over the d features of
+ * q k^T and dO v^T, feature t with t + ceil(d / 2); over a block's n keys
+ * (P v, dS k), key t with t + ceil(n / 2); over query rows (dV, dK), rows 2u
+ * and 2u + 1. Every way of running it
+ * (attn_bf16()) gives exactly these bits, so bfloat16 results differ
+ * between kernels only where float32 ones do (the order of the softmax's
+ * sums, the exponential). The weights a caller asks for are the rounded
+ * p_ij, normalised. Rows whose float32 sums overflow are redone in double
+ * from the rounded q, k and v (weights not rounded), as in float32.
+ */
+typedef enum {
+    ATTN_PRECISION_FLOAT32 = 0,
+    ATTN_PRECISION_BFLOAT16 = 1,
+} attn_precision;
+
+/* x rounded to bfloat16 as ATTN_PRECISION_BFLOAT16 rounds its operands,
+ * returned as the float of that value: to nearest, ties to even; float32
+ * subnormals become zero of their sign (bfloat16 hardware reads them as
+ * zero); finite values past bfloat16's largest (|x| >= 0x1.ffp127)
+ * saturate to +-0x1.fep127 (3.3895e38); infinities and NaN stay. */
+float attn_bf16_round(float x);
+
+/*
  * A ragged batch (FlashAttention's varlen convention): sequences of any
  * lengths packed one after another along the sequence axis, with no
  * padding. When seqs > 0, the query rows are `seqs` sequences, sequence s
@@ -184,6 +234,7 @@ typedef struct {
     attn_layout layout;
     attn_variants variants;
     attn_ragged ragged; /* seqs 0 for one sequence per batch entry */
+    attn_precision precision; /* ATTN_PRECISION_FLOAT32 (0) unless set */
 } attn_sdpa_params;
 
 /* 1 / sqrt(d_k) (Eq. 7). */
@@ -273,6 +324,10 @@ typedef struct {
      * needs). The projections see every row alike; the attention is
      * per sequence, as attn_sdpa_params.ragged. */
     attn_ragged ragged;
+    /* Of the attention between the projections; the projections (x W and
+     * the output's o W_O, and their gradients) stay float32 OpenBLAS
+     * products whatever it is. */
+    attn_precision precision;
 } attn_mha_params;
 
 typedef struct {
@@ -348,6 +403,30 @@ bool attn_kernel_parse(const char *name, attn_kernel_kind *kind);
 /* The kernel ATTN_KERNEL asked for (its name), or NULL when it is unset or
  * names no kernel. Differs from attn_kernel_name() when the CPU lacks it. */
 const char *attn_kernel_forced(void);
+
+/*
+ * How this process runs the products of ATTN_PRECISION_BFLOAT16, chosen
+ * once, after the kernel: with the AVX512_BF16 instruction vdpbf16ps where
+ * the avx512 kernel runs on a CPU that has it, otherwise emulated (each
+ * vdpbf16ps step as two float32 fused multiply-adds, subnormals flushed)
+ * by the kernel in use. The results are the same bits either way.
+ * ATTN_BF16=emulated|avx512_bf16 forces one (when this kernel on this CPU
+ * can run it; otherwise the choice stays the default and
+ * attn_bf16_forced() says what was asked for). Intel's AMX tiles are not
+ * used by this version.
+ */
+typedef enum {
+    ATTN_BF16_EMULATED = 0,    /* float32 FMAs of the kernel in use */
+    ATTN_BF16_AVX512_BF16 = 1, /* vdpbf16ps (AVX512_BF16) */
+} attn_bf16_kind;
+
+attn_bf16_kind attn_bf16(void);               /* the path in use */
+const char *attn_bf16_name(void);             /* "emulated" or "avx512_bf16" */
+const char *attn_bf16_kind_name(attn_bf16_kind kind);
+bool attn_bf16_supported(attn_bf16_kind kind);/* with this process's kernel, on this CPU */
+bool attn_bf16_parse(const char *name, attn_bf16_kind *kind);
+/* The path ATTN_BF16 asked for (its name), or NULL when unset or unknown. */
+const char *attn_bf16_forced(void);
 
 /* ---------------------------------------------------------- information */
 

@@ -39,10 +39,15 @@
 
 /* One key tile of one (batch, head), seen by the forward pass:
  *   kt [d_k, KERN_BK]   k^T of keys j0 .. j0 + cols (zero beyond cols)
- *   v  [cols, d_v]      the tile's rows of v (row stride ldv)                */
+ *   v  [cols, d_v]      the tile's rows of v (row stride ldv)
+ * and, in bfloat16, the same keys as pairs of bfloat16 in 32-bit words
+ * (bf16.h; zero beyond cols):
+ *   kp [ceil(d_k / 2), KERN_BK]   word (t, j): features 2t, 2t + 1 of key j
+ *   vp [KERN_BK / 2, d_v]         word (u, c): column c of keys 2u, 2u + 1 */
 typedef struct {
     const float *kt;
     const float *v;
+    const uint32_t *kp, *vp;
 } kern_keys;
 
 typedef struct attn_kern attn_kern;
@@ -94,5 +99,78 @@ extern const attn_kern attn_kern_avx512;
 const attn_kern *attn_kern_get(void);
 /* A given kernel, or NULL when this CPU (or build) cannot run it. */
 const attn_kern *attn_kern_of(attn_kernel_kind kind);
+
+/*
+ * The bfloat16 kernels (ATTN_PRECISION_BFLOAT16; kern_body_bf16.h): the
+ * same tiling and row steps as the float32 ones, the products on pairs of
+ * bfloat16 in 32-bit words (bf16.h), one vdpbf16ps step a word:
+ *   C[r][c] (+)= sum_p dot2(A(r, p), B[p][c]),   r < rows <= mr, c < cols
+ * with A(r, p) = a[r * a_rs + p * a_cs] broadcast and B read by rows of
+ * vectors, as the float32 product. Operands are rounded once, where they
+ * are converted into words (kern_body_bf16.h says which elements pair up):
+ *   rows       dst [rows, ceil(cols / 2)] (row stride ldd): each row of src
+ *              [rows, cols] in words (q, dO for products over their columns)
+ *   row_pairs  dst [pairs, cols] (row stride ldd): two rows of src side by
+ *              side in each row of words, 2u and 2u + 1, or u and
+ *              u + ceil(rows / 2) when `split` (v, k, q, dO for products
+ *              over rows; rows past `rows` are zero)
+ *   pack_t     dst [ceil(d / 2), KERN_BK]: the words of the features of up
+ *              to KERN_BK keys, transposed (k and v for the score-like
+ *              products)
+ */
+typedef struct attn_kern_bf16 attn_kern_bf16;
+
+struct attn_kern_bf16 {
+    attn_kernel_kind kind; /* whose row steps (and vectors) it uses */
+    attn_bf16_kind path;   /* how its products run */
+    int mr;                /* rows per strip */
+
+    void (*gemm)(int rows, int64_t cols, int64_t kpairs, const uint32_t *a, int64_t a_rs,
+                 int64_t a_cs, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
+                 bool accumulate);
+    void (*rows)(const float *src, int64_t lds, int64_t rows, int64_t cols, uint32_t *dst,
+                 int64_t ldd);
+    void (*row_pairs)(const float *src, int64_t lds, int64_t rows, int64_t cols,
+                      uint32_t *dst, int64_t ldd, int64_t pairs, bool split);
+    void (*pack_t)(const float *src, int64_t lds, int64_t keys, int64_t d, uint32_t *dst);
+
+    /* As attn_kern's, with the bfloat16 operands of kern_keys, sdpa_fwd_state
+     * and sdpa_bwd_state. */
+    void (*forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_keys *keys,
+                         sdpa_fwd_state *st);
+    void (*backward_tile)(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_keys *keys,
+                          const sdpa_bwd_state *st);
+};
+
+extern const attn_kern_bf16 attn_kern_bf16_generic;
+#if defined(__x86_64__)
+extern const attn_kern_bf16 attn_kern_bf16_avx2;
+extern const attn_kern_bf16 attn_kern_bf16_avx512;     /* emulated */
+extern const attn_kern_bf16 attn_kern_bf16_avx512bf16; /* vdpbf16ps */
+#endif
+
+/* The bfloat16 kernel of attn_kernel() and attn_bf16(). */
+const attn_kern_bf16 *attn_kern_bf16_get(void);
+/* The bfloat16 kernel of a kernel and path, or NULL when this CPU (or
+ * build) cannot run it. */
+const attn_kern_bf16 *attn_kern_bf16_of(attn_kernel_kind kind, attn_bf16_kind path);
+
+/* The kernels of one call: attn_sdpa_forward and attn_sdpa_backward use
+ * attn_kern_get()'s and attn_kern_bf16_get()'s; the tests pass others (the
+ * emulated and the vdpbf16ps bfloat16 kernels side by side, say). */
+typedef struct {
+    const attn_kern *f32;
+    const attn_kern_bf16 *bf16;
+} sdpa_kernels;
+
+attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                   const float *q, const float *k, const float *v, float *out,
+                                   attn_softmax_row *rows, float *weights, attn_stats *stats,
+                                   attn_error *err);
+attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const attn_softmax_row *rows,
+                                    const float *dout, float *dq, float *dk, float *dv,
+                                    attn_error *err);
 
 #endif /* ATTN_KERN_H */

@@ -2,12 +2,15 @@
  * libattn's kernels for AVX2 + FMA (compiled with -mavx2 -mfma; run only
  * where attn_kernel() found the instructions). The register block is 6 rows
  * x 2 vectors (16 columns): 12 accumulators, 2 loaded vectors and one
- * broadcast of the 16 ymm registers.
+ * broadcast of the 16 ymm registers. The bfloat16 products emulate
+ * vdpbf16ps with two FMAs a step (4 rows x 2 vectors: the halves of each
+ * operand take registers too).
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <math.h>
 
+#include "bf16.h"
 #include "kern.h"
 #include "kern_exp.h"
 
@@ -137,6 +140,93 @@ static inline vf vexp(vf a)
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
+/* ------------------------------------------------------------- bfloat16 */
+
+#define KERN_BF16_PATH ATTN_BF16_EMULATED
+#define KMR2 4
+#define KNV2 2
+
+typedef __m256i vpair;
+
+static inline vpair vp_load(const uint32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline vpair vp_load_m(const uint32_t *p, vmask m)
+{
+    return _mm256_maskload_epi32((const int *)p, m);
+}
+static inline void vp_store(uint32_t *p, vpair x) { _mm256_storeu_si256((__m256i *)p, x); }
+static inline void vp_store_m(uint32_t *p, vpair x, vmask m)
+{
+    _mm256_maskstore_epi32((int *)p, m, x);
+}
+static inline vpair vp_set1(uint32_t w) { return _mm256_set1_epi32((int)w); }
+static inline __m256i vi(uint32_t x) { return _mm256_set1_epi32((int)x); }
+
+/* bf16.h's bf16_round_bits, lane by lane (low halves not yet cleared). */
+static inline __m256i vbf16_bits(vf x)
+{
+    const __m256i b = _mm256_castps_si256(x);
+    const __m256i exp = _mm256_and_si256(b, vi(BF16_EXP)), sign = _mm256_and_si256(b, vi(BF16_SIGN));
+    const __m256i tiny = _mm256_cmpeq_epi32(exp, _mm256_setzero_si256());
+    const __m256i special = _mm256_cmpeq_epi32(exp, vi(BF16_EXP));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_andnot_si256(vi(BF16_SIGN), b), vi(BF16_EXP));
+    __m256i r = _mm256_add_epi32(
+        b, _mm256_add_epi32(vi(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(b, 16), vi(1))));
+    __m256i over = _mm256_andnot_si256(
+        special, _mm256_cmpeq_epi32(_mm256_and_si256(r, vi(BF16_EXP)), vi(BF16_EXP)));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(sign, vi(BF16_MAX_BITS)), over);
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_and_si256(nan, vi(BF16_QUIET))),
+                           special);
+    return _mm256_blendv_epi8(r, sign, tiny);
+}
+/* Weights are 0 or normal and at most 1: nearest-even rounding alone. */
+static inline vf vbf16_weight(vf x)
+{
+    const __m256i b = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(
+        b, _mm256_add_epi32(vi(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(b, 16), vi(1))));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, vi(BF16_HIGH)));
+}
+static inline vpair vbf16_words(vf lo, vf hi)
+{
+    return _mm256_or_si256(_mm256_srli_epi32(vbf16_bits(lo), 16),
+                           _mm256_and_si256(vbf16_bits(hi), vi(BF16_HIGH)));
+}
+static inline vpair vbf16_join(vf lo, vf hi)
+{
+    return _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(lo), 16),
+                           _mm256_castps_si256(hi));
+}
+static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
+{
+    vtranspose((const float *)src, lds, (float *)dst, ldd);
+}
+/* Two vectors of weights rounded in place, and their words. */
+static inline vpair vbf16_weights2(vf *lo, vf *hi)
+{
+    *lo = vbf16_weight(*lo);
+    *hi = vbf16_weight(*hi);
+    return vbf16_join(*lo, *hi);
+}
+
+/* vdpbf16ps's step per lane: the high halves' fused multiply-add, then the
+ * low halves', each rounded to nearest even, with the MXCSR flushing tiny
+ * results and reading subnormal inputs as zero around the product
+ * (KERN_BF16_BEGIN): the x86 FMA then decides tininess as vdpbf16ps does. */
+static inline vf vdot2(vf acc, vpair a, vpair b)
+{
+    const __m256i high = vi(BF16_HIGH);
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, high)),
+                          _mm256_castsi256_ps(_mm256_and_si256(b, high)), acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+                           _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)), acc);
+}
+#define KERN_MXCSR_FTZ_DAZ 0x8040u
+#define KERN_BF16_BEGIN                                                       \
+    const unsigned kern_mxcsr = _mm_getcsr();                                 \
+    _mm_setcsr(kern_mxcsr | KERN_MXCSR_FTZ_DAZ)
+#define KERN_BF16_END _mm_setcsr(kern_mxcsr)
+
 #include "kern_body.h"
+#include "kern_body_bf16.h"
 
 #endif /* __x86_64__ */

@@ -1,10 +1,13 @@
 /*
  * libattn's portable kernels: plain C, one float per "vector", for any CPU.
  * The same body as the vector kernels (kern_body.h), so the generic kernel
- * is the reference for their tiling; its exp is libm's expf.
+ * is the reference for their tiling; its exp is libm's expf. Its bfloat16
+ * products (kern_body_bf16.h) emulate vdpbf16ps step by step in C.
  */
+#include <float.h>
 #include <math.h>
 
+#include "bf16.h"
 #include "kern.h"
 
 #define KF(name) name##_generic
@@ -57,4 +60,99 @@ static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t
 }
 static inline vf vexp(vf a) { return a < ATTN_EXP_MIN ? 0.0f : expf(a); }
 
+/* ------------------------------------------------------------- bfloat16 */
+
+#define KERN_BF16_PATH ATTN_BF16_EMULATED
+#define KMR2 4
+#define KNV2 4
+#define KERN_BF16_BEGIN ((void)0)
+#define KERN_BF16_END ((void)0)
+
+typedef uint32_t vpair;
+
+static inline vpair vp_load(const uint32_t *p) { return *p; }
+static inline vpair vp_load_m(const uint32_t *p, vmask m) { return m ? *p : 0u; }
+static inline void vp_store(uint32_t *p, vpair x) { *p = x; }
+static inline void vp_store_m(uint32_t *p, vpair x, vmask m)
+{
+    if (m)
+        *p = x;
+}
+static inline vpair vp_set1(uint32_t w) { return w; }
+static inline vf vbf16_weight(vf x) { return bf16_round(x); }
+static inline vpair vbf16_words(vf lo, vf hi) { return bf16_pair(lo, hi); }
+static inline vpair vbf16_join(vf lo, vf hi)
+{
+    uint32_t a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, &hi, sizeof b);
+    return (a >> 16) | b;
+}
+/* Two weights rounded in place, and their word. */
+static inline vpair vbf16_weights2(vf *lo, vf *hi)
+{
+    *lo = vbf16_weight(*lo);
+    *hi = vbf16_weight(*hi);
+    return vbf16_join(*lo, *hi);
+}
+static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
+{
+    (void)lds;
+    (void)ldd;
+    *dst = *src;
+}
+
+static inline float bf16_half(uint32_t word_bits)
+{
+    float f;
+    memcpy(&f, &word_bits, sizeof f);
+    return f;
+}
+
+/* Subnormal inputs read as zero of their sign. */
+static inline float daz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
+
+/*
+ * One of vdpbf16ps's steps, acc + a b as a fused multiply-add (a b is exact:
+ * two 8-bit significands) rounded to nearest even, then flushed to zero
+ * when tiny, as the x86 hardware decides it: after rounding to 24 bits
+ * with an unbounded exponent. fmaf rounds to the subnormal grid instead,
+ * and the two differ only for a result that fmaf rounds to exactly 2^-126:
+ * the hardware flushes it when the exact value lies below the midpoint
+ * 2^-126 - 2^-151 between 2^-126 and the 24-bit float below it. That exact
+ * value, close to 2^-126, is the exact sum in double: a and b have 8
+ * significant bits each and acc 24, and a sum within 2^-150 of 2^-126 has
+ * all its bits within double's 53 (or lies too far from the midpoint for
+ * double's rounding to carry it across).
+ * A product that is a normal float (or exactly zero) is exact in float, and
+ * then the fused step is a float addition: only the rest calls fmaf.
+ */
+static inline float dot2_step(float acc, float a, float b)
+{
+    acc = daz(acc);
+    a = daz(a);
+    b = daz(b);
+    float p = a * b, r;
+    if ((fabsf(p) >= FLT_MIN && fabsf(p) <= FLT_MAX) || a == 0.0f || b == 0.0f)
+        r = p + acc;
+    else
+        r = fmaf(a, b, acc);
+    if (fabsf(r) < FLT_MIN)
+        return copysignf(0.0f, r);
+    if (fabsf(r) == FLT_MIN) {
+        double exact = (double)acc + (double)a * (double)b;
+        if (fabs(exact) < (double)FLT_MIN - 0x1p-151)
+            return copysignf(0.0f, r);
+    }
+    return r;
+}
+
+/* vdpbf16ps on one lane: the high halves' product first, then the low. */
+static inline vf vdot2(vf acc, vpair a, vpair b)
+{
+    acc = dot2_step(acc, bf16_half(a & BF16_HIGH), bf16_half(b & BF16_HIGH));
+    return dot2_step(acc, bf16_half(a << 16), bf16_half(b << 16));
+}
+
 #include "kern_body.h"
+#include "kern_body_bf16.h"

@@ -155,6 +155,10 @@ static attn_status check_dims(const attn_mha_params *p, bool has_context,
         return attn_fail(err, ATTN_ERR_INVALID,
                          "multi-head attention: scale must be finite and > 0, got %g",
                          (double)p->scale);
+    if (p->precision != ATTN_PRECISION_FLOAT32 && p->precision != ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "multi-head attention: precision %d is not a known precision",
+                         (int)p->precision);
 
     /* B*n and B*m are the rows of one sgemm each, widths of the
      * concatenated heads its leading dimensions: ints. */
@@ -256,6 +260,7 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
         .threads = p->threads, .layout = ATTN_LAYOUT_BNHD, .variants = p->variants,
         .ragged = p->ragged,
+        .precision = p->precision,
     };
     /* The attention's own checks (the variants, a ragged batch's
      * sequences) before any projection is computed. */

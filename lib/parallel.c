@@ -18,9 +18,10 @@
  * They are kept in crews, one per scheduling class (policy, priority and
  * nice value): a call is helped only by threads of its caller's class, and
  * a crew's threads are started by a caller of that class and inherit it, as
- * threads started for the call would. A server's compute workers (SCHED_BATCH
- * at a higher nice value, to yield to its I/O threads) never get helpers
- * that would outrank their I/O threads, and the other way round.
+ * threads started for the call would. A server's compute workers
+ * (SCHED_IDLE, or SCHED_BATCH at a higher nice value, to yield to its I/O
+ * threads) never get helpers that would outrank their I/O threads, and the
+ * other way round.
  *
  * Concurrent callers. A call posts its units as a job to its crew; idle
  * helpers join it and take worker numbers 1, 2, ... up to threads - 1. The

@@ -32,6 +32,7 @@ typedef struct {
      * k_hi), and offset = k_hi - q_hi (sdpa_call_seq). The whole call (0
      * .. n_q, 0 .. n_k) as sdpa_call_of makes it. */
     int64_t q_lo, q_hi, k_lo, k_hi;
+    bool bf16;  /* ATTN_PRECISION_BFLOAT16 */
 } sdpa_call;
 
 /* "Unbounded": far beyond any n, yet p_i +- SDPA_FAR cannot overflow. */
@@ -180,6 +181,10 @@ typedef struct {
     float scale, softcap;  /* for the scaled scores' statistics */
     double *ent;           /* [rows] sum_j exp(x_j - m) (x_j - m) */
     float *raw, *x;        /* [KERN_BK] copies of a row's raw and final scores */
+    /* In bfloat16 (kern.h's words of two bfloat16): */
+    const uint32_t *qb;    /* [rows, ceil(d_k / 2)] the unit's q rows (row stride ldqb) */
+    int64_t ldqb;
+    uint32_t *pb;          /* [KERN_MR_MAX, KERN_BK / 2] a strip's P */
 } sdpa_fwd_state;
 
 /* The forward kernels' hooks for the optional outputs, per strip row. */
@@ -199,6 +204,10 @@ void sdpa_fwd_keep_weights(const sdpa_call *c, sdpa_fwd_state *st, const sdpa_ti
 typedef struct {
     const float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK]: k_t^T, v_t^T */
     const float *k;       /* [cols, d_k] rows j0 .. of k (row stride ldk) */
+    /* In bfloat16: k_t, v_t as kern_keys.kp [ceil(d_k / 2), KERN_BK] and
+     * vp [ceil(d_v / 2), KERN_BK] (pairs of features), and kr
+     * [KERN_BK / 2, d_k] (pairs of keys). */
+    const uint32_t *kp, *vp, *kr;
 } sdpa_bwd_keys;
 
 /* A backward worker's view of one (query tile, key tile) pair. */
@@ -210,6 +219,14 @@ typedef struct {
     const float *dout;            /* [rows, d_v] (row stride ldo) */
     float *dq;                    /* [rows, d_k] accumulated (ldq) */
     float *dk, *dv;               /* [cols, d_k], [cols, d_v] accumulated (ldk, ldv) */
+    /* In bfloat16 (the tile's rows i0 .. start at an even row): */
+    const uint32_t *qb, *dob;     /* [rows, ceil(d_k / 2)], [rows, ceil(d_v / 2)]: pairs
+                                   * along q's and dO's rows (strides ldqb, lddob) */
+    int64_t ldqb, lddob;
+    const uint32_t *qr, *dor;     /* [ceil(rows / 2), d_k], [.., d_v]: pairs of rows */
+    uint32_t *dsb;                /* [KERN_MR_MAX, KERN_BK / 2] workspace: a strip's dS */
+    uint32_t *pp, *dsp;           /* [KERN_BWD_BQ / 2, KERN_BK] workspaces: P, dS by
+                                   * pairs of rows */
 } sdpa_bwd_state;
 
 /* ------------------------------------------------------ double precision */

@@ -21,6 +21,12 @@
  * units of about equal work (attn_units_plan). Either way which thread
  * runs which item changes nothing: the result is the same for a given
  * thread count, bit for bit.
+ *
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16; not with a ragged batch) q and dO
+ * are rounded once, before the items, into the two forms the products read
+ * (pairs along each row, for the scores and dP; pairs of rows, for dk and
+ * dv: a query tile then starts at an even row); an item rounds its key
+ * tile's k and v.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -32,12 +38,26 @@ typedef struct {
     float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK] */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
     float *capped;  /* [KERN_BK] */
+    /* In bfloat16: the key tile as sdpa_bwd_keys.kp, vp, kr, and the
+     * workspaces of sdpa_bwd_state.dsb, pp, dsp. */
+    uint32_t *kp, *vp, *kr, *dsb, *pp, *dsp;
     void *block;
 } bwd_worker;
+
+/* q and dO rounded to bfloat16, per (batch, query head), in the forms of
+ * sdpa_bwd_state: pairs along each row (qb [n_q, ceil(d_k / 2)], dob [n_q,
+ * ceil(d_v / 2)]) and pairs of rows (qr [ceil(n_q / 2), d_k], dor
+ * [ceil(n_q / 2), d_v]). */
+typedef struct {
+    uint32_t *qb, *dob, *qr, *dor;
+    int64_t dk2, dv2, nq2;
+} bwd_bf16;
 
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
+    bwd_bf16 b16;
     const attn_softmax_row *rows;
     const float *dout, *delta;
     float *dq, *dk, *dv;
@@ -141,9 +161,23 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
         sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
         if (i_start == i_end)
             continue;
-        job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
-        job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
-        const sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        const attn_kern_bf16 *kb = job->kern_bf16;
+        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        if (kb != NULL) {
+            /* Pairs of rows from an even row (the row before sees none of
+             * these keys: its P is 0; a dense call's sequence starts at
+             * row 0). */
+            i_start -= i_start % 2;
+            kb->pack_t(k, c->ldk, t.cols, p->d_k, w->kp);
+            kb->pack_t(v, c->ldv, t.cols, p->d_v, w->vp);
+            kb->row_pairs(k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
+            keys.kp = w->kp;
+            keys.vp = w->vp;
+            keys.kr = w->kr;
+        } else {
+            job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
+            job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
+        }
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
@@ -151,13 +185,27 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
                 const int64_t row = bh * p->n_q + t.i0;
-                const sdpa_bwd_state st = {
+                sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
                     .rows = job->rows + row, .delta = job->delta + row,
                     .dout = job->dout + o_at + t.i0 * c->ldo,
                     .dq = dq + q_at + t.i0 * c->ldq,
                     .dk = dk, .dv = dv,
                 };
+                if (kb != NULL) {
+                    const bwd_bf16 *h = &job->b16;
+                    st.qb = h->qb + row * h->dk2;
+                    st.ldqb = h->dk2;
+                    st.dob = h->dob + row * h->dv2;
+                    st.lddob = h->dv2;
+                    st.qr = h->qr + (bh * h->nq2 + t.i0 / 2) * p->d_k;
+                    st.dor = h->dor + (bh * h->nq2 + t.i0 / 2) * p->d_v;
+                    st.dsb = w->dsb;
+                    st.pp = w->pp;
+                    st.dsp = w->dsp;
+                    kb->backward_tile(c, &t, &keys, &st);
+                    continue;
+                }
                 job->kern->backward_tile(c, &t, &keys, &st);
             }
         }
@@ -202,6 +250,31 @@ static void prologue_block(void *ctx, int64_t block, int worker)
     }
     for (int64_t s = 0; s < j->splits; s++)
         memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
+}
+
+typedef struct {
+    const sdpa_call *call;
+    const attn_kern_bf16 *kern;
+    const float *dout;
+    const bwd_bf16 *b16;
+} round_job;
+
+/* Unit: one (batch, query head): its q and dO rows rounded, both forms. */
+static void round_head(void *ctx, int64_t bh, int worker)
+{
+    (void)worker;
+    const round_job *j = ctx;
+    const sdpa_call *c = j->call;
+    const attn_sdpa_params *p = c->p;
+    const bwd_bf16 *h = j->b16;
+    const int64_t b = bh / p->heads_q, hq = bh % p->heads_q;
+    const float *q = sdpa_head_q(c, b, hq), *dout = j->dout + sdpa_head_o_at(c, b, hq);
+    j->kern->rows(q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
+    j->kern->rows(dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2, h->dv2);
+    j->kern->row_pairs(q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k, p->d_k,
+                       h->nq2, false);
+    j->kern->row_pairs(dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v, p->d_v,
+                       h->nq2, false);
 }
 
 typedef struct {
@@ -281,15 +354,21 @@ static void free_workers(bwd_worker *w, int n)
     free(w);
 }
 
-static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
+static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p, bool bf16)
 {
     bwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
     const int64_t panel_k = p->d_k * KERN_BK, panel_v = p->d_v * KERN_BK;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
+    /* In bfloat16, words (as many as floats, each a multiple of 16): kp,
+     * vp and kr, dsb, pp and dsp. */
+    const int64_t kp = (p->d_k + 1) / 2 * KERN_BK, vp = (p->d_v + 1) / 2 * KERN_BK;
+    const int64_t kr = KERN_BK / 2 * ((p->d_k + 15) / 16 * 16);
+    const int64_t dsb = KERN_MR_MAX * KERN_BK / 2, pairs = tile / 2;
+    const int64_t words = bf16 ? kp + vp + kr + dsb + 2 * pairs : 0;
     for (int i = 0; i < n; i++) {
-        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK, sizeof(float));
+        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK + words, sizeof(float));
         if (b == NULL) {
             free_workers(w, n);
             return NULL;
@@ -300,6 +379,15 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p)
         w[i].kt = b + 2 * tile;
         w[i].vt = b + 2 * tile + panel_k;
         w[i].capped = b + 2 * tile + panel_k + panel_v;
+        if (bf16) {
+            uint32_t *u = (uint32_t *)(void *)(w[i].capped + KERN_BK);
+            w[i].kp = u;
+            w[i].vp = u + kp;
+            w[i].kr = u + kp + vp;
+            w[i].dsb = u + kp + vp + kr;
+            w[i].pp = u + kp + vp + kr + dsb;
+            w[i].dsp = u + kp + vp + kr + dsb + pairs;
+        }
     }
     return w;
 }
@@ -309,6 +397,16 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *out, const attn_softmax_row *rows,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err)
+{
+    const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
+    return attn_sdpa_backward_with(&kernels, p, q, k, v, out, rows, dout, dq, dk, dv, err);
+}
+
+attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const attn_softmax_row *rows,
+                                    const float *dout, float *dq, float *dk, float *dv,
+                                    attn_error *err)
 {
     attn_status s = sdpa_check_params(p, false, err);
     if (s != ATTN_OK)
@@ -321,7 +419,7 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     const int64_t n_rows = p->batch * p->heads_q * p->n_q;
     bwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
-        .kern = attn_kern_get(),
+        .kern = kernels->f32,
         .rows = rows, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
     };
     job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = bwd_items,
@@ -339,9 +437,22 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     }
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
-    job.workers = alloc_workers(threads, p);
+    job.workers = alloc_workers(threads, p, job.call.bf16);
     bool ok = job.pair_cost != NULL && job.seq_splits != NULL && delta != NULL &&
               job.dq_split != NULL && job.workers != NULL;
+    bwd_bf16 *h = &job.b16;
+    if (ok && job.call.bf16) {
+        job.kern_bf16 = kernels->bf16;
+        const int64_t heads = p->batch * p->heads_q;
+        h->dk2 = (p->d_k + 1) / 2;
+        h->dv2 = (p->d_v + 1) / 2;
+        h->nq2 = (p->n_q + 1) / 2;
+        h->qb = sdpa_alloc(heads * p->n_q * h->dk2, sizeof(uint32_t));
+        h->dob = sdpa_alloc(heads * p->n_q * h->dv2, sizeof(uint32_t));
+        h->qr = sdpa_alloc(heads * h->nq2 * p->d_k, sizeof(uint32_t));
+        h->dor = sdpa_alloc(heads * h->nq2 * p->d_v, sizeof(uint32_t));
+        ok = h->qb != NULL && h->dob != NULL && h->qr != NULL && h->dor != NULL;
+    }
     /* With RoPE the scores come from rotated copies of q and k, and the
      * gradients they give are turned back at the end. */
     const bool rope = p->variants.rope_base > 0.0f;
@@ -365,6 +476,10 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                             .rows = n_rows};
         attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
         job.delta = delta;
+        if (job.kern_bf16 != NULL) {
+            round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = dout, .b16 = h};
+            attn_parallel_for(threads, p->batch * p->heads_q, round_head, &rj);
+        }
         attn_parallel_for(threads, job.units.count, backward_unit, &job);
         reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
                           .count = n_rows * p->d_k};
@@ -375,6 +490,10 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
     }
     free(q_rot);
     free(k_rot);
+    free(h->qb);
+    free(h->dob);
+    free(h->qr);
+    free(h->dor);
     for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
         free(job.dq_split[i]);
     free(job.dq_split);

@@ -123,6 +123,12 @@ static attn_status check_ragged(const attn_sdpa_params *p, attn_error *err)
                          "a ragged batch packs its sequences along the rows: batch must be "
                          "1, not %lld",
                          (long long)p->batch);
+    /* The bfloat16 backward takes query rows in pairs from an even row,
+     * which a sequence of a ragged batch need not start at. */
+    if (p->precision == ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "a ragged batch is computed in float32 only: precision must be "
+                         "ATTN_PRECISION_FLOAT32 when ragged.seqs > 0");
     attn_status s = check_offsets("cu_seqlens_q", r->cu_seqlens_q, r->seqs, p->n_q, "n_q", err);
     if (s == ATTN_OK)
         s = r->cu_seqlens_k != NULL
@@ -197,6 +203,9 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
     if (p->layout != ATTN_LAYOUT_BHND && p->layout != ATTN_LAYOUT_BNHD)
         return attn_fail(err, ATTN_ERR_INVALID, "layout %d is not a known layout",
                          (int)p->layout);
+    if (p->precision != ATTN_PRECISION_FLOAT32 && p->precision != ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID, "precision %d is not a known precision",
+                         (int)p->precision);
     s = check_variants(p, err);
     if (s == ATTN_OK)
         s = check_ragged(p, err);

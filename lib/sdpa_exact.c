@@ -4,12 +4,20 @@
  * weighted mean of rows of v, so it is finite whenever v is, but the
  * unnormalised sum sum_j exp(x_j - m) v_j the kernels accumulate can pass
  * float32's maximum on the way (v near 3e38); scores q.k can overflow too.
- * In double neither happens for finite float inputs.
+ * In double neither happens for finite float inputs. In bfloat16 the
+ * operands are rounded as the kernels round them (the weights are not).
  */
 #include <math.h>
 #include <stdlib.h>
 
+#include "bf16.h"
 #include "sdpa.h"
+
+/* An operand of the products as the call's precision reads it. */
+static double operand(const sdpa_call *c, float x)
+{
+    return c->bf16 ? (double)bf16_round(x) : (double)x;
+}
 
 double attn_softmax_lse(attn_softmax_row row)
 {
@@ -32,7 +40,7 @@ static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int
     const float *k_row = sdpa_head_k(c, b, h) + j * c->ldk;
     double s = 0.0;
     for (int64_t t = 0; t < p->d_k; t++)
-        s += (double)q_row[t] * k_row[t];
+        s += operand(c, q_row[t]) * operand(c, k_row[t]);
     s *= p->scale;
     const float cap = p->variants.softcap;
     if (cap > 0.0f)
@@ -75,7 +83,7 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
             double a = exp(x - m) / l;
             const float *v_row = v + j * c->ldv + t0;
             for (int64_t t = 0; t < width; t++)
-                acc[t] += a * v_row[t];
+                acc[t] += a * operand(c, v_row[t]);
         }
         for (int64_t t = 0; t < width; t++)
             out[t0 + t] = (float)acc[t];

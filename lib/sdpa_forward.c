@@ -22,6 +22,11 @@
  * in parallel without sharing anything but read-only inputs. Items go to
  * the threads in units of about equal work (attn_units_plan). Extra
  * memory: the packed copy of k, and a few rows per worker.
+ *
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16) a panel holds the tile's k and v
+ * rounded to bfloat16, in the pairs the kernel's products read (kern.h's
+ * kern_keys.kp and .vp), packed the same way (once, or by the item), and a
+ * block rounds its own query rows once, before its key tiles.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,13 +39,20 @@ typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
     float *panel; /* [d_k, KERN_BK]: k^T of the tile, when units pack their own */
     double *l, *ent;
+    /* In bfloat16: the block's q rows [KERN_FWD_BQ, ceil(d_k / 2)], a
+     * strip's P [KERN_MR_MAX, KERN_BK / 2], and the tile's panel when
+     * items pack their own. */
+    uint32_t *qb, *pb, *panel_b;
     void *block;
 } fwd_worker;
 
 typedef struct {
     sdpa_call call;
     const attn_kern *kern;
+    const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
+    int64_t panel_words;             /* in bfloat16: words of one packed tile */
     float *kt; /* the packed panels; NULL when no sequence shares its own */
+    uint32_t *kv_b; /* in bfloat16, the same */
     /* Panels of the sequences before s: panel_at[s] ([seqs + 1], ragged),
      * or s * H_kv * k_tiles (one sequence per batch entry). A sequence with
      * none shared has panel_at[s + 1] == panel_at[s]. */
@@ -147,6 +159,18 @@ static int64_t panel_seq(const fwd_job *job, int64_t u)
     return lo;
 }
 
+/* The bfloat16 panel of keys j0 .. j0 + keys of head (b, h)'s key/value
+ * head: kp [ceil(d_k / 2), KERN_BK], then vp [KERN_BK / 2, d_v]. */
+static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, int64_t h,
+                      int64_t j0, int64_t keys, uint32_t *panel)
+{
+    const attn_sdpa_params *p = c->p;
+    uint32_t *kp = panel, *vp = panel + (p->d_k + 1) / 2 * KERN_BK;
+    kb->pack_t(sdpa_head_k(c, b, h) + j0 * c->ldk, c->ldk, keys, p->d_k, kp);
+    kb->row_pairs(sdpa_head_v(c, b, h) + j0 * c->ldv, c->ldv, keys, p->d_v, vp, p->d_v,
+                  KERN_BK / 2, true);
+}
+
 /* Unit: one key tile of one key/value head of a sequence. */
 static void pack_unit(void *ctx, int64_t u, int worker)
 {
@@ -157,6 +181,12 @@ static void pack_unit(void *ctx, int64_t u, int worker)
     const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
     const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK), at = u - first_panel(job, s);
     const int64_t hk = at / k_tiles, j0 = c.k_lo + at % k_tiles * KERN_BK;
+    if (job->kern_bf16 != NULL) {
+        /* Head hk * group of the query heads reads key/value head hk. */
+        pack_bf16(job->kern_bf16, &c, b, hk * c.group, j0, min64(KERN_BK, c.k_hi - j0),
+                  job->kv_b + u * job->panel_words);
+        return;
+    }
     const float *k = c.k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) + j0 * c.ldk;
     job->kern->pack_t(k, c.ldk, min64(KERN_BK, c.k_hi - j0), p->d_k,
                       job->kt + u * p->d_k * KERN_BK);
@@ -198,6 +228,7 @@ static void finish_weights(const fwd_job *job, const sdpa_call *c, const sdpa_ti
  * none yet) and is packed anew for any other. */
 typedef struct {
     const float *panels;
+    const uint32_t *panels_b; /* in bfloat16: tile kt at panels_b + kt * panel_words */
     int64_t *packed;
 } fwd_keys;
 
@@ -221,6 +252,14 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
     const float *v = sdpa_head_v(c, t.b, t.h);
+    const attn_kern_bf16 *kb = job->kern_bf16;
+    if (kb != NULL) {
+        const int64_t dk2 = (p->d_k + 1) / 2;
+        kb->rows(sdpa_head_q(c, t.b, t.h) + t.i0 * c->ldq, c->ldq, t.rows, p->d_k, w->qb, dk2);
+        st.qb = w->qb;
+        st.ldqb = dk2;
+        st.pb = w->pb;
+    }
     /* Key tiles wholly outside the causal diagonal and the window are
      * skipped; the last one is cut where the block's last row stops. Tiles
      * start at the sequence's first key. */
@@ -235,6 +274,23 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
         kern_keys keys = {.v = v + t.j0 * c->ldv};
+        if (kb != NULL) {
+            const uint32_t *panel = from.panels_b;
+            if (panel != NULL) {
+                panel += st.kt * job->panel_words;
+            } else {
+                /* (The heads of a group see the same keys and values of a tile.) */
+                if (*from.packed != st.kt) {
+                    pack_bf16(kb, c, t.b, t.h, t.j0, t.cols, w->panel_b);
+                    *from.packed = st.kt;
+                }
+                panel = w->panel_b;
+            }
+            keys.kp = panel;
+            keys.vp = panel + (p->d_k + 1) / 2 * KERN_BK;
+            kb->forward_tile(c, &t, &keys, &st);
+            continue;
+        }
         if (from.panels != NULL) {
             keys.kt = from.panels + st.kt * p->d_k * KERN_BK;
         } else {
@@ -344,7 +400,9 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
         const int64_t hk = t.h / c.group;
         int64_t none = -1;
         fwd_keys from = {.panels = NULL, .packed = &none}; /* no keys: no tile is read */
-        if (k_tiles > 0)
+        if (k_tiles > 0 && job->kv_b != NULL)
+            from.panels_b = job->kv_b + (first_panel(job, s) + hk * k_tiles) * job->panel_words;
+        else if (k_tiles > 0)
             from.panels = job->kt + (first_panel(job, s) + hk * k_tiles) * p->d_k * KERN_BK;
         forward_block(job, u->w, &c, t, from, u->stats);
         return;
@@ -435,6 +493,11 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
         bytes += lines(bq * job->k_tiles, sizeof(float));
+    const int64_t dk2 = (job->call.p->d_k + 1) / 2;
+    if (job->kern_bf16 != NULL)
+        bytes += lines(bq * dk2, sizeof(uint32_t)) +
+                 lines(KERN_MR_MAX * bk / 2, sizeof(uint32_t)) +
+                 lines(job->panel_words, sizeof(uint32_t));
     for (int i = 0; i < n; i++) {
         char *b = ws_alloc(a, (int64_t)bytes, 1);
         if (b == NULL) {
@@ -458,8 +521,17 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
             w[i].ent = (double *)(void *)b;
             b += lines(bq, sizeof(double));
         }
-        if (weights)
+        if (weights) {
             w[i].tile_max = (float *)(void *)b;
+            b += lines(bq * job->k_tiles, sizeof(float));
+        }
+        if (job->kern_bf16 != NULL) {
+            w[i].qb = (uint32_t *)(void *)b;
+            b += lines(bq * dk2, sizeof(uint32_t));
+            w[i].pb = (uint32_t *)(void *)b;
+            b += lines(KERN_MR_MAX * bk / 2, sizeof(uint32_t));
+            w[i].panel_b = (uint32_t *)(void *)b;
+        }
     }
     return w;
 }
@@ -469,6 +541,15 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               attn_softmax_row *rows, float *weights, attn_stats *stats,
                               attn_error *err)
 {
+    const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
+    return attn_sdpa_forward_with(&kernels, p, q, k, v, out, rows, weights, stats, err);
+}
+
+attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
+                                   const float *q, const float *k, const float *v, float *out,
+                                   attn_softmax_row *rows, float *weights, attn_stats *stats,
+                                   attn_error *err)
+{
     attn_status s = sdpa_check_params(p, weights != NULL, err);
     if (s != ATTN_OK)
         return s;
@@ -477,9 +558,13 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
 
     fwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
-        .kern = attn_kern_get(),
+        .kern = kernels->f32,
         .out = out, .rows = rows, .weights = weights,
     };
+    if (job.call.bf16) {
+        job.kern_bf16 = kernels->bf16;
+        job.panel_words = (p->d_k + 1) / 2 * KERN_BK + KERN_BK / 2 * p->d_v;
+    }
     const bool ragged = p->ragged.seqs > 0;
     job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = fwd_items,
                            .cost = fwd_cost, .seq_cost = fwd_seq_cost};
@@ -510,8 +595,14 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
     }
     attn_units_plan(&job.work, &job.units);
     int threads = sdpa_threads(p, job.units.count, attn_sdpa_flops(p));
-    float *kt = panels > 0 ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float)) : NULL;
+    float *kt = panels > 0 && !job.call.bf16
+                    ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float))
+                    : NULL;
+    uint32_t *kv_b = panels > 0 && job.call.bf16
+                         ? ws_alloc(&arena, panels * job.panel_words, sizeof(uint32_t))
+                         : NULL;
     job.kt = kt;
+    job.kv_b = kv_b;
     if (stats != NULL)
         job.unit_stats = malloc((size_t)job.units.count * sizeof *job.unit_stats);
     job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
@@ -522,7 +613,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
     }
-    bool ok = (panels == 0 || kt != NULL) && job.workers != NULL &&
+    bool ok = (panels == 0 || kt != NULL || kv_b != NULL) && job.workers != NULL &&
               (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
@@ -540,6 +631,7 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
         }
     }
     ws_free(&arena, kt);
+    ws_free(&arena, kv_b);
     ws_free(&arena, panel_at);
     free(q_rot);
     free(k_rot);

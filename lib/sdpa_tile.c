@@ -33,6 +33,7 @@ sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k
         .plain = p->mask.kind == ATTN_MASK_NONE && var->alibi_slopes == NULL &&
                  !(var->softcap > 0.0f),
         .q_lo = 0, .q_hi = p->n_q, .k_lo = 0, .k_hi = p->n_k,
+        .bf16 = p->precision == ATTN_PRECISION_BFLOAT16,
     };
 }
 

@@ -128,17 +128,21 @@ static void run(srv_request *r, int others, double wait)
     metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
 }
 
-/* How much lower than the I/O threads a compute worker runs (nice). */
+/* How much lower than the I/O threads a compute worker runs (nice), where
+ * SCHED_IDLE is refused and SCHED_BATCH serves instead. */
 #define WORKER_NICE 10
 
 /*
- * A compute worker (and the threads libattn starts for it, which inherit
- * this) yields to the I/O threads: SCHED_BATCH, so that a waking I/O thread
- * preempts it, and WORKER_NICE below them, so that it gets the smaller
- * share while both want a core. Otherwise a request to refuse, a probe or
- * a tiny request waits out the computation's time slice, milliseconds in
- * which an overloaded server cannot even say so. Alone on a core, a
- * computation runs as fast as at normal priority.
+ * A compute worker (and the helper threads libattn keeps for it, which take
+ * its class) yields to the I/O threads: SCHED_IDLE, so that a waking I/O
+ * thread preempts it at once and the scheduler places a waking thread on a
+ * core that runs only compute as if that core were idle. Otherwise a request
+ * to refuse, a probe or a tiny request waits out the computation's time
+ * slice (milliseconds under SCHED_BATCH: the fair scheduler lets a running
+ * task finish its slice), in which an overloaded server cannot even say so.
+ * Alone on a core, a computation runs as fast as at normal priority. The
+ * weight is the attnd process's own affair: in a container or a systemd
+ * service the cgroup, not the thread, shares the machine with others.
  * Lowering one's own priority needs no privilege; where it fails nothing
  * else changes.
  */
@@ -146,6 +150,8 @@ static void yield_to_io_threads(void)
 {
 #ifdef __linux__ /* per-thread policy and nice are Linux's */
     struct sched_param none = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) == 0)
+        return;
     (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &none);
     id_t self = (id_t)gettid();
     errno = 0;

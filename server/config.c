@@ -385,54 +385,34 @@ void config_help(FILE *out)
                  "(/openapi.json).\n");
 }
 
-/* Appends printf output at b->used, counting what does not fit. */
-typedef struct {
-    char *buf;
-    size_t cap, used;
-} json_out;
-
-static void out(json_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void out(json_out *o, const char *fmt, ...)
+void config_limits_json(const attnd_config *cfg, codec_buf *out)
 {
-    char *at = o->buf && o->used < o->cap ? o->buf + o->used : NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(at, at ? o->cap - o->used : 0, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        o->used += (size_t)n;
-}
-
-size_t config_limits_json(const attnd_config *cfg, char *buf, size_t cap)
-{
-    json_out o = {buf, cap, 0};
-    out(&o, "{");
+    codec_buf_puts(out, "{");
     bool first = true;
     for (size_t i = 0; i < N_OPTIONS; i++) {
         const opt_row *opt = &options[i];
         if (!opt->limit)
             continue;
         const char *field = (const char *)cfg + opt->offset;
-        out(&o, "%s\"", first ? "" : ", ");
+        codec_buf_printf(out, "%s\"", first ? "" : ", ");
         for (const char *s = opt->name; *s; s++)
-            out(&o, "%c", *s == '-' ? '_' : *s);
-        out(&o, "\": ");
+            codec_buf_append(out, *s == '-' ? "_" : s, 1);
+        codec_buf_puts(out, "\": ");
         switch (opt->type) {
         case OPT_INT:
-            out(&o, "%d", *(const int *)field);
+            codec_buf_printf(out, "%d", *(const int *)field);
             break;
         case OPT_BYTES:
-            out(&o, "%lld", (long long)*(const int64_t *)field);
+            codec_buf_printf(out, "%lld", (long long)*(const int64_t *)field);
             break;
         case OPT_NUMBER:
-            out(&o, "%.17g", *(const double *)field);
+            codec_buf_printf(out, "%.17g", *(const double *)field);
             break;
         default:
-            out(&o, "null");
+            codec_buf_puts(out, "null");
             break;
         }
         first = false;
     }
-    out(&o, "}");
-    return o.used;
+    codec_buf_puts(out, "}");
 }

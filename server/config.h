@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "json/codec.h"
+
 #define ATTND_VERSION "1.0.0"
 #define CFG_MAX_ORIGINS 16
 #define CFG_MAX_PATH 1024
@@ -54,9 +56,7 @@ cfg_result config_load(attnd_config *cfg, int argc, char **argv, char *err,
 /* The --help text, one line per table row. */
 void config_help(FILE *out);
 
-/* Writes the /v1/info "limits" object ({"max_body": 67108864, ...}) into
- * buf, NUL-terminated and cut to cap; returns the length it needs (buf may
- * be NULL with cap 0 to ask for just that). */
-size_t config_limits_json(const attnd_config *cfg, char *buf, size_t cap);
+/* Appends the /v1/info "limits" object ({"max_body": 67108864, ...}). */
+void config_limits_json(const attnd_config *cfg, codec_buf *out);
 
 #endif /* ATTND_CONFIG_H */

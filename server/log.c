@@ -20,7 +20,7 @@
  */
 #include "server.h"
 
-#include "json/json_string.h"
+#include "json/codec.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -321,7 +321,7 @@ static void escape_json(char *buf, size_t cap, const char *s)
 {
     if (!s)
         s = "";
-    json_escape_text(buf, cap, s, strlen(s), JSON_ESCAPE_ASCII);
+    codec_escape_text(buf, cap, s, strlen(s), CODEC_ESCAPE_ASCII);
 }
 
 /* For the text format: printable ASCII kept, the rest as \xNN, so that a

@@ -74,8 +74,8 @@ int main(int argc, char **argv)
     case CFG_VERSION: {
         api_info info;
         api_get_info(&info);
-        printf("attnd %s (libattn %s, kernel %s, %s)\n", ATTND_VERSION, info.libattn,
-               info.kernel, info.blas_config);
+        printf("attnd %s (libattn %s, kernel %s, bf16 %s, %s)\n", ATTND_VERSION, info.libattn,
+               info.kernel, info.bf16, info.blas_config);
         return 0;
     }
     case CFG_ERROR:

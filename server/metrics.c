@@ -11,8 +11,9 @@
  */
 #include "server.h"
 
+#include "json/codec.h"
+
 #include <dirent.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,100 +140,69 @@ void metrics_computed(srv_metrics *m, int label, double wait_seconds, double com
     observe(&c->compute, compute_seconds);
 }
 
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool failed;
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...)
-{
-    if (t->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->data + t->len, t->cap - t->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = true;
-            return;
-        }
-        if ((size_t)n < t->cap - t->len) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap * 2 + (size_t)n;
-        char *p = realloc(t->data, cap);
-        if (!p) {
-            t->failed = true;
-            return;
-        }
-        t->data = p;
-        t->cap = cap;
-    }
-}
-
 /* One histogram's series for one route. */
-static void put_histogram(text *t, const char *name, const char *route, const srv_histogram *h)
+static void put_histogram(codec_buf *t, const char *name, const char *route, const srv_histogram *h)
 {
     unsigned long cumulative = 0;
     for (size_t b = 0; b <= METRICS_N_BUCKETS; b++) {
         cumulative += relaxed_load(h->bucket[b]);
         if (b < METRICS_N_BUCKETS)
-            put(t, "%s_bucket{route=\"%s\",le=\"%g\"} %lu\n", name, route, buckets[b],
-                cumulative);
+            codec_buf_printf(t, "%s_bucket{route=\"%s\",le=\"%g\"} %lu\n", name, route, buckets[b],
+                             cumulative);
         else
-            put(t, "%s_bucket{route=\"%s\",le=\"+Inf\"} %lu\n", name, route, cumulative);
+            codec_buf_printf(t, "%s_bucket{route=\"%s\",le=\"+Inf\"} %lu\n", name, route,
+                             cumulative);
     }
-    put(t, "%s_sum{route=\"%s\"} %.9f\n", name, route, (double)relaxed_load(h->sum_ns) / 1e9);
-    put(t, "%s_count{route=\"%s\"} %lu\n", name, route, cumulative);
+    codec_buf_printf(t, "%s_sum{route=\"%s\"} %.9f\n", name, route,
+                     (double)relaxed_load(h->sum_ns) / 1e9);
+    codec_buf_printf(t, "%s_count{route=\"%s\"} %lu\n", name, route, cumulative);
 }
 
 /* A label value as the text format wants it: \\, \" and \n escaped. */
-static void put_label_value(text *t, const char *s)
+static void put_label_value(codec_buf *t, const char *s)
 {
     for (; s && *s; s++) {
         if (*s == '\\' || *s == '"')
-            put(t, "\\%c", *s);
+            codec_buf_printf(t, "\\%c", *s);
         else if (*s == '\n')
-            put(t, "\\n");
+            codec_buf_printf(t, "\\n");
         else
-            put(t, "%c", *s);
+            codec_buf_printf(t, "%c", *s);
     }
 }
 
-static void put_build_info(text *t)
+static void put_build_info(codec_buf *t)
 {
     api_info info;
     api_get_info(&info);
-    put(t, "# HELP attnd_build_info attnd's version, and the libattn, kernel and BLAS it "
-           "runs; always 1.\n"
-           "# TYPE attnd_build_info gauge\n"
-           "attnd_build_info{version=\"");
+    codec_buf_printf(t,
+                     "# HELP attnd_build_info attnd's version, and the libattn, kernel and BLAS it "
+                     "runs; always 1.\n"
+                     "# TYPE attnd_build_info gauge\n"
+                     "attnd_build_info{version=\"");
     put_label_value(t, ATTND_VERSION);
-    put(t, "\",libattn=\"");
+    codec_buf_printf(t, "\",libattn=\"");
     put_label_value(t, info.libattn);
-    put(t, "\",kernel=\"");
+    codec_buf_printf(t, "\",kernel=\"");
     put_label_value(t, info.kernel);
-    put(t, "\",blas=\"");
+    codec_buf_printf(t, "\",blas=\"");
     put_label_value(t, info.blas_config);
-    put(t, "\",blas_core=\"");
+    codec_buf_printf(t, "\",blas_core=\"");
     put_label_value(t, info.blas_corename);
-    put(t, "\"} 1\n");
+    codec_buf_printf(t, "\"} 1\n");
 }
 
 /* The process_* family of the Prometheus client libraries, from /proc. */
-static void put_process(text *t, const srv_metrics *m)
+static void put_process(codec_buf *t, const srv_metrics *m)
 {
     struct timespec cpu;
     if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0)
-        put(t, "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
-               "seconds.\n"
-               "# TYPE process_cpu_seconds_total counter\n"
-               "process_cpu_seconds_total %.6f\n",
-            (double)cpu.tv_sec + (double)cpu.tv_nsec * 1e-9);
+        codec_buf_printf(t,
+                         "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
+                         "seconds.\n"
+                         "# TYPE process_cpu_seconds_total counter\n"
+                         "process_cpu_seconds_total %.6f\n",
+                         (double)cpu.tv_sec + (double)cpu.tv_nsec * 1e-9);
     int fds = 0;
     DIR *d = opendir("/proc/self/fd");
     for (struct dirent *e; d && (e = readdir(d));)
@@ -240,15 +210,19 @@ static void put_process(text *t, const srv_metrics *m)
     if (d) {
         closedir(d);
         /* less the one the listing itself held open */
-        put(t, "# HELP process_open_fds Number of open file descriptors.\n"
-               "# TYPE process_open_fds gauge\n"
-               "process_open_fds %d\n", fds - 1);
+        codec_buf_printf(t,
+                         "# HELP process_open_fds Number of open file descriptors.\n"
+                         "# TYPE process_open_fds gauge\n"
+                         "process_open_fds %d\n",
+                         fds - 1);
     }
     struct rlimit lim;
     if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
-        put(t, "# HELP process_max_fds Maximum number of open file descriptors.\n"
-               "# TYPE process_max_fds gauge\n"
-               "process_max_fds %llu\n", (unsigned long long)lim.rlim_cur);
+        codec_buf_printf(t,
+                         "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                         "# TYPE process_max_fds gauge\n"
+                         "process_max_fds %llu\n",
+                         (unsigned long long)lim.rlim_cur);
     FILE *f = fopen("/proc/self/statm", "r");
     unsigned long long pages = 0, resident = 0;
     bool statm = f && fscanf(f, "%llu %llu", &pages, &resident) == 2;
@@ -256,102 +230,118 @@ static void put_process(text *t, const srv_metrics *m)
         fclose(f);
     long page = sysconf(_SC_PAGESIZE);
     if (statm && page > 0)
-        put(t, "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
-               "# TYPE process_virtual_memory_bytes gauge\n"
-               "process_virtual_memory_bytes %llu\n"
-               "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-               "# TYPE process_resident_memory_bytes gauge\n"
-               "process_resident_memory_bytes %llu\n",
-            pages * (unsigned long long)page, resident * (unsigned long long)page);
-    put(t, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
-           "seconds.\n"
-           "# TYPE process_start_time_seconds gauge\n"
-           "process_start_time_seconds %.2f\n", m->start_time);
+        codec_buf_printf(t,
+                         "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+                         "# TYPE process_virtual_memory_bytes gauge\n"
+                         "process_virtual_memory_bytes %llu\n"
+                         "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                         "# TYPE process_resident_memory_bytes gauge\n"
+                         "process_resident_memory_bytes %llu\n",
+                         pages * (unsigned long long)page, resident * (unsigned long long)page);
+    codec_buf_printf(t,
+                     "# HELP process_start_time_seconds Start time of the process since unix "
+                     "epoch in seconds.\n"
+                     "# TYPE process_start_time_seconds gauge\n"
+                     "process_start_time_seconds %.2f\n",
+                     m->start_time);
 }
 
 char *metrics_render(srv_server *srv, size_t *len)
 {
     srv_metrics *m = &srv->metrics;
-    text t = {.cap = 16384};
-    t.data = malloc(t.cap);
-    if (!t.data)
-        return NULL;
+    codec_buf t = {0};
 
-    put(&t, "# HELP attnd_requests_total HTTP requests answered, by route and status.\n"
-            "# TYPE attnd_requests_total counter\n");
+    codec_buf_printf(&t,
+                     "# HELP attnd_requests_total HTTP requests answered, by route and status.\n"
+                     "# TYPE attnd_requests_total counter\n");
     for (int r = 0; r < m->n_labels; r++)
         for (size_t s = 0; s <= METRICS_N_STATUS; s++) {
             unsigned long v = relaxed_load(m->counters[r].requests[s]);
             if (!v)
                 continue;
             if (s < METRICS_N_STATUS)
-                put(&t, "attnd_requests_total{route=\"%s\",status=\"%d\"} %lu\n",
-                    m->labels[r], statuses[s], v);
+                codec_buf_printf(&t, "attnd_requests_total{route=\"%s\",status=\"%d\"} %lu\n",
+                                 m->labels[r], statuses[s], v);
             else
-                put(&t, "attnd_requests_total{route=\"%s\",status=\"other\"} %lu\n",
-                    m->labels[r], v);
+                codec_buf_printf(&t, "attnd_requests_total{route=\"%s\",status=\"other\"} %lu\n",
+                                 m->labels[r], v);
         }
 
-    put(&t, "# HELP attnd_request_duration_seconds Time from the request's headers to "
-            "its last response byte.\n"
-            "# TYPE attnd_request_duration_seconds histogram\n");
+    codec_buf_printf(&t, "# HELP attnd_request_duration_seconds Time from the request's headers to "
+                         "its last response byte.\n"
+                         "# TYPE attnd_request_duration_seconds histogram\n");
     for (int r = 0; r < m->n_labels; r++)
         put_histogram(&t, "attnd_request_duration_seconds", m->labels[r],
                       &m->counters[r].duration);
-    put(&t, "# HELP attnd_queue_wait_seconds Time a computed request waited for a compute "
-            "slot (0 when one was free).\n"
-            "# TYPE attnd_queue_wait_seconds histogram\n");
+    codec_buf_printf(&t,
+                     "# HELP attnd_queue_wait_seconds Time a computed request waited for a compute "
+                     "slot (0 when one was free).\n"
+                     "# TYPE attnd_queue_wait_seconds histogram\n");
     for (int r = 0; r < m->n_labels; r++)
         if (m->computes[r])
             put_histogram(&t, "attnd_queue_wait_seconds", m->labels[r],
                           &m->counters[r].queue_wait);
-    put(&t, "# HELP attnd_compute_duration_seconds Time a request spent computing "
-            "(meta.timing_ms.compute).\n"
-            "# TYPE attnd_compute_duration_seconds histogram\n");
+    codec_buf_printf(&t, "# HELP attnd_compute_duration_seconds Time a request spent computing "
+                         "(meta.timing_ms.compute).\n"
+                         "# TYPE attnd_compute_duration_seconds histogram\n");
     for (int r = 0; r < m->n_labels; r++)
         if (m->computes[r])
             put_histogram(&t, "attnd_compute_duration_seconds", m->labels[r], &m->counters[r].compute);
 
-    put(&t, "# HELP attnd_in_flight_requests Requests received and not yet answered, by "
-            "route.\n"
-            "# TYPE attnd_in_flight_requests gauge\n");
+    codec_buf_printf(&t,
+                     "# HELP attnd_in_flight_requests Requests received and not yet answered, by "
+                     "route.\n"
+                     "# TYPE attnd_in_flight_requests gauge\n");
     for (int r = 0; r < m->n_labels; r++)
-        put(&t, "attnd_in_flight_requests{route=\"%s\"} %ld\n", m->labels[r],
-            relaxed_load(m->counters[r].in_flight));
-    put(&t, "# HELP attnd_queue_depth Requests waiting for a compute slot, by route.\n"
-            "# TYPE attnd_queue_depth gauge\n");
+        codec_buf_printf(&t, "attnd_in_flight_requests{route=\"%s\"} %ld\n", m->labels[r],
+                         relaxed_load(m->counters[r].in_flight));
+    codec_buf_printf(&t, "# HELP attnd_queue_depth Requests waiting for a compute slot, by route.\n"
+                         "# TYPE attnd_queue_depth gauge\n");
     for (int r = 0; r < m->n_labels; r++)
         if (m->computes[r])
-            put(&t, "attnd_queue_depth{route=\"%s\"} %ld\n", m->labels[r],
-                relaxed_load(m->counters[r].queued));
-    put(&t, "# HELP attnd_computing_requests Requests holding a compute slot.\n"
-            "# TYPE attnd_computing_requests gauge\n"
-            "attnd_computing_requests %d\n", compute_running(srv));
-    put(&t, "# HELP attnd_response_bytes_pending Bytes held by answers computed or "
-            "being computed and not yet sent (bounded by --max-response).\n"
-            "# TYPE attnd_response_bytes_pending gauge\n"
-            "attnd_response_bytes_pending %.0f\n", compute_response_pending(srv));
+            codec_buf_printf(&t, "attnd_queue_depth{route=\"%s\"} %ld\n", m->labels[r],
+                             relaxed_load(m->counters[r].queued));
+    codec_buf_printf(&t,
+                     "# HELP attnd_computing_requests Requests holding a compute slot.\n"
+                     "# TYPE attnd_computing_requests gauge\n"
+                     "attnd_computing_requests %d\n",
+                     compute_running(srv));
+    codec_buf_printf(&t,
+                     "# HELP attnd_response_bytes_pending Bytes held by answers computed or "
+                     "being computed and not yet sent (bounded by --max-response).\n"
+                     "# TYPE attnd_response_bytes_pending gauge\n"
+                     "attnd_response_bytes_pending %.0f\n",
+                     compute_response_pending(srv));
     srv_conn_limit *cl = &srv->conn_limit;
-    put(&t, "# HELP attnd_connections Client connections open.\n"
-            "# TYPE attnd_connections gauge\n"
-            "attnd_connections %d\n", conn_limit_open_now(cl));
-    put(&t, "# HELP attnd_connections_refused_total Connections closed at accept: "
-            "past --max-conns-per-ip and its slack, or from the address holding the most "
-            "under connection pressure.\n"
-            "# TYPE attnd_connections_refused_total counter\n"
-            "attnd_connections_refused_total{reason=\"per_ip_limit\"} %lu\n"
-            "attnd_connections_refused_total{reason=\"pressure\"} %lu\n",
-            relaxed_load(cl->refused_per_ip), relaxed_load(cl->refused_pressure));
-    put(&t, "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
-            "(stderr) was full.\n"
-            "# TYPE attnd_log_dropped_total counter\n"
-            "attnd_log_dropped_total %lu\n", log_dropped(&srv->log));
-    put(&t, "# HELP attnd_bytes_received_total Request body bytes received.\n"
-            "# TYPE attnd_bytes_received_total counter\n"
-            "attnd_bytes_received_total %lu\n", relaxed_load(m->bytes_received));
-    put(&t, "# HELP attnd_bytes_sent_total Response body bytes sent.\n"
-            "# TYPE attnd_bytes_sent_total counter\n"
-            "attnd_bytes_sent_total %lu\n", relaxed_load(m->bytes_sent));
+    codec_buf_printf(&t,
+                     "# HELP attnd_connections Client connections open.\n"
+                     "# TYPE attnd_connections gauge\n"
+                     "attnd_connections %d\n",
+                     conn_limit_open_now(cl));
+    codec_buf_printf(&t,
+                     "# HELP attnd_connections_refused_total Connections closed at accept: "
+                     "past --max-conns-per-ip and its slack, or from the address holding the most "
+                     "under connection pressure.\n"
+                     "# TYPE attnd_connections_refused_total counter\n"
+                     "attnd_connections_refused_total{reason=\"per_ip_limit\"} %lu\n"
+                     "attnd_connections_refused_total{reason=\"pressure\"} %lu\n",
+                     relaxed_load(cl->refused_per_ip), relaxed_load(cl->refused_pressure));
+    codec_buf_printf(&t,
+                     "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
+                     "(stderr) was full.\n"
+                     "# TYPE attnd_log_dropped_total counter\n"
+                     "attnd_log_dropped_total %lu\n",
+                     log_dropped(&srv->log));
+    codec_buf_printf(&t,
+                     "# HELP attnd_bytes_received_total Request body bytes received.\n"
+                     "# TYPE attnd_bytes_received_total counter\n"
+                     "attnd_bytes_received_total %lu\n",
+                     relaxed_load(m->bytes_received));
+    codec_buf_printf(&t,
+                     "# HELP attnd_bytes_sent_total Response body bytes sent.\n"
+                     "# TYPE attnd_bytes_sent_total counter\n"
+                     "attnd_bytes_sent_total %lu\n",
+                     relaxed_load(m->bytes_sent));
     put_build_info(&t);
     put_process(&t, m);
 

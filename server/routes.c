@@ -5,9 +5,8 @@
  */
 #include "server.h"
 
-#include "json/json_string.h"
+#include "json/codec.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,91 +278,38 @@ static void handle_openapi_json(srv_request *r)
 
 /* ------------------------------------------------------------- building */
 
-/* A growing text for the /v1/info body: sized to what it holds, so that
- * nothing is ever cut off (a failed allocation fails the whole). */
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool failed;
-} info_text;
-
-static void info_put(info_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void info_put(info_text *t, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (t->failed || n < 0) {
-        t->failed = true;
-        return;
-    }
-    if (t->len + (size_t)n + 1 > t->cap) {
-        size_t cap = (t->len + (size_t)n + 1) * 2;
-        char *p = realloc(t->data, cap);
-        if (!p) {
-            t->failed = true;
-            return;
-        }
-        t->data = p;
-        t->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(t->data + t->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    t->len += (size_t)n;
-}
-
-/* `"s"`, escaped. */
-static void info_string(info_text *t, const char *s)
-{
-    char probe[1];
-    size_t n = json_escape_text(probe, sizeof probe, s, strlen(s), 0);
-    char *e = malloc(n + 1);
-    if (!e) {
-        t->failed = true;
-        return;
-    }
-    json_escape_text(e, n + 1, s, strlen(s), 0);
-    info_put(t, "\"%s\"", e);
-    free(e);
-}
-
 static char *build_info(const srv_server *srv, size_t *len)
 {
     const attnd_config *cfg = srv->cfg;
     api_info ai;
     api_get_info(&ai);
-    info_text t = {0};
-    info_put(&t, "{\"version\": \"%s\", \"libattn\": ", ATTND_VERSION);
-    info_string(&t, ai.libattn);
-    info_put(&t, ", \"kernel\": ");
-    info_string(&t, ai.kernel);
+    codec_buf t = {0};
+    codec_buf_printf(&t, "{\"version\": \"%s\", \"libattn\": ", ATTND_VERSION);
+    codec_buf_string(&t, ai.libattn);
+    codec_buf_printf(&t, ", \"kernel\": ");
+    codec_buf_string(&t, ai.kernel);
+    /* how "precision": "bfloat16" runs its products: the same bits either way */
+    codec_buf_printf(&t, ", \"bf16\": ");
+    codec_buf_string(&t, ai.bf16);
     /* libattn keeps OpenBLAS single-threaded (attn.h) and parallelises over
      * batch, heads and tiles itself, so BLAS runs on one thread per call. */
-    info_put(&t, ", \"blas\": {\"config\": ");
-    info_string(&t, ai.blas_config);
-    info_put(&t, ", \"corename\": ");
-    info_string(&t, ai.blas_corename);
-    info_put(&t, ", \"threads\": 1}, \"threads\": %d, ", cfg->threads);
+    codec_buf_printf(&t, ", \"blas\": {\"config\": ");
+    codec_buf_string(&t, ai.blas_config);
+    codec_buf_printf(&t, ", \"corename\": ");
+    codec_buf_string(&t, ai.blas_corename);
+    codec_buf_printf(&t, ", \"threads\": 1}, \"threads\": %d, ", cfg->threads);
     /* whether they are on, never what they are */
-    info_put(&t, "\"security\": {\"api_key_required\": %s, \"tls\": %s}, ",
-             auth_required(&srv->auth) ? "true" : "false", tls_enabled(srv) ? "true" : "false");
-    info_put(&t, "\"cors_origins\": [");
+    codec_buf_printf(&t, "\"security\": {\"api_key_required\": %s, \"tls\": %s}, ",
+                     auth_required(&srv->auth) ? "true" : "false", tls_enabled(srv) ? "true" : "false");
+    codec_buf_printf(&t, "\"cors_origins\": [");
     for (int i = 0; i < cfg->n_origins; i++) {
         if (i)
-            info_put(&t, ", ");
-        info_string(&t, cfg->origins[i]);
+            codec_buf_printf(&t, ", ");
+        codec_buf_string(&t, cfg->origins[i]);
     }
-    size_t limits_len = config_limits_json(cfg, NULL, 0);
-    char *limits = malloc(limits_len + 1);
-    if (limits) {
-        config_limits_json(cfg, limits, limits_len + 1);
-        info_put(&t, "], \"limits\": %s}\n", limits);
-        free(limits);
-    } else {
-        t.failed = true;
-    }
+    codec_buf_puts(&t, "], \"limits\": ");
+    config_limits_json(cfg, &t);
+    codec_buf_puts(&t, "}\n");
     if (t.failed) {
         free(t.data);
         return NULL;

@@ -7,9 +7,9 @@
  *                                   positive finite ones; negatives differ
  *                                   only by the '-', checked on a sample)
  *
- * For each finite f > 0, with D the digits api_float_text writes (n of them):
+ * For each finite f > 0, with D the digits codec_float_text writes (n of them):
  *  - reads back: (float)strtod(text) == f (the reader's rounding, decimal ->
- *    double -> float32, as a Python client reads it) and api_parse_number
+ *    double -> float32, as a Python client reads it) and codec_parse_float
  *    gives f too;
  *  - shortest: no decimal of n-1 significant digits reads back as f (only
  *    the two nearest f can: they are within one unit of glibc's correctly
@@ -57,8 +57,8 @@ static void fail(const char *what, float f, const char *text)
 
 static void check_one(float f)
 {
-    char text[API_FLOAT_TEXT_MAX + 1], why[128];
-    char *e = api_float_text(f, text);
+    char text[CODEC_FLOAT_TEXT_MAX + 1], why[128];
+    char *e = codec_float_text(f, text);
     *e = '\0';
     if (!float_check_reads_back(text, f)) {
         fail("does not read back", f, text);
@@ -66,7 +66,7 @@ static void check_one(float f)
     }
     float mine;
     const char *stop;
-    if (!api_parse_number(text, e, &stop, &mine) || bits_of(mine) != bits_of(f) || stop != e)
+    if (!codec_parse_float(text, e, &stop, &mine) || bits_of(mine) != bits_of(f) || stop != e)
         fail("our reader reads it as another float", f, text);
     if (bits_of(strtof(text, NULL)) != bits_of(f))
         atomic_fetch_add(&strtof_differs, 1);
@@ -108,8 +108,8 @@ int main(int argc, char **argv)
     /* negatives: the same text behind a '-', on a sample */
     for (uint64_t b = 1; b <= 0x7f7fffff; b += 9973) {
         char pos[32], neg[32];
-        *api_float_text(from_bits((uint32_t)b), pos) = '\0';
-        *api_float_text(-from_bits((uint32_t)b), neg) = '\0';
+        *codec_float_text(from_bits((uint32_t)b), pos) = '\0';
+        *codec_float_text(-from_bits((uint32_t)b), neg) = '\0';
         if (neg[0] != '-' || strcmp(neg + 1, pos) != 0)
             fail("negative is not '-' and the positive text", -from_bits((uint32_t)b), neg);
     }

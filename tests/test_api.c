@@ -1358,6 +1358,45 @@ START_TEST(error_invalid_json_is_400)
 }
 END_TEST
 
+/* The hint on a body that is not JSON reads the codec's place of the fault
+ * (codec_error.offset), wherever the validator found it: in a short value,
+ * past a long row that its row classifier read 64 bytes at a time, or
+ * elsewhere than at a "NaN" that the body holds in a string. */
+START_TEST(invalid_json_hint_is_at_the_place_of_the_fault)
+{
+    static const struct {
+        const char *body;
+        bool hint;
+    } cases[] = {
+        {"{\"q\": [[1, NaN]]}", true},
+        {"{\"q\": [[1, 2]], \"mask\": [[-Infinity, 0]]}", true},
+        {"{\"note\": \"NaN\", \"q\": [[1, 2,]]}", false},
+        {"{\n  \"q\": [[1, 2],\n        [3, NaN]]\n}", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = call(API_OP_ATTENTION, cases[i].body, strlen(cases[i].body), &LIM, 400);
+        const char *msg = error_message(j);
+        bool hinted = msg && strstr(msg, "NaN and Infinity are not JSON");
+        ck_assert_msg(msg && hinted == cases[i].hint, "%s: %s", cases[i].body,
+                      msg ? msg : "(no message)");
+        json_decref(j);
+    }
+    /* a NaN after 300 numbers of one row, where the row classifier took over */
+    sbuf b = {0};
+    sb_printf(&b, "{\"q\": [[");
+    for (int i = 0; i < 300; i++)
+        sb_printf(&b, "%d.25, ", i);
+    sb_printf(&b, "NaN]], \"k\": [[1]], \"v\": [[1]]}");
+    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, 400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                     "invalid_json");
+    ck_assert_msg(strstr(error_message(j), "NaN and Infinity are not JSON"), "%s",
+                  error_message(j));
+    json_decref(j);
+    free(b.s);
+}
+END_TEST
+
 START_TEST(error_body_not_an_object)
 {
     expect_error(API_OP_ATTENTION, "[1,2]", 400, "wrong_type", NULL);
@@ -1493,6 +1532,193 @@ START_TEST(output_dtype_half_precision)
     ck_assert(json_equal(json_object_get(a, "output"), json_object_get(b, "output")));
     json_decref(a);
     json_decref(b);
+}
+END_TEST
+
+/* "precision": "bfloat16" gives libattn's bfloat16 answer bit for bit:
+ * output, lse and every gradient, against attn_sdpa_forward and
+ * attn_sdpa_backward called here on the same inputs (one thread on both
+ * sides: the backward's sums are then in the same order). Inputs sent as
+ * bfloat16 base64 are the same numbers as their float32 (the rounding of
+ * a bfloat16 value is the value itself), so the same answer. */
+START_TEST(attention_bfloat16_is_libattns_bits)
+{
+    const int64_t H = 2, n_q = 70, n_k = 90, d = 16;
+    const int64_t sq[3] = {H, n_q, d}, sk[3] = {H, n_k, d};
+    float *q = rnd_tensor(H * n_q * d), *k = rnd_tensor(H * n_k * d);
+    float *v = rnd_tensor(H * n_k * d), *g = rnd_tensor(H * n_q * d);
+    const api_limits one = {.threads = 1};
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "q", q, 3, sq, ENC_BASE64);
+    put_field(&b, "k", k, 3, sk, ENC_BASE64);
+    put_field(&b, "v", v, 3, sk, ENC_BASE64);
+    put_field(&b, "grad_output", g, 3, sq, ENC_BASE64);
+    sb_printf(&b, ",\"causal\":true,\"return_lse\":true,\"precision\":\"bfloat16\","
+                  "\"output_encoding\":\"base64\"}");
+    json_t *j = call(API_OP_ATTENTION, b.s, b.len, &one, 200);
+
+    attn_sdpa_params p = {.batch = 1, .heads_q = H, .heads_kv = H, .n_q = n_q, .n_k = n_k,
+                          .d_k = d, .d_v = d, .scale = attn_default_scale(d), .causal = true,
+                          .threads = 1, .precision = ATTN_PRECISION_BFLOAT16};
+    float *out = calloc((size_t)(H * n_q * d), sizeof *out);
+    float *dq = calloc((size_t)(H * n_q * d), sizeof *dq);
+    float *dk = calloc((size_t)(H * n_k * d), sizeof *dk), *dv = calloc((size_t)(H * n_k * d), 4);
+    attn_softmax_row *rows = calloc((size_t)(H * n_q), sizeof *rows);
+    attn_error ae = {0};
+    ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, out, rows, NULL, NULL, &ae), ATTN_OK);
+    ck_assert_int_eq(attn_sdpa_backward(&p, q, k, v, out, rows, g, dq, dk, dv, &ae), ATTN_OK);
+    const struct {
+        json_t *t;
+        const float *want;
+        int64_t n;
+        const int64_t *shape;
+    } checks[] = {
+        {json_object_get(j, "output"), out, H * n_q * d, sq},
+        {json_object_get(json_object_get(j, "grad"), "q"), dq, H * n_q * d, sq},
+        {json_object_get(json_object_get(j, "grad"), "k"), dk, H * n_k * d, sk},
+        {json_object_get(json_object_get(j, "grad"), "v"), dv, H * n_k * d, sk},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
+        float *got = get_tensor(checks[i].t, ENC_BASE64, 3, checks[i].shape);
+        ck_assert_msg(memcmp(got, checks[i].want, (size_t)checks[i].n * sizeof *got) == 0,
+                      "result %zu differs from libattn's bfloat16 bits", i);
+        free(got);
+    }
+    float *lse = get_tensor(json_object_get(j, "lse"), ENC_BASE64, 2, sq);
+    bool same = true;
+    for (int64_t i = 0; i < H * n_q; i++)
+        same &= lse[i] == (float)attn_softmax_lse(rows[i]);
+    ck_assert_msg(same, "lse differs from libattn's rows");
+    free(lse);
+    /* and it is not the float32 answer */
+    p.precision = ATTN_PRECISION_FLOAT32;
+    float *f32 = calloc((size_t)(H * n_q * d), sizeof *f32);
+    ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, f32, NULL, NULL, NULL, &ae), ATTN_OK);
+    float *got = get_tensor(json_object_get(j, "output"), ENC_BASE64, 3, sq);
+    ck_assert(memcmp(got, f32, (size_t)(H * n_q * d) * sizeof *got) != 0);
+    free(got);
+    json_decref(j);
+
+    /* The same inputs rounded to bfloat16 and sent as bfloat16 base64 give
+     * the same answer as their float32 values sent as float32. */
+    const int64_t counts[3] = {H * n_q * d, H * n_k * d, H * n_k * d};
+    float *in[3] = {q, k, v};
+    uint16_t *half[3];
+    for (int t = 0; t < 3; t++) {
+        half[t] = malloc((size_t)counts[t] * sizeof **half);
+        for (int64_t i = 0; i < counts[t]; i++) {
+            in[t][i] = attn_bf16_round(in[t][i]);
+            uint32_t bits;
+            memcpy(&bits, &in[t][i], 4);
+            half[t][i] = (uint16_t)(bits >> 16);
+        }
+    }
+    sbuf b16 = {0}, b32 = {0};
+    const char *names[3] = {"q", "k", "v"};
+    const int64_t *shapes[3] = {sq, sk, sk};
+    sb_printf(&b16, "{");
+    sb_printf(&b32, "{");
+    for (int t = 0; t < 3; t++) {
+        sb_printf(&b16, "%s\"%s\":{\"shape\":[%lld,%lld,%lld],\"dtype\":\"bfloat16\",\"base64\":\"",
+                  t ? "," : "", names[t], (long long)shapes[t][0], (long long)shapes[t][1],
+                  (long long)shapes[t][2]);
+        b64_encode(&b16, (const unsigned char *)half[t], (size_t)counts[t] * 2);
+        sb_printf(&b16, "\"}");
+        put_field(&b32, names[t], in[t], 3, shapes[t], ENC_BASE64);
+    }
+    const char *tail = ",\"precision\":\"bfloat16\",\"output_encoding\":\"base64\"}";
+    sb_printf(&b16, "%s", tail);
+    sb_printf(&b32, "%s", tail);
+    json_t *from16 = call(API_OP_ATTENTION, b16.s, b16.len, &one, 200);
+    json_t *from32 = call(API_OP_ATTENTION, b32.s, b32.len, &one, 200);
+    ck_assert(json_equal(json_object_get(from16, "output"), json_object_get(from32, "output")));
+    json_decref(from16);
+    json_decref(from32);
+    for (int t = 0; t < 3; t++)
+        free(half[t]);
+    free(b.s), free(b16.s), free(b32.s);
+    free(q), free(k), free(v), free(g), free(out), free(dq), free(dk), free(dv), free(rows),
+        free(f32);
+}
+END_TEST
+
+/* The multi-head route passes the precision to the attention between its
+ * float32 projections: libattn's attn_mha_forward_backward bits. */
+START_TEST(multihead_bfloat16_is_libattns_bits)
+{
+    const int64_t n = 40, dm = 12, h = 4;
+    const int64_t sx[2] = {n, dm}, sw[2] = {dm, dm};
+    float *x = rnd_tensor(n * dm), *wq = rnd_tensor(dm * dm), *wk = rnd_tensor(dm * dm);
+    float *wv = rnd_tensor(dm * dm), *wo = rnd_tensor(dm * dm), *g = rnd_tensor(n * dm);
+    const api_limits one = {.threads = 1};
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "x", x, 2, sx, ENC_BASE64);
+    put_field(&b, "w_q", wq, 2, sw, ENC_BASE64);
+    put_field(&b, "w_k", wk, 2, sw, ENC_BASE64);
+    put_field(&b, "w_v", wv, 2, sw, ENC_BASE64);
+    put_field(&b, "w_o", wo, 2, sw, ENC_BASE64);
+    put_field(&b, "grad_output", g, 2, sx, ENC_BASE64);
+    sb_printf(&b, ",\"num_heads\":4,\"causal\":true,\"precision\":\"bfloat16\","
+                  "\"output_encoding\":\"base64\"}");
+    json_t *j = call(API_OP_MULTIHEAD, b.s, b.len, &one, 200);
+    attn_mha_params p = {.batch = 1, .n = n, .m = n, .d_model = dm, .d_ctx = dm, .heads = h,
+                         .kv_heads = h, .d_k = dm / h, .d_v = dm / h, .d_out = dm,
+                         .scale = attn_default_scale(dm / h), .causal = true, .threads = 1,
+                         .precision = ATTN_PRECISION_BFLOAT16};
+    attn_mha_inputs in = {.x = x, .w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
+    float *out = calloc((size_t)(n * dm), 4), *dx = calloc((size_t)(n * dm), 4);
+    float *dwq = calloc((size_t)(dm * dm), 4), *dwo = calloc((size_t)(dm * dm), 4);
+    float *dwk = calloc((size_t)(dm * dm), 4), *dwv = calloc((size_t)(dm * dm), 4);
+    attn_mha_grads gr = {.x = dx, .w_q = dwq, .w_k = dwk, .w_v = dwv, .w_o = dwo};
+    attn_error ae = {0};
+    ck_assert_int_eq(attn_mha_forward_backward(&p, &in, out, NULL, NULL, NULL, g, &gr, &ae),
+                     ATTN_OK);
+    float *got = get_tensor(json_object_get(j, "output"), ENC_BASE64, 2, sx);
+    ck_assert_msg(memcmp(got, out, (size_t)(n * dm) * 4) == 0, "output differs");
+    free(got);
+    got = get_tensor(json_object_get(json_object_get(j, "grad"), "x"), ENC_BASE64, 2, sx);
+    ck_assert_msg(memcmp(got, dx, (size_t)(n * dm) * 4) == 0, "grad x differs");
+    free(got);
+    got = get_tensor(json_object_get(json_object_get(j, "grad"), "w_k"), ENC_BASE64, 2, sw);
+    ck_assert_msg(memcmp(got, dwk, (size_t)(dm * dm) * 4) == 0, "grad w_k differs");
+    free(got);
+    json_decref(j);
+    free(b.s);
+    free(x), free(wq), free(wk), free(wv), free(wo), free(g), free(out), free(dx), free(dwq),
+        free(dwo), free(dwk), free(dwv);
+}
+END_TEST
+
+/* The precision field is one of two names: anything else is refused as the
+ * other enumerated fields are, and null is the default. */
+START_TEST(precision_errors_and_default)
+{
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"precision\":\"float16\"}", 422, "invalid_value",
+                 "precision");
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":1,\"precision\":\"bf16\"}", 422,
+                 "invalid_value", "precision");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"precision\":16}", 400, "wrong_type", "precision");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"precision\":[\"bfloat16\"]}", 400, "wrong_type",
+                 "precision");
+    expect_error(API_OP_ATTENTION, "{" QKV ",\"precison\":\"bfloat16\"}", 400, "unknown_field",
+                 "precison");
+    json_t *e = call(API_OP_ATTENTION, "{" QKV ",\"precision\":\"half\"}",
+                     strlen("{" QKV ",\"precision\":\"half\"}"), &LIM, 422);
+    ck_assert_ptr_nonnull(strstr(error_message(e), "\"bfloat16\""));
+    json_decref(e);
+    const char *absent = "{" QKV ",\"output_encoding\":\"base64\"}";
+    const char *null = "{" QKV ",\"precision\":null,\"output_encoding\":\"base64\"}";
+    const char *f32 = "{" QKV ",\"precision\":\"float32\",\"output_encoding\":\"base64\"}";
+    json_t *a = call(API_OP_ATTENTION, absent, strlen(absent), &LIM, 200);
+    json_t *nl = call(API_OP_ATTENTION, null, strlen(null), &LIM, 200);
+    json_t *f = call(API_OP_ATTENTION, f32, strlen(f32), &LIM, 200);
+    ck_assert(json_equal(json_object_get(a, "output"), json_object_get(nl, "output")));
+    ck_assert(json_equal(json_object_get(a, "output"), json_object_get(f, "output")));
+    json_decref(a);
+    json_decref(nl);
+    json_decref(f);
 }
 END_TEST
 
@@ -1958,7 +2184,7 @@ typedef struct {
  * work. Measured against the median of them, min of 3 runs each. */
 START_TEST(work_bounds_time_across_request_shapes)
 {
-    timed_case cases[20];
+    timed_case cases[24];
     int n = 0;
     const struct {
         const char *name;
@@ -1982,6 +2208,10 @@ START_TEST(work_bounds_time_across_request_shapes)
          ",\"rope\":{\"base\":10000},\"output_encoding\":\"base64\""},
         {"RoPE, many heads", 64, 1, 50, 64,
          ",\"rope\":{\"base\":10000},\"output_encoding\":\"base64\""},
+        {"bfloat16 products", 4, 512, 512, 64,
+         ",\"precision\":\"bfloat16\",\"output_encoding\":\"base64\""},
+        {"bfloat16, d = 8", 2, 1024, 1024, 8,
+         ",\"precision\":\"bfloat16\",\"output_encoding\":\"base64\""},
     };
     for (size_t i = 0; i < sizeof sdpa / sizeof *sdpa; i++, n++) {
         cases[n] = (timed_case){sdpa[i].name, API_OP_ATTENTION, {0}};
@@ -2012,7 +2242,7 @@ START_TEST(work_bounds_time_across_request_shapes)
     cases[n] = (timed_case){"multi-head, many heads, w_o", API_OP_MULTIHEAD, {0}};
     many_heads_body(&cases[n++].body, 10000, true);
 
-    double seconds[20], work[20], per_unit[20];
+    double seconds[24], work[24], per_unit[24];
     api_limits one = {.threads = 1};
     for (int i = 0; i < n; i++) {
         seconds[i] = 1e9;
@@ -2034,7 +2264,7 @@ START_TEST(work_bounds_time_across_request_shapes)
         per_unit[i] = seconds[i] / work[i];
         free(cases[i].body.s);
     }
-    double sorted[20];
+    double sorted[24];
     memcpy(sorted, per_unit, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, compare_doubles);
     double unit = sorted[n / 2]; /* seconds per unit of work, typically */
@@ -2620,6 +2850,30 @@ START_TEST(error_window_type_then_range)
 }
 END_TEST
 
+/* An integer field is judged on its digits as written: 2.0 and 2e0 are 2,
+ * while a fraction that a double would round away, or a tiny number that
+ * it would round to 0, is no integer; messages quote the text as sent. */
+START_TEST(integers_are_judged_on_their_digits)
+{
+    for (int r = 0; r < 2; r++) {
+        api_op op = BOTH_ROUTES[r];
+        expect_variant_error(op, "\"window\":[2.0000000000000000001,0]", 400, "wrong_type",
+                             "window");
+        expect_variant_error(op, "\"window\":[1e-400,0]", 400, "wrong_type", "window");
+        expect_variant_message(op, "\"window\":[0,1.5e-1]", 400,
+                               "window[1] must be an integer, got 1.5e-1", NULL);
+        expect_variant_message(op, "\"window\":[1000000000000000.5,0]", 422,
+                               "window[0]=1000000000000000.5 is out of range", NULL);
+        expect_variant_ok(op, "\"window\":[2e0,0.00e3]");
+        expect_variant_ok(op, "\"window\":[1000000000000000,-1]");
+    }
+    expect_error(API_OP_MULTIHEAD, "{" MHA ",\"num_heads\":2.00000000000000000001}", 400,
+                 "wrong_type", "num_heads");
+    const char *two = "{" MHA ",\"num_heads\":0.2e1}";
+    json_decref(call(API_OP_MULTIHEAD, two, strlen(two), &LIM, 200));
+}
+END_TEST
+
 /* [-1, -1] is no window (openapi: Window): a causal request with it is the
  * request without it, meta.flops included (it counted the band below the
  * diagonal, not causal's nominal n_q * n_k, before). */
@@ -2722,6 +2976,11 @@ START_TEST(error_rope_is_an_object_with_one_base)
         expect_variant_error(op, "\"rope\":{\"base\":10000,\"theta\":1}", 400, "unknown_field",
                              "rope.theta");
         expect_variant_error(op, "\"rope\":{\"bse\":10000}", 400, "unknown_field", "rope.bse");
+        /* a long key is named by its first 40 bytes and "...", a NUL in it escaped */
+        expect_variant_error(op, "\"rope\":{\"base_of_the_rotation_in_radians_per_position_pair\":1}",
+                             400, "unknown_field", "rope.base_of_the_rotation_in_radians_per_posi...");
+        expect_variant_error(op, "\"rope\":{\"base\\u0000\":1}", 400, "unknown_field",
+                             "rope.base\\u0000");
         expect_variant_error(op, "\"rope\":{\"base\":1,\"base\":2}", 400, "duplicate_key",
                              "rope.base");
         expect_variant_error(op, "\"rope\":{\"base\":\"10000\"}", 400, "wrong_type", "rope.base");
@@ -3179,12 +3438,16 @@ static Suite *api_suite(void)
     TCase *er = tcase_create("errors");
     tcase_set_timeout(er, 120);
     tcase_add_test(er, error_invalid_json_is_400);
+    tcase_add_test(er, invalid_json_hint_is_at_the_place_of_the_fault);
     tcase_add_test(er, error_body_not_an_object);
     tcase_add_test(er, error_duplicate_key);
     tcase_add_test(er, error_unknown_field_casual_suggests_causal);
     tcase_add_test(er, error_type_comes_before_shape);
     tcase_add_test(er, output_dtype_half_precision);
     tcase_add_test(er, output_dtype_errors);
+    tcase_add_test(er, attention_bfloat16_is_libattns_bits);
+    tcase_add_test(er, multihead_bfloat16_is_libattns_bits);
+    tcase_add_test(er, precision_errors_and_default);
     tcase_add_test(er, error_missing_required_field);
     tcase_add_test(er, error_wrong_types);
     tcase_add_test(er, error_number_not_finite_as_float32);
@@ -3217,6 +3480,7 @@ static Suite *api_suite(void)
     tcase_set_tags(va, "kernel");
     tcase_set_timeout(va, 60);
     tcase_add_test(va, error_window_type_then_range);
+    tcase_add_test(va, integers_are_judged_on_their_digits);
     tcase_add_test(va, window_unbounded_both_sides_is_no_window);
     tcase_add_test(va, error_window_message_names_the_side);
     tcase_add_test(va, error_alibi_slopes_shape_and_values);

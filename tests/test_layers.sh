@@ -3,6 +3,9 @@
 #   - build/libattn.a exports only attn_ names, and a program with functions
 #     of its own named as libattn's internal ones (sdpa_alloc, mha_gemm,
 #     cpu_features) links against it;
+#   - build/libcodec.a (the JSON codec) exports only codec_ names, and a
+#     program that uses the codec links against it alone: the codec needs
+#     nothing of the API layer or of libattn;
 #   - each layer's include paths let it include what it may and nothing
 #     else: a probe file including a header of another layer, compiled with
 #     the layer's flags (BUILD/layers.env, written by make), must fail with
@@ -67,6 +70,62 @@ else
     cat "$tmp/clash.log"; bad "a program with its own sdpa_alloc, mha_gemm and cpu_features links libattn.a"
 fi
 
+# --------------------------------------------------------------- codec
+nm -g --defined-only "$build/libcodec.a" | awk 'NF == 3 { print $3 }' | sort -u > "$tmp/codec_exports"
+others=$(grep -v '^codec_' "$tmp/codec_exports" | tr '\n' ' ')
+if [ -z "$others" ]; then
+    ok "libcodec.a exports only codec_ names ($(wc -l < "$tmp/codec_exports") of them)"
+else
+    bad "libcodec.a exports names without codec_: $others"
+fi
+
+cat > "$tmp/codec_alone.c" <<'C'
+/* The codec with nothing else of attnd: a document validated, a tensor read
+ * from it, a fault placed, text written; beside functions of its own named
+ * as the API layer's and cpu/'s. */
+#include <stdio.h>
+#include <string.h>
+
+#include "codec.h"
+
+int api_fail(void) { return 7; }
+unsigned cpu_features(void) { return 42; }
+
+int main(void)
+{
+    const char *body = "{\"q\": [[1, 2.5], [3, -4e-1]]}";
+    codec_span spans[2];
+    codec_doc doc;
+    codec_error e;
+    if (!codec_doc_validate(&doc, body, strlen(body), spans, 2, &e))
+        return 1;
+    codec_tensor t;
+    bool ok = codec_doc_tensor(&doc, spans[0].value, spans[0].value_end, "q", false, &t, &e);
+    codec_doc_free(&doc);
+    if (!ok || t.rank != 2 || t.count != 4 || t.f32[1] != 2.5f || t.f32[3] != -0.4f)
+        return 2;
+    codec_buf b = {0};
+    codec_tensor_encode(&b, t.f32, t.rank, t.shape, CODEC_ENC_NESTED);
+    codec_tensor_free(&t);
+    ok = !b.failed && strcmp(b.data, "[[1.0,2.5],[3.0,-0.4]]") == 0;
+    if (!ok)
+        fprintf(stderr, "encoded: %s\n", b.data ? b.data : "(nothing)");
+    codec_buf_free(&b);
+    const char *bad = "{\"q\": [1,]}";
+    if (!ok || codec_validate(bad, strlen(bad), &e) || e.kind != CODEC_ERR_SYNTAX ||
+        e.offset != 9 || e.line != 1 || e.column != 10)
+        return 3;
+    return api_fail() == 7 && cpu_features() == 42 ? 0 : 4;
+}
+C
+# shellcheck disable=SC2086
+if $CC $CFLAGS_COMMON $INC_CODEC -o "$tmp/codec_alone" "$tmp/codec_alone.c" "$build/libcodec.a" \
+        $LDFLAGS_ALL -lm > "$tmp/codec_alone.log" 2>&1 && "$tmp/codec_alone"; then
+    ok "a program that uses the codec links libcodec.a alone and runs"
+else
+    cat "$tmp/codec_alone.log"; bad "a program that uses the codec links libcodec.a alone and runs (status $?)"
+fi
+
 # ------------------------------------------------------------ includes
 # probe LAYER FLAGS HEADER ok|missing
 probe() {
@@ -90,8 +149,12 @@ for h in cpu_features.h; do probe cpu/ "$INC_CPU" $h ok; done
 for h in attn.h api.h server.h; do probe cpu/ "$INC_CPU" $h missing; done
 for h in attn.h internal.h kern.h sdpa.h cpu_features.h cblas.h; do probe lib/ "$INC_LIB" $h ok; done
 for h in api.h json/codec.h server.h config.h; do probe lib/ "$INC_LIB" $h missing; done
-for h in api.h attn.h json/codec.h request.h cpu_features.h; do probe api/ "$INC_API" $h ok; done
-for h in internal.h kern.h sdpa.h mha.h kern_body.h server.h config.h; do
+for h in codec.h codec_internal.h cpu_features.h; do probe api/json/ "$INC_CODEC" $h ok; done
+for h in api.h request.h attn.h internal.h kern.h server.h config.h json/codec.h; do
+    probe api/json/ "$INC_CODEC" $h missing
+done
+for h in api.h attn.h json/codec.h request.h; do probe api/ "$INC_API" $h ok; done
+for h in internal.h kern.h sdpa.h mha.h kern_body.h cpu_features.h server.h config.h; do
     probe api/ "$INC_API" $h missing
 done
 for h in server.h config.h api.h json/codec.h; do probe server/ "$INC_SERVER" $h ok; done

@@ -253,7 +253,7 @@ START_TEST(helpers_outlive_the_call)
 }
 END_TEST
 
-/* A server's compute worker runs SCHED_BATCH at a higher nice value; its
+/* A server's compute worker may run SCHED_BATCH at a higher nice value; its
  * helpers must too, and a normal caller's must not. */
 START_TEST(helpers_run_at_their_callers_policy_and_nice)
 {

@@ -539,6 +539,9 @@ START_TEST(attention_errors_name_the_field_and_the_numbers)
                  "k has n_k = 7 rows but seq_lens sums to 5");
     expect_error(A, qkv(5, 5, "{\"seq_lens\": []}"), 422, "shape_mismatch", "seq_lens",
                  "sums to 0");
+    /* A ragged batch is computed in float32 only. */
+    expect_error(A, qkv(5, 5, "{\"seq_lens\": [2, 3], \"precision\": \"bfloat16\"}"), 422,
+                 "invalid_value", "precision", "does not go with seq_lens");
     /* A padding mask [B, 1, 1, n] is not what a packed batch takes. */
     expect_error(A, qkv(5, 5, "{\"seq_lens\": [2, 3], \"mask\": [[true, true, false]]}"), 422,
                  "shape_mismatch", "mask", "packed rows and keys");
@@ -608,6 +611,8 @@ START_TEST(multihead_errors_name_the_field_and_the_numbers)
                  "batch dimension of 2");
     expect_error(M, mha(0, 4, 0, "{\"seq_lens\": [1, 3], \"mask\": [[true, false]]}"), 422,
                  "shape_mismatch", "mask", "packed rows and keys");
+    expect_error(M, mha(0, 4, 0, "{\"seq_lens\": [1, 3], \"precision\": \"bfloat16\"}"), 422,
+                 "invalid_value", "precision", "does not go with seq_lens");
     expect_error(M, mha(0, 4, 0, "{\"seq_lens\": 4}"), 400, "wrong_type", "seq_lens",
                  "seq_lens");
     expect_error(M, mha(0, 4, 4, "{\"seq_lens\": [4], \"seq_lens_k\": [4]}"), 400,

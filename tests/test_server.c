@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "attn.h"
+#include "cpu_features.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1
@@ -652,6 +653,8 @@ START_TEST(info_is_never_cut_off)
     for (int i = 0; i < 16; i++)
         ck_assert_str_eq(json_string_value(json_array_get(list, (size_t)i)), origins[i]);
     ck_assert_str_eq(json_string_value(json_object_get(j, "kernel")), attn_kernel_name());
+    /* the server runs with this process's environment: the same bf16 path */
+    ck_assert_str_eq(json_string_value(json_object_get(j, "bf16")), attn_bf16_name());
     ck_assert_ptr_nonnull(json_object_get(json_object_get(j, "limits"), "max_work"));
     json_decref(j);
     reply_free(&r);
@@ -1002,6 +1005,143 @@ START_TEST(attention_output_matches_libattn)
     json_decref(j);
     reply_free(&r);
     free(body);
+}
+END_TEST
+
+/* {"shape": [a, b, c], "dtype": "bfloat16", "base64": "..."}: the top
+ * halves of x, whose values must be bfloat16 already. */
+static void put_tensor_b64_bf16(char **buf, size_t *len, const float *x, const int64_t *shape)
+{
+    size_t count = (size_t)(shape[0] * shape[1] * shape[2]);
+    uint16_t *half = malloc(count * sizeof *half);
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        half[i] = (uint16_t)(bits >> 16);
+    }
+    char head[160];
+    int n = snprintf(head, sizeof head,
+                     "{\"shape\": [%lld, %lld, %lld], \"dtype\": \"bfloat16\", \"base64\": \"",
+                     (long long)shape[0], (long long)shape[1], (long long)shape[2]);
+    append(buf, len, head, (size_t)n);
+    put_base64(buf, len, (const unsigned char *)half, count * sizeof *half);
+    append(buf, len, "\"}", 2);
+    free(half);
+}
+
+/* Each element of a flat output equals want's float bit for bit (attnd
+ * prints float32 values in text that reads back to the same float). */
+static bool flat_is_bits(json_t *t, const float *want, size_t n, size_t *worst)
+{
+    json_t *data = json_object_get(t, "data");
+    if (json_array_size(data) != n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        float got = (float)json_number_value(json_array_get(data, i));
+        if (memcmp(&got, &want[i], sizeof got) != 0) {
+            *worst = i;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* "precision": "bfloat16" through a running attnd, with inputs sent as
+ * bfloat16 base64: the output is libattn's bfloat16 forward here, bit for
+ * bit, whether the server runs the products with vdpbf16ps or emulates
+ * them (a second attnd started with ATTN_BF16=emulated, whose /v1/info
+ * says so); the gradients of the two servers are the same bits too. A
+ * precision attnd does not know is a 422 naming the field, and the server
+ * goes on serving. */
+START_TEST(bfloat16_precision_is_the_same_bits_on_every_bf16_path)
+{
+    enum { H = 2, NQ = 70, NK = 90, D = 16 };
+    const int64_t sq[3] = {H, NQ, D}, sk[3] = {H, NK, D};
+    static float q[H * NQ * D], k[H * NK * D], v[H * NK * D], g[H * NQ * D], want[H * NQ * D];
+    float *in[4] = {q, k, v, g};
+    const size_t counts[4] = {H * NQ * D, H * NK * D, H * NK * D, H * NQ * D};
+    for (int t = 0; t < 4; t++)
+        for (size_t i = 0; i < counts[t]; i++)
+            in[t][i] = attn_bf16_round(uniform());
+    attn_sdpa_params p = {.batch = 1, .heads_q = H, .heads_kv = H, .n_q = NQ, .n_k = NK,
+                          .d_k = D, .d_v = D, .scale = attn_default_scale(D), .causal = true,
+                          .threads = 1, .precision = ATTN_PRECISION_BFLOAT16};
+    attn_error err;
+    ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, want, NULL, NULL, NULL, &err), ATTN_OK);
+
+    char *body = NULL;
+    size_t len = 0;
+    const char *names[4] = {"q", "k", "v", "grad_output"};
+    const int64_t *shapes[4] = {sq, sk, sk, sq};
+    append(&body, &len, "{", 1);
+    for (int t = 0; t < 4; t++) {
+        char key[32];
+        int n = snprintf(key, sizeof key, "%s\"%s\": ", t ? ", " : "", names[t]);
+        append(&body, &len, key, (size_t)n);
+        put_tensor_b64_bf16(&body, &len, in[t], shapes[t]);
+    }
+    const char *tail = ", \"causal\": true, \"precision\": \"bfloat16\", "
+                       "\"output_encoding\": \"flat\"}";
+    append(&body, &len, tail, strlen(tail));
+
+    /* The second server's environment: this process's, ATTN_BF16 set. */
+    const char *had = getenv("ATTN_BF16");
+    char *saved = had ? strdup(had) : NULL;
+    setenv("ATTN_BF16", "emulated", 1);
+    server emulated = start_server("--threads", "2");
+    if (saved)
+        setenv("ATTN_BF16", saved, 1);
+    else
+        unsetenv("ATTN_BF16");
+    free(saved);
+    server as_is = start_server("--threads", "2");
+
+    json_t *answers[2];
+    const server *servers[2] = {&as_is, &emulated};
+    const char *paths[2] = {attn_bf16_name(), "emulated"};
+    for (int s = 0; s < 2; s++) {
+        reply r = get(servers[s]->port, "/v1/info");
+        json_t *info = json_loadb(r.body, r.body_len, 0, NULL);
+        ck_assert_str_eq(json_string_value(json_object_get(info, "bf16")), paths[s]);
+        json_decref(info);
+        reply_free(&r);
+        r = post_json(servers[s]->port, "/v1/attention", body);
+        ck_assert_msg(r.status == 200, "bf16 %s: status %ld: %.300s", paths[s], r.status,
+                      r.body);
+        answers[s] = json_loadb(r.body, r.body_len, 0, NULL);
+        reply_free(&r);
+        size_t worst = 0;
+        ck_assert_msg(flat_is_bits(json_object_get(answers[s], "output"), want, counts[0],
+                                   &worst),
+                      "bf16 %s: output[%zu] is not libattn's bfloat16 bits", paths[s], worst);
+    }
+    for (int t = 0; t < 3; t++) {
+        const char *grad = (const char *[]){"q", "k", "v"}[t];
+        json_t *a = json_object_get(json_object_get(json_object_get(answers[0], "grad"), grad),
+                                    "data");
+        json_t *b = json_object_get(json_object_get(json_object_get(answers[1], "grad"), grad),
+                                    "data");
+        ck_assert_msg(json_array_size(a) == counts[t] && json_equal(a, b),
+                      "grad %s differs between the bf16 paths", grad);
+    }
+    json_decref(answers[0]);
+    json_decref(answers[1]);
+
+    reply r = post_json(as_is.port, "/v1/attention",
+                        "{\"q\": [[1, 0]], \"k\": [[1, 0]], \"v\": [[1, 2]], "
+                        "\"precision\": \"bf16\"}");
+    ck_assert_error(r, 422, "invalid_value");
+    json_t *e = json_loadb(r.body, r.body_len, 0, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "field")),
+                     "precision");
+    json_decref(e);
+    reply_free(&r);
+    r = post_json(as_is.port, "/v1/attention", tiny_attention);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    free(body);
+    ck_assert_int_eq(stop_server(&as_is), 0);
+    ck_assert_int_eq(stop_server(&emulated), 0);
 }
 END_TEST
 
@@ -1966,6 +2106,45 @@ START_TEST(help_and_version_exit_0)
 }
 END_TEST
 
+/* "kernel K, bf16 P," of `attnd --version` run with ATTN_KERNEL=kernel and
+ * ATTN_BF16=bf16 (unset when NULL). */
+static bool version_paths(const char *kernel, const char *bf16, char *k, char *p)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "env -u ATTN_BF16 ATTN_KERNEL=%s %s%s '%s' --version", kernel,
+             bf16 ? "ATTN_BF16=" : "", bf16 ? bf16 : "", attnd_bin());
+    FILE *f = popen(cmd, "r");
+    char line[512] = "";
+    bool read = f && fgets(line, sizeof line, f) != NULL;
+    if (f)
+        pclose(f);
+    const char *at = strstr(line, "kernel ");
+    return read && at && sscanf(at, "kernel %15[a-z0-9_], bf16 %15[a-z0-9_],", k, p) == 2;
+}
+
+/* The bfloat16 path follows the kernel and ATTN_BF16: vdpbf16ps only under
+ * the avx512 kernel on a CPU with AVX512_BF16 (and BW), unless ATTN_BF16
+ * forces the emulation; a path that cannot run, or a name that is none,
+ * leaves the default. */
+START_TEST(bf16_path_follows_the_kernel_and_attn_bf16)
+{
+    const char *kernels[] = {"generic", "avx2", "avx512"};
+    const char *forced[] = {NULL, "emulated", "avx512_bf16", "amx"};
+    const bool has = cpu_has(CPU_AVX512_BF16 | CPU_AVX512BW);
+    for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
+        for (size_t j = 0; j < sizeof forced / sizeof *forced; j++) {
+            char k[16], p[16];
+            ck_assert_msg(version_paths(kernels[i], forced[j], k, p),
+                          "attnd --version names no kernel and bf16 path");
+            bool instruction = strcmp(k, "avx512") == 0 && has &&
+                               !(forced[j] && strcmp(forced[j], "emulated") == 0);
+            ck_assert_msg(strcmp(p, instruction ? "avx512_bf16" : "emulated") == 0,
+                          "ATTN_KERNEL=%s (runs %s) ATTN_BF16=%s: bf16 %s", kernels[i], k,
+                          forced[j] ? forced[j] : "(unset)", p);
+        }
+}
+END_TEST
+
 START_TEST(environment_variables_configure_the_server)
 {
     int port = free_port();
@@ -2627,8 +2806,9 @@ END_TEST
 
 /* -------------------------------------------------------- load balancer */
 
-/* docker/nginx.conf with its upstream replaced by `servers` and its listen
- * port by `port`, written into dir/nginx.conf. */
+/* docker/nginx.conf with each upstream's run of "server attnd-N:..." lines
+ * replaced by `backends` and its listen port by `port`, written into
+ * dir/nginx.conf. */
 static bool write_nginx_conf(const char *dir, int port, const int *backends, int n)
 {
     const char *src = "docker/nginx.conf";
@@ -2645,14 +2825,17 @@ static bool write_nginx_conf(const char *dir, int port, const int *backends, int
     snprintf(out_path, sizeof out_path, "%s/nginx.conf", dir);
     FILE *out = fopen(out_path, "w");
     char line[1024];
-    bool upstream = false, listen = false;
+    bool upstream = false, listen = false, in_run = false;
     while (fgets(line, sizeof line, in)) {
         const char *t = line + strspn(line, " \t");
-        if (!strncmp(t, "server attnd:", 13)) {
+        bool replica = !strncmp(t, "server attnd", 12);
+        if (replica && !in_run) {
             for (int i = 0; i < n; i++)
                 fprintf(out, "        server 127.0.0.1:%d max_fails=1 fail_timeout=10s;\n",
                         backends[i]);
             upstream = true;
+        } else if (replica) {
+            /* the rest of the run: already written */
         } else if (!strncmp(t, "listen ", 7)) {
             fprintf(out, "        listen 127.0.0.1:%d;\n", port);
             listen = true;
@@ -2661,6 +2844,7 @@ static bool write_nginx_conf(const char *dir, int port, const int *backends, int
         } else {
             fputs(line, out);
         }
+        in_run = replica;
     }
     fclose(in);
     fclose(out);
@@ -2677,7 +2861,7 @@ START_TEST(nginx_spreads_requests_over_replicas_and_survives_one_stopping)
     int ports[2] = {a.port, b.port};
     int port = free_port();
     ck_assert_msg(write_nginx_conf(dir, port, ports, 2),
-                  "docker/nginx.conf needs an \"upstream\" line \"server attnd:...\" and a listen line");
+                  "docker/nginx.conf needs \"upstream\" lines \"server attnd-N:...\" and a listen line");
     char conf[600], globals[700], log[600], errlog[600];
     snprintf(conf, sizeof conf, "%s/nginx.conf", dir);
     snprintf(log, sizeof log, "%s/nginx.out", dir);
@@ -3431,6 +3615,7 @@ static Suite *server_suite(void)
     tcase_add_test(routes, cors_other_origin_gets_no_allow_origin);
     tcase_add_test(routes, cors_any_origin_by_default_and_none_when_empty);
     tcase_add_test(routes, attention_output_matches_libattn);
+    tcase_add_test(routes, bfloat16_precision_is_the_same_bits_on_every_bf16_path);
     tcase_add_test(routes, multihead_route_computes);
     tcase_add_test(routes, keep_alive_connection_serves_many_requests);
     suite_add_tcase(s, routes);
@@ -3461,6 +3646,7 @@ static Suite *server_suite(void)
     tcase_add_test(life, sigterm_answers_a_request_sent_just_after_the_last_one_finished);
     tcase_add_test(life, sigterm_answers_connections_waiting_in_the_backlog);
     tcase_add_test(life, bad_flag_values_exit_2_with_a_message);
+    tcase_add_test(life, bf16_path_follows_the_kernel_and_attn_bf16);
     tcase_add_test(life, help_and_version_exit_0);
     tcase_add_test(life, environment_variables_configure_the_server);
     tcase_add_test(life, access_log_has_one_text_line_per_request);

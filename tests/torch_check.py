@@ -280,13 +280,15 @@ def ref_sdpa(q, k, v, dtype, causal=False, mask=None, scale=None, go=None, **var
     a = attend(tq, tk, tv, scale, causal, mask, **variants)
     o = a["o"]
     lead = int(np.prod(q.shape[:-2])) if q.ndim > 2 else 1
-    r = {"o": o.detach().numpy(), "o_plain": a["o_plain"].detach().numpy(),
-         "w": a["w"].detach().numpy(), "lse": a["lse"].detach().numpy(),
+    def npy(t):  # numpy has no bfloat16: such results come back as float32
+        t = t.detach()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    r = {"o": npy(o), "o_plain": npy(a["o_plain"]), "w": npy(a["w"]), "lse": npy(a["lse"]),
          "full": a["full"].numpy(), "stats": score_stats(a),
          "flops": 2 * lead * a["band"] * (q.shape[-1] + v.shape[-1])}
     if go is not None:
         o.backward(_t(go, dtype))
-        r["dq"], r["dk"], r["dv"] = tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
+        r["dq"], r["dk"], r["dv"] = npy(tq.grad), npy(tk.grad), npy(tv.grad)
     return r
 
 
@@ -325,14 +327,20 @@ def ref_mha(p, h, dtype, h_kv=None, causal=False, mask=None, scale=None, go=None
     o = heads
     if "w_o" in t:
         o = heads @ t["w_o"] + (t["b_o"] if "b_o" in t else 0)
-    wd, lse = w.detach(), a["lse"].detach()
+    wd, lse = w.detach().float(), a["lse"].detach().float()
+    if dtype == torch.float64:
+        wd, lse = w.detach(), a["lse"].detach()
     if unbatched:
         o, wd, lse = o.squeeze(0), wd.squeeze(0), lse.squeeze(0)
-    r = {"o": o.detach().numpy(), "w": wd.numpy(), "w_mean": wd.mean(dim=-3).numpy(),
-         "lse": lse.numpy(), "stats": score_stats(a)}
+
+    def npy(t):  # numpy has no bfloat16: such results come back as float32
+        t = t.detach()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    r = {"o": npy(o), "w": wd.numpy(), "w_mean": wd.mean(dim=-3).numpy(),
+         "lse": lse.numpy(), "stats": score_stats(a) if dtype != torch.bfloat16 else None}
     if go is not None:
         o.backward(_t(go, dtype))
-        r["grad"] = {name: t[name].grad.numpy() for name in t}
+        r["grad"] = {name: npy(t[name].grad) for name in t}
     return r
 
 
@@ -1440,6 +1448,83 @@ def random_ragged_case(c, srv, seed):
 # ---- errors
 
 
+def bf16_errs(got, ref64):
+    """The root-mean-square and the largest of |got - ref64|, relative to the
+    root-mean-square and to max(1, max|ref64|) of ref64."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref64, dtype=np.float64)
+    d = got - ref
+    rms = math.sqrt(float(np.mean(d * d))) / max(math.sqrt(float(np.mean(ref * ref))), 1e-30)
+    return rms, float(np.max(np.abs(d))) / max(1.0, float(np.max(np.abs(ref))))
+
+
+def bf16_compare(c, what, ours, torch_bf16, ref64, keep=None):
+    """Ours (precision bfloat16) no further from float64 torch than torch's own
+    bfloat16 math path is: the tensor's root-mean-square error no larger, and
+    its largest error (one element, where the two are alike by chance) within
+    1.5 times torch's."""
+    ours = np.asarray(ours, dtype=np.float64)
+    if not np.all(np.isfinite(ours)):
+        c.fail("%s: non-finite values" % what)
+        return
+    if keep is not None:
+        ours, torch_bf16, ref64 = ours[keep], np.asarray(torch_bf16)[keep], np.asarray(ref64)[keep]
+    (rms_ours, max_ours), (rms_torch, max_torch) = bf16_errs(ours, ref64), bf16_errs(torch_bf16, ref64)
+    c.note += "%s %.1e/%.1e " % (what, rms_ours, rms_torch)
+    c.expect(rms_ours <= rms_torch, "%s: our bfloat16 rms error %.3g exceeds torch's bfloat16 math "
+             "path's %.3g" % (what, rms_ours, rms_torch))
+    c.expect(max_ours <= 1.5 * max_torch, "%s: our largest bfloat16 error %.3g is beyond 1.5 times "
+             "torch's %.3g" % (what, max_ours, max_torch))
+
+
+def bf16_attention_case(c, srv, shape_q, shape_k, shape_v, causal=False, mask=None, **variants):
+    """precision bfloat16 on /v1/attention against float64 torch, and torch's own
+    bfloat16 math path (q, k, v in bfloat16; its matmuls, softmax and autograd in
+    bfloat16 tensors) on the same inputs: ours must be no worse, output and
+    gradients. The note reads "what ours/torch's" rms errors."""
+    q, k, v = rnd(*shape_q), rnd(*shape_k), rnd(*shape_v)
+    go = rnd(*(shape_q[:-1] + (shape_v[-1],)))
+    body = {"q": enc(q, "base64"), "k": enc(k, "base64"), "v": enc(v, "base64"),
+            "grad_output": enc(go, "base64"), "precision": "bfloat16", "output_encoding": "base64"}
+    variant_fields(body, variants, "base64")
+    if causal:
+        body["causal"] = True
+    if mask is not None:
+        body["mask"] = enc(mask, "base64")
+    status, text, resp = srv.post("/v1/attention", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    r64 = ref_sdpa(q, k, v, torch.float64, causal, mask, None, go, **variants)
+    rbf = ref_sdpa(q, k, v, torch.bfloat16, causal, mask, None, go, **variants)
+    keep = ~np.broadcast_to(r64["full"], r64["o"].shape[:-1])
+    bf16_compare(c, "output", dec(resp["output"]), rbf["o"].astype(np.float64), r64["o"], keep)
+    for name, key in (("q", "dq"), ("k", "dk"), ("v", "dv")):
+        bf16_compare(c, "grad." + name, dec(resp["grad"][name]), rbf[key].astype(np.float64), r64[key])
+
+
+def bf16_mha_case(c, srv, B=2, n=48, d_model=32, h=4, causal=True):
+    """precision bfloat16 on /v1/multihead (projections float32, attention
+    bfloat16) against float64 torch and torch's bfloat16 math path."""
+    p = {"x": rnd(B, n, d_model), "w_q": rnd(d_model, d_model, scale=0.3),
+         "w_k": rnd(d_model, d_model, scale=0.3), "w_v": rnd(d_model, d_model, scale=0.3),
+         "w_o": rnd(d_model, d_model, scale=0.3)}
+    go = rnd(B, n, d_model)
+    body = {name: enc(a, "base64") for name, a in p.items()}
+    body.update(num_heads=h, causal=causal, grad_output=enc(go, "base64"), precision="bfloat16",
+                output_encoding="base64")
+    status, text, resp = srv.post("/v1/multihead", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    r64 = ref_mha(p, h, torch.float64, causal=causal, go=go)
+    rbf = ref_mha(p, h, torch.bfloat16, causal=causal, go=go)
+    bf16_compare(c, "output", dec(resp["output"]), rbf["o"].astype(np.float64), r64["o"])
+    for name in ("x", "w_q", "w_k", "w_v", "w_o"):
+        bf16_compare(c, "grad." + name, dec(resp["grad"][name]),
+                     rbf["grad"][name].astype(np.float64), r64["grad"][name])
+
+
 def error_case(c, srv, path, body, status, code, field=None):
     st, text, resp = srv.post(path, body)
     c.expect(st == status, "status %d, expected %d: %s" % (st, status, text[:200]))
@@ -1762,6 +1847,16 @@ def cases(srv):
     run_case(R + "error seq_lens_k alone -> 422", error_case, srv, "/v1/attention",
              {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]], "seq_lens_k": [2]},
              422, "invalid_value", "seq_lens_k")
+    P = "bfloat16 "
+    run_case(P + "plain n_q!=n_k, odd d", bf16_attention_case, srv, (2, 70, 33), (2, 150, 33), (2, 150, 17))
+    run_case(P + "causal d=64", bf16_attention_case, srv, (4, 128, 64), (4, 128, 64), (4, 128, 64),
+             causal=True)
+    run_case(P + "GQA, bool mask", bf16_attention_case, srv, (2, 4, 40, 16), (2, 2, 90, 16),
+             (2, 2, 90, 8), mask=bool_mask((2, 1, 40, 90), 0.8))
+    run_case(P + "window, alibi, softcap, rope", bf16_attention_case, srv, (4, 65, 16), (4, 65, 16),
+             (4, 65, 16), causal=True, window=(20, -1), alibi=alibi_slopes(4), softcap=5.0,
+             rope=10000.0)
+    run_case(P + "multihead causal, w_o", bf16_mha_case, srv)
 
     E = "error "
     qkv = {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]]}
@@ -1803,6 +1898,8 @@ def cases(srv):
              400, ("unknown_field", "missing_field"))
     run_case(E + "scale 0 -> 422 invalid_value", error_case, srv, "/v1/attention",
              dict(qkv, scale=0), 422, "invalid_value", "scale")
+    run_case(E + "precision float16 -> 422 invalid_value", error_case, srv, "/v1/attention",
+             dict(qkv, precision="float16"), 422, "invalid_value", "precision")
     run_case(E + "rank 5 q -> 422 invalid_shape", error_case, srv, "/v1/attention",
              dict(qkv, q=[[[[[1, 2]]]]], k=[[[[[1, 2]]]]], v=[[[[[1, 2]]]]]), 422, "invalid_shape")
     run_case(E + "context batch != x batch -> 422", error_case, srv, "/v1/multihead",

@@ -4,13 +4,15 @@
 # As root it installs what is missing with apt-get; otherwise it prints the
 # one command that would, and fails.
 set -u
-need="libmicrohttpd-dev libjansson-dev libopenblas-dev pkg-config"
+need="libmicrohttpd-dev libopenblas-dev pkg-config"
+# jansson: the tests' (and the codec benchmark's) reference JSON parser;
+# attnd itself does not use it.
 case "${1:-build}" in
     build) ;;
-    test)  need="$need check libcurl4-openssl-dev nginx curl openssl python3-torch python3-numpy python3-yaml jq nodejs systemd wrk" ;;
-    bench) need="$need wrk nginx curl python3-fastapi python3-uvicorn python3-numpy" ;;
-    fuzz)  need="$need check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev" ;;
-    reliability) need="$need check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev wrk nginx curl valgrind python3" ;;
+    test)  need="$need libjansson-dev check libcurl4-openssl-dev nginx curl openssl python3-torch python3-numpy python3-yaml jq nodejs systemd wrk" ;;
+    bench) need="$need libjansson-dev wrk nginx curl python3-fastapi python3-uvicorn python3-numpy" ;;
+    fuzz)  need="$need libjansson-dev check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev" ;;
+    reliability) need="$need libjansson-dev check libcurl4-openssl-dev clang libfuzzer-14-dev libclang-rt-14-dev wrk nginx curl valgrind python3" ;;
     *) echo "usage: tools/deps.sh build|test|bench|fuzz|reliability" >&2; exit 2 ;;
 esac
 missing=""

@@ -64,6 +64,9 @@ MASKS = [
     # The kernels this CPU runs: libattn's and OpenBLAS's, by name.
     (r'("kernel":\s*")[^"]*', r"\1<kernel>"),
     (r"(kernel )(?:generic|avx2|avx512)\b", r"\1<kernel>"),
+    # How it runs bfloat16 products (with vdpbf16ps, or emulated).
+    (r'("bf16":\s*")[^"]*', r"\1<bf16>"),
+    (r"(bf16 )(?:avx512_bf16|emulated)\b", r"\1<bf16>"),
     (r'("(?:config|corename)":\s*")[^"]*', r"\1<blas>"),
     (r"(OpenBLAS <version>) [A-Z0-9_ =]+", r"\1 <blas>"),
     # What follows from the number of cores.

@@ -24,12 +24,12 @@ static const uint8_t code_of[256] = {
     ['9'] = 62, ['+'] = 63, ['/'] = 64,
 };
 
-size_t api_base64_encoded_len(size_t n)
+size_t codec_base64_encoded_len(size_t n)
 {
     return (n + 2) / 3 * 4;
 }
 
-char *api_base64_encode(const uint8_t *in, size_t n, char *out)
+char *codec_base64_encode(const uint8_t *in, size_t n, char *out)
 {
     size_t i = 0;
     for (; i + 3 <= n; i += 3) {
@@ -58,7 +58,7 @@ char *api_base64_encode(const uint8_t *in, size_t n, char *out)
     return out;
 }
 
-bool api_base64_decoded_len(const char *s, size_t len, size_t *out)
+bool codec_base64_decoded_len(const char *s, size_t len, size_t *out)
 {
     if (len % 4 != 0)
         return false;
@@ -71,7 +71,7 @@ bool api_base64_decoded_len(const char *s, size_t len, size_t *out)
     return true;
 }
 
-bool api_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad)
+bool codec_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad)
 {
     if (len % 4 != 0) {
         *bad = len;

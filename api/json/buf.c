@@ -1,5 +1,6 @@
 /*
- * api_buf: the growing byte buffer every response body is written into.
+ * codec_buf: the growing text that every response body, the metrics and
+ * /v1/info are written into.
  * Allocation failure is sticky (`failed`) so that an encoder can append a
  * whole tensor and check once at the end, instead of after every number.
  * The bytes are kept NUL-terminated, which makes the buffer printable.
@@ -12,7 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-void api_advise_huge(void *p, size_t len)
+void codec_advise_huge(void *p, size_t len)
 {
 #ifdef MADV_HUGEPAGE
     const uintptr_t huge = (uintptr_t)2 << 20;
@@ -28,7 +29,7 @@ void api_advise_huge(void *p, size_t len)
 #endif
 }
 
-char *api_buf_reserve(api_buf *b, size_t n)
+char *codec_buf_reserve(codec_buf *b, size_t n)
 {
     if (b->failed)
         return NULL;
@@ -51,12 +52,12 @@ char *api_buf_reserve(api_buf *b, size_t n)
         }
         b->data = data;
         b->cap = cap;
-        api_advise_huge(data, cap);
+        codec_advise_huge(data, cap);
     }
     return b->data + b->len;
 }
 
-void api_buf_hint(api_buf *b, size_t n)
+void codec_buf_hint(codec_buf *b, size_t n)
 {
     if (b->failed || n >= SIZE_MAX / 2 - b->len || b->len + n + 1 <= b->cap)
         return;
@@ -65,12 +66,12 @@ void api_buf_hint(api_buf *b, size_t n)
         return; /* only a hint: appends will still grow as they need */
     b->data = data;
     b->cap = b->len + n + 1;
-    api_advise_huge(data, b->cap);
+    codec_advise_huge(data, b->cap);
 }
 
-void api_buf_append(api_buf *b, const char *s, size_t n)
+void codec_buf_append(codec_buf *b, const char *s, size_t n)
 {
-    char *w = api_buf_reserve(b, n);
+    char *w = codec_buf_reserve(b, n);
     if (!w)
         return;
     memcpy(w, s, n);
@@ -78,12 +79,12 @@ void api_buf_append(api_buf *b, const char *s, size_t n)
     b->data[b->len] = '\0';
 }
 
-void api_buf_puts(api_buf *b, const char *s)
+void codec_buf_puts(codec_buf *b, const char *s)
 {
-    api_buf_append(b, s, strlen(s));
+    codec_buf_append(b, s, strlen(s));
 }
 
-void api_buf_printf(api_buf *b, const char *fmt, ...)
+void codec_buf_printf(codec_buf *b, const char *fmt, ...)
 {
     if (b->failed)
         return;
@@ -97,11 +98,11 @@ void api_buf_printf(api_buf *b, const char *fmt, ...)
         return;
     }
     if ((size_t)n < sizeof small) {
-        api_buf_append(b, small, (size_t)n);
+        codec_buf_append(b, small, (size_t)n);
         return;
     }
     /* Too long for the stack buffer: format again straight into b. */
-    char *w = api_buf_reserve(b, (size_t)n);
+    char *w = codec_buf_reserve(b, (size_t)n);
     if (!w)
         return;
     va_start(ap, fmt);
@@ -110,17 +111,31 @@ void api_buf_printf(api_buf *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
-void api_buf_float(api_buf *b, float f)
+void codec_buf_string(codec_buf *b, const char *s)
 {
-    char *w = api_buf_reserve(b, API_FLOAT_TEXT_MAX);
+    size_t n = strlen(s);
+    /* sized for the longest escaping, then cut back to what it took */
+    char *w = codec_buf_reserve(b, CODEC_ESCAPED_MAX(n) + 2);
     if (!w)
         return;
-    char *e = api_float_text(f, w);
+    w[0] = '"';
+    size_t k = codec_escape_text(w + 1, CODEC_ESCAPED_MAX(n) + 1, s, n, 0);
+    w[1 + k] = '"';
+    b->len += k + 2;
+    b->data[b->len] = '\0';
+}
+
+void codec_buf_float(codec_buf *b, float f)
+{
+    char *w = codec_buf_reserve(b, CODEC_FLOAT_TEXT_MAX);
+    if (!w)
+        return;
+    char *e = codec_float_text(f, w);
     b->len += (size_t)(e - w);
     b->data[b->len] = '\0';
 }
 
-void api_buf_free(api_buf *b)
+void codec_buf_free(codec_buf *b)
 {
     free(b->data);
     b->data = NULL;

@@ -201,7 +201,7 @@ static inline uint64_t ascii8(uint32_t x)
 }
 
 /* The n decimal digits of x (x < 10^n <= 10^9) at w[0..n). Writes up to 9
- * bytes whatever n is: callers have API_FLOAT_TEXT_MAX bytes of room and
+ * bytes whatever n is: callers have CODEC_FLOAT_TEXT_MAX bytes of room and
  * overwrite what lies past the digits. */
 __attribute__((always_inline)) static inline void put_digits(char *w, uint32_t x, int n)
 {
@@ -243,7 +243,7 @@ static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
         if (p < 8) {
             /* in one word: the first p bytes from one place right, the
              * point, the rest where they are */
-            uint64_t right = api_load8(w + 1), here = api_load8(w);
+            uint64_t right = codec_load8(w + 1), here = codec_load8(w);
             uint64_t keep = (UINT64_C(1) << (8 * p)) - 1;
             uint64_t word = (right & keep) | (uint64_t)'.' << (8 * p) | (here & ~keep << 8);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -380,7 +380,7 @@ static uint32_t shortest(const interval *iv, int q, int *exp10)
     return (uint32_t)d;
 }
 
-char *api_float_text(float f, char *out)
+char *codec_float_text(float f, char *out)
 {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);

@@ -1,26 +1,25 @@
 /*
- * float16 and bfloat16 <-> float32 for base64 tensors (the chapter's
- * Example 3 counts entries of 2 bytes, as half-precision models store them).
+ * float16 and bfloat16 <-> float32 for base64 tensors of 2-byte elements, as
+ * half-precision models store them.
  *
  * Widening is exact: every float16 and bfloat16 value is a float32. The
  * narrowing rounds to nearest, ties to even, as PyTorch's .to(torch.float16)
  * and .to(torch.bfloat16) do: subnormal results are kept, values past the
- * largest finite one become infinity (the API refuses to send those, see
- * api_half_fits), and a NaN stays a (quiet) NaN.
+ * largest finite one become infinity (a writer that must not send those
+ * checks with codec_half_fits first), and a NaN stays a (quiet) NaN.
  *
- * Three paths, chosen from what the CPU has (cpu_features.h, probed once):
- * AVX-512 (vcvtph2ps / vcvtps2ph on 16 lanes, vcvtne2ps2bf16 with
- * AVX512_BF16), F16C with AVX (8 lanes), and portable C. They give the same
- * bits for every input; tests/test_codec.c holds each path the CPU supports
- * to the portable one over every float16 and bfloat16 and over every
- * float32 rounding case. vcvtne2ps2bf16 reads float32 subnormals as zero,
- * so the few vectors that hold one are redone by the portable code.
+ * Three paths, following the codec's width in use (simd.c, which asks
+ * cpu/cpu_features.h what this CPU runs): AVX-512 (vcvtph2ps /
+ * vcvtps2ph on 16 lanes, vcvtne2ps2bf16 with AVX512_BF16), F16C with AVX
+ * (8 lanes), and portable C. They give the same bits for every input;
+ * tests/test_codec.c holds each path the CPU supports to the portable one
+ * over every float16 and bfloat16 and over every float32 rounding case.
+ * vcvtne2ps2bf16 reads float32 subnormals as zero, so the few vectors that
+ * hold one are redone by the portable code.
  */
 #include "codec_internal.h"
 
 #include <string.h>
-
-#include "cpu_features.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -54,7 +53,7 @@ static inline uint32_t to_bits(float f)
     return u;
 }
 
-float api_f16_to_f32_one(uint16_t h)
+float codec_f16_to_f32_one(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = h >> 10 & 0x1f, m = h & 0x3ff;
     if (e == 0) /* zero or subnormal: m * 2^-24, exact in float32 */
@@ -64,7 +63,7 @@ float api_f16_to_f32_one(uint16_t h)
     return from_bits(sign | (e + 112) << 23 | m << 13); /* rebias 15 -> 127 */
 }
 
-uint16_t api_f32_to_f16_one(float f)
+uint16_t codec_f32_to_f16_one(float f)
 {
     uint32_t x = to_bits(f), a = x & 0x7fffffffu;
     uint16_t sign = (uint16_t)(x >> 16 & 0x8000);
@@ -87,12 +86,12 @@ uint16_t api_f32_to_f16_one(float f)
     return (uint16_t)(sign | q);
 }
 
-float api_bf16_to_f32_one(uint16_t h)
+float codec_bf16_to_f32_one(uint16_t h)
 {
     return from_bits((uint32_t)h << 16); /* NaNs come through as they are */
 }
 
-uint16_t api_f32_to_bf16_one(float f)
+uint16_t codec_f32_to_bf16_one(float f)
 {
     uint32_t x = to_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: quiet */
@@ -103,25 +102,25 @@ uint16_t api_f32_to_bf16_one(float f)
 static void f16_to_f32_portable(const uint8_t *in, float *out, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        out[i] = api_f16_to_f32_one(load_le16(in + 2 * i));
+        out[i] = codec_f16_to_f32_one(load_le16(in + 2 * i));
 }
 
 static void bf16_to_f32_portable(const uint8_t *in, float *out, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        out[i] = api_bf16_to_f32_one(load_le16(in + 2 * i));
+        out[i] = codec_bf16_to_f32_one(load_le16(in + 2 * i));
 }
 
 static void f32_to_f16_portable(const float *in, uint8_t *out, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        store_le16(out + 2 * i, api_f32_to_f16_one(in[i]));
+        store_le16(out + 2 * i, codec_f32_to_f16_one(in[i]));
 }
 
 static void f32_to_bf16_portable(const float *in, uint8_t *out, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        store_le16(out + 2 * i, api_f32_to_bf16_one(in[i]));
+        store_le16(out + 2 * i, codec_f32_to_bf16_one(in[i]));
 }
 
 /* ----------------------------------------------------------------- x86 */
@@ -202,77 +201,50 @@ __attribute__((target("avx512f,avx512bf16"))) static void f32_to_bf16_avx512(con
 
 /* ------------------------------------------------------------ dispatch */
 
-bool api_half_path_supported(api_half_path path)
-{
-    switch (path) {
-    case API_HALF_PORTABLE:
-        return true;
-#ifdef HALF_X86
-    case API_HALF_F16C:
-        return cpu_has(CPU_AVX | CPU_F16C);
-    case API_HALF_AVX512:
-        return cpu_has(CPU_AVX512F);
-    case API_HALF_AVX512_BF16:
-        return cpu_has(CPU_AVX512F | CPU_AVX512_BF16);
-#endif
-    default:
-        return false;
-    }
-}
-
-api_half_path api_half_best_path(void)
-{
-    static const api_half_path order[] = {API_HALF_AVX512_BF16, API_HALF_AVX512, API_HALF_F16C};
-    for (size_t i = 0; i < sizeof order / sizeof *order; i++)
-        if (api_half_path_supported(order[i]))
-            return order[i];
-    return API_HALF_PORTABLE;
-}
-
-void api_half_to_f32(api_dtype dtype, const uint8_t *in, float *out, size_t n,
-                     api_half_path path)
+void codec_half_to_f32(codec_dtype dtype, const uint8_t *in, float *out, size_t n,
+                       codec_half_path path)
 {
 #ifdef HALF_X86
-    if (path == API_HALF_AVX512 || path == API_HALF_AVX512_BF16) {
-        if (dtype == API_F16)
+    if (path == CODEC_HALF_AVX512 || path == CODEC_HALF_AVX512_BF16) {
+        if (dtype == CODEC_F16)
             f16_to_f32_avx512(in, out, n);
         else
             bf16_to_f32_avx512(in, out, n);
         return;
     }
-    if (path == API_HALF_F16C && dtype == API_F16) {
+    if (path == CODEC_HALF_F16C && dtype == CODEC_F16) {
         f16_to_f32_f16c(in, out, n);
         return;
     }
 #else
     (void)path;
 #endif
-    if (dtype == API_F16)
+    if (dtype == CODEC_F16)
         f16_to_f32_portable(in, out, n);
     else
         bf16_to_f32_portable(in, out, n);
 }
 
-void api_f32_to_half(api_dtype dtype, const float *in, uint8_t *out, size_t n,
-                     api_half_path path)
+void codec_f32_to_half(codec_dtype dtype, const float *in, uint8_t *out, size_t n,
+                       codec_half_path path)
 {
 #ifdef HALF_X86
-    if (dtype == API_F16 && (path == API_HALF_AVX512 || path == API_HALF_AVX512_BF16)) {
+    if (dtype == CODEC_F16 && (path == CODEC_HALF_AVX512 || path == CODEC_HALF_AVX512_BF16)) {
         f32_to_f16_avx512(in, out, n);
         return;
     }
-    if (dtype == API_F16 && path == API_HALF_F16C) {
+    if (dtype == CODEC_F16 && path == CODEC_HALF_F16C) {
         f32_to_f16_f16c(in, out, n);
         return;
     }
-    if (dtype == API_BF16 && path == API_HALF_AVX512_BF16) {
+    if (dtype == CODEC_BF16 && path == CODEC_HALF_AVX512_BF16) {
         f32_to_bf16_avx512(in, out, n);
         return;
     }
 #else
     (void)path;
 #endif
-    if (dtype == API_F16)
+    if (dtype == CODEC_F16)
         f32_to_f16_portable(in, out, n);
     else
         f32_to_bf16_portable(in, out, n);
@@ -280,11 +252,11 @@ void api_f32_to_half(api_dtype dtype, const float *in, uint8_t *out, size_t n,
 
 /* The largest magnitude each dtype holds without becoming infinite when
  * rounded to nearest even: below the midpoint to the next power of two. */
-bool api_half_fits(api_dtype dtype, const float *x, size_t n, size_t *at)
+bool codec_half_fits(codec_dtype dtype, const float *x, size_t n, size_t *at)
 {
     /* float16: 65504 + 16 (a tie that goes to 65536, infinite);
      * bfloat16: 0x1.fep127 + 2^119 likewise */
-    const uint32_t limit = dtype == API_F16 ? 0x477ff000u : 0x7f7f8000u;
+    const uint32_t limit = dtype == CODEC_F16 ? 0x477ff000u : 0x7f7f8000u;
     for (size_t i = 0; i < n; i++)
         if ((to_bits(x[i]) & 0x7fffffffu) >= limit) {
             *at = i;

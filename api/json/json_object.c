@@ -1,10 +1,9 @@
 /*
  * Walking validated JSON text without building it: the end of a value
- * (json_text_skip) and the members of an object (json_text_members). Both
+ * (codec_skip_value) and the members of an object (codec_members). Both
  * trust the validator for the grammar but still never read past `end`.
  */
 #include "codec_internal.h"
-#include "json_string.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -66,7 +65,7 @@ static cursor skip_container(cursor p, cursor end)
             p += __builtin_ctz(mask);
         }
 #endif
-        if (end - p >= 8 && !may_be_structural(api_load8(p))) {
+        if (end - p >= 8 && !may_be_structural(codec_load8(p))) {
             p += 8;
             continue;
         }
@@ -84,9 +83,9 @@ static cursor skip_container(cursor p, cursor end)
     return end;
 }
 
-const char *json_text_skip(const char *p, const char *end)
+const char *codec_skip_value(const char *p, const char *end)
 {
-    p = json_skip_ws(p, end);
+    p = codec_skip_ws(p, end);
     if (p == end)
         return end;
     if (*p == '"')
@@ -104,7 +103,7 @@ const char *json_text_skip(const char *p, const char *end)
 
 /* Is the key of member n (its text at key_text) the key of an earlier one?
  * Keys that did not fit (or hold a NUL) are compared through their text. */
-static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor end)
+static bool seen_before(const codec_member *m, size_t n, cursor key_text, cursor end)
 {
     bool whole = !m[n].key_too_long;
     for (size_t i = 0; i < n; i++) {
@@ -112,35 +111,41 @@ static bool seen_before(const json_member *m, size_t n, cursor key_text, cursor 
             if (strcmp(m[i].key, m[n].key) == 0)
                 return true;
         } else if (whole == !m[i].key_too_long &&
-                   json_string_equal(m[i].key_text, key_text, end))
+                   codec_string_equal(m[i].key_text, key_text, end))
             return true;
     }
     return false;
 }
 
 /* Reads the key at p (its opening quote) into m; returns the byte after it. */
-static cursor read_key(cursor p, cursor end, json_member *m)
+static cursor read_key(cursor p, cursor end, codec_member *m)
 {
     cursor after;
     m->key_text = p;
-    size_t klen = json_string_decode(p, end, m->key, sizeof m->key - 1, &after);
+    size_t klen = codec_string_decode(p, end, m->key, sizeof m->key - 1, &after);
     bool whole = klen < sizeof m->key && memchr(m->key, '\0', klen) == NULL;
     m->key[klen < sizeof m->key ? klen : sizeof m->key - 1] = '\0';
     m->key_too_long = !whole;
     return after;
 }
 
-static bool too_many(size_t max, const char *where, api_error *err)
+/* How messages name the object `where`: the top level is the body. */
+static const char *object_name(const char *where)
 {
-    return api_fail(err, 400, "too_many_fields", where, "%s has more than %zu fields",
-                    where[0] ? where : "the request body", max);
+    return where[0] ? where : "the request body";
+}
+
+static bool too_many(cursor text, cursor at, size_t max, const char *where, codec_error *err)
+{
+    return codec_fail(err, CODEC_ERR_TOO_MANY_MEMBERS, where, text, at,
+                      "%s has more than %zu fields", object_name(where), max);
 }
 
 /* Member n of out (its key read) must not repeat an earlier one. */
-static bool check_new(json_member *out, size_t n, cursor end, const char *where,
-                      api_error *err)
+static bool check_new(cursor text, codec_member *out, size_t n, cursor end, const char *where,
+                      codec_error *err)
 {
-    json_member *m = &out[n];
+    codec_member *m = &out[n];
     if (!seen_before(out, n, m->key_text, end))
         return true;
     char field[sizeof err->field], shown[80];
@@ -148,71 +153,82 @@ static bool check_new(json_member *out, size_t n, cursor end, const char *where,
     int w = snprintf(field, sizeof field, "%s%s%s", where, where[0] ? "." : "", m->key);
     if (w < 0)
         field[0] = '\0';
-    return api_fail(err, 400, "duplicate_key", field, "the key \"%s\" appears twice in %s",
-                    json_member_key_shown(m, shown, sizeof shown),
-                    where[0] ? where : "the request body");
+    return codec_fail(err, CODEC_ERR_DUPLICATE_KEY, field, text, m->key_text,
+                      "the key \"%s\" appears twice in %s",
+                      codec_member_key_shown(m, shown, sizeof shown), object_name(where));
 }
 
-bool json_text_members(const char *start, const char *end, json_member *out,
-                       size_t max, size_t *count, const char *where,
-                       api_error *err)
+bool codec_members_at(cursor text, cursor start, cursor end, codec_member *out, size_t max,
+                      size_t *count, const char *where, codec_error *err)
 {
-    cursor p = json_skip_ws(start, end);
+    cursor p = codec_skip_ws(start, end);
     *count = 0;
     if (p == end || *p != '{') {
         if (where[0])
-            return api_fail(err, 400, "wrong_type", where, "%s must be a JSON object", where);
-        return api_fail(err, 400, "wrong_type", "", "the request body must be a JSON object");
+            return codec_fail(err, CODEC_ERR_WRONG_TYPE, where, text, p,
+                              "%s must be a JSON object", where);
+        return codec_fail(err, CODEC_ERR_WRONG_TYPE, "", text, p,
+                          "the request body must be a JSON object");
     }
-    p = json_skip_ws(p + 1, end);
+    p = codec_skip_ws(p + 1, end);
     size_t n = 0;
     while (p < end && *p == '"') {
         if (n == max)
-            return too_many(max, where, err);
-        json_member *m = &out[n];
-        p = json_skip_ws(read_key(p, end, m), end);
+            return too_many(text, p, max, where, err);
+        codec_member *m = &out[n];
+        p = codec_skip_ws(read_key(p, end, m), end);
         if (p < end && *p == ':')
-            p = json_skip_ws(p + 1, end);
+            p = codec_skip_ws(p + 1, end);
         m->value = p;
-        m->value_end = json_text_skip(p, end);
-        if (!check_new(out, n, end, where, err))
+        m->value_end = codec_skip_value(p, end);
+        if (!check_new(text, out, n, end, where, err))
             return false;
         *count = ++n;
-        p = json_skip_ws(m->value_end, end);
+        p = codec_skip_ws(m->value_end, end);
         if (p == end || *p != ',')
             break;
-        p = json_skip_ws(p + 1, end);
+        p = codec_skip_ws(p + 1, end);
     }
     return true;
 }
 
-bool json_spans_members(const json_span *spans, size_t n, const char *end, json_member *out,
-                        size_t max, size_t *count, const char *where, api_error *err)
+bool codec_members(const char *p, const char *end, codec_member *out, size_t max,
+                   size_t *count, const char *where, codec_error *err)
+{
+    return codec_members_at(p, p, end, out, max, count, where, err);
+}
+
+bool codec_doc_members(const codec_doc *doc, codec_member *out, size_t max, size_t *count,
+                       const char *where, codec_error *err)
 {
     *count = 0;
-    for (size_t i = 0; i < n; i++) {
+    if (doc->members > doc->cap && max > doc->cap) /* more than were noted */
+        return codec_members_at(doc->text, doc->text, doc->end, out, max, count, where, err);
+    for (size_t i = 0; i < doc->members; i++) {
         if (i == max)
-            return too_many(max, where, err);
-        read_key(spans[i].key_text, end, &out[i]);
-        out[i].value = spans[i].value;
-        out[i].value_end = spans[i].value_end;
-        if (!check_new(out, i, end, where, err))
+            return too_many(doc->text, i < doc->cap ? doc->spans[i].key_text : NULL, max,
+                            where, err);
+        const codec_span *span = &doc->spans[i];
+        read_key(span->key_text, doc->end, &out[i]);
+        out[i].value = span->value;
+        out[i].value_end = span->value_end;
+        if (!check_new(doc->text, out, i, doc->end, where, err))
             return false;
         *count = i + 1;
     }
     return true;
 }
 
-const char *json_member_key_shown(const json_member *m, char *out, size_t cap)
+const char *codec_member_key_shown(const codec_member *m, char *out, size_t cap)
 {
     /* the key decoded (its closing quote lies before the value), then
      * escaped; a key longer than the buffer is cut at a character */
     char key[256];
-    size_t n = json_string_decode(m->key_text, m->value, key, sizeof key, NULL);
+    size_t n = codec_string_decode(m->key_text, m->value, key, sizeof key, NULL);
     bool cut = n > sizeof key;
     if (cut)
-        n = json_utf8_uncut(key, sizeof key);
-    size_t need = json_escape_text(out, cap > 3 ? cap - 3 : cap, key, n, 0);
+        n = codec_utf8_uncut(key, sizeof key);
+    size_t need = codec_escape_text(out, cap > 3 ? cap - 3 : cap, key, n, 0);
     if (cut || need >= cap - 3) {
         size_t w = strlen(out);
         memcpy(out + w, "...", 4);

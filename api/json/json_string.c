@@ -1,13 +1,12 @@
 /*
- * JSON strings: the UTF-8 check and the escaper of json_string.h, and the
+ * JSON strings: the UTF-8 check and the escaper of codec.h, and the
  * decoder that reads a string of validated text back (escapes resolved).
  */
 #include "codec_internal.h"
-#include "json_string.h"
 
 /* ------------------------------------------------------------------ UTF-8 */
 
-size_t json_utf8_sequence(const unsigned char *s, size_t avail)
+size_t codec_utf8_sequence(const unsigned char *s, size_t avail)
 {
     unsigned c = s[0];
     if (c < 0x80)
@@ -40,7 +39,7 @@ size_t json_utf8_sequence(const unsigned char *s, size_t avail)
     return n;
 }
 
-bool json_utf8_valid(const char *s, size_t n)
+bool codec_utf8_valid(const char *s, size_t n)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
     while (p < end) {
@@ -48,7 +47,7 @@ bool json_utf8_valid(const char *s, size_t n)
             p++;
             continue;
         }
-        size_t k = json_utf8_sequence(p, (size_t)(end - p));
+        size_t k = codec_utf8_sequence(p, (size_t)(end - p));
         if (!k)
             return false;
         p += k;
@@ -56,7 +55,7 @@ bool json_utf8_valid(const char *s, size_t n)
     return true;
 }
 
-size_t json_utf8_uncut(const char *s, size_t n)
+size_t codec_utf8_uncut(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     /* the last lead byte is within the last 3 bytes if a sequence is cut */
@@ -118,10 +117,10 @@ static unsigned code_point(const unsigned char *s, size_t n)
 static char *put_non_ascii(char *w, const unsigned char *p, size_t avail, unsigned flags,
                            size_t *used)
 {
-    size_t n = json_utf8_sequence(p, avail);
+    size_t n = codec_utf8_sequence(p, avail);
     unsigned cp = n ? code_point(p, n) : 0xfffd;
     *used = n ? n : 1;
-    if (!(flags & JSON_ESCAPE_ASCII) && cp != 0x2028 && cp != 0x2029) {
+    if (!(flags & CODEC_ESCAPE_ASCII) && cp != 0x2028 && cp != 0x2029) {
         if (n) {
             memcpy(w, p, n);
             return w + n;
@@ -142,7 +141,7 @@ static inline bool plain_byte(unsigned c)
     return c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
 }
 
-size_t json_escape_text(char *out, size_t cap, const char *s, size_t n, unsigned flags)
+size_t codec_escape_text(char *out, size_t cap, const char *s, size_t n, unsigned flags)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
     size_t need = 0, wrote = 0, room = cap ? cap - 1 : 0;
@@ -249,12 +248,12 @@ static int iter_next(string_iter *it)
     case 'u': break;
     default: return e; /* '"', '\\', '/' */
     }
-    long u = json_hex4(p + 2, end);
+    long u = codec_hex4(p + 2, end);
     if (u < 0) /* only in text that did not pass the validator */
         return 'u';
     it->p = p + 6;
     if (u >= 0xd800 && u <= 0xdbff && end - it->p >= 6 && it->p[0] == '\\' && it->p[1] == 'u') {
-        long lo = json_hex4(it->p + 2, end);
+        long lo = codec_hex4(it->p + 2, end);
         if (lo >= 0xdc00 && lo <= 0xdfff) {
             u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
             it->p += 6;
@@ -270,8 +269,8 @@ static const char *iter_after(const string_iter *it)
     return it->p < it->end ? it->p + 1 : it->end;
 }
 
-size_t json_string_decode(const char *start, const char *end, char *out,
-                          size_t cap, const char **after)
+size_t codec_string_decode(const char *start, const char *end, char *out,
+                           size_t cap, const char **after)
 {
     cursor p = start + 1;
     /* the common case: no escapes */
@@ -297,7 +296,7 @@ size_t json_string_decode(const char *start, const char *end, char *out,
     return n;
 }
 
-bool json_string_equal(const char *a, const char *b, const char *end)
+bool codec_string_equal(const char *a, const char *b, const char *end)
 {
     string_iter ia, ib;
     iter_start(&ia, a, end);

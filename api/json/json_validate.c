@@ -2,18 +2,18 @@
  * Strict JSON text (RFC 8259): the validator every body goes through once.
  *
  * The validator is a loop over an explicit stack, not a recursive descent:
- * nesting is bounded by API_MAX_DEPTH, and a body of 100000 '[' is refused
+ * nesting is bounded by CODEC_MAX_DEPTH, and a body of 100000 '[' is refused
  * at depth 65 without touching the C stack. The container kinds of the open
  * levels fit in one 64-bit word (bit d set: level d is an object).
  *
  * Bodies are not NUL-terminated: every read is guarded by `end`.
  */
 #include "codec_internal.h"
-#include "json_string.h"
 
+#include <stdio.h>
 #include <string.h>
 
-_Static_assert(API_MAX_DEPTH <= 64, "the open containers must fit in a uint64_t");
+_Static_assert(CODEC_MAX_DEPTH <= 64, "the open containers must fit in a uint64_t");
 
 static inline bool is_digit(char c)
 {
@@ -28,8 +28,7 @@ typedef struct {
     int depth;
     const char *what; /* the failure, for the message */
     cursor at;
-    json_span *spans; /* the top-level object's members, when asked for */
-    size_t cap, members;
+    codec_doc *doc;   /* where to note members and rows, when asked for */
 } walk;
 
 /* The states between values: each step function returns the next one. */
@@ -82,7 +81,7 @@ static cursor check_escape(walk *w, cursor p, cursor end)
     default:
         return fail_at(w, "invalid escape", p), NULL;
     }
-    long u = json_hex4(p + 2, end);
+    long u = codec_hex4(p + 2, end);
     if (u < 0)
         return fail_at(w, "\\u needs 4 hex digits", p), NULL;
     if (u >= 0xdc00 && u <= 0xdfff)
@@ -91,7 +90,7 @@ static cursor check_escape(walk *w, cursor p, cursor end)
         return p + 6;
     long lo = -1;
     if (end - p >= 12 && p[6] == '\\' && p[7] == 'u')
-        lo = json_hex4(p + 8, end);
+        lo = codec_hex4(p + 8, end);
     if (lo < 0xdc00 || lo > 0xdfff)
         return fail_at(w, "high surrogate escape without a low one", p), NULL;
     return p + 12;
@@ -104,7 +103,7 @@ static cursor check_string(walk *w, cursor p, cursor end)
     p++;
     for (;;) {
         /* long strings (base64 tensors) go 8 bytes at a time */
-        while (end - p >= 8 && !string_special8(api_load8(p)))
+        while (end - p >= 8 && !string_special8(codec_load8(p)))
             p += 8;
         while (p < end && !string_special[(unsigned char)*p])
             p++;
@@ -116,7 +115,7 @@ static cursor check_string(walk *w, cursor p, cursor end)
         if (c < 0x20)
             return fail_at(w, "control character in a string (escape it)", p), NULL;
         if (c >= 0x80) {
-            size_t n = json_utf8_sequence((const unsigned char *)p, (size_t)(end - p));
+            size_t n = codec_utf8_sequence((const unsigned char *)p, (size_t)(end - p));
             if (!n)
                 return fail_at(w, "invalid UTF-8", p), NULL;
             p += n;
@@ -136,7 +135,7 @@ static cursor check_string(walk *w, cursor p, cursor end)
 static inline cursor skip_digits(cursor p, cursor end)
 {
     while (end - p >= 16) {
-        int run = api_digit_run16(p);
+        int run = codec_digit_run16(p);
         p += run;
         if (run < 16)
             return p;
@@ -185,14 +184,14 @@ __attribute__((always_inline)) static inline cursor check_number(walk *w, cursor
 static inline cursor check_usual_number(cursor p)
 {
     cursor s = p + (*p == '-');
-    int n = api_digit_run16(s);
+    int n = codec_digit_run16(s);
     if (n == 0 || n == 16 || (n > 1 && *s == '0'))
         return NULL;
     s += n;
     if (*s == '.') {
-        int f = api_digit_run16(s + 1);
+        int f = codec_digit_run16(s + 1);
         if (f == 16) /* a float32 written as a double: 17 digits */
-            f += api_digit_run16(s + 17);
+            f += codec_digit_run16(s + 17);
         if (f == 0 || f == 32)
             return NULL;
         s += 1 + f;
@@ -211,13 +210,15 @@ static state check_number_row(walk *w)
     cursor blocks_from = p;
     for (;;) {
         if (p >= blocks_from && end - p >= 64) {
-            row_block b;
-            row_scan_block(p, &b);
-            if (b.len && row_block_grammar(&b)) {
+            codec_row_block b;
+            codec_row_scan(p, &b);
+            if (b.len && codec_row_grammar(&b)) {
+                if (w->doc && b.len >= CODEC_NOTE_MIN_LEN)
+                    codec_doc_note(w->doc, p, codec_row_numbers(&b));
                 /* whole numbers and their commas: what follows the last
                  * comma is the next element */
-                p = json_skip_ws(p + b.len, end);
-                if (p < end && api_starts_number(*p))
+                p = codec_skip_ws(p + b.len, end);
+                if (p < end && codec_starts_number(*p))
                     continue;
                 w->p = p;
                 return VALUE;
@@ -231,16 +232,16 @@ static state check_number_row(walk *w)
         /* Python's separator ", " (or a bare ','), then a number: the usual */
         if (end - p >= 3 && p[0] == ',') {
             cursor next = p + 1 + (p[1] == ' ');
-            if (api_starts_number(*next)) {
+            if (codec_starts_number(*next)) {
                 p = next;
                 continue;
             }
         }
-        p = json_skip_ws(p, end);
+        p = codec_skip_ws(p, end);
         if (p == end || *p != ',')
             break;
-        cursor next = json_skip_ws(p + 1, end);
-        if (next == end || !api_starts_number(*next)) {
+        cursor next = codec_skip_ws(p + 1, end);
+        if (next == end || !codec_starts_number(*next)) {
             w->p = next;
             return VALUE;
         }
@@ -263,7 +264,7 @@ static cursor check_literal(walk *w, cursor p, cursor end, const char *word)
 /* At '{' or '[': opens a level (or closes it at once when empty). */
 static state open_container(walk *w)
 {
-    if (w->depth == API_MAX_DEPTH)
+    if (w->depth == CODEC_MAX_DEPTH)
         return fail_at(w, "nesting deeper than 64 levels", w->p);
     bool object = *w->p == '{';
     if (object)
@@ -271,7 +272,7 @@ static state open_container(walk *w)
     else
         w->is_object &= ~(UINT64_C(1) << w->depth);
     w->depth++;
-    w->p = json_skip_ws(w->p + 1, w->end);
+    w->p = codec_skip_ws(w->p + 1, w->end);
     if (w->p < w->end && *w->p == (object ? '}' : ']')) {
         w->p++;
         w->depth--;
@@ -321,16 +322,17 @@ static state check_value(walk *w)
  * container (or of the text). */
 static state after_value(walk *w)
 {
-    if (w->depth == 1 && w->members && w->members <= w->cap && in_object(w))
-        w->spans[w->members - 1].value_end = w->p; /* a top-level member's value ends */
-    cursor p = json_skip_ws(w->p, w->end);
+    codec_doc *doc = w->doc;
+    if (doc && w->depth == 1 && doc->members && doc->members <= doc->cap && in_object(w))
+        doc->spans[doc->members - 1].value_end = w->p; /* a top-level member's value ends */
+    cursor p = codec_skip_ws(w->p, w->end);
     if (w->depth == 0)
         return p == w->end ? DONE : fail_at(w, "unexpected data after the JSON value", p);
     if (p == w->end)
         return fail_at(w, "unexpected end (unclosed array or object)", p);
     bool object = in_object(w);
     if (*p == ',') {
-        w->p = json_skip_ws(p + 1, w->end);
+        w->p = codec_skip_ws(p + 1, w->end);
         return object ? KEY : VALUE;
     }
     if (*p == (object ? '}' : ']')) {
@@ -350,47 +352,26 @@ static state check_key(walk *w)
     p = check_string(w, p, end);
     if (!p)
         return FAILED;
-    p = json_skip_ws(p, end);
+    p = codec_skip_ws(p, end);
     if (p == end || *p != ':')
         return fail_at(w, "expected ':' after the key", p);
     cursor key = w->p;
-    w->p = json_skip_ws(p + 1, end);
-    if (w->depth == 1 && w->spans) {
-        if (w->members < w->cap)
-            w->spans[w->members] = (json_span){.key_text = key, .value = w->p};
-        w->members++;
+    w->p = codec_skip_ws(p + 1, end);
+    codec_doc *doc = w->doc;
+    if (w->depth == 1 && doc) {
+        if (doc->members < doc->cap)
+            doc->spans[doc->members] = (codec_span){.key_text = key, .value = w->p};
+        doc->members++;
     }
     return VALUE;
 }
 
-/* Line and column (both from 1) of byte `at`, for people reading errors. */
-static void line_column(cursor buf, cursor at, long *line, long *col)
+static bool validate(const char *text, size_t len, codec_doc *doc, codec_error *err)
 {
-    long l = 1;
-    cursor line_start = buf;
-    for (cursor p = buf; p < at; p++)
-        if (*p == '\n') {
-            l++;
-            line_start = p + 1;
-        }
-    *line = l;
-    *col = (long)(at - line_start) + 1;
-}
-
-bool json_text_validate(const char *buf, size_t len, api_error *err)
-{
-    size_t unused;
-    return json_text_validate_spans(buf, len, NULL, 0, &unused, err);
-}
-
-bool json_text_validate_spans(const char *buf, size_t len, json_span *spans, size_t cap,
-                              size_t *members, api_error *err)
-{
-    walk w = {.p = json_skip_ws(buf, buf + len), .end = buf + len, .spans = spans,
-              .cap = cap};
+    walk w = {.p = codec_skip_ws(text, text + len), .end = text + len, .doc = doc};
     state s = VALUE;
     if (len == 0)
-        s = fail_at(&w, "empty body (expected a JSON value)", buf);
+        s = fail_at(&w, "empty body (expected a JSON value)", text);
     while (s != DONE && s != FAILED) {
         switch (s) {
         case VALUE: s = check_value(&w); break;
@@ -399,12 +380,26 @@ bool json_text_validate_spans(const char *buf, size_t len, json_span *spans, siz
         default: break;
         }
     }
-    *members = w.members;
     if (s == DONE)
         return true;
-    long line, col;
-    line_column(buf, w.at, &line, &col);
-    return api_fail(err, 400, "invalid_json", "",
-                    "invalid JSON: %s at byte %ld (line %ld, column %ld)", w.what,
-                    (long)(w.at - buf), line, col);
+    codec_fail(err, CODEC_ERR_SYNTAX, "", text, w.at, "invalid JSON: %s", w.what);
+    snprintf(err->message, sizeof err->message,
+             "invalid JSON: %s at byte %zu (line %ld, column %ld)", w.what, err->offset,
+             err->line, err->column);
+    return false;
+}
+
+bool codec_validate(const char *text, size_t len, codec_error *err)
+{
+    return validate(text, len, NULL, err);
+}
+
+bool codec_doc_validate(codec_doc *doc, const char *text, size_t len, codec_span *spans,
+                        size_t cap, codec_error *err)
+{
+    *doc = (codec_doc){.text = text, .end = text + len, .spans = spans, .cap = cap};
+    if (validate(text, len, doc, err))
+        return true;
+    codec_doc_free(doc);
+    return false;
 }

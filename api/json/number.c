@@ -1,5 +1,9 @@
 /*
- * Reading one JSON number into float32 the way a Python client means it:
+ * Reading JSON numbers: into float32 the way a Python client means it, and
+ * as integers (exactly), both from one decomposition of the text into
+ * digits and a power of ten (read_decimal).
+ *
+ * A float32 is read as Python reads it:
  * float(text) (correctly rounded to double), then converted to float32.
  * Rounding twice is not the same as rounding once to float32, so the double
  * step is kept on purpose: the result is exactly (float)strtod(text), which
@@ -19,8 +23,12 @@
  * 3. What the fast paths leave: more than 19 significant digits (the value
  *    lies between w * 10^q and (w + 1) * 10^q, and when both read as the
  *    same float32 so does it), and the undecided cases: strtod on a
- *    NUL-terminated copy. strtod follows LC_NUMERIC; attnd never calls
- *    setlocale, so the "C" locale (decimal point '.') holds.
+ *    NUL-terminated copy. strtod follows LC_NUMERIC: a program that uses
+ *    the codec must leave it at "C" (decimal point '.'); attnd never calls
+ *    setlocale.
+ *
+ * An integer is w * 10^q with no fractional part: decided on the digits,
+ * never on a rounded double.
  */
 #include "codec_internal.h"
 
@@ -296,9 +304,9 @@ __attribute__((always_inline)) static inline const char *read_digits(const char 
                 v = v * 10 + (unsigned)(*s - '0');
             break;
         }
-        uint64_t x = api_load8(s);
-        int run = api_leading_digits8(x);
-        v = v * pow10_run[run] + api_digits8_value(api_digit_values(x, run));
+        uint64_t x = codec_load8(s);
+        int run = codec_leading_digits8(x);
+        v = v * pow10_run[run] + codec_digits8_value(codec_digit_values(x, run));
         s += run;
         if (run < 8)
             break;
@@ -307,32 +315,66 @@ __attribute__((always_inline)) static inline const char *read_digits(const char 
     return s;
 }
 
-/* More than 19 significant digits, text [digits, end) before the exponent
- * part e: x lies in [w, w + 1) * 10^q for the first 19 digits w, and
- * float32(double(.)) is monotone, so when both ends give the same float32
- * so does x. */
-__attribute__((noinline, cold)) static bool parse_long(const char *digits, const char *end,
-                                                       long e, bool neg, const char *text_end,
-                                                       float *out)
+/* A JSON number as digits and a power of ten: its value is
+ * (-1)^neg * (w + r) * 10^q for some 0 <= r < 1, where w holds the first 19
+ * significant digits and r > 0 exactly when `dropped` (a non-zero digit
+ * after those 19). */
+typedef struct {
+    uint64_t w;
+    long q;
+    bool neg, dropped;
+} decimal;
+
+/* Reads the number at p (validated text) into d; returns the byte after
+ * it. The digits go into w (w * 10 + d per digit, modulo 2^64: exact while
+ * there are at most 19 significant ones); more than 19 are read again. */
+__attribute__((always_inline)) static inline const char *read_decimal(const char *p,
+                                                                       const char *end,
+                                                                       decimal *d)
 {
-    bool dropped;
-    long k;
-    uint64_t w = first_19_digits(digits, end, &k, &dropped);
-    float lo, hi;
-    bool lo_ok = to_float(w, k + e, neg, digits, text_end, &lo);
-    if (!dropped) {
-        *out = lo;
-        return lo_ok;
+    d->neg = p < end && *p == '-';
+    const char *digits = p + d->neg, *s = digits;
+    uint64_t w = 0;
+    /* the whole part: one digit, mostly */
+    for (; s < end && is_digit(*s); s++)
+        w = w * 10 + (unsigned)(*s - '0');
+    long n_digits = s - digits, n_frac = 0;
+    if (s < end && *s == '.') {
+        const char *frac = s + 1;
+        s = read_digits(frac, end, &w);
+        n_frac = s - frac;
+        n_digits += n_frac;
     }
-    bool hi_ok = to_float(w + 1, k + e, neg, digits, text_end, &hi);
+    const char *digits_end = s;
+    long e = read_exponent(&s, end);
+    d->w = w;
+    d->q = e - n_frac;
+    d->dropped = false;
+    if (__builtin_expect(n_digits > 19, 0) && n_digits - leading_zeros(digits, digits_end) > 19) {
+        long k;
+        d->w = first_19_digits(digits, digits_end, &k, &d->dropped);
+        d->q = k + e;
+    }
+    return s;
+}
+
+/* A number with digits dropped (text [digits, text_end), after the sign):
+ * x lies in [w, w + 1) * 10^q, and float32(double(.)) is monotone, so when
+ * both ends give the same float32 so does x. */
+__attribute__((noinline, cold)) static bool parse_long(const decimal *d, const char *digits,
+                                                       const char *text_end, float *out)
+{
+    float lo, hi;
+    bool lo_ok = to_float(d->w, d->q, d->neg, digits, text_end, &lo);
+    bool hi_ok = to_float(d->w + 1, d->q, d->neg, digits, text_end, &hi);
     if (lo_ok && hi_ok && lo == hi) {
         *out = lo;
         return true;
     }
-    double d = strtod_of(digits, text_end);
-    if (d >= F32_OVERFLOW)
+    double x = strtod_of(digits, text_end);
+    if (x >= F32_OVERFLOW)
         return false;
-    *out = neg ? -(float)d : (float)d;
+    *out = d->neg ? -(float)x : (float)x;
     return true;
 }
 
@@ -341,8 +383,8 @@ __attribute__((noinline, cold)) static bool parse_long(const char *digits, const
 static inline uint64_t value16(const char *s, int n)
 {
     int a = n < 8 ? n : 8, b = n - a;
-    uint64_t hi = api_digits8_value(api_digit_values(api_load8(s), a));
-    uint64_t lo = api_digits8_value(api_digit_values(api_load8(s + 8), b));
+    uint64_t hi = codec_digits8_value(codec_digit_values(codec_load8(s), a));
+    uint64_t lo = codec_digits8_value(codec_digit_values(codec_load8(s + 8), b));
     return hi * pow10_run[b] + lo;
 }
 
@@ -364,23 +406,24 @@ static const uint64_t pow10_u64[20] = {
  * not of that kind (nothing is written then); *ok says whether it is finite
  * as a float32.
  */
-__attribute__((always_inline)) static inline bool parse_fast(const char *p, const char **stop, float *out, bool *ok)
+__attribute__((always_inline)) static inline bool parse_fast(const char *p, const char **stop,
+                                                             float *out, bool *ok)
 {
     bool neg = *p == '-';
     const char *digits = p + neg, *s = digits;
-    int n_whole = api_digit_run16(s);
+    int n_whole = codec_digit_run16(s);
     uint64_t w;
     if (n_whole == 1) /* the usual: |x| < 10 */
         w = (unsigned)(*s - '0');
     else if (n_whole >= 2 && n_whole <= 8)
-        w = api_digits8_value(api_digit_values(api_load8(s), n_whole));
+        w = codec_digits8_value(codec_digit_values(codec_load8(s), n_whole));
     else
         return false;
     s += n_whole;
     int n_frac = 0;
     if (*s == '.') {
         const char *frac = s + 1;
-        n_frac = api_digit_run16(frac);
+        n_frac = codec_digit_run16(frac);
         uint64_t f = value16(frac, n_frac);
         s = frac + n_frac;
         if (n_frac == 16) /* a float32 printed as a double: 17 digits */
@@ -403,40 +446,61 @@ __attribute__((always_inline)) static inline bool parse_fast(const char *p, cons
 }
 
 __attribute__((always_inline)) static inline bool parse_one(const char *p, const char *end,
-                                                         const char **stop, float *out)
+                                                            const char **stop, float *out)
 {
     bool ok;
     if (end - p >= FAST_READ && parse_fast(p, stop, out, &ok))
         return ok;
-    bool neg = p < end && *p == '-';
-    const char *digits = p + neg, *s = digits;
-    uint64_t w = 0;
-    /* the whole part: one digit, mostly */
-    for (; s < end && is_digit(*s); s++)
-        w = w * 10 + (unsigned)(*s - '0');
-    long n_digits = s - digits, n_frac = 0;
-    if (s < end && *s == '.') {
-        const char *frac = s + 1;
-        s = read_digits(frac, end, &w);
-        n_frac = s - frac;
-        n_digits += n_frac;
-    }
-    const char *digits_end = s;
-    long e = read_exponent(&s, end);
-    *stop = s;
-    if (__builtin_expect(n_digits > 19, 0) && n_digits - leading_zeros(digits, digits_end) > 19)
-        return parse_long(digits, digits_end, e, neg, s, out);
-    if (w == 0) {
-        *out = neg ? -0.0f : 0.0f;
+    decimal d;
+    const char *digits = p + (p < end && *p == '-');
+    *stop = read_decimal(p, end, &d);
+    if (__builtin_expect(d.dropped, 0))
+        return parse_long(&d, digits, *stop, out);
+    if (d.w == 0) {
+        *out = d.neg ? -0.0f : 0.0f;
         return true;
     }
-    return to_float(w, e - n_frac, neg, digits, s, out);
+    return to_float(d.w, d.q, d.neg, digits, *stop, out);
 }
 
-bool api_parse_number(const char *p, const char *end, const char **stop,
-                      float *out)
+bool codec_parse_float(const char *p, const char *end, const char **stop,
+                       float *out)
 {
     return parse_one(p, end, stop, out);
+}
+
+codec_int_result codec_parse_integer(const char *p, const char *end, int64_t limit,
+                                     const char **stop, int64_t *out)
+{
+    decimal d;
+    *stop = read_decimal(p, end, &d);
+    *out = 0;
+    if (d.w == 0) /* every digit 0 (-0 too) */
+        return CODEC_INT_OK;
+    int n_digits = 1;
+    while (n_digits < 20 && d.w >= pow10_u64[n_digits])
+        n_digits++;
+    /* 20 digits before the point or more: past 10^19, and any limit */
+    if (n_digits + d.q > 19)
+        return CODEC_INT_RANGE;
+    uint64_t whole, rest;
+    if (d.q >= 0) { /* q <= 18 here, and w * 10^q < 10^19 */
+        whole = d.w * pow10_u64[d.q];
+        rest = 0;
+    } else if (d.q < -19) { /* w < 10^19 <= 10^-q */
+        whole = 0;
+        rest = d.w;
+    } else {
+        whole = d.w / pow10_u64[-d.q];
+        rest = d.w % pow10_u64[-d.q];
+    }
+    bool fraction = rest != 0 || d.dropped;
+    if (whole > (uint64_t)limit || (whole == (uint64_t)limit && fraction))
+        return CODEC_INT_RANGE;
+    if (fraction)
+        return CODEC_INT_FRACTION;
+    *out = d.neg ? -(int64_t)whole : (int64_t)whole;
+    return CODEC_INT_OK;
 }
 
 /* Bytes from a block's start that reading its numbers may touch: a number
@@ -444,36 +508,38 @@ bool api_parse_number(const char *p, const char *end, const char **stop,
 #define BLOCK_READ 96
 
 /*
- * The numbers of a block (row_scan.c) whose grammar holds, at most room of
- * them, into out; returns how many were read. When one is not finite as a
- * float32, the count stops before it, *bad is its first byte and *stop the
- * byte after it. The bounds come from the masks, so no number waits for the
- * one before it.
+ * The numbers of a block (row_scan.c) whose grammar holds, given by the
+ * bytes that belong to them (digits, points, minus signs) and, among those,
+ * the points and the minus signs; at most room of them, into out; returns
+ * how many were read. When one is not finite as a float32, the count stops
+ * before it, *bad is its first byte and *stop the byte after it. The bounds
+ * come from the masks, so no number waits for the one before it.
  */
-static size_t parse_block(const char *p, const row_block *b, float *out, size_t room,
-                          const char **stop, const char **bad)
+static size_t parse_block(const char *p, uint64_t numbers, uint64_t points, uint64_t minus,
+                          float *out, size_t room, const char **stop, const char **bad)
 {
-    uint64_t number = b->digit | b->point | b->minus;
-    uint64_t starts = number & ~(number << 1), ends = number & ~(number >> 1);
+    uint64_t starts = numbers & ~(numbers << 1), ends = numbers & ~(numbers >> 1);
     size_t n = 0;
     for (; starts && n < room; starts &= starts - 1, ends &= ends - 1, n++) {
         int s = __builtin_ctzll(starts), e = __builtin_ctzll(ends) + 1;
         uint64_t span = (ends & -ends) * 2 - (starts & -starts); /* bits s..e-1 */
-        uint64_t point = b->point & span;
-        bool neg = b->minus >> s & 1;
+        uint64_t point = points & span;
+        bool neg = minus >> s & 1;
         const char *digits = p + s + neg, *after = p + e;
         int n_whole = (int)((point ? p + __builtin_ctzll(point) : after) - digits);
         int n_frac = point ? (int)(after - digits) - n_whole - 1 : 0;
         bool ok;
         if (n_whole <= 8 && n_frac <= 19 && n_whole + n_frac <= 19) {
-            uint64_t w = api_digits8_value(api_digit_values(api_load8(digits), n_whole));
+            uint64_t w = codec_digits8_value(codec_digit_values(codec_load8(digits), n_whole));
             if (n_frac) {
                 const char *frac = digits + n_whole + 1;
                 int head = n_frac < 16 ? n_frac : 16;
                 uint64_t f = value16(frac, head);
-                if (n_frac > 16) /* a float32 printed as a double: 17 digits */
+                if (n_frac > 16) { /* a float32 printed as a double: 17 digits */
+                    uint64_t tail = codec_load8(frac + 16);
                     f = f * pow10_run[n_frac - 16] +
-                        api_digits8_value(api_digit_values(api_load8(frac + 16), n_frac - 16));
+                        codec_digits8_value(codec_digit_values(tail, n_frac - 16));
+                }
                 w = w * pow10_u64[n_frac] + f;
             }
             if (w == 0) {
@@ -494,38 +560,70 @@ static size_t parse_block(const char *p, const row_block *b, float *out, size_t 
     return n;
 }
 
-size_t api_parse_number_row(const char *p, const char *end, float *out, size_t room,
-                            const char **stop, const char **bad)
+/* The first noted block at or after p, or NULL (no notes, or none left). */
+static inline const char *next_note(codec_notes *notes, const char *p)
+{
+    if (!notes)
+        return NULL;
+    while (notes->i < notes->n && notes->text + notes->at[notes->i] < p)
+        notes->i++;
+    return notes->i < notes->n ? notes->text + notes->at[notes->i] : NULL;
+}
+
+size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t room,
+                             const char **stop, const char **bad, codec_notes *notes)
 {
     size_t n = 0;
     *bad = NULL;
     /* where a block did not apply, numbers are read one by one past it */
     const char *blocks_from = p;
     while (n < room) {
-        if (p >= blocks_from && end - p >= BLOCK_READ) {
-            row_block b;
-            row_scan_block(p, &b);
-            if (b.len && row_block_grammar(&b)) {
+        if (end - p >= BLOCK_READ) {
+            /* A block: with notes, one the validator noted here (where it
+             * noted none, the row's numbers here are few or unusual, and
+             * are read one by one up to the next note); without, one
+             * classified now. */
+            uint64_t numbers = 0, points = 0, minus = 0;
+            const char *comma = NULL;
+            if (notes) {
+                if (next_note(notes, p) == p) {
+                    numbers = notes->numbers[notes->i++];
+                    codec_row_signs(p, &points, &minus);
+                    points &= numbers; /* the block ends at its last comma */
+                    minus &= numbers;
+                    /* its last comma follows its last number (and spaces) */
+                    comma = codec_skip_ws(p + 64 - __builtin_clzll(numbers), end);
+                }
+            } else if (p >= blocks_from) {
+                codec_row_block b;
+                codec_row_scan(p, &b);
+                if (b.len && codec_row_grammar(&b)) {
+                    numbers = codec_row_numbers(&b);
+                    points = b.point;
+                    minus = b.minus;
+                    comma = p + b.len - 1;
+                } else
+                    blocks_from = p + 64;
+            }
+            if (numbers) {
                 /* a block holds at most 32 numbers ("1,1,..."): counted
                  * only when the room is short of that */
-                uint64_t number = b.digit | b.point | b.minus;
                 size_t count = room - n >= 32
                                    ? 32
-                                   : (size_t)__builtin_popcountll(number & ~(number << 1));
+                                   : (size_t)__builtin_popcountll(numbers & ~(numbers << 1));
                 if (count <= room - n) {
-                    n += parse_block(p, &b, out + n, count, stop, bad);
+                    n += parse_block(p, numbers, points, minus, out + n, count, stop, bad);
                     if (*bad)
                         return n;
                     /* on the comma, as after ", <number>" below */
-                    const char *comma = p + b.len - 1;
                     *stop = comma;
-                    p = json_skip_ws(comma + 1, end);
-                    if (p == end || !api_starts_number(*p))
+                    p = codec_skip_ws(comma + 1, end);
+                    if (p == end || !codec_starts_number(*p))
                         return n;
                     continue;
                 }
+                blocks_from = p + 64;
             }
-            blocks_from = p + 64;
         }
         const char *after;
         if (!parse_one(p, end, &after, &out[n])) {
@@ -537,18 +635,18 @@ size_t api_parse_number_row(const char *p, const char *end, float *out, size_t r
         /* Python's separator ", " (or a bare ','), then a number: the usual */
         if (end - after >= 3 && after[0] == ',') {
             const char *next = after + 1 + (after[1] == ' ');
-            if (api_starts_number(*next)) {
+            if (codec_starts_number(*next)) {
                 *stop = after;
                 p = next;
                 continue;
             }
         }
-        p = json_skip_ws(after, end);
+        p = codec_skip_ws(after, end);
         *stop = p;
         if (p == end || *p != ',')
             return n;
-        const char *next = json_skip_ws(p + 1, end);
-        if (next == end || !api_starts_number(*next))
+        const char *next = codec_skip_ws(p + 1, end);
+        if (next == end || !codec_starts_number(*next))
             return n; /* *stop stays at the ',' */
         p = next;
     }

@@ -15,17 +15,10 @@
  * whole numbers only. The callers check the text with the usual one-number
  * code wherever a block does not apply.
  *
- * The classification has one body per instruction set, chosen once per
- * process (the widest this CPU runs, or the one ATTN_KERNEL names, so that
- * the test suites run each); the grammar is plain C on the masks.
+ * The classification has one body per instruction set, at the width in
+ * use (simd.c); the grammar is plain C on the masks.
  */
 #include "codec_internal.h"
-
-#include <stdatomic.h>
-#include <stdlib.h>
-
-#include "attn.h"
-#include "cpu_features.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ROW_SCAN_X86 1
@@ -51,11 +44,11 @@ static inline uint64_t bytes_equal8(uint64_t x, unsigned char c)
     return ~(((y & low7) + low7) | y | low7);
 }
 
-static void classify_portable(const char *p, row_block *b)
+static void classify_portable(const char *p, codec_row_block *b)
 {
-    *b = (row_block){0};
+    *b = (codec_row_block){0};
     for (int i = 0; i < 8; i++) {
-        uint64_t x = api_load8(p + 8 * i);
+        uint64_t x = codec_load8(p + 8 * i);
         /* a digit: high nibble 3, and the low nibble plus 6 stays below 16 */
         uint64_t digit = bytes_equal8(x & 0xf0f0f0f0f0f0f0f0u, 0x30) &
                          ~(((x & 0x0f0f0f0f0f0f0f0fu) + 0x0606060606060606u) << 3);
@@ -73,9 +66,9 @@ static void classify_portable(const char *p, row_block *b)
 
 #ifdef ROW_SCAN_X86
 /* 16 bytes per step: baseline x86-64, no dispatch needed. */
-static void classify_sse2(const char *p, row_block *b)
+static void classify_sse2(const char *p, codec_row_block *b)
 {
-    *b = (row_block){0};
+    *b = (codec_row_block){0};
     for (int i = 0; i < 4; i++) {
         __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
         /* bytes - ('0' + 128): the digits become -128..-119, the rest above */
@@ -98,9 +91,9 @@ static void classify_sse2(const char *p, row_block *b)
     }
 }
 
-__attribute__((target("avx2"))) static void classify_avx2(const char *p, row_block *b)
+__attribute__((target("avx2"))) static void classify_avx2(const char *p, codec_row_block *b)
 {
-    *b = (row_block){0};
+    *b = (codec_row_block){0};
     for (int i = 0; i < 2; i++) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * i));
         __m256i t = _mm256_sub_epi8(x, _mm256_set1_epi8((char)('0' + 128)));
@@ -122,7 +115,8 @@ __attribute__((target("avx2"))) static void classify_avx2(const char *p, row_blo
     }
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void classify_avx512(const char *p, row_block *b)
+__attribute__((target("avx512f,avx512bw"))) static void classify_avx512(const char *p,
+                                                                      codec_row_block *b)
 {
     __m512i x = _mm512_loadu_si512((const void *)p);
     b->digit = _mm512_cmplt_epu8_mask(_mm512_sub_epi8(x, _mm512_set1_epi8('0')),
@@ -138,74 +132,83 @@ __attribute__((target("avx512f,avx512bw"))) static void classify_avx512(const ch
 }
 #endif
 
-/* ------------------------------------------------------------ the paths */
+/* ------------------------------------------------ points and minus signs */
 
-bool row_scan_supported(row_scan_path path)
+/* What the reader of a noted block needs besides its numbers' bounds (which
+ * the validator noted): which bytes are points and minus signs. Two byte
+ * compares per vector, a fraction of a classification and no grammar. */
+static void signs_portable(const char *p, uint64_t *point, uint64_t *minus)
 {
-    switch (path) {
-    case ROW_SCAN_PORTABLE:
-        return true;
+    *point = *minus = 0;
+    for (int i = 0; i < 8; i++) {
+        uint64_t x = codec_load8(p + 8 * i);
+        *point |= high_bits8(bytes_equal8(x, '.')) << 8 * i;
+        *minus |= high_bits8(bytes_equal8(x, '-')) << 8 * i;
+    }
+}
+
 #ifdef ROW_SCAN_X86
-    case ROW_SCAN_SSE2:
-        return true;
-    case ROW_SCAN_AVX2:
-        return cpu_has(CPU_AVX2);
-    case ROW_SCAN_AVX512:
-        return cpu_has(CPU_AVX512F | CPU_AVX512BW);
+static void signs_sse2(const char *p, uint64_t *point, uint64_t *minus)
+{
+    *point = *minus = 0;
+    for (int i = 0; i < 4; i++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
+        *point |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')))
+                  << 16 * i;
+        *minus |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('-')))
+                  << 16 * i;
+    }
+}
+
+__attribute__((target("avx2"))) static void signs_avx2(const char *p, uint64_t *point,
+                                                        uint64_t *minus)
+{
+    *point = *minus = 0;
+    for (int i = 0; i < 2; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * i));
+        *point |= (uint64_t)(uint32_t)_mm256_movemask_epi8(
+                      _mm256_cmpeq_epi8(x, _mm256_set1_epi8('.'))) << 32 * i;
+        *minus |= (uint64_t)(uint32_t)_mm256_movemask_epi8(
+                      _mm256_cmpeq_epi8(x, _mm256_set1_epi8('-'))) << 32 * i;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void signs_avx512(const char *p,
+                                                                   uint64_t *point,
+                                                                   uint64_t *minus)
+{
+    __m512i x = _mm512_loadu_si512((const void *)p);
+    *point = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8('.'));
+    *minus = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8('-'));
+}
 #endif
-    default:
-        return false;
+
+void codec_row_signs_with(const char *p, uint64_t *point, uint64_t *minus, codec_simd simd)
+{
+    switch (simd) {
+#ifdef ROW_SCAN_X86
+    case CODEC_SIMD_SSE2: signs_sse2(p, point, minus); break;
+    case CODEC_SIMD_AVX2: signs_avx2(p, point, minus); break;
+    case CODEC_SIMD_AVX512: signs_avx512(p, point, minus); break;
+#endif
+    default: signs_portable(p, point, minus); break;
     }
 }
 
-static row_scan_path choose(void)
+void codec_row_signs(const char *p, uint64_t *point, uint64_t *minus)
 {
-    /* ATTN_KERNEL (tests, benchmarks) picks the matching width, so that the
-     * suites run once per kernel run the codec's paths too. */
-    static const row_scan_path for_kernel[] = {
-        [ATTN_KERNEL_GENERIC] = ROW_SCAN_PORTABLE,
-        [ATTN_KERNEL_AVX2] = ROW_SCAN_AVX2,
-        [ATTN_KERNEL_AVX512] = ROW_SCAN_AVX512,
-    };
-    if (attn_kernel_forced()) {
-        row_scan_path want = for_kernel[attn_kernel()];
-        if (row_scan_supported(want))
-            return want;
-    }
-    static const row_scan_path order[] = {ROW_SCAN_AVX512, ROW_SCAN_AVX2, ROW_SCAN_SSE2};
-    for (size_t i = 0; i < sizeof order / sizeof *order; i++)
-        if (row_scan_supported(order[i]))
-            return order[i];
-    return ROW_SCAN_PORTABLE;
-}
-
-static _Atomic int chosen = -1;
-
-row_scan_path row_scan_chosen(void)
-{
-    int c = atomic_load_explicit(&chosen, memory_order_relaxed);
-    if (c < 0) { /* every thread that races here computes the same answer */
-        c = (int)choose();
-        atomic_store_explicit(&chosen, c, memory_order_relaxed);
-    }
-    return (row_scan_path)c;
-}
-
-const char *row_scan_path_name(row_scan_path path)
-{
-    static const char *const names[] = {"portable", "sse2", "avx2", "avx512"};
-    return path <= ROW_SCAN_AVX512 ? names[path] : "unknown";
+    codec_row_signs_with(p, point, minus, codec_simd_in_use());
 }
 
 /* -------------------------------------------------------------- a block */
 
-void row_scan_block_path(const char *p, row_block *b, row_scan_path path)
+void codec_row_scan_with(const char *p, codec_row_block *b, codec_simd simd)
 {
-    switch (path) {
+    switch (simd) {
 #ifdef ROW_SCAN_X86
-    case ROW_SCAN_SSE2: classify_sse2(p, b); break;
-    case ROW_SCAN_AVX2: classify_avx2(p, b); break;
-    case ROW_SCAN_AVX512: classify_avx512(p, b); break;
+    case CODEC_SIMD_SSE2: classify_sse2(p, b); break;
+    case CODEC_SIMD_AVX2: classify_avx2(p, b); break;
+    case CODEC_SIMD_AVX512: classify_avx512(p, b); break;
 #endif
     default: classify_portable(p, b); break;
     }
@@ -223,9 +226,9 @@ void row_scan_block_path(const char *p, row_block *b, row_scan_path path)
     b->space &= keep;
 }
 
-void row_scan_block(const char *p, row_block *b)
+void codec_row_scan(const char *p, codec_row_block *b)
 {
-    row_scan_block_path(p, b, row_scan_chosen());
+    codec_row_scan_with(p, b, codec_simd_in_use());
 }
 
 /* The first byte that is not whitespace, from each bit of `from` on: a bit
@@ -242,7 +245,7 @@ static inline uint64_t past_space(uint64_t from, uint64_t space)
  * comma: exactly what the one-number code accepts there. Every rule is a
  * mask that must come out empty.
  */
-bool row_block_grammar(const row_block *b)
+bool codec_row_grammar(const codec_row_block *b)
 {
     uint64_t number = b->digit | b->point | b->minus;
     uint64_t starts = number & ~(number << 1), ends = number & ~(number >> 1);

@@ -3,7 +3,7 @@
  * array of the object form), checked to be rectangular as they are read.
  *
  * One pass over the (validated) text, reading numbers straight into a
- * growing float32 buffer: no json_t per number, no recursion (the open
+ * growing float32 buffer: no node per number, no recursion (the open
  * arrays are a small array of counters), and a tight loop for the innermost
  * rows, where nearly all of the bytes are. Every read is still bounded by
  * `end`, so text that did not pass the validator gives an error or a wrong
@@ -17,7 +17,7 @@
 
 /* ------------------------------------------------------------ names */
 
-const char *tensor_kind_of(char c)
+const char *codec_kind_name(char c)
 {
     switch (c) {
     case '"': return "a string";
@@ -25,11 +25,11 @@ const char *tensor_kind_of(char c)
     case 't': case 'f': return "a boolean";
     case '{': return "an object";
     case '[': return "an array";
-    default: return tensor_starts_number(c) ? "a number" : "something that is not JSON";
+    default: return codec_starts_number(c) ? "a number" : "something that is not JSON";
     }
 }
 
-void tensor_element_name(char *dst, size_t cap, const char *field, const int64_t *idx, int n)
+void codec_element_name(char *dst, size_t cap, const char *field, const int64_t *idx, int n)
 {
     int w = snprintf(dst, cap, "%s", field);
     for (int i = 0; i < n && w >= 0 && (size_t)w < cap; i++)
@@ -38,28 +38,30 @@ void tensor_element_name(char *dst, size_t cap, const char *field, const int64_t
 
 /* ------------------------------------------------------ the element store */
 
-static bool store_grow(tensor_store *s, api_error *err, const char *field)
+static bool store_grow(codec_store *s, codec_error *err, const char *field)
 {
     /* The first block is the hint: a small tensor's stays within malloc's
      * per-thread cache (a fixed 4 KB first block did not, and cost more to
      * allocate than a 4x4 tensor takes to read). */
     size_t cap = s->cap ? s->cap * 2 : s->hint > 16 ? s->hint : 16;
-    size_t size = s->dtype == API_F32 ? sizeof(float) : 1;
+    size_t size = s->dtype == CODEC_F32 ? sizeof(float) : 1;
     if (cap > SIZE_MAX / size / 2)
-        return api_fail(err, 500, "out_of_memory", field, "%s is too large to hold", field);
-    void *p = realloc(s->dtype == API_F32 ? (void *)s->f32 : (void *)s->b8, cap * size);
+        return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL, "%s is too large to hold",
+                          field);
+    void *p = realloc(s->dtype == CODEC_F32 ? (void *)s->f32 : (void *)s->b8, cap * size);
     if (!p)
-        return api_fail(err, 500, "out_of_memory", field, "out of memory while reading %s", field);
-    if (s->dtype == API_F32)
+        return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
+                          "out of memory while reading %s", field);
+    if (s->dtype == CODEC_F32)
         s->f32 = p;
     else
         s->b8 = p;
     s->cap = cap;
-    api_advise_huge(p, cap * size);
+    codec_advise_huge(p, cap * size);
     return true;
 }
 
-void tensor_store_free(tensor_store *s)
+void codec_store_free(codec_store *s)
 {
     free(s->f32);
     free(s->b8);
@@ -67,7 +69,7 @@ void tensor_store_free(tensor_store *s)
     s->b8 = NULL;
 }
 
-void tensor_store_to_tensor(tensor_store *s, int rank, const int64_t *shape, api_tensor *t)
+void codec_store_to_tensor(codec_store *s, int rank, const int64_t *shape, codec_tensor *t)
 {
     t->dtype = s->dtype;
     t->rank = rank;
@@ -75,14 +77,14 @@ void tensor_store_to_tensor(tensor_store *s, int rank, const int64_t *shape, api
         t->shape[i] = shape[i];
     t->count = (int64_t)s->n;
     if (s->n == 0) {
-        tensor_store_free(s);
+        codec_store_free(s);
         return;
     }
-    size_t size = s->dtype == API_F32 ? sizeof(float) : 1;
+    size_t size = s->dtype == CODEC_F32 ? sizeof(float) : 1;
     if (s->cap - s->n > 4096) { /* give an oversized guess back */
-        void *p = realloc(s->dtype == API_F32 ? (void *)s->f32 : (void *)s->b8, s->n * size);
+        void *p = realloc(s->dtype == CODEC_F32 ? (void *)s->f32 : (void *)s->b8, s->n * size);
         if (p) {
-            if (s->dtype == API_F32)
+            if (s->dtype == CODEC_F32)
                 s->f32 = p;
             else
                 s->b8 = p;
@@ -98,15 +100,17 @@ void tensor_store_to_tensor(tensor_store *s, int rank, const int64_t *shape, api
 
 typedef struct {
     cursor p, end;
+    cursor text;         /* where error offsets count from */
     const char *field;
     bool accept_bool;
-    int max_depth;       /* API_MAX_RANK for a tensor, 1 for "data" */
+    int max_depth;       /* CODEC_MAX_RANK for a tensor, 1 for "data" */
     bool types_only;     /* the second walk after a shape error, see below */
-    tensor_store *s;
-    int64_t idx[API_MAX_DEPTH + 1]; /* elements so far in each open array */
+    codec_notes *notes;  /* the validator's notes on the rows, or NULL */
+    codec_store *s;
+    int64_t idx[CODEC_MAX_DEPTH + 1]; /* elements so far in each open array */
     int64_t *shape;      /* -1 until an array of that depth closes */
     int depth, rank;     /* rank: -1 until the first element or empty array */
-    api_error *err;
+    codec_error *err;
     char where[96];      /* "q[1][3]", for messages */
 } array_walk;
 
@@ -114,13 +118,13 @@ typedef enum { OPEN, ELEMENT, AFTER_ELEMENT, CLOSE, DONE, FAILED } array_state;
 
 static const char *here(array_walk *a, int depth)
 {
-    tensor_element_name(a->where, sizeof a->where, a->field, a->idx, depth);
+    codec_element_name(a->where, sizeof a->where, a->field, a->idx, depth);
     return a->where;
 }
 
 static array_state not_json(array_walk *a)
 {
-    api_fail(a->err, 400, "invalid_json", a->field, "%s is not valid JSON", a->field);
+    codec_fail(a->err, CODEC_ERR_SYNTAX, a->field, a->text, a->p, "%s is not valid JSON", a->field);
     return FAILED;
 }
 
@@ -128,37 +132,37 @@ static array_state not_json(array_walk *a)
 static array_state open_array(array_walk *a)
 {
     if (a->types_only) {
-        if (a->depth == API_MAX_DEPTH) /* only in text the validator refused */
+        if (a->depth == CODEC_MAX_DEPTH) /* only in text the validator refused */
             return DONE;
         a->idx[a->depth++] = 0;
-        a->p = json_skip_ws(a->p + 1, a->end);
+        a->p = codec_skip_ws(a->p + 1, a->end);
         return a->p < a->end && *a->p == ']' ? CLOSE : ELEMENT;
     }
     if (a->depth == a->max_depth) {
         if (a->max_depth == 1)
-            api_fail(a->err, 400, "wrong_type", a->field,
-                     "%s must be a flat array of numbers; %s is an array", a->field,
-                     here(a, a->depth));
+            codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                       "%s must be a flat array of numbers; %s is an array", a->field,
+                       here(a, a->depth));
         else
-            api_fail(a->err, 422, "invalid_shape", a->field, "%s has more than %d dimensions",
-                     a->field, API_MAX_RANK);
+            codec_fail(a->err, CODEC_ERR_SHAPE, a->field, a->text, a->p,
+                       "%s has more than %d dimensions", a->field, CODEC_MAX_RANK);
         return FAILED;
     }
     if (a->rank >= 0 && a->depth >= a->rank) {
-        api_fail(a->err, 422, "ragged_array", a->field,
-                 "%s is ragged: %s is an array where a number belongs", a->field,
-                 here(a, a->depth));
+        codec_fail(a->err, CODEC_ERR_RAGGED, a->field, a->text, a->p,
+                   "%s is ragged: %s is an array where a number belongs", a->field,
+                   here(a, a->depth));
         return FAILED;
     }
     a->idx[a->depth++] = 0;
-    a->p = json_skip_ws(a->p + 1, a->end);
+    a->p = codec_skip_ws(a->p + 1, a->end);
     return a->p < a->end && *a->p == ']' ? CLOSE : ELEMENT;
 }
 
 /* The element's type fixes the tensor's dtype, or must match it. */
-static bool settle_dtype(array_walk *a, api_dtype dtype)
+static bool settle_dtype(array_walk *a, codec_dtype dtype)
 {
-    tensor_store *s = a->s;
+    codec_store *s = a->s;
     if (!s->typed) {
         s->dtype = dtype;
         s->typed = true;
@@ -167,37 +171,39 @@ static bool settle_dtype(array_walk *a, api_dtype dtype)
     if (s->dtype == dtype)
         return true;
     if (s->declared)
-        return api_fail(a->err, 400, "wrong_type", a->field, "%s is %s but dtype is \"%s\"",
-                        here(a, a->depth), s->dtype == API_BOOL ? "a number" : "a boolean",
-                        s->dtype == API_BOOL ? "bool" : "float32");
-    return api_fail(a->err, 400, "wrong_type", a->field, "%s mixes numbers and booleans (at %s)",
-                    a->field, here(a, a->depth));
+        return codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                          "%s is %s but dtype is \"%s\"", here(a, a->depth),
+                          s->dtype == CODEC_BOOL ? "a number" : "a boolean",
+                          s->dtype == CODEC_BOOL ? "bool" : "float32");
+    return codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                      "%s mixes numbers and booleans (at %s)", a->field, here(a, a->depth));
 }
 
 /* At a number: the innermost row, numbers separated by commas and nearly
  * all of the text, read in one call while the buffer has room. */
 static array_state read_numbers(array_walk *a)
 {
-    tensor_store *s = a->s;
-    if (!settle_dtype(a, API_F32))
+    codec_store *s = a->s;
+    if (!settle_dtype(a, CODEC_F32))
         return FAILED;
     cursor stop, bad;
     size_t got;
     if (a->types_only) { /* read for their finiteness only */
         float scratch[64];
-        got = api_parse_number_row(a->p, a->end, scratch, 64, &stop, &bad);
+        got = codec_parse_float_row(a->p, a->end, scratch, 64, &stop, &bad, NULL);
     } else {
         if (s->n == s->cap && !store_grow(s, a->err, a->field))
             return FAILED;
-        got = api_parse_number_row(a->p, a->end, s->f32 + s->n, s->cap - s->n, &stop, &bad);
+        got = codec_parse_float_row(a->p, a->end, s->f32 + s->n, s->cap - s->n, &stop, &bad,
+                                    a->notes);
         s->n += got;
     }
     a->idx[a->depth - 1] += (int64_t)got;
     if (bad) {
         int len = (int)(stop - bad) > 40 ? 40 : (int)(stop - bad);
-        api_fail(a->err, 400, "invalid_number", a->field,
-                 "%s is %.*s, which is not finite as a float32 (|x| < 3.4e38)", here(a, a->depth),
-                 len, bad);
+        codec_fail(a->err, CODEC_ERR_NOT_FINITE, a->field, a->text, bad,
+                   "%s is %.*s, which is not finite as a float32 (|x| < 3.4e38)",
+                   here(a, a->depth), len, bad);
         return FAILED;
     }
     a->p = stop;
@@ -208,11 +214,11 @@ static array_state read_numbers(array_walk *a)
 static array_state read_boolean(array_walk *a)
 {
     if (!a->accept_bool) {
-        api_fail(a->err, 400, "wrong_type", a->field, "%s must hold numbers; %s is a boolean",
-                 a->field, here(a, a->depth));
+        codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+                   "%s must hold numbers; %s is a boolean", a->field, here(a, a->depth));
         return FAILED;
     }
-    if (!settle_dtype(a, API_BOOL))
+    if (!settle_dtype(a, CODEC_BOOL))
         return FAILED;
     bool v = *a->p == 't';
     size_t n = v ? 4 : 5;
@@ -241,28 +247,29 @@ static array_state read_element(array_walk *a)
     else if (a->rank < 0)
         a->rank = a->depth;
     else if (a->depth != a->rank) {
-        api_fail(a->err, 422, "ragged_array", a->field,
-                 "%s is ragged: %s is %s where an array belongs", a->field, here(a, a->depth),
-                 tensor_kind_of(c));
+        codec_fail(a->err, CODEC_ERR_RAGGED, a->field, a->text, a->p,
+                   "%s is ragged: %s is %s where an array belongs", a->field, here(a, a->depth),
+                   codec_kind_name(c));
         return FAILED;
     }
-    if (tensor_starts_number(c))
+    if (codec_starts_number(c))
         return read_numbers(a);
     if (c == 't' || c == 'f')
         return read_boolean(a);
-    api_fail(a->err, 400, "wrong_type", a->field, "%s must hold %s; %s is %s", a->field,
-             a->accept_bool ? "numbers or booleans" : "numbers", here(a, a->depth),
-             tensor_kind_of(c));
+    codec_fail(a->err, CODEC_ERR_WRONG_TYPE, a->field, a->text, a->p,
+               "%s must hold %s; %s is %s", a->field,
+               a->accept_bool ? "numbers or booleans" : "numbers", here(a, a->depth),
+               codec_kind_name(c));
     return FAILED;
 }
 
 static array_state after_element(array_walk *a)
 {
-    a->p = json_skip_ws(a->p, a->end);
+    a->p = codec_skip_ws(a->p, a->end);
     if (a->p == a->end)
         return not_json(a);
     if (*a->p == ',') {
-        a->p = json_skip_ws(a->p + 1, a->end);
+        a->p = codec_skip_ws(a->p + 1, a->end);
         return ELEMENT;
     }
     return *a->p == ']' ? CLOSE : not_json(a);
@@ -289,14 +296,15 @@ static array_state close_array(array_walk *a)
     if (a->shape[d] < 0)
         a->shape[d] = a->idx[d];
     else if (a->shape[d] != a->idx[d]) {
+        /* at the ']' of the array of the wrong length */
         if (d == 1)
-            api_fail(a->err, 422, "ragged_array", a->field,
-                     "%s is ragged: row %lld has %lld elements, expected %lld", a->field,
-                     (long long)a->idx[0], (long long)a->idx[d], (long long)a->shape[d]);
+            codec_fail(a->err, CODEC_ERR_RAGGED, a->field, a->text, a->p - 1,
+                       "%s is ragged: row %lld has %lld elements, expected %lld", a->field,
+                       (long long)a->idx[0], (long long)a->idx[d], (long long)a->shape[d]);
         else
-            api_fail(a->err, 422, "ragged_array", a->field,
-                     "%s is ragged: %s has %lld elements, expected %lld", a->field, here(a, d),
-                     (long long)a->idx[d], (long long)a->shape[d]);
+            codec_fail(a->err, CODEC_ERR_RAGGED, a->field, a->text, a->p - 1,
+                       "%s is ragged: %s has %lld elements, expected %lld", a->field,
+                       here(a, d), (long long)a->idx[d], (long long)a->shape[d]);
         return FAILED;
     }
     return close_level(a);
@@ -304,16 +312,18 @@ static array_state close_array(array_walk *a)
 
 /* Everything but idx and where, which are written before they are read:
  * zeroing their 600 bytes took longer than walking a small tensor. */
-static void walk_start(array_walk *a, cursor p, cursor end, const char *field,
-                       bool accept_bool, int max_depth, bool types_only, tensor_store *s,
-                       int64_t *shape, api_error *err)
+static void walk_start(array_walk *a, codec_reading *r, const char *field, cursor p,
+                       cursor end, int max_depth, bool types_only, codec_store *s,
+                       int64_t *shape, codec_error *err)
 {
     a->p = p;
     a->end = end;
+    a->text = r->text;
     a->field = field;
-    a->accept_bool = accept_bool;
+    a->accept_bool = r->accept_bool;
     a->max_depth = max_depth;
     a->types_only = types_only;
+    a->notes = types_only || !r->notes.text ? NULL : &r->notes;
     a->s = s;
     a->shape = shape;
     a->depth = 0;
@@ -336,31 +346,31 @@ static array_state walk(array_walk *a)
     return st;
 }
 
-bool tensor_read_arrays(cursor p, cursor end, const char *field, bool accept_bool,
-                        int max_depth, tensor_store *s, int *rank, int64_t *shape,
-                        cursor *after, api_error *err)
+bool codec_read_arrays(codec_reading *r, const char *field, cursor p, cursor end,
+                       int max_depth, codec_store *s, int *rank, int64_t *shape,
+                       cursor *after)
 {
     array_walk a;
-    walk_start(&a, p, end, field, accept_bool, max_depth, false, s, shape, err);
-    for (int i = 0; i < API_MAX_RANK; i++)
+    walk_start(&a, r, field, p, end, max_depth, false, s, shape, r->err);
+    for (int i = 0; i < CODEC_MAX_RANK; i++)
         shape[i] = -1;
     if (walk(&a) == DONE) {
         *rank = a.rank;
         *after = a.p;
         return true;
     }
-    if (err->status != 422)
+    if (!codec_error_is_late(r->err))
         return false;
-    /* A shape error (422) stands only when no element has the wrong type
-     * (400): the classes are checked in that order, as they are for every
-     * field, so [[1], null] is a null where a number belongs, not a ragged
-     * array. The text after the shape error is walked again for types. */
-    tensor_store types = {.dtype = s->declared ? s->dtype : API_F32, .typed = s->declared,
-                          .declared = s->declared};
-    api_error type_err;
+    /* A shape error stands only when no element has the wrong type: the
+     * classes are checked in that order, as they are for every field, so
+     * [[1], null] is a null where a number belongs, not a ragged array. The
+     * text after the shape error is walked again for types. */
+    codec_store types = {.dtype = s->declared ? s->dtype : CODEC_F32, .typed = s->declared,
+                         .declared = s->declared};
+    codec_error type_err;
     array_walk b;
-    walk_start(&b, p, end, field, accept_bool, max_depth, true, &types, shape, &type_err);
+    walk_start(&b, r, field, p, end, max_depth, true, &types, shape, &type_err);
     if (walk(&b) == FAILED)
-        *err = type_err;
+        *r->err = type_err;
     return false;
 }

@@ -1,32 +1,32 @@
 /*
- * Tensors out, in the three forms of output_encoding (nested arrays, the flat
+ * Tensors out, in their three forms (nested arrays, the flat
  * {"shape", "data"} object, the {"shape", "dtype", "base64"} object),
- * written straight into the response buffer.
+ * written straight into the growing text of the answer.
  */
 #include "codec_internal.h"
 
 #include <string.h>
 
-static void put_shape(api_buf *b, int rank, const int64_t *shape)
+static void put_shape(codec_buf *b, int rank, const int64_t *shape)
 {
-    api_buf_append(b, "[", 1);
+    codec_buf_append(b, "[", 1);
     for (int i = 0; i < rank; i++)
-        api_buf_printf(b, i ? ",%lld" : "%lld", (long long)shape[i]);
-    api_buf_append(b, "]", 1);
+        codec_buf_printf(b, i ? ",%lld" : "%lld", (long long)shape[i]);
+    codec_buf_append(b, "]", 1);
 }
 
 /* n floats as "a,b,c" (no brackets), straight into the buffer. */
-static void put_row(api_buf *b, const float *x, int64_t n)
+static void put_row(codec_buf *b, const float *x, int64_t n)
 {
     /* in chunks, so that the reservation stays small for huge rows */
     while (n > 0) {
         int64_t k = n > 4096 ? 4096 : n;
-        char *w = api_buf_reserve(b, (size_t)k * (API_FLOAT_TEXT_MAX + 1));
+        char *w = codec_buf_reserve(b, (size_t)k * (CODEC_FLOAT_TEXT_MAX + 1));
         if (!w)
             return;
         char *start = w;
         for (int64_t i = 0; i < k; i++) {
-            w = api_float_text(x[i], w);
+            w = codec_float_text(x[i], w);
             *w++ = ',';
         }
         x += k;
@@ -40,19 +40,19 @@ static void put_row(api_buf *b, const float *x, int64_t n)
 }
 
 /* One bracket or comma: there is nearly always room already, and then
- * api_buf_append's call and checks cost more than the byte. */
-static inline void put_byte(api_buf *b, char c)
+ * codec_buf_append's call and checks cost more than the byte. */
+static inline void put_byte(codec_buf *b, char c)
 {
     if (!b->failed && b->len + 1 < b->cap) {
         b->data[b->len++] = c;
         b->data[b->len] = '\0';
     } else {
-        api_buf_append(b, &c, 1);
+        codec_buf_append(b, &c, 1);
     }
 }
 
 /* The nested arrays of dims shape[0..rank), row-major from x. */
-static void put_nested(api_buf *b, const float *x, int rank, const int64_t *shape)
+static void put_nested(codec_buf *b, const float *x, int rank, const int64_t *shape)
 {
     if (rank == 1) {
         put_byte(b, '[');
@@ -72,12 +72,12 @@ static void put_nested(api_buf *b, const float *x, int rank, const int64_t *shap
     put_byte(b, ']');
 }
 
-const char *api_dtype_name(api_dtype dtype)
+const char *codec_dtype_name(codec_dtype dtype)
 {
     switch (dtype) {
-    case API_F16: return "float16";
-    case API_BF16: return "bfloat16";
-    case API_BOOL: return "bool";
+    case CODEC_F16: return "float16";
+    case CODEC_BF16: return "bfloat16";
+    case CODEC_BOOL: return "bool";
     default: return "float32";
     }
 }
@@ -85,17 +85,17 @@ const char *api_dtype_name(api_dtype dtype)
 /* The base64 of n floats as little-endian `dtype` elements, in chunks of
  * 3 * 1024 elements (a multiple of 3 bytes, so that only the last chunk has
  * padding) through a buffer on the stack. */
-static void put_base64(api_buf *b, const float *data, size_t n, api_dtype dtype)
+static void put_base64(codec_buf *b, const float *data, size_t n, codec_dtype dtype)
 {
     enum { CHUNK = 3 * 1024 };
     uint8_t le[CHUNK * 4];
-    size_t elem = dtype == API_F32 ? 4 : 2;
-    api_half_path path = api_half_best_path();
+    size_t elem = dtype == CODEC_F32 ? 4 : 2;
+    codec_half_path path = codec_half_path_in_use();
     for (size_t done = 0; done < n && !b->failed;) {
         size_t k = n - done < CHUNK ? n - done : CHUNK;
         const uint8_t *src = le;
-        if (dtype != API_F32)
-            api_f32_to_half(dtype, data + done, le, k, path);
+        if (dtype != CODEC_F32)
+            codec_f32_to_half(dtype, data + done, le, k, path);
         else {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
             for (size_t i = 0; i < k; i++) {
@@ -108,22 +108,24 @@ static void put_base64(api_buf *b, const float *data, size_t n, api_dtype dtype)
             src = (const uint8_t *)(data + done);
 #endif
         }
-        char *w = api_buf_reserve(b, api_base64_encoded_len(k * elem));
+        char *w = codec_buf_reserve(b, codec_base64_encoded_len(k * elem));
         if (!w)
             return;
-        char *e = api_base64_encode(src, k * elem, w);
+        char *e = codec_base64_encode(src, k * elem, w);
         b->len += (size_t)(e - w);
         done += k;
     }
 }
 
-api_dtype api_encoding_dtype(api_encoding enc)
+codec_dtype codec_encoding_dtype(codec_encoding enc)
 {
-    return enc == API_ENC_BASE64_F16 ? API_F16 : enc == API_ENC_BASE64_BF16 ? API_BF16 : API_F32;
+    return enc == CODEC_ENC_BASE64_F16    ? CODEC_F16
+           : enc == CODEC_ENC_BASE64_BF16 ? CODEC_BF16
+                                          : CODEC_F32;
 }
 
-void api_tensor_encode(api_buf *b, const float *data, int rank, const int64_t *shape,
-                       api_encoding enc)
+void codec_tensor_encode(codec_buf *b, const float *data, int rank, const int64_t *shape,
+                         codec_encoding enc)
 {
     int64_t count = 1;
     for (int i = 0; i < rank; i++)
@@ -131,24 +133,24 @@ void api_tensor_encode(api_buf *b, const float *data, int rank, const int64_t *s
     /* One reservation for the typical text ("-0.12345678," and brackets)
      * instead of doubling through the sizes on the way. */
     if (count > 0 && (uint64_t)count < SIZE_MAX / 16)
-        api_buf_hint(b, (size_t)count * (enc == API_ENC_BASE64 ? 6 : 14) + 64);
-    if (enc == API_ENC_NESTED) {
+        codec_buf_hint(b, (size_t)count * (enc == CODEC_ENC_BASE64 ? 6 : 14) + 64);
+    if (enc == CODEC_ENC_NESTED) {
         if (rank <= 0)
-            api_buf_float(b, data[0]);
+            codec_buf_float(b, data[0]);
         else
             put_nested(b, data, rank, shape);
         return;
     }
-    api_buf_append(b, "{\"shape\":", 9);
+    codec_buf_append(b, "{\"shape\":", 9);
     put_shape(b, rank, shape);
-    if (enc == API_ENC_FLAT) {
-        api_buf_append(b, ",\"data\":[", 9);
+    if (enc == CODEC_ENC_FLAT) {
+        codec_buf_append(b, ",\"data\":[", 9);
         put_row(b, data, count);
-        api_buf_append(b, "]}", 2);
+        codec_buf_append(b, "]}", 2);
         return;
     }
-    api_dtype dtype = api_encoding_dtype(enc);
-    api_buf_printf(b, ",\"dtype\":\"%s\",\"base64\":\"", api_dtype_name(dtype));
+    codec_dtype dtype = codec_encoding_dtype(enc);
+    codec_buf_printf(b, ",\"dtype\":\"%s\",\"base64\":\"", codec_dtype_name(dtype));
     put_base64(b, data, (size_t)count, dtype);
-    api_buf_append(b, "\"}", 2);
+    codec_buf_append(b, "\"}", 2);
 }

@@ -5,7 +5,14 @@
 #      read-only root filesystem, answers, runs as a non-root user, its
 #      healthcheck says healthy, and `podman stop` lets a request in flight
 #      finish and exits 0;
-#   2. podman-compose runs 3 replicas behind nginx (an nginx image built from
+#   2. `podman kube play` runs the pod of docker/k8s/deployment.yaml (renamed,
+#      its image this test's, its port published): its probes pass, it
+#      answers through the published port, runs as the manifest's user with
+#      the threads of its CPU limit; stopped as the kubelet stops it (SIGTERM
+#      with the grace period, the pod's network still up), a request in
+#      flight gets its answer while attnd drains, and `podman kube down`
+#      takes the pod away;
+#   3. podman-compose runs 3 replicas behind nginx (an nginx image built from
 #      the same Debian base where nginx:stable cannot be pulled): requests
 #      reach all three, and stopping one under load fails no request.
 # Base images come from a debootstrap of bookworm when no registry can give
@@ -24,7 +31,7 @@ skip() { echo "SKIPPED make container-test: $1"; exit 0; }
 step() { echo "-- $1"; }
 
 # ------------------------------------------------------------ tools
-need="podman runc podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq"
+need="podman runc podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq python3-yaml"
 missing=""
 for p in $need; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
@@ -53,8 +60,18 @@ podman run $RUN --rm --network none docker.io/library/debian:bookworm true >/dev
 }
 podman image exists docker.io/library/debian:bookworm-slim || podman tag docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim
 
+# What podman kube play has no flags for: the runtime and the limits.
+cat >"$tmp/containers.conf" <<'EOF'
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+
+[engine]
+runtime = "runc"
+EOF
+
 cleanup() {
     podman rm -f -t 0 attnd-ct >/dev/null 2>&1
+    [ -f "$tmp/deployment.yaml" ] && CONTAINERS_CONF="$tmp/containers.conf" podman kube down "$tmp/deployment.yaml" >/dev/null 2>&1
     [ -f "$tmp/compose.yaml" ] && (cd "$tmp" && podman-compose -p attnd-ct -f compose.yaml down -t 1 >/dev/null 2>&1)
     rm -rf "$tmp"
 }
@@ -107,6 +124,88 @@ code=$(podman inspect -f '{{.State.ExitCode}}' attnd-ct)
 podman logs attnd-ct 2>&1 | tail -3 | sed 's/^/       log: /'
 podman rm -f attnd-ct >/dev/null 2>>"$tmp/podman.err"
 
+# ------------------------------------------------------------ podman kube play
+step "podman kube play docker/k8s/deployment.yaml"
+kport=$(free_port)
+# The manifest as it is, but for the pod's name (not to meet another one),
+# the image of this test, a host port for the container port and one
+# replica (podman kube play starts every replica, and a host port can be
+# published by one pod only).
+python3 - "$tag" "$kport" docker/k8s/deployment.yaml >"$tmp/deployment.yaml" <<'PY' || bad "docker/k8s/deployment.yaml: one Deployment with an http port"
+import sys, yaml
+tag, port = sys.argv[1], int(sys.argv[2])
+docs = [d for d in yaml.safe_load_all(open(sys.argv[3])) if d]
+assert [d["kind"] for d in docs] == ["Deployment"], docs
+d = docs[0]
+d["metadata"]["name"] = "attnd-ct"
+d["spec"]["replicas"] = 1
+c = d["spec"]["template"]["spec"]["containers"][0]
+c["image"] = tag
+http = next(p for p in c["ports"] if p["name"] == "http")
+http.update(hostIP="127.0.0.1", hostPort=port)
+yaml.safe_dump(d, sys.stdout, sort_keys=False)
+PY
+kpod=attnd-ct-pod-0
+kctr=$kpod-attnd
+if CONTAINERS_CONF="$tmp/containers.conf" podman kube play "$tmp/deployment.yaml" >"$tmp/play.log" 2>&1; then
+    ok "podman kube play starts the Deployment's pod"
+else
+    tail -10 "$tmp/play.log"; bad "podman kube play"
+fi
+probe() { # the path of one of the manifest's probes
+    python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["spec"]["template"]["spec"]["containers"][0][sys.argv[2]]["httpGet"]["path"])' "$tmp/deployment.yaml" "$1"
+}
+ready=$(probe readinessProbe)
+live=$(probe livenessProbe)
+for _ in $(seq 50); do curl -sf "127.0.0.1:$kport$ready" >/dev/null && break; sleep 0.2; done
+code=$(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$kport$ready")
+[ "$code" = 200 ] && ok "the readiness probe ($ready) answers 200 through the published port" || bad "readiness probe $ready: $code"
+# podman runs the liveness probe as the container's health check.
+hctest=$(podman inspect -f '{{.Config.Healthcheck.Test}}' "$kctr" 2>&1)
+case "$hctest" in
+    *"$live"*) ok "the liveness probe ($live) is the pod's health check" ;;
+    *) bad "liveness probe as health check: $hctest" ;;
+esac
+hc=$(podman healthcheck run "$kctr" 2>&1)
+[ $? = 0 ] && ok "podman healthcheck run: the liveness probe passes" || bad "liveness probe: $hc"
+got=$(curl -s "127.0.0.1:$kport/v1/attention" -d "$body" | jq -c .weights)
+[ "$got" = "$want" ] && ok "the pod answers Worked Example 1 through the published port" || bad "pod answer: $got"
+[ "$(podman exec "$kctr" id -u)" = 10001 ] && ok "the pod runs attnd as uid 10001 (runAsUser)" || bad "pod user: $(podman exec "$kctr" id)"
+[ "$(podman inspect -f '{{.HostConfig.ReadonlyRootfs}}' "$kctr")" = true ] && ok "the pod's root filesystem is read-only" || bad "the pod's root filesystem is writable"
+threads=$(podman exec "$kctr" printenv ATTND_THREADS)
+[ "$threads" = 2 ] && ok "ATTND_THREADS follows the CPU limit (2)" || bad "ATTND_THREADS: $threads"
+# A pod goes as the kubelet takes it down: SIGTERM to attnd with the
+# manifest's grace period while the pod's network stays up (podman's infra
+# container, the kubelet's sandbox), then the pod is removed. podman kube
+# down alone does neither here (podman 4.3 stops the infra container at once
+# and gives attnd no grace period: the request in flight is cut).
+grace=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])' "$tmp/deployment.yaml")
+python3 - "$kport" "$tmp/big.json" "$tmp/sent" >"$tmp/kinflight" 2>&1 <<'PY' &
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=300)
+c.request("POST", "/v1/attention", open(sys.argv[2], "rb").read(), {"Content-Type": "application/json"})
+open(sys.argv[3], "w").close()  # the whole body is sent: the request is in flight
+r = c.getresponse()
+r.read()
+print(r.status)
+PY
+cpid=$!
+for _ in $(seq 600); do [ -f "$tmp/sent" ] && break; sleep 0.1; done
+podman stop -t "$grace" "$kctr" >/dev/null 2>>"$tmp/podman.err"
+wait $cpid
+[ "$(tail -1 "$tmp/kinflight")" = 200 ] && ok "the request in flight when the pod was stopped got 200" || bad "in flight at the pod's stop: $(tail -1 "$tmp/kinflight")"
+code=$(podman inspect -f '{{.State.ExitCode}}' "$kctr")
+podman logs "$kctr" >"$tmp/kube.log" 2>&1
+if [ "$code" = 0 ] && grep -q 'draining 1 in-flight' "$tmp/kube.log" && grep -q 'stopped' "$tmp/kube.log"; then
+    ok "SIGTERM with the grace period ($grace s): attnd drained its request and exited 0"
+else
+    tail -3 "$tmp/kube.log" | sed 's/^/       log: /'; bad "drain of the pod: exit code $code"
+fi
+CONTAINERS_CONF="$tmp/containers.conf" podman kube down "$tmp/deployment.yaml" >"$tmp/down.log" 2>&1 \
+    && ok "podman kube down takes the pod down" || { grep -v 'level=' "$tmp/down.log" | tail -5; bad "podman kube down"; }
+if podman pod exists "$kpod" 2>/dev/null; then bad "the pod is left after podman kube down"; else ok "no pod is left"; fi
+rm -f "$tmp/deployment.yaml"
+
 # ------------------------------------------------------------ compose
 step "podman-compose: 3 replicas behind nginx"
 if ! podman image exists docker.io/library/nginx:stable || [ "$(podman inspect -f '{{index .Config.Labels "attnd.nginx"}}' docker.io/library/nginx:stable 2>/dev/null)" = yes ]; then
@@ -122,13 +221,13 @@ sed -e "s|context: \.\.|context: $root|" -e "s|dockerfile: docker/Dockerfile|doc
 grep -q "127.0.0.1:$lbport:8080" "$tmp/compose.yaml" || bad "compose.yaml publishes the balancer as \"8080:8080\""
 (cd "$tmp" && podman-compose -p attnd-ct --podman-run-args="$RUN" -f compose.yaml up -d --no-build >"$tmp/up.log" 2>&1) \
     || { tail -20 "$tmp/up.log"; bad "podman-compose up"; }
-n=$(podman ps --filter label=com.docker.compose.project=attnd-ct --filter label=com.docker.compose.service=attnd -q | wc -l)
+n=$(podman ps --filter label=com.docker.compose.project=attnd-ct --filter label=attnd.replica=yes -q | wc -l)
 [ "$n" = 3 ] && ok "3 attnd replicas running" || bad "$n attnd replicas running"
 for _ in $(seq 100); do curl -sf "127.0.0.1:$lbport/healthz" >/dev/null && break; sleep 0.2; done
 
 # Which replica answered: each one's access log counts its requests.
 count() { podman logs "$1" 2>&1 | grep -c '/v1/attention'; }
-replicas=$(podman ps --filter label=com.docker.compose.project=attnd-ct --filter label=com.docker.compose.service=attnd --format '{{.Names}}' | sort)
+replicas=$(podman ps --filter label=com.docker.compose.project=attnd-ct --filter label=attnd.replica=yes --format '{{.Names}}' | sort)
 before=""; for r in $replicas; do before="$before $(count "$r")"; done
 okc=0
 for _ in $(seq 60); do

@@ -187,11 +187,14 @@ if want failover; then
     start_attnd replica-b --threads 1 || exit 1
     port_b=$PORT pid_b=$PID
     lb_port=$(free_port)
-    # docker/nginx.conf with the upstream pointed at the two replicas and
-    # the listen line at a free port, as tests/test_server.c runs it.
+    # docker/nginx.conf with each upstream's run of replica lines replaced by
+    # the two replicas and the listen line at a free port, as
+    # tests/test_server.c runs it.
     awk -v a="$port_a" -v b="$port_b" -v p="$lb_port" -v dir="$work" '
-        /^[ \t]*server attnd:/ { sub(/attnd:[0-9]+/, "127.0.0.1:" a); print;
-                                 sub(/127.0.0.1:[0-9]+/, "127.0.0.1:" b); print; next }
+        /^[ \t]*server attnd/ { if (!run) { sub(/attnd[-0-9]*:[0-9]+/, "127.0.0.1:" a); print;
+                                            sub(/127.0.0.1:[0-9]+/, "127.0.0.1:" b); print }
+                                run = 1; next }
+        { run = 0 }
         /^[ \t]*listen / { print "        listen 127.0.0.1:" p ";"; next }
         /^[ \t]*access_log / { print "    access_log " dir "/access.log;"; next }
         { print }' docker/nginx.conf >"$work/nginx.conf"
