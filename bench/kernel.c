@@ -149,7 +149,6 @@ typedef struct {
     task_kind kind;
     int mode, threads;
     bool bf16; /* sdpa in ATTN_PRECISION_BFLOAT16 */
-    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters */
     long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters;
                      * ragged, padded: B H N D of the tensors sent */
     int64_t *cu;    /* ragged, padded: the batch's offsets [seqs + 1] */
