@@ -11,12 +11,13 @@
 #ifndef API_H
 #define API_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
-    int status;        /* HTTP status: 400, 404, 405, 413, 415, 422, 500, 503 */
+    int status;        /* HTTP status: 400, 404, 405, 413, 415, 422, 499, 500, 503 */
     char code[40];     /* short machine-readable code, e.g. "shape_mismatch" */
     char message[300]; /* e.g. "k has d_k=32 but q has d_k=64" */
     char field[64];    /* the request field at fault, "" when none */
@@ -48,6 +49,9 @@ typedef struct {
     double arrival_ms;   /* when the request arrived, on api_now_ms's clock
                           * (CLOCK_MONOTONIC, ms): meta.timing_ms.total counts
                           * from it; 0: total is decode + compute + encode */
+    const atomic_int *cancel; /* NULL, or a flag the server sets once nobody
+                          * waits for the answer: libattn stops between units
+                          * of work and the answer is the error 499 cancelled */
 } api_limits;
 
 /*

@@ -249,6 +249,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     attention_state *st = state(c);
     attn_sdpa_params *p = &st->p;
     p->threads = threads;
+    p->cancel = c->lim.cancel;
     int64_t rows = p->batch * p->heads_q * p->n_q;
     if ((c->want_grad || st->lse >= 0) &&
         !(st->rows = malloc((size_t)rows * sizeof *st->rows)))

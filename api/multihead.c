@@ -395,6 +395,7 @@ static bool compute(api_call *c, int threads, api_error *err)
     multihead_state *st = state(c);
     attn_mha_params *p = &st->p;
     p->threads = threads;
+    p->cancel = c->lim.cancel;
     float *weights = result(c, st->weights);
     if (st->want_mean) {
         st->per_head = api_alloc_floats(p->batch * p->heads * p->n * p->m);

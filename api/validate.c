@@ -87,6 +87,10 @@ bool api_fail_attn(api_error *err, const attn_error *ae)
     if (ae->status == ATTN_ERR_NOMEM)
         return api_fail(err, 500, "out_of_memory", "",
                         "out of memory while computing attention");
+    /* nginx's 499: nobody is left to read the answer (api_limits.cancel). */
+    if (ae->status == ATTN_ERR_CANCELLED)
+        return api_fail(err, 499, "cancelled", "",
+                        "the computation was stopped: nobody waits for its answer");
     return api_fail(err, 422, "invalid_value", "", "%s",
                     ae->message[0] ? ae->message : "the library refused these inputs");
 }

@@ -18,6 +18,12 @@
  *     weight row and its gradients. Its log-sum-exp is -INFINITY.
  *   - Errors are values: every call returns ATTN_OK or an error code and, when
  *     `err` is not NULL, a message. Nothing aborts, prints or exits.
+ *   - Cancellation: the parameters of a call may point `cancel` at a flag
+ *     that another thread sets non-zero when the result is no longer wanted
+ *     (a server whose client has gone). The call checks it between units of
+ *     its work (a tile of 64 keys, a block of a projection's rows) and, once
+ *     it is set, starts no more and returns ATTN_ERR_CANCELLED; its outputs
+ *     are then unspecified. NULL: the call runs to its end.
  *
  * Memory: the default algorithm tiles over query and key blocks and keeps the
  * softmax online, so the n_q x n_k matrix is never formed; extra memory is
@@ -36,14 +42,16 @@
 #ifndef ATTN_H
 #define ATTN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
     ATTN_OK = 0,
-    ATTN_ERR_INVALID = 1, /* shapes or options that do not fit together */
-    ATTN_ERR_NOMEM = 2,   /* an allocation failed */
+    ATTN_ERR_INVALID = 1,   /* shapes or options that do not fit together */
+    ATTN_ERR_NOMEM = 2,     /* an allocation failed */
+    ATTN_ERR_CANCELLED = 3, /* *cancel was set during the call (see below) */
 } attn_status;
 
 typedef struct {
@@ -234,6 +242,7 @@ typedef struct {
     attn_layout layout;
     attn_variants variants;
     attn_ragged ragged; /* seqs 0 for one sequence per batch entry */
+    const atomic_int *cancel; /* NULL, or stop once non-zero (see the top) */
     attn_precision precision; /* ATTN_PRECISION_FLOAT32 (0) unless set */
 } attn_sdpa_params;
 
@@ -324,6 +333,7 @@ typedef struct {
      * needs). The projections see every row alike; the attention is
      * per sequence, as attn_sdpa_params.ragged. */
     attn_ragged ragged;
+    const atomic_int *cancel; /* NULL, or stop once non-zero (see the top) */
     /* Of the attention between the projections; the projections (x W and
      * the output's o W_O, and their gradients) stay float32 OpenBLAS
      * products whatever it is. */

@@ -40,6 +40,7 @@ typedef struct {
     int64_t M, N, K, lda, ldb, ldc, block;
     const float *a, *b, *bias;
     float *c;
+    const atomic_int *cancel;
 } gemm_task;
 
 static void gemm_block(void *ctx, int64_t t, int worker)
@@ -70,20 +71,23 @@ static void gemm_block(void *ctx, int64_t t, int worker)
                 1.0f, a, (int)g->lda, b, (int)g->ldb, beta, c, (int)g->ldc);
 }
 
-void mha_gemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-              const float *a, int64_t lda, const float *b, int64_t ldb, const float *bias,
-              bool accumulate, float *c, int64_t ldc)
+void mha_gemm(const mha_state *st, bool trans_a, bool trans_b, int64_t M, int64_t N,
+              int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+              const float *bias, bool accumulate, float *c, int64_t ldc)
 {
+    const int threads = st->threads;
     gemm_task g = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
                    .by_rows = M >= N, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
-                   .ldc = ldc, .a = a, .b = b, .bias = bias, .c = c};
+                   .ldc = ldc, .a = a, .b = b, .bias = bias, .c = c,
+                   .cancel = st->sdpa.cancel};
     int64_t along = g.by_rows ? M : N;
     /* Blocks of MHA_GEMM_BLOCK or more, about four per thread. */
     int64_t per = (along + 4 * (int64_t)threads - 1) / (4 * (int64_t)threads);
     g.block = per < MHA_GEMM_BLOCK ? MHA_GEMM_BLOCK : per;
     if (threads <= 1)
         g.block = along;
-    attn_parallel_for(threads, (along + g.block - 1) / g.block, gemm_block, &g);
+    attn_parallel_for_until(threads, (along + g.block - 1) / g.block, gemm_block, &g,
+                            g.cancel);
 }
 
 /* Columns summed per pass: a double accumulator on the stack, and each row
@@ -260,6 +264,7 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
         .threads = p->threads, .layout = ATTN_LAYOUT_BNHD, .variants = p->variants,
         .ragged = p->ragged,
+        .cancel = p->cancel,
         .precision = p->precision,
     };
     /* The attention's own checks (the variants, a ragged batch's
@@ -299,11 +304,11 @@ attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
 
     attn_blas_init();
     const int64_t wq = p->heads * p->d_k, wk = p->kv_heads * p->d_k, wv = p->kv_heads * p->d_v;
-    mha_gemm(st->threads, false, false, B * n, wq, p->d_model, in->x, p->d_model, in->w_q,
+    mha_gemm(st, false, false, B * n, wq, p->d_model, in->x, p->d_model, in->w_q,
              wq, in->b_q, false, st->q, wq);
-    mha_gemm(st->threads, false, false, B * m, wk, p->d_ctx, st->ctx, p->d_ctx, in->w_k, wk,
+    mha_gemm(st, false, false, B * m, wk, p->d_ctx, st->ctx, p->d_ctx, in->w_k, wk,
              in->b_k, false, st->k, wk);
-    mha_gemm(st->threads, false, false, B * m, wv, p->d_ctx, st->ctx, p->d_ctx, in->w_v, wv,
+    mha_gemm(st, false, false, B * m, wv, p->d_ctx, st->ctx, p->d_ctx, in->w_v, wv,
              in->b_v, false, st->v, wv);
     attn_status s = attn_sdpa_forward(&st->sdpa, st->q, st->k, st->v, st->o, st->rows,
                                       weights, stats, err);
@@ -318,8 +323,15 @@ void mha_output(const attn_mha_params *p, const attn_mha_inputs *in, const mha_s
     if (in->w_o == NULL)
         return;
     const int64_t cat = p->heads * p->d_v;
-    mha_gemm(st->threads, false, false, p->batch * p->n, p->d_out, cat, st->o, cat, in->w_o,
+    mha_gemm(st, false, false, p->batch * p->n, p->d_out, cat, st->o, cat, in->w_o,
              p->d_out, in->b_o, false, out, p->d_out);
+}
+
+attn_status mha_finish(const attn_mha_params *p, attn_status s, attn_error *err)
+{
+    if (s == ATTN_OK && attn_cancelled(p->cancel))
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
+    return s;
 }
 
 void mha_state_free(mha_state *st)

@@ -14,14 +14,6 @@
 
 #include "attn.h"
 
-/* C [M, N] = A B (+ C when accumulate), A [M, K] (or A^T given as [K, M]
- * when trans_a), B [K, N] (or B^T as [N, K] when trans_b), row-major with
- * leading dimensions lda, ldb, ldc; with a bias [N] (not NULL), C = A B + bias.
- * Run on up to `threads` threads by blocks of rows or columns of C: each
- * element of C is one sgemm's, so the result does not depend on the threads. */
-void mha_gemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-              const float *a, int64_t lda, const float *b, int64_t ldb, const float *bias,
-              bool accumulate, float *c, int64_t ldc);
 
 /* db [N] = the sum of the rows of d [rows, N] (double accumulators). */
 void mha_column_sums(const float *d, int64_t rows, int64_t n, float *db);
@@ -38,6 +30,16 @@ typedef struct {
     attn_softmax_row *rows;  /* [B, h, n], or NULL when not wanted */
     bool rows_owned;         /* rows is ours, not the caller's */
 } mha_state;
+
+/* C [M, N] = A B (+ C when accumulate), A [M, K] (or A^T given as [K, M]
+ * when trans_a), B [K, N] (or B^T as [N, K] when trans_b), row-major with
+ * leading dimensions lda, ldb, ldc; with a bias [N] (not NULL), C = A B + bias.
+ * Run on up to st->threads threads by blocks of rows or columns of C: each
+ * element of C is one sgemm's, so the result does not depend on the threads.
+ * A block starts only while the call is not cancelled (st->sdpa.cancel). */
+void mha_gemm(const mha_state *st, bool trans_a, bool trans_b, int64_t M, int64_t N,
+              int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+              const float *bias, bool accumulate, float *c, int64_t ldc);
 
 /* Checks p and in (want_weights: the caller asks for [B,h,n,m]) and fills
  * st's shapes; allocates nothing. */
@@ -61,6 +63,10 @@ void mha_output(const attn_mha_params *p, const attn_mha_inputs *in, const mha_s
 attn_status mha_backward_from(const attn_mha_params *p, const attn_mha_inputs *in,
                               const mha_state *st, const float *dout,
                               const attn_mha_grads *g, attn_error *err);
+
+/* A public call's status: s, or ATTN_ERR_CANCELLED when p->cancel was set
+ * (some product may then have skipped its blocks). */
+attn_status mha_finish(const attn_mha_params *p, attn_status s, attn_error *err);
 
 void mha_state_free(mha_state *st);
 

@@ -45,7 +45,7 @@ static bool wants_inner(const attn_mha_grads *g)
 static void input_grad(const mha_state *st, int64_t rows, int64_t d_in, int64_t width,
                        const float *d_proj, const float *w, bool accumulate, float *d)
 {
-    mha_gemm(st->threads, false, true, rows, d_in, width, d_proj, width, w, width, NULL,
+    mha_gemm(st, false, true, rows, d_in, width, d_proj, width, w, width, NULL,
              accumulate, d, d_in);
 }
 
@@ -53,7 +53,7 @@ static void input_grad(const mha_state *st, int64_t rows, int64_t d_in, int64_t 
 static void weight_grad(const mha_state *st, int64_t rows, int64_t d_in, int64_t width,
                         const float *in, const float *d_proj, float *dw)
 {
-    mha_gemm(st->threads, true, false, d_in, width, rows, in, d_in, d_proj, width, NULL,
+    mha_gemm(st, true, false, d_in, width, rows, in, d_in, d_proj, width, NULL,
              false, dw, width);
 }
 
@@ -150,5 +150,5 @@ attn_status attn_mha_backward(const attn_mha_params *p, const attn_mha_inputs *i
         return s;
     s = mha_backward_from(p, in, &st, dout, g, err);
     mha_state_free(&st);
-    return s;
+    return mha_finish(p, s, err);
 }

@@ -25,7 +25,7 @@ attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in
         return s;
     mha_output(p, in, &st, out);
     mha_state_free(&st);
-    return ATTN_OK;
+    return mha_finish(p, ATTN_OK, err);
 }
 
 attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_inputs *in,
@@ -45,7 +45,7 @@ attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_i
     mha_output(p, in, &st, out);
     s = mha_backward_from(p, in, &st, dout, g, err);
     mha_state_free(&st);
-    return s;
+    return mha_finish(p, s, err);
 }
 
 /*

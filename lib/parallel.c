@@ -79,16 +79,20 @@ typedef struct {
 typedef struct {
     void (*fn)(void *ctx, int64_t i, int worker);
     void *ctx;
+    const atomic_int *cancel; /* NULL, or no unit starts once non-zero */
     int shares;
     share share[MAX_SHARES];
 } loop;
 
-/* Its own share first, then the others' in turn. */
+/* Its own share first, then the others' in turn; none once cancelled (the
+ * units not taken are simply left: the caller looks at the flag too). */
 static void run_units(loop *l, int worker)
 {
     for (int k = 0; k < l->shares; k++) {
         share *s = &l->share[(worker + k) % l->shares];
         for (;;) {
+            if (attn_cancelled(l->cancel))
+                return;
             int64_t i = atomic_fetch_add_explicit(&s->next, 1, memory_order_relaxed);
             if (i >= s->end)
                 break;
@@ -385,15 +389,23 @@ static void leave_crew(crew *c)
 void attn_parallel_for(int threads, int64_t count,
                        void (*fn)(void *ctx, int64_t i, int worker), void *ctx)
 {
+    attn_parallel_for_until(threads, count, fn, ctx, NULL);
+}
+
+void attn_parallel_for_until(int threads, int64_t count,
+                             void (*fn)(void *ctx, int64_t i, int worker), void *ctx,
+                             const atomic_int *cancel)
+{
     if (count <= 0)
         return;
     int64_t want = threads < count ? threads : count;
     if (want <= 1 || in_units) {
-        for (int64_t i = 0; i < count; i++)
+        for (int64_t i = 0; i < count && !attn_cancelled(cancel); i++)
             fn(ctx, i, 0);
         return;
     }
-    loop l = {.fn = fn, .ctx = ctx, .shares = want < MAX_SHARES ? (int)want : MAX_SHARES};
+    loop l = {.fn = fn, .ctx = ctx, .cancel = cancel,
+              .shares = want < MAX_SHARES ? (int)want : MAX_SHARES};
     for (int w = 0; w < l.shares; w++) {
         atomic_init(&l.share[w].next, count * w / l.shares);
         l.share[w].end = count * (w + 1) / l.shares;

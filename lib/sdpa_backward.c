@@ -151,6 +151,8 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
     for (int64_t kt = split; kt < tiles(c->k_hi - c->k_lo, KERN_BK); kt += splits) {
         sdpa_tile t = {.b = b, .j0 = c->k_lo + kt * KERN_BK};
         t.cols = min64(c->k_hi - t.j0, KERN_BK);
+        if (attn_cancelled(p->cancel))
+            return;
         const float *k = c->k + k_at + t.j0 * c->ldk, *v = c->v + v_at + t.j0 * c->ldv;
         float *dk = job->dk + k_at + t.j0 * c->ldk, *dv = job->dv + v_at + t.j0 * c->ldv;
         for (int64_t j = 0; j < t.cols; j++) {
@@ -435,6 +437,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         plan_splits(&job, entries, threads, total);
         attn_units_plan(&job.work, &job.units);
     }
+    bool cancelled = false;
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
     job.workers = alloc_workers(threads, p, job.call.bf16);
@@ -474,13 +477,17 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
                             .dq_split = job.dq_split, .splits = job.splits,
                             .rows = n_rows};
-        attn_parallel_for(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro);
+        attn_parallel_for_until(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro,
+                                p->cancel);
         job.delta = delta;
         if (job.kern_bf16 != NULL) {
             round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = dout, .b16 = h};
-            attn_parallel_for(threads, p->batch * p->heads_q, round_head, &rj);
+            attn_parallel_for_until(threads, p->batch * p->heads_q, round_head, &rj, p->cancel);
         }
-        attn_parallel_for(threads, job.units.count, backward_unit, &job);
+        attn_parallel_for_until(threads, job.units.count, backward_unit, &job, p->cancel);
+        cancelled = attn_cancelled(p->cancel);
+    }
+    if (ok && !cancelled) {
         reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
                           .count = n_rows * p->d_k};
         if (job.splits > 1)
@@ -503,5 +510,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     free(job.seq_splits);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the backward pass");
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }

@@ -270,6 +270,10 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left as they are (the call's outputs
+         * are unspecified then), rather than finished from partial sums. */
+        if (attn_cancelled(p->cancel))
+            return;
         st.kt = (t.j0 - c->k_lo) / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
@@ -621,10 +625,12 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         job.call.q = q_rot;
         job.call.k = k_rot;
     }
+    bool cancelled = false;
     if (ok) {
-        attn_parallel_for(threads, panels, pack_unit, &job);
-        attn_parallel_for(threads, job.units.count, forward_unit, &job);
-        if (stats != NULL) {
+        attn_parallel_for_until(threads, panels, pack_unit, &job, p->cancel);
+        attn_parallel_for_until(threads, job.units.count, forward_unit, &job, p->cancel);
+        cancelled = attn_cancelled(p->cancel);
+        if (stats != NULL && !cancelled) {
             for (int64_t u = 1; u < job.units.count; u++)
                 sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
             sdpa_stats_finish(&job.unit_stats[0], stats);
@@ -639,5 +645,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     free_workers(&arena, job.workers, threads);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
+    if (cancelled)
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;
 }

@@ -4,24 +4,38 @@
  * needs `Authorization: Bearer KEY` (RFC 6750), KEY one of the file's lines.
  *
  * The file: one key per line; blank lines and lines starting with '#' are
- * skipped, spaces around a key are not part of it, and a key is visible
- * ASCII without spaces (RFC 6750's b64token and more). It is read at start
- * (attnd does not start without a key) and again on SIGHUP; a reload that
- * fails keeps the keys in force. Keys are never logged, and a presented
- * token is compared with every key in time that does not depend on where
- * they differ or which key matches.
+ * skipped, spaces around a key are not part of it, and a key is 16 to 1024
+ * bytes of visible ASCII without spaces (RFC 6750's b64token and more): a
+ * shorter one is guessed too easily. It is read at start (attnd does not
+ * start without a key) and again on SIGHUP; a reload that fails keeps the
+ * keys in force. Keys are never logged, and a presented token is compared
+ * with every key in time that does not depend on where they differ or which
+ * key matches.
+ *
+ * The file is read by byte counts, never as C strings, so a NUL byte cannot
+ * cut a key short ("k\0ey-very-long-secret" must not make "k" a key): a NUL
+ * anywhere refuses the file. It is read within MAX_FILE bytes and
+ * READ_SECONDS, whatever it is (a path that never ends, such as /dev/zero,
+ * or a pipe nobody writes to), so that a reload on SIGHUP always returns to
+ * the main thread, which must go on answering SIGTERM.
  */
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
+#define MIN_KEY 16
 #define MAX_KEY 1024
 #define MAX_KEYS 65536
 #define MAX_FILE (4u << 20)
+/* The longest a reading may take (a file that is a pipe or a device). */
+#define READ_SECONDS 2.0
 
 struct srv_key_set {
     int count;
@@ -48,95 +62,160 @@ static bool key_char(unsigned char c)
     return c > 0x20 && c < 0x7f;
 }
 
-/* Reads the key file into a new set; NULL with err filled on failure. */
-static srv_key_set *read_keys(const char *path, char *err, size_t err_len)
+/* The whole file into *text (*len bytes), at most MAX_FILE of them and
+ * within READ_SECONDS; false with err filled otherwise. */
+static bool read_file(const char *path, char **text, size_t *len, char *err, size_t err_len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    *text = NULL;
+    *len = 0;
+    /* O_NONBLOCK: opening a FIFO without a writer would block. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
         snprintf(err, err_len, "cannot read the API key file %s: %s", path, strerror(errno));
+        return false;
+    }
+    char *buf = malloc(MAX_FILE + 1);
+    size_t got = 0;
+    const char *why = NULL;
+    double end = srv_now() + READ_SECONDS;
+    while (buf && !why) {
+        ssize_t n = read(fd, buf + got, MAX_FILE + 1 - got);
+        if (n > 0) {
+            got += (size_t)n;
+            if (got > MAX_FILE)
+                why = "is larger than 4 MiB";
+        } else if (n == 0) {
+            break;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            /* A pipe or a device with nothing yet: wait for it, not for ever. */
+            double left = end - srv_now();
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) == 0)
+                why = "did not end within 2 s (a pipe or a device, not a file?)";
+        } else if (errno != EINTR) {
+            snprintf(err, err_len, "cannot read the API key file %s: %s", path,
+                     strerror(errno));
+            close(fd);
+            free(buf);
+            return false;
+        }
+        if (!why && srv_now() > end)
+            why = "did not end within 2 s (a pipe or a device, not a file?)";
+    }
+    close(fd);
+    if (!buf || why) {
+        if (buf) {
+            explicit_bzero(buf, got);
+            free(buf);
+        }
+        snprintf(err, err_len, "the API key file %s %s", path, why ? why : "cannot be "
+                 "read: out of memory");
+        return false;
+    }
+    *text = buf;
+    *len = got;
+    return true;
+}
+
+/* Adds text[0..n) as a key (it is checked); false when out of memory. */
+static bool add_key(srv_key_set *set, int *cap, const char *text, size_t n)
+{
+    if (set->count == *cap) {
+        int grown = *cap ? 2 * *cap : 8;
+        char **keys = realloc(set->keys, (size_t)grown * sizeof *keys);
+        if (!keys)
+            return false;
+        set->keys = keys;
+        size_t *lengths = realloc(set->lengths, (size_t)grown * sizeof *lengths);
+        if (!lengths)
+            return false;
+        set->lengths = lengths;
+        *cap = grown;
+    }
+    char *key = malloc(n);
+    if (!key)
+        return false;
+    memcpy(key, text, n);
+    set->keys[set->count] = key;
+    set->lengths[set->count] = n;
+    set->count++;
+    return true;
+}
+
+/* The keys of text[0..len); NULL with err filled when the file cannot be
+ * used (err never holds a key). */
+static srv_key_set *parse_keys(const char *path, const char *text, size_t len, char *err,
+                               size_t err_len)
+{
+    const char *nul = memchr(text, '\0', len);
+    if (nul) {
+        int line = 1;
+        for (const char *p = text; p < nul; p++)
+            line += *p == '\n';
+        snprintf(err, err_len, "%s, line %d: a NUL byte; a key file is text", path, line);
         return NULL;
     }
     srv_key_set *set = calloc(1, sizeof *set);
-    char *line = malloc(MAX_KEY + 3);
-    bool ok = set && line;
-    int cap = 0, number = 0;
-    size_t total = 0;
-    if (!ok)
+    if (!set) {
         snprintf(err, err_len, "out of memory reading %s", path);
-    while (ok && fgets(line, MAX_KEY + 3, f)) {
+        return NULL;
+    }
+    int cap = 0, number = 0;
+    for (size_t at = 0; at < len;) {
+        const char *line = text + at;
+        const char *eol = memchr(line, '\n', len - at);
+        size_t n = eol ? (size_t)(eol - line) : len - at;
+        at += n + (eol != NULL);
         number++;
-        size_t n = strlen(line);
-        total += n;
-        if (n == MAX_KEY + 2 && line[n - 1] != '\n') {
-            ok = false;
-            snprintf(err, err_len, "%s, line %d: a key is longer than %d bytes", path, number,
-                     MAX_KEY);
-            break;
-        }
-        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' ||
-                     line[n - 1] == '\t'))
-            line[--n] = '\0';
         size_t start = 0;
         while (start < n && (line[start] == ' ' || line[start] == '\t'))
             start++;
+        while (n > start && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
+            n--;
         if (start == n || line[start] == '#')
             continue;
-        for (size_t i = start; i < n; i++)
-            if (!key_char((unsigned char)line[i])) {
-                ok = false;
-                snprintf(err, err_len,
-                         "%s, line %d: a key is visible ASCII without spaces (byte %zu is not)",
-                         path, number, i + 1);
-                break;
-            }
-        if (!ok)
-            break;
-        if (set->count == MAX_KEYS || total > MAX_FILE) {
-            ok = false;
-            snprintf(err, err_len, "%s: more than %d keys or %u bytes", path, MAX_KEYS,
-                     MAX_FILE);
-            break;
+        const char *key = line + start;
+        size_t key_len = n - start;
+        const char *problem = NULL;
+        for (size_t i = 0; i < key_len && !problem; i++)
+            if (!key_char((unsigned char)key[i]))
+                problem = "a key is visible ASCII without spaces";
+        if (!problem && key_len < MIN_KEY)
+            problem = "a key is at least 16 bytes long (make one with: head -c 32 "
+                      "/dev/urandom | base64)";
+        if (!problem && key_len > MAX_KEY)
+            problem = "a key is at most 1024 bytes long";
+        if (!problem && set->count == MAX_KEYS)
+            problem = "more than 65536 keys";
+        if (problem) {
+            snprintf(err, err_len, "%s, line %d: %s", path, number, problem);
+            key_set_free(set);
+            return NULL;
         }
-        if (set->count == cap) {
-            cap = cap ? 2 * cap : 8;
-            char **keys = realloc(set->keys, (size_t)cap * sizeof *keys);
-            if (keys)
-                set->keys = keys;
-            size_t *lengths = keys ? realloc(set->lengths, (size_t)cap * sizeof *lengths) : NULL;
-            if (lengths)
-                set->lengths = lengths;
-            if (!keys || !lengths) {
-                ok = false;
-                snprintf(err, err_len, "out of memory reading %s", path);
-                break;
-            }
-        }
-        set->keys[set->count] = strndup(line + start, n - start);
-        set->lengths[set->count] = n - start;
-        if (!set->keys[set->count]) {
-            ok = false;
+        if (!add_key(set, &cap, key, key_len)) {
             snprintf(err, err_len, "out of memory reading %s", path);
-            break;
+            key_set_free(set);
+            return NULL;
         }
-        set->count++;
     }
-    if (ok && ferror(f)) {
-        ok = false;
-        snprintf(err, err_len, "cannot read the API key file %s: %s", path, strerror(errno));
-    }
-    if (ok && set->count == 0) {
-        ok = false;
+    if (set->count == 0) {
         snprintf(err, err_len, "the API key file %s holds no key", path);
-    }
-    fclose(f);
-    if (line) {
-        explicit_bzero(line, MAX_KEY + 3);
-        free(line);
-    }
-    if (!ok) {
         key_set_free(set);
         return NULL;
     }
+    return set;
+}
+
+/* Reads the key file into a new set; NULL with err filled on failure. */
+static srv_key_set *read_keys(const char *path, char *err, size_t err_len)
+{
+    char *text;
+    size_t len;
+    if (!read_file(path, &text, &len, err, err_len))
+        return NULL;
+    srv_key_set *set = parse_keys(path, text, len, err, err_len);
+    explicit_bzero(text, len);
+    free(text);
     return set;
 }
 

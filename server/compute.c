@@ -53,7 +53,8 @@ static api_limits limits(const srv_request *r, int threads)
     return (api_limits){.max_work = srv->cfg->max_work,
                         .max_response = (double)srv->cfg->max_response,
                         .threads = threads,
-                        .arrival_ms = r->t_start * 1e3};
+                        .arrival_ms = r->t_start * 1e3,
+                        .cancel = &r->cancel};
 }
 
 /* Reserves the room of an answer in the budget; false when it is spent. */
@@ -125,7 +126,8 @@ static void run(srv_request *r, int others, double wait)
     api_execute(r->call, threads, &r->res);
     r->call = NULL;
     settle(r);
-    metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
+    if (!atomic_load(&r->cancel))
+        metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
 }
 
 /* How much lower than the I/O threads a compute worker runs (nice), where
@@ -181,13 +183,18 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&q->lock);
 
         metrics_queued(&r->srv->metrics, r->label, -1);
-        run(r, others, srv_now() - r->t_queued);
+        /* A request whose client left while it queued is not started. */
+        if (!atomic_load(&r->cancel) && conn_client_gone(r->connection))
+            atomic_store(&r->cancel, 1);
+        if (!atomic_load(&r->cancel))
+            run(r, others, srv_now() - r->t_queued);
 
         pthread_mutex_lock(&q->lock);
         q->running--;
         pthread_cond_signal(&q->work);
         pthread_mutex_unlock(&q->lock);
         atomic_store(&r->computed, true);
+        conn_computed(r->connection);
         http_resume(r);
         pthread_mutex_lock(&q->lock);
     }
@@ -268,9 +275,11 @@ compute_result compute_submit(srv_request *r)
     pthread_mutex_unlock(&q->lock);
 
     /* Suspended before any worker can see it, so that the worker's resume
-     * always finds a suspended connection. */
+     * always finds a suspended connection; and watched (conn_watch.c) from
+     * then until a worker is done with it. */
     atomic_store(&r->computed, false);
     MHD_suspend_connection(r->conn);
+    conn_computing(r->connection);
     r->next = NULL;
     r->t_queued = srv_now();
     metrics_queued(&r->srv->metrics, r->label, +1);
@@ -283,6 +292,28 @@ compute_result compute_submit(srv_request *r)
     pthread_cond_signal(&q->work);
     pthread_mutex_unlock(&q->lock);
     return COMPUTE_QUEUED;
+}
+
+bool compute_unqueue(srv_request *r)
+{
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    srv_request **p = &q->head, *prev = NULL;
+    while (*p && *p != r) {
+        prev = *p;
+        p = &(*p)->next;
+    }
+    bool found = *p == r;
+    if (found) {
+        *p = r->next;
+        if (q->tail == r)
+            q->tail = prev;
+        q->waiting--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (found)
+        metrics_queued(&r->srv->metrics, r->label, -1);
+    return found;
 }
 
 int compute_running(srv_server *srv)

@@ -91,7 +91,23 @@ static const opt_row options[] = {
      .help = "requests that may wait for a compute slot; beyond that 503"},
     {.name = "timeout", .metavar = "SECONDS", .type = OPT_INT, .offset = OFF(timeout),
      .def = "30", .min = 1, .max = 86400, .limit = true,
-     .help = "idle connections are closed after this long"},
+     .help = "a connection silent this long while its request is read or answered is "
+             "closed"},
+    /* A total, not an idle time: a client sending a byte now and then holds
+     * its connection this long at most. 10 s is ample for any client on any
+     * network, and it closes idle keep-alive connections as soon (nginx's
+     * default keeps them 75 s, Node's 5 s). */
+    {.name = "header-timeout", .metavar = "SECONDS", .type = OPT_INT,
+     .offset = OFF(header_timeout), .def = "10", .min = 1, .max = 3600, .limit = true,
+     .help = "a request's headers must all arrive within this long of when its connection "
+             "began waiting for them (idle keep-alive connections included), or it is "
+             "closed"},
+    /* Below Kubernetes' default grace period of 30 s (which a preStop hook
+     * also spends), so that attnd exits on its own before SIGKILL. */
+    {.name = "drain-timeout", .metavar = "SECONDS", .type = OPT_INT,
+     .offset = OFF(drain_timeout), .def = "20", .min = 0, .max = 86400, .limit = true,
+     .help = "after SIGTERM, requests whose bodies are still arriving are dropped at once "
+             "and those computing may finish for this long; then attnd exits"},
     /* Every connection holds a file descriptor and libmicrohttpd's 16 KiB
      * buffer for it (touched only as far as it is used): 4096 is 64 MiB at
      * most, and four times what a load generator or a proxy in front
@@ -99,8 +115,9 @@ static const opt_row options[] = {
     {.name = "max-connections", .metavar = "N", .type = OPT_INT,
      .offset = OFF(max_connections), .def = "4096", .min = 16, .max = 1000000,
      .limit = true,
-     .help = "connections held at once; from 7/8 of it on, a new connection from the "
-             "address holding the most is refused"},
+     .help = "connections held at once: past it the idlest is closed for a new one, or, "
+             "when all are busy, the new one gets 503; from 7/8 of it on, a new connection "
+             "from the address holding the most gets 503"},
     /* None by default: a load balancer, a proxy or a load generator opens
      * hundreds of connections from one address, and no common server
      * (nginx, HAProxy, Envoy, Triton) limits them by default. A flood from
@@ -118,7 +135,7 @@ static const opt_row options[] = {
     {.name = "api-key-file", .metavar = "PATH", .type = OPT_PATH,
      .offset = OFF(api_key_file), .def = "",
      .help = "require Authorization: Bearer KEY on every route but /healthz and /readyz, "
-             "KEY one of the lines of PATH (re-read on SIGHUP)"},
+             "KEY one of the lines of PATH, 16 bytes or more (re-read on SIGHUP)"},
     {.name = "tls-cert", .metavar = "PATH", .type = OPT_PATH, .offset = OFF(tls_cert),
      .def = "", .help = "serve HTTPS with this PEM certificate (chain), with --tls-key"},
     {.name = "tls-key", .metavar = "PATH", .type = OPT_PATH, .offset = OFF(tls_key),

@@ -31,7 +31,9 @@ typedef struct {
     double max_work;     /* work units (FLOP-equivalents); a request needing more is a 422 */
     int64_t max_response; /* bytes all answers in flight may hold; one larger is a 422 */
     int queue;           /* requests that may wait for a compute slot */
-    int timeout;         /* seconds a connection may stay idle */
+    int timeout;         /* seconds a connection may stay idle mid-request */
+    int header_timeout;  /* seconds a request's headers may take, in all */
+    int drain_timeout;   /* seconds the drain after SIGTERM may take */
     int max_connections; /* connections held at once */
     int max_conns_per_ip; /* connections one client address may hold; 0: any */
     int log_format;      /* log_format */

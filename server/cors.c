@@ -1,8 +1,14 @@
 /*
  * Cross-origin requests (the Fetch standard's CORS protocol): an allowed
  * Origin is echoed back with Vary: Origin, so that a cache never serves one
- * origin's answer to another; a preflight OPTIONS is answered 204 with the
- * methods of the path and the headers the browser asked for.
+ * origin's answer to another. A preflight (OPTIONS with Origin and
+ * Access-Control-Request-Method) carries no credentials, so it is answered
+ * without an API key, and alike for every path, known or not: 204 with
+ * every method of the route table and the headers the browser asked for.
+ * The request it precedes gets the real answer (404, 405, 401). So a caller
+ * without a key learns nothing from a preflight, not even which paths
+ * exist. Any other OPTIONS is an ordinary request: it needs the key, and on
+ * a known path gets 204 with that path's Allow.
  */
 #include "server.h"
 
@@ -60,7 +66,14 @@ static const char *allowed_headers(const char *requested)
     return requested;
 }
 
-void cors_preflight(srv_request *r, const char *allow)
+bool cors_is_preflight(const char *method, const srv_headers *h)
+{
+    return !strcmp(method, MHD_HTTP_METHOD_OPTIONS) && h->origin && h->preflight_method;
+}
+
+/* 204 with `allow` as Allow (a plain OPTIONS) or, for a preflight, as the
+ * methods an allowed origin may use. */
+static void reply_204(srv_request *r, const char *allow, bool preflight)
 {
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -68,15 +81,18 @@ void cors_preflight(srv_request *r, const char *allow)
         http_reply_owned(r, 500, "application/json", NULL, 0, NULL);
         return;
     }
-    const char *requested = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                        "Access-Control-Request-Headers");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (!preflight)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     MHD_add_response_header(resp, "X-Request-ID", r->id);
-    if (r->origin) {
+    if (preflight && r->origin) {
+        const char *requested = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                            "Access-Control-Request-Headers");
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->origin);
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
         MHD_add_response_header(resp, "Access-Control-Allow-Headers", allowed_headers(requested));
         MHD_add_response_header(resp, "Access-Control-Max-Age", "7200");
+    } else if (r->origin) {
+        cors_add_headers(resp, r->origin);
     }
     if (r->srv->cors.enabled)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
@@ -87,4 +103,14 @@ void cors_preflight(srv_request *r, const char *allow)
     r->bytes_out = 0;
     MHD_queue_response(r->conn, 204, resp);
     MHD_destroy_response(resp);
+}
+
+void cors_preflight(srv_request *r)
+{
+    reply_204(r, routes_all_methods(r->srv), true);
+}
+
+void cors_options(srv_request *r, const char *allow)
+{
+    reply_204(r, allow, false);
 }

@@ -3,6 +3,11 @@
  * the headers before a byte of the body is read, so that every answer is one
  * well-formed HTTP response with a JSON body.
  *
+ *   a field name that is not a token          400 invalid_header
+ *     (whitespace before the colon: "Content-Length : 5" is no
+ *     Content-Length to libmicrohttpd, whose body would then be read as the
+ *     next request; RFC 9112 section 5.1 makes it a 400)
+ *   a target that decodes to a NUL (%00)      400 invalid_target
  *   Transfer-Encoding other than chunked      501 not_implemented
  *   Transfer-Encoding and Content-Length      400 invalid_framing (smuggling)
  *   Content-Length not a decimal uint64       400 invalid_framing
@@ -10,8 +15,11 @@
  *   a request target longer than 8 KiB        414 uri_too_long
  *   header fields of more than 12 KiB         431 header_too_large
  *
- * A malformed Content-Length is refused by libmicrohttpd itself before
- * attnd sees the request: mhd_quirks.c says what attnd does about it.
+ * Every refusal here closes the connection after its answer: once the
+ * framing of a request is in doubt, nothing after it can be trusted to be
+ * the next request. A malformed Content-Length is refused by libmicrohttpd
+ * itself before attnd sees the request: mhd_quirks.c says what attnd does
+ * about it.
  *
  * Beyond the connection's 16 KiB buffer (MHD_OPTION_CONNECTION_MEMORY_LIMIT
  * in http.c) the request never reaches attnd: libmicrohttpd answers 414 or
@@ -56,6 +64,23 @@ static bool named(const char *key, size_t n, const char *name)
     return !strncasecmp(key, name, n);
 }
 
+/* RFC 9110 section 5.6.2: a field name is a token, one or more of these. */
+static bool token_char(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static bool is_token(const char *key, size_t n)
+{
+    if (n == 0)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!token_char((unsigned char)key[i]))
+            return false;
+    return true;
+}
+
 static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *key,
                                size_t key_size, const char *value, size_t value_size)
 {
@@ -64,6 +89,10 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *k
     srv_headers *h = cls;
     if (!value)
         value = "";
+    if (!h->bad_name && !is_token(key, key_size)) {
+        h->bad_name = key;
+        h->bad_name_len = key_size;
+    }
     /* The names have few lengths: one or two compares of a name at most. */
     switch (key_size) {
     case 12:
@@ -83,6 +112,10 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *k
     case 13:
         if (!h->authorization && named(key, 13, MHD_HTTP_HEADER_AUTHORIZATION))
             h->authorization = value;
+        break;
+    case 29:
+        if (!h->preflight_method && named(key, 29, "Access-Control-Request-Method"))
+            h->preflight_method = value;
         break;
     case 14:
         if (named(key, 14, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
@@ -119,8 +152,24 @@ void headers_read(struct MHD_Connection *c, srv_headers *h)
 static framing_result refuse(srv_request *r, int status, const char *code,
                              const char *message)
 {
-    http_reply_error(r, status, code, message);
+    http_reply_error_close(r, status, code, message);
     return FRAMING_REFUSED;
+}
+
+/* The field name as the message shows it: printable, whitespace named. */
+static void show_name(char *out, size_t cap, const char *name, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < cap; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c == ' ' || c == '\t') {
+            int w = snprintf(out + o, cap - o, c == ' ' ? "<SP>" : "<TAB>");
+            o += w > 0 ? (size_t)w : 0;
+        } else {
+            out[o++] = c > 0x20 && c < 0x7f && c != '"' ? (char)c : '?';
+        }
+    }
+    out[o < cap ? o : cap - 1] = '\0';
 }
 
 void framing_length_message(char *msg, size_t cap, const char *value)
@@ -138,6 +187,22 @@ framing_result framing_check(srv_request *r, const srv_headers *h, uint64_t *len
     if (target > MAX_TARGET) {
         snprintf(msg, sizeof msg, "the request target is longer than %d bytes", MAX_TARGET);
         return refuse(r, 414, "uri_too_long", msg);
+    }
+    if (r->connection->nul_in_target)
+        return refuse(r, 400, "invalid_target",
+                      "the request target holds a NUL byte (or %00, which decodes to one): no "
+                      "path or query argument may contain one");
+    if (h->bad_name) {
+        char name[80];
+        show_name(name, sizeof name, h->bad_name, h->bad_name_len < 40 ? h->bad_name_len : 40);
+        bool space = memchr(h->bad_name, ' ', h->bad_name_len) ||
+                     memchr(h->bad_name, '\t', h->bad_name_len);
+        snprintf(msg, sizeof msg,
+                 space ? "the header field name \"%s\" contains whitespace; none may come "
+                         "before the colon (RFC 9112 section 5.1)"
+                       : "the header field name \"%s\" is not a token (RFC 9110 section "
+                         "5.1)", name);
+        return refuse(r, 400, "invalid_header", msg);
     }
     const union MHD_ConnectionInfo *size =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);

@@ -69,6 +69,7 @@ void request_end(srv_request *r)
     compute_release(r); /* the answer's bytes, now sent or abandoned */
     api_response_free(&r->res);
     body_trim(r->connection);
+    conn_waiting(r->connection); /* for the next request, from now on */
     r->in_flight = false;
     /* Last: the drain in main may end as soon as this reaches zero. */
     metrics_request_done(&r->srv->metrics, r->label, r->status, seconds, r->bytes_in,
@@ -84,25 +85,35 @@ void request_end(srv_request *r)
  * an answer queued this early would cost the client its keep-alive. */
 static void on_headers(srv_request *r, const srv_headers *h)
 {
-    if (r->connection->over_limit) {
-        http_refuse_over_limit(r);
+    if (r->connection->refused != REFUSE_NONE) {
+        http_refuse_connection(r);
         return;
     }
     uint64_t length = 0;
     bool has_length = false;
     if (framing_check(r, h, &length, &has_length) == FRAMING_REFUSED)
         return;
+    /* A CORS preflight carries no credentials (Fetch standard) and is
+     * answered alike for every path (on_body_done), so it reveals nothing. */
+    if (cors_is_preflight(r->method, h)) {
+        r->preflight = true;
+        return;
+    }
     /* The key before anything else about the request: a client without one
-     * learns nothing (not even which paths exist). Preflights carry no
-     * credentials (Fetch standard), and the health routes are for probes. */
-    bool preflight = !r->route && routes_allow(r->srv, r->path) &&
-                     !strcmp(r->method, MHD_HTTP_METHOD_OPTIONS);
-    if (!(r->route && r->route->open) && !preflight) {
+     * learns nothing (not even which paths exist). The health routes are
+     * for probes. */
+    if (!(r->route && r->route->open)) {
         srv_auth_result a = auth_check(&r->srv->auth, h->authorization);
         if (a != AUTH_OK) {
             http_reply_stock(r, a == AUTH_MISSING ? STOCK_NO_KEY : STOCK_WRONG_KEY);
             return;
         }
+    }
+    /* Draining: no body is read any more (a client trickling one would hold
+     * the exit); the client is told to go elsewhere at once. */
+    if (http_draining(r->srv) && ((has_length && length > 0) || h->n_encoding)) {
+        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+        return;
     }
     if (r->route && r->route->has_body)
         body_expect(r, h, length, has_length);
@@ -111,12 +122,14 @@ static void on_headers(srv_request *r, const srv_headers *h)
 /* The last call: the whole body is in (or was discarded). */
 static void on_body_done(srv_request *r)
 {
-    if (!r->route) {
+    if (r->preflight) {
+        cors_preflight(r);
+    } else if (!r->route) {
         const char *allow = routes_allow(r->srv, r->path);
         if (!allow)
             routes_not_found(r);
         else if (!strcmp(r->method, MHD_HTTP_METHOD_OPTIONS))
-            cors_preflight(r, allow);
+            cors_options(r, allow);
         else
             http_reply_canned(r, routes_not_allowed(r->srv, r->path));
     } else if (r->too_large) {
@@ -149,11 +162,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r = &cx->request;
         *con_cls = r;
         on_headers(r, &h);
+        /* Reading only while a body is to come: the drain drops reading
+         * connections, and the idlest of them may be shed, which must never
+         * befall a request that is whole (a GET between this call and the
+         * next). */
+        bool body_to_come = h.n_encoding > 0 || (h.n_length > 0 && h.length_ok && h.value > 0);
+        if (body_to_come && !r->responded)
+            conn_reading(cx);
+        else
+            conn_serving(cx);
         return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
+        conn_progress(r->connection);
         if (r->route && r->route->has_body && !r->responded) {
             body_take(r, upload, n);
         } else {
@@ -166,8 +189,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         return MHD_YES;
     }
+    /* Resumed after its client went away (conn_watch.c): no answer, the
+     * connection closes and the request ends as a 499. */
+    if (atomic_load(&r->computed) && atomic_load(&r->cancel))
+        return MHD_NO;
     if (!r->responded)
         on_body_done(r);
+    conn_serving(r->connection); /* unless it went to compute */
     return MHD_YES;
 }
 
@@ -211,9 +239,28 @@ static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *
     srv_connection *cx = info ? info->socket_context : NULL;
     if (cx) {
         cx->target_len = strlen(uri);
+        cx->nul_in_target = false;
         quirks_request_line(cx, uri);
     }
     return NULL; /* the access handler's context stays unset until its first call */
+}
+
+/* libmicrohttpd decodes the path and each query argument in place with
+ * this. "%00" would decode to a NUL, which ends the C string there: the
+ * rest of the path would be silently cut off ("/v1/attention%00/../x" served
+ * as /v1/attention). Such a text is left as it came, and the request is
+ * refused (framing_check), naming it as sent. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    if (!strstr(s, "%00"))
+        return MHD_http_unescape(s);
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_connection *cx = info ? info->socket_context : NULL;
+    if (cx)
+        cx->nul_in_target = true;
+    return strlen(s);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -225,23 +272,26 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         if (cx) {
             cx->srv = srv;
             cx->conn = c;
+            const union MHD_ConnectionInfo *fd =
+                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+            cx->fd = fd ? fd->connect_fd : -1;
             const union MHD_ConnectionInfo *info =
                 MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
             const struct sockaddr *addr = info ? info->client_addr : NULL;
             client_address(addr, cx->remote, sizeof cx->remote);
-            cx->client = conn_limit_open(&srv->conn_limit, addr, &cx->over_limit);
+            conn_limit_open(&srv->conn_limit, cx, addr);
             /* libmicrohttpd 0.9.75 calls this after listing the connection
              * for timeouts, so its timeout may change here. */
-            if (cx->over_limit)
+            if (cx->refused != REFUSE_NONE)
                 MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
-                                          (unsigned int)OVER_LIMIT_TIMEOUT);
+                                          (unsigned int)REFUSED_TIMEOUT);
         }
         *socket_context = cx;
     } else {
         srv_connection *cx = *socket_context;
         if (cx) {
             quirks_connection_closed(cx);
-            conn_limit_close(&srv->conn_limit, cx->client);
+            conn_limit_close(&srv->conn_limit, cx);
             free(cx->body);
             free(cx);
         }
@@ -271,13 +321,17 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
 {
     const attnd_config *cfg = srv->cfg;
     cors_init(&srv->cors, cfg);
-    if (!conn_limit_init(&srv->conn_limit, cfg->max_conns_per_ip, cfg->max_connections) ||
-        !stock_init(srv) || !routes_init(srv)) {
+    if (!conn_limit_init(&srv->conn_limit, cfg) || !stock_init(srv) || !routes_init(srv)) {
         snprintf(err, err_len, "out of memory building the fixed responses");
         return false;
     }
     if (!compute_start(srv)) {
         snprintf(err, err_len, "cannot start compute threads");
+        return false;
+    }
+    if (!watch_start(srv)) {
+        snprintf(err, err_len, "cannot start the connection watcher");
+        compute_stop(srv);
         return false;
     }
 
@@ -328,9 +382,13 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_ARRAY, pool_options,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout,
-        /* Divided among the I/O threads; with poll(2), not bounded by
-         * FD_SETSIZE. main raises the process's descriptor limit to fit. */
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
+        /* attnd holds --max-connections; the room above it is for refused
+         * and shed connections (conn_limit.c). Divided among the I/O
+         * threads; with poll(2), not bounded by FD_SETSIZE. main raises the
+         * process's descriptor limit to fit. */
+        MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned int)(cfg->max_connections + conn_limit_room(cfg->max_connections)),
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, srv,
         /* The per-connection pool holds the request head and the read
          * buffer, and libmicrohttpd clears it after every request: 64 KiB
          * made that memset a tenth of a /healthz, 16 KiB still takes 8 KiB
@@ -345,6 +403,7 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
     if (!srv->daemon) {
         snprintf(err, err_len, "cannot listen on %s port %d: %s", cfg->bind, cfg->port,
                  strerror(errno));
+        watch_stop(srv);
         compute_stop(srv);
         return false;
     }
@@ -415,6 +474,7 @@ long http_open_connections(srv_server *srv)
 
 void http_stop(srv_server *srv)
 {
+    watch_stop(srv);
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
     conn_limit_free(&srv->conn_limit);

@@ -203,13 +203,9 @@ void log_init(srv_log *log, log_format fmt)
         pthread_create(&log->flusher, NULL, flusher_main, log) == 0;
 }
 
-void log_flush(srv_log *log)
-{
-    if (log->flusher_running)
-        wake_flusher(log, true);
-}
-
-void log_shutdown(srv_log *log)
+/* Stops the flusher and writes out what the buffers hold; they stay, for
+ * threads that may still log. */
+static void stop_and_write_out(srv_log *log)
 {
     if (log->flusher_running) {
         pthread_mutex_lock(&log->lock);
@@ -221,9 +217,19 @@ void log_shutdown(srv_log *log)
         pthread_join(log->flusher, NULL);
         log->flusher_running = false;
     }
-    /* Only after http_stop: no I/O thread logs any more. */
     if (log->spare)
         flush_round(log, &log->spare, LOG_EXIT_WAIT_MS);
+}
+
+void log_flush(srv_log *log)
+{
+    stop_and_write_out(log);
+}
+
+void log_shutdown(srv_log *log)
+{
+    /* Only after http_stop: no I/O thread logs any more. */
+    stop_and_write_out(log);
     pthread_mutex_lock(&log->lock);
     while (log->buffers) {
         srv_log_buffer *b = log->buffers;

@@ -1,7 +1,8 @@
 /*
  * attnd: read the configuration, serve until SIGTERM or SIGINT, then drain
- * (stop accepting, let in-flight requests finish) and exit 0. A second
- * signal during the drain stops waiting. SIGHUP reads the API keys again.
+ * (stop accepting, drop the requests whose bodies are still arriving, let
+ * the others finish within --drain-timeout) and exit 0. A second signal
+ * during the drain stops waiting. SIGHUP reads the API keys again.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +22,13 @@
  * key file or /proc being read. */
 #define FD_RESERVE 64
 
+/* Descriptors for n held connections: those, the room above them for
+ * refused and shed ones (conn_limit.c), and the process's own. */
+static rlim_t descriptors_for(int n)
+{
+    return (rlim_t)n + (rlim_t)conn_limit_room(n) + FD_RESERVE;
+}
+
 /* Raises the soft limit on open files to what --max-connections needs (as
  * nginx's worker_rlimit_nofile does; the hard limit is the administrator's
  * word); where the hard limit is lower, holds fewer connections and says
@@ -30,7 +38,7 @@ static void fit_descriptor_limit(attnd_config *cfg, srv_log *log)
     struct rlimit lim;
     if (getrlimit(RLIMIT_NOFILE, &lim) != 0)
         return;
-    rlim_t want = (rlim_t)cfg->max_connections + FD_RESERVE;
+    rlim_t want = descriptors_for(cfg->max_connections);
     if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
         rlim_t was = lim.rlim_cur;
         lim.rlim_cur = lim.rlim_max == RLIM_INFINITY || lim.rlim_max >= want ? want
@@ -39,7 +47,9 @@ static void fit_descriptor_limit(attnd_config *cfg, srv_log *log)
             lim.rlim_cur = was;
     }
     if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
-        int fit = lim.rlim_cur > 16 + FD_RESERVE ? (int)(lim.rlim_cur - FD_RESERVE) : 16;
+        int fit = cfg->max_connections;
+        while (fit > 16 && descriptors_for(fit) > lim.rlim_cur)
+            fit -= fit / 16 > 1 ? fit / 16 : 1;
         log_event(log, "warn",
                   "--max-connections %d needs %llu open files, and this process may have "
                   "%llu (ulimit -n): holding at most %d connections",
@@ -134,9 +144,13 @@ int main(int argc, char **argv)
         else
             log_event(log, "info", "SIGHUP: nothing to reload (no --api-key-file)");
     }
-    log_event(log, "info", "%s: draining %ld in-flight request(s)",
-              sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight(&srv));
+    log_event(log, "info", "%s: draining %ld in-flight request(s), for %d s at most",
+              sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight(&srv), cfg.drain_timeout);
+    double deadline = srv_now() + cfg.drain_timeout;
     http_quiesce(&srv);
+    /* A request whose body is still arriving is dropped now: it was never
+     * going to be computed, and its client must not hold the exit. */
+    conn_limit_sweep(&srv.conn_limit, srv_now(), true);
     /* Every answer from now on says Connection: close, so each open
      * connection closes after its next request. A request may already be on
      * its way on one of them when the last one in flight finishes: wait
@@ -145,15 +159,18 @@ int main(int argc, char **argv)
      * than reset. Idle keep-alive connections are not waited for longer. */
     bool forced = false;
     double quiet_since = srv_now();
-    while (srv_now() - quiet_since < DRAIN_GRACE_S && http_open_connections(&srv) > 0 &&
-           !(forced = signals_poll(20)))
+    while (srv_now() - quiet_since < DRAIN_GRACE_S && srv_now() < deadline &&
+           http_open_connections(&srv) > 0 && !(forced = signals_poll(20)))
         if (http_in_flight(&srv) > 0)
             quiet_since = srv_now();
-    while (!forced && http_in_flight(&srv) > 0 && !(forced = signals_poll(20)))
+    while (!forced && http_in_flight(&srv) > 0 && srv_now() < deadline &&
+           !(forced = signals_poll(20)))
         ;
-    if (forced) {
-        /* Workers may still hold connections; leave them to the exit. */
-        log_event(log, "warn", "second signal: exiting with %ld request(s) unfinished",
+    if (forced || http_in_flight(&srv) > 0) {
+        /* Workers may still hold connections; leave them to the exit, which
+         * resets them. */
+        log_event(log, "warn", "%s: exiting with %ld request(s) unfinished",
+                  forced ? "second signal" : "drain timeout (--drain-timeout)",
                   http_in_flight(&srv));
         log_flush(log);
         return 0;

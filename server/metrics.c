@@ -319,13 +319,35 @@ char *metrics_render(srv_server *srv, size_t *len)
                      "attnd_connections %d\n",
                      conn_limit_open_now(cl));
     codec_buf_printf(&t,
-                     "# HELP attnd_connections_refused_total Connections closed at accept: "
-                     "past --max-conns-per-ip and its slack, or from the address holding the most "
-                     "under connection pressure.\n"
+                     "# HELP attnd_connections_held Client connections held (counted against "
+                     "--max-connections).\n"
+                     "# TYPE attnd_connections_held gauge\n"
+                     "attnd_connections_held %d\n",
+                     conn_limit_held_now(cl));
+    codec_buf_printf(&t,
+                     "# HELP attnd_connections_refused_total Connections refused (a JSON 503 to "
+                     "their first request, or closed at accept once their address has 16 "
+                     "refusals waiting): past --max-conns-per-ip, from the address holding the "
+                     "most under connection pressure, or with every connection busy.\n"
                      "# TYPE attnd_connections_refused_total counter\n"
                      "attnd_connections_refused_total{reason=\"per_ip_limit\"} %lu\n"
-                     "attnd_connections_refused_total{reason=\"pressure\"} %lu\n",
-                     relaxed_load(cl->refused_per_ip), relaxed_load(cl->refused_pressure));
+                     "attnd_connections_refused_total{reason=\"pressure\"} %lu\n"
+                     "attnd_connections_refused_total{reason=\"full\"} %lu\n",
+                     relaxed_load(cl->refusals[REFUSE_PER_IP]),
+                     relaxed_load(cl->refusals[REFUSE_PRESSURE]),
+                     relaxed_load(cl->refusals[REFUSE_FULL]));
+    codec_buf_printf(&t,
+                     "# HELP attnd_connections_closed_total Held connections that attnd closed: "
+                     "the idlest, for a new connection at --max-connections; those whose "
+                     "request headers missed --header-timeout; those whose body was still "
+                     "arriving when the drain began.\n"
+                     "# TYPE attnd_connections_closed_total counter\n"
+                     "attnd_connections_closed_total{reason=\"idlest\"} %lu\n"
+                     "attnd_connections_closed_total{reason=\"header_timeout\"} %lu\n"
+                     "attnd_connections_closed_total{reason=\"drain\"} %lu\n",
+                     relaxed_load(cl->sheds[SHED_IDLEST]),
+                     relaxed_load(cl->sheds[SHED_HEADER_TIMEOUT]),
+                     relaxed_load(cl->sheds[SHED_DRAIN]));
     codec_buf_printf(&t,
                      "# HELP attnd_log_dropped_total Log lines dropped because the log sink "
                      "(stderr) was full.\n"

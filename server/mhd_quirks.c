@@ -23,6 +23,14 @@
  * libmicrohttpd 1.0 words them differently and its answer is not known to
  * be broken, so with any other version nothing here runs, and a malformed
  * Content-Length gets the library's own HTML 400.
+ *
+ * A raw NUL byte in the request target (the same versions). They take the
+ * request line's bytes as they come, and hand the target on as a C string,
+ * so "GET /v1/info\0/../x HTTP/1.1" reaches attnd as /v1/info. What the
+ * URI callback gets is the target up to the space before the version, which
+ * these versions overwrite with the string's NUL, the version following
+ * right after it: when the NUL is followed by anything but "HTTP/", it came
+ * from the client, and the request is refused as a %00 is (framing.c).
  */
 #include "server.h"
 
@@ -43,6 +51,8 @@ void quirks_request_line(srv_connection *cx, const char *uri)
 {
     reading = cx;
     reading_uri = uri;
+    if (strncmp(uri + strlen(uri) + 1, "HTTP/", 5) != 0)
+        cx->nul_in_target = true;
 }
 
 void quirks_connection_closed(srv_connection *cx)

@@ -128,9 +128,17 @@ void http_reply_stock(srv_request *r, stock_error e)
     reply_canned(r, r->srv->stock[e], false);
 }
 
-void http_refuse_over_limit(srv_request *r)
+void http_refuse_connection(srv_request *r)
 {
-    reply_canned(r, r->srv->stock[STOCK_TOO_MANY_CONNECTIONS], true);
+    static const stock_error by_reason[N_REFUSE] = {
+        [REFUSE_PER_IP] = STOCK_PER_IP_LIMIT,
+        [REFUSE_PRESSURE] = STOCK_PRESSURE,
+        [REFUSE_FULL] = STOCK_CONNECTIONS_FULL,
+    };
+    conn_refusal why = r->connection->refused;
+    reply_canned(r, r->srv->stock[why > REFUSE_NONE && why < N_REFUSE ? by_reason[why]
+                                                                      : STOCK_CONNECTIONS_FULL],
+                 true);
 }
 
 void http_reply_owned(srv_request *r, int status, const char *content_type,
@@ -151,15 +159,30 @@ void http_reply_owned(srv_request *r, int status, const char *content_type,
     MHD_destroy_response(resp);
 }
 
-void http_reply_error(srv_request *r, int status, const char *code, const char *message)
+static void reply_error(srv_request *r, int status, const char *code, const char *message,
+                        bool close)
 {
     api_error e;
     api_fail(&e, status, code, "", "%s", message);
     size_t len = 0;
     char *body = api_error_json(&e, &len);
-    http_reply_owned(r, status, "application/json", body, len, NULL);
+    /* While draining every answer says Connection: close already. */
+    static const char *const closing[] = {MHD_HTTP_HEADER_CONNECTION, "close", NULL};
+    http_reply_owned(r, status, "application/json", body, len,
+                     close && !http_draining(r->srv) ? closing : NULL);
     if (r->status == status)
         r->error_code = code; /* a literal of the caller's */
+}
+
+void http_reply_error(srv_request *r, int status, const char *code, const char *message)
+{
+    reply_error(r, status, code, message, false);
+}
+
+void http_reply_error_close(srv_request *r, int status, const char *code,
+                            const char *message)
+{
+    reply_error(r, status, code, message, true);
 }
 
 bool stock_init(srv_server *srv)
@@ -191,7 +214,18 @@ bool stock_init(srv_server *srv)
     snprintf(msg, sizeof msg,
              "this client already has the %d connections that --max-conns-per-ip allows; "
              "reuse or close one, then retry", srv->cfg->max_conns_per_ip);
-    stock[STOCK_TOO_MANY_CONNECTIONS] = canned_error(srv, 503, "too_many_connections", msg,
+    stock[STOCK_PER_IP_LIMIT] = canned_error(srv, 503, "too_many_connections", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    snprintf(msg, sizeof msg,
+             "this server's connections are running short (--max-connections %d) and this "
+             "client's address holds the most of them; reuse or close one, then retry",
+             srv->cfg->max_connections);
+    stock[STOCK_PRESSURE] = canned_error(srv, 503, "too_many_connections", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    snprintf(msg, sizeof msg,
+             "every one of this server's %d connections (--max-connections) is serving a "
+             "request; retry shortly", srv->cfg->max_connections);
+    stock[STOCK_CONNECTIONS_FULL] = canned_error(srv, 503, "too_many_connections", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
     /* RFC 6750 section 3: the challenge, and error="invalid_token" when a
      * token was presented but is not one of the keys. */

@@ -75,6 +75,11 @@ const char *routes_allow(const srv_server *srv, const char *path)
     return row >= 0 ? srv->routes.allow[row] : NULL;
 }
 
+const char *routes_all_methods(const srv_server *srv)
+{
+    return srv->routes.all_methods;
+}
+
 const srv_canned *routes_not_allowed(const srv_server *srv, const char *path)
 {
     int row = find_path(&srv->routes, path);
@@ -357,6 +362,22 @@ bool routes_init(srv_server *srv)
         if (!t->not_allowed[i])
             return false;
     }
+
+    /* Every method of the table, each once, in the table's order. */
+    char *all = t->all_methods;
+    all[0] = '\0';
+    for (int i = 0; i < N_ROUTES; i++) {
+        const char *m[2] = {routes[i].method, !strcmp(routes[i].method, "GET") ? "HEAD" : NULL};
+        for (int k = 0; k < 2 && m[k]; k++) {
+            size_t n = strlen(m[k]);
+            bool listed = false;
+            for (const char *p = strstr(all, m[k]); p && !listed; p = strstr(p + 1, m[k]))
+                listed = (p == all || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0');
+            if (!listed)
+                snprintf(all + strlen(all), sizeof t->all_methods - strlen(all), "%s, ", m[k]);
+        }
+    }
+    snprintf(all + strlen(all), sizeof t->all_methods - strlen(all), "OPTIONS");
 
     static const char ok[] = "{\"status\": \"ok\"}\n";
     static const char ready_text[] = "{\"status\": \"ready\"}\n";

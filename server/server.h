@@ -62,6 +62,7 @@ struct srv_request {
     char id[REQUEST_ID_MAX + 1]; /* X-Request-ID: the client's, or a fresh one */
     double t_start;          /* monotonic seconds at the first callback */
     bool in_flight;          /* between the first callback and completion */
+    bool preflight;          /* a CORS preflight (cors_is_preflight) */
 
     size_t body_len;         /* bytes in connection->body */
     size_t bytes_in;         /* body bytes received, kept or not */
@@ -75,6 +76,8 @@ struct srv_request {
 
     /* compute routes */
     atomic_bool computed;    /* set by a worker before it resumes the connection */
+    atomic_int cancel;       /* set once its client is seen gone: libattn stops
+                              * (api_limits.cancel) and the answer is dropped */
     api_call *call;          /* prepared (decoded, costed), not computed yet */
     double reserved;         /* answer bytes held against --max-response */
     int refusal;             /* a stock_error to answer instead of res, or -1 */
@@ -83,15 +86,48 @@ struct srv_request {
     srv_request *next;       /* compute queue link */
 };
 
+/* What a connection is doing, as conn_limit.c's policy sees it. */
+typedef enum {
+    CONN_WAITING,   /* for the headers of its next request (idle ones too) */
+    CONN_READING,   /* headers in, the body arriving */
+    CONN_SERVING,   /* its handler runs or its answer goes out */
+    CONN_COMPUTING, /* suspended: queued for, or holding, a compute slot */
+    CONN_REFUSED,   /* not held: its first request is answered 503 */
+    CONN_SHED,      /* shut down by attnd; libmicrohttpd closes it next */
+} conn_state;
+
+/* Why a connection is refused (CONN_REFUSED). */
+typedef enum {
+    REFUSE_NONE = 0,
+    REFUSE_PER_IP,    /* its address holds --max-conns-per-ip */
+    REFUSE_PRESSURE,  /* under pressure, from the address that holds the most */
+    REFUSE_FULL,      /* --max-connections held, every one serving a request */
+    N_REFUSE
+} conn_refusal;
+
+/* Why attnd closed a connection it held. */
+typedef enum {
+    SHED_IDLEST,         /* its place went to a new connection */
+    SHED_HEADER_TIMEOUT, /* its request's headers missed --header-timeout */
+    SHED_DRAIN,          /* its body was still arriving when the drain began */
+    N_SHED
+} conn_shed_reason;
+
 /* One per connection: what outlives a request on it (keep-alive), so that
  * a request costs no allocation of its own. */
 struct srv_connection {
     srv_server *srv;
     struct MHD_Connection *conn;
+    int fd;                  /* its socket (shut down to shed it) */
     char remote[46];         /* client address for the log (INET6_ADDRSTRLEN),
                               * formatted once per connection */
-    struct srv_client *client; /* its count by address (conn_limit.c), or NULL */
-    bool over_limit;         /* past --max-conns-per-ip: 503 and close */
+    /* conn_limit.c's, under its lock */
+    struct srv_client *client; /* its count by address, or NULL (not IP) */
+    conn_state state;
+    conn_refusal refused;    /* REFUSE_NONE while held */
+    double since;            /* when it began waiting, or its body last moved */
+    srv_connection *prev, *next; /* in the list of its state */
+    bool nul_in_target;      /* the request line's target decodes to a NUL */
     char *body;              /* the request body buffer, kept between requests */
     size_t body_cap;
     size_t target_len;       /* the target of the request line read last */
@@ -141,7 +177,9 @@ typedef enum {
     STOCK_OVERLOADED,         /* 503 + Retry-After: the compute queue is full */
     STOCK_RESPONSES_PENDING,  /* 503 + Retry-After: --max-response is spent */
     STOCK_SHUTTING_DOWN,      /* 503 + Retry-After */
-    STOCK_TOO_MANY_CONNECTIONS, /* 503 + Retry-After, past --max-conns-per-ip */
+    STOCK_PER_IP_LIMIT,       /* 503 + Retry-After: too_many_connections, per address */
+    STOCK_PRESSURE,           /* ... this address holds the most under pressure */
+    STOCK_CONNECTIONS_FULL,   /* ... every connection serves a request */
     STOCK_NO_KEY,             /* 401 + WWW-Authenticate: no bearer token */
     STOCK_WRONG_KEY,          /* 401 + WWW-Authenticate: not one of the keys */
     N_STOCK
@@ -157,8 +195,13 @@ void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
 /* An error answer built for this request alone (api_error_json of it). */
 void http_reply_error(srv_request *r, int status, const char *code, const char *message);
-/* A connection past --max-conns-per-ip: its one answer, then it closes. */
-void http_refuse_over_limit(srv_request *r);
+/* A refused connection (conn_limit.c): its one answer, a 503 saying
+ * which rule refused it, then it closes. */
+void http_refuse_connection(srv_request *r);
+/* An error answer after which the connection closes: the request's framing
+ * cannot be trusted, so nothing after it is read as another request. */
+void http_reply_error_close(srv_request *r, int status, const char *code,
+                            const char *message);
 /* The headers every answer carries that depend on the request
  * (X-Request-ID, CORS, Connection: close while draining). */
 void http_add_request_headers(const srv_request *r, struct MHD_Response *resp);
@@ -191,6 +234,9 @@ void body_trim(srv_connection *cx);
 struct srv_headers {
     const char *content_type, *origin, *authorization; /* or NULL */
     const char *user_agent, *request_id;               /* or NULL */
+    const char *preflight_method; /* Access-Control-Request-Method, or NULL */
+    const char *bad_name;    /* the first field name that is not a token */
+    size_t bad_name_len;
     int n_length, n_encoding;
     const char *length;      /* the first Content-Length value */
     uint64_t value;          /* ... read, when well formed */
@@ -207,9 +253,10 @@ typedef enum {
     FRAMING_REFUSED, /* a JSON error is queued */
 } framing_result;
 
-/* Checks the request's target and header sizes and its body framing
- * (Transfer-Encoding, Content-Length, from h) before any body is read;
- * *length is the Content-Length when *has_length. */
+/* Checks the request's target (its size, a NUL it decodes to), its header
+ * sizes and field names, and its body framing (Transfer-Encoding,
+ * Content-Length, from h) before any body is read; *length is the
+ * Content-Length when *has_length. */
 framing_result framing_check(srv_request *r, const srv_headers *h, uint64_t *length,
                              bool *has_length);
 /* A Content-Length as libmicrohttpd reads it: decimal digits only, at
@@ -223,7 +270,8 @@ void framing_length_message(char *msg, size_t cap, const char *value);
 /* What attnd does about the libmicrohttpd versions it knows to misbehave
  * (mhd_quirks.c says which, and why). Called from http.c's callbacks;
  * with another version, each does nothing. */
-void quirks_request_line(srv_connection *cx, const char *uri); /* the URI callback */
+/* The URI callback: notes the connection, and a raw NUL in the target. */
+void quirks_request_line(srv_connection *cx, const char *uri);
 void quirks_connection_closed(srv_connection *cx);
 void quirks_logged(srv_server *srv, const char *message);      /* libmicrohttpd's log */
 
@@ -236,6 +284,7 @@ void quirks_logged(srv_server *srv, const char *message);      /* libmicrohttpd'
 typedef struct {
     int path_row[ROUTES_MAX];
     char allow[ROUTES_MAX][64];
+    char all_methods[64];
     srv_canned *not_allowed[ROUTES_MAX];
     srv_canned *healthz, *ready, *openapi, *openapi_json, *info;
     char *info_body;
@@ -250,6 +299,8 @@ const srv_route *routes_match(const srv_server *srv, const char *method, const c
                               bool *path_known, int *label);
 /* "GET, HEAD, OPTIONS" or NULL */
 const char *routes_allow(const srv_server *srv, const char *path);
+/* Every method of the route table, for CORS preflights (whatever the path). */
+const char *routes_all_methods(const srv_server *srv);
 /* the 405 for path */
 const srv_canned *routes_not_allowed(const srv_server *srv, const char *path);
 /* The 404, which names the route the path is a near miss of, if any. */
@@ -288,6 +339,10 @@ compute_result compute_submit(srv_request *r);
 /* The request's answer is gone (sent or abandoned): its bytes return to
  * the response budget. */
 void compute_release(srv_request *r);
+/* Takes r out of the queue if it is still waiting there (its client has
+ * gone); true when it was, and then nobody else will resume it. Called
+ * with conn_limit.c's lock held (that lock is taken before this one). */
+bool compute_unqueue(srv_request *r);
 int compute_running(srv_server *srv);     /* computing now */
 double compute_response_pending(srv_server *srv); /* bytes */
 void compute_stop(srv_server *srv);
@@ -356,7 +411,10 @@ typedef struct {
 } srv_log;
 
 void log_init(srv_log *log, log_format fmt); /* also starts the flusher */
-void log_flush(srv_log *log);    /* asks the flusher to write out now */
+/* For an exit that does not wait for every thread: stops the flusher and
+ * writes out what is logged so far before it returns (a line logged after
+ * it is lost at the exit). */
+void log_flush(srv_log *log);
 /* After http_stop: stops the flusher and writes what is left (waiting at
  * most a second for a full sink). */
 void log_shutdown(srv_log *log);
@@ -377,47 +435,99 @@ void cors_init(srv_cors *cors, const attnd_config *cfg);
 /* The origin to echo in Access-Control-Allow-Origin, or NULL. */
 const char *cors_allowed(const srv_cors *cors, const char *origin);
 void cors_add_headers(struct MHD_Response *resp, const char *origin);
-/* 204 answer to an OPTIONS request for a known path. */
-void cors_preflight(srv_request *r, const char *allow);
+/* Is this OPTIONS request a CORS preflight (Origin and
+ * Access-Control-Request-Method)? */
+bool cors_is_preflight(const char *method, const srv_headers *h);
+/* The 204 answer to a preflight: the same for every path (all the methods
+ * of the route table), so that it tells a caller without a key nothing. */
+void cors_preflight(srv_request *r);
+/* The 204 answer to a plain OPTIONS on a known path: Allow. */
+void cors_options(srv_request *r, const char *allow);
 
 /* ------------------------------------------------------- conn_limit.c */
 
-/* Over-limit connections one address may hold on top of the limit, waiting
- * for their 503; past that a connection is closed at accept. */
-#define OVER_LIMIT_SLACK 16
-/* Seconds an over-limit connection may stay idle before it is closed. */
-#define OVER_LIMIT_TIMEOUT 2
+/* Refused connections one address may have waiting for their 503; past
+ * that a connection of that address that would be refused is closed at
+ * accept. */
+#define REFUSED_SLACK 16
+/* Seconds a refused connection has to send its request's headers. */
+#define REFUSED_TIMEOUT 2
 #define CONN_LIMIT_BUCKETS 1024
 
 typedef struct srv_client srv_client; /* one client address and its count */
 
+/* A list of connections in one state, oldest first (conn_limit.c). */
+typedef struct {
+    srv_connection *head, *tail;
+    int count;
+} conn_list;
+
 typedef struct {
     int max_per_ip;          /* --max-conns-per-ip; 0: no limit */
-    int pressure;            /* open connections from which the address holding
-                              * the most is refused */
+    int cap;                 /* --max-connections: connections held at most */
+    int pressure;            /* held connections from which the address
+                              * holding the most is refused */
+    double header_timeout;   /* --header-timeout, seconds */
     pthread_mutex_t lock;
     srv_client *buckets[CONN_LIMIT_BUCKETS];
-    int open;                /* connections counted now */
+    int open;                /* connections counted now, held or not */
+    int held;                /* ... held: neither refused nor shed */
     int most;                /* the most one address holds now */
     int *holding;            /* holding[k]: addresses that hold k connections */
     int holding_cap;         /* ... for k < holding_cap */
-    atomic_ulong refused_per_ip, refused_pressure; /* at accept */
+    conn_list waiting, reading, computing, refused;
+    atomic_ulong refusals[N_REFUSE];  /* by reason (REFUSE_NONE unused) */
+    atomic_ulong sheds[N_SHED];       /* by reason */
 } srv_conn_limit;
 
-/* max_connections: the daemon's limit (--max-connections). False when out
- * of memory. */
-bool conn_limit_init(srv_conn_limit *cl, int max_per_ip, int max_connections);
-/* The accept policy: false for an address that already holds the limit
- * plus OVER_LIMIT_SLACK connections, or, once `pressure` connections are
- * open, for the address that holds the most. */
+/* The connections libmicrohttpd may hold beyond --max-connections: room to
+ * answer refused connections and to close shed ones. */
+int conn_limit_room(int max_connections);
+/* False when out of memory. */
+bool conn_limit_init(srv_conn_limit *cl, const attnd_config *cfg);
+/* At accept: false for a connection to close at once, unanswered (one its
+ * address would have refused, with REFUSED_SLACK refusals waiting). */
 bool conn_limit_accept(srv_conn_limit *cl, const struct sockaddr *sa);
-/* Counts a new connection; *over_limit when it is past --max-conns-per-ip.
- * Returns the handle for conn_limit_close, or NULL when not counted (not
- * an IP address, or no memory). */
-srv_client *conn_limit_open(srv_conn_limit *cl, const struct sockaddr *sa, bool *over_limit);
-void conn_limit_close(srv_conn_limit *cl, srv_client *c);
+/* A new connection (cx->fd set): held, perhaps in the place of the idlest
+ * held connection (shed), or refused (cx->refused). */
+void conn_limit_open(srv_conn_limit *cl, srv_connection *cx, const struct sockaddr *sa);
+void conn_limit_close(srv_conn_limit *cl, srv_connection *cx);
+/* What its request does now (cx's state moves; see conn_state). */
+void conn_reading(srv_connection *cx);   /* its headers are in, a body to come */
+void conn_progress(srv_connection *cx);  /* more of its body arrived */
+void conn_serving(srv_connection *cx);   /* no body to come, or it is answered */
+void conn_computing(srv_connection *cx); /* suspended for a compute slot */
+void conn_computed(srv_connection *cx);  /* back from compute, before resuming */
+void conn_waiting(srv_connection *cx);   /* its request is over */
+/* Sheds what is past its deadline, and while draining every connection
+ * whose body is still arriving. */
+void conn_limit_sweep(srv_conn_limit *cl, double now, bool draining);
+/* Calls gone(cx, arg) under the lock for every computing connection whose
+ * client has closed its side (or reset it), once. When gone returns true
+ * (it took the request out of the compute queue), the connection is resumed
+ * here, after the lock is released. */
+void conn_limit_check_computing(srv_conn_limit *cl,
+                                bool (*gone)(srv_connection *cx, void *arg), void *arg);
+/* Whether the client of a suspended connection has gone. */
+bool conn_client_gone(const srv_connection *cx);
 int conn_limit_open_now(srv_conn_limit *cl); /* connections counted now */
+int conn_limit_held_now(srv_conn_limit *cl); /* ... held */
 void conn_limit_free(srv_conn_limit *cl);
+
+/* ------------------------------------------------------- conn_watch.c */
+
+/* A thread that, every WATCH_PERIOD_MS, enforces conn_limit.c's deadlines
+ * and drops the requests whose clients have gone while they wait for, or
+ * hold, a compute slot. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    bool running, stop;
+} srv_watch;
+
+bool watch_start(srv_server *srv);
+void watch_stop(srv_server *srv);
 
 /* ------------------------------------------------------------- auth.c */
 
@@ -468,6 +578,7 @@ struct srv_server {
     srv_metrics metrics;
     srv_cors cors;
     srv_conn_limit conn_limit;
+    srv_watch watch;
     srv_log log;
     srv_auth auth;
     char *tls_cert, *tls_key;  /* PEM text, when serving HTTPS */

@@ -13,6 +13,8 @@
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1670,6 +1672,175 @@ START_TEST(parallel_for_runs_every_unit_once)
 }
 END_TEST
 
+/* ---------------------------------------------------------- cancellation */
+
+/* A multi-head problem of n rows, d_model = h * d, filled with small values. */
+typedef struct {
+    attn_mha_params p;
+    float *x, *w, *out, *dout, *gx;
+} mha_problem;
+
+static void mha_problem_init(mha_problem *m, int64_t n, int64_t heads, int64_t d)
+{
+    int64_t dm = heads * d;
+    m->p = (attn_mha_params){.batch = 1, .n = n, .m = n, .d_model = dm, .d_ctx = dm,
+                             .heads = heads, .kv_heads = heads, .d_k = d, .d_v = d,
+                             .d_out = dm, .scale = attn_default_scale(d), .threads = 1};
+    uint64_t seed = 4100;
+    m->x = malloc((size_t)(n * dm) * sizeof(float));
+    m->w = malloc((size_t)(dm * dm) * sizeof(float));
+    m->out = malloc((size_t)(n * dm) * sizeof(float));
+    m->dout = malloc((size_t)(n * dm) * sizeof(float));
+    m->gx = malloc((size_t)(n * dm) * sizeof(float));
+    fill(m->x, (size_t)(n * dm), &seed, 1.0);
+    fill(m->w, (size_t)(dm * dm), &seed, 0.2);
+    fill(m->dout, (size_t)(n * dm), &seed, 1.0);
+}
+
+static void mha_problem_free(mha_problem *m)
+{
+    free(m->x);
+    free(m->w);
+    free(m->out);
+    free(m->dout);
+    free(m->gx);
+}
+
+/* A flag already set stops every entry point before it computes, and each
+ * says so; a flag left at 0 changes no bit of any result. */
+START_TEST(cancel_flag_stops_every_entry_point_and_zero_changes_nothing)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 200, 300, 32, 16);
+    p.causal = true;
+    sdpa_case c;
+    case_init(&c, &p, 4000, 1.0);
+    float *out = malloc(c.n_out * sizeof(float)), *out0 = malloc(c.n_out * sizeof(float));
+    attn_softmax_row *rows = malloc(c.n_rows * sizeof *rows);
+    float *dq = malloc(c.n_qel * sizeof(float)), *dk = malloc(c.n_kel * sizeof(float));
+    float *dv = malloc(c.n_vel * sizeof(float)), *dq0 = malloc(c.n_qel * sizeof(float));
+    attn_error e;
+
+    atomic_int flag = 0;
+    attn_sdpa_params q = c.lib;
+    ck_assert_int_eq(attn_sdpa_forward(&q, c.q, c.k, c.v, out0, rows, NULL, NULL, &e), ATTN_OK);
+    ck_assert_int_eq(attn_sdpa_backward(&q, c.q, c.k, c.v, out0, rows, c.dout, dq0, dk, dv, &e),
+                     ATTN_OK);
+    q.cancel = &flag;
+    ck_assert_int_eq(attn_sdpa_forward(&q, c.q, c.k, c.v, out, rows, NULL, NULL, &e), ATTN_OK);
+    ck_assert_int_eq(attn_sdpa_backward(&q, c.q, c.k, c.v, out, rows, c.dout, dq, dk, dv, &e),
+                     ATTN_OK);
+    ck_assert_msg(!memcmp(out, out0, c.n_out * sizeof(float)) &&
+                  !memcmp(dq, dq0, c.n_qel * sizeof(float)),
+                  "a flag at 0 changed the results");
+
+    atomic_store(&flag, 1);
+    ck_assert_int_eq(attn_sdpa_forward(&q, c.q, c.k, c.v, out, rows, NULL, NULL, &e),
+                     ATTN_ERR_CANCELLED);
+    ck_assert_ptr_nonnull(strstr(e.message, "cancelled"));
+    ck_assert_int_eq(attn_sdpa_backward(&q, c.q, c.k, c.v, out0, rows, c.dout, dq, dk, dv, &e),
+                     ATTN_ERR_CANCELLED);
+    free(out);
+    free(out0);
+    free(rows);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(dq0);
+    case_free(&c);
+
+    mha_problem m;
+    mha_problem_init(&m, 96, 3, 8);
+    attn_mha_inputs in = {.x = m.x, .w_q = m.w, .w_k = m.w, .w_v = m.w, .w_o = m.w};
+    attn_mha_grads g = {.x = m.gx};
+    m.p.cancel = &flag;
+    atomic_store(&flag, 0);
+    ck_assert_int_eq(attn_mha_forward(&m.p, &in, m.out, NULL, NULL, NULL, &e), ATTN_OK);
+    ck_assert_int_eq(attn_mha_backward(&m.p, &in, m.dout, &g, &e), ATTN_OK);
+    atomic_store(&flag, 1);
+    ck_assert_int_eq(attn_mha_forward(&m.p, &in, m.out, NULL, NULL, NULL, &e),
+                     ATTN_ERR_CANCELLED);
+    ck_assert_int_eq(attn_mha_backward(&m.p, &in, m.dout, &g, &e), ATTN_ERR_CANCELLED);
+    ck_assert_int_eq(attn_mha_forward_backward(&m.p, &in, m.out, NULL, NULL, NULL, m.dout, &g,
+                                               &e),
+                     ATTN_ERR_CANCELLED);
+    mha_problem_free(&m);
+}
+END_TEST
+
+typedef struct {
+    const volatile float *watch; /* a value the call writes early: NaN until then */
+    atomic_int *flag;
+} canceller;
+
+/* Sets the flag once the call has visibly started its work. */
+static void *cancel_when_started(void *arg)
+{
+    canceller *c = arg;
+    while (isnan(*c->watch))
+        sched_yield();
+    atomic_store(c->flag, 1);
+    return NULL;
+}
+
+static size_t rows_written(const float *x, size_t rows, size_t width)
+{
+    size_t n = 0;
+    for (size_t r = 0; r < rows; r++)
+        n += !isnan(x[r * width + width - 1]);
+    return n;
+}
+
+/* A flag set while the call runs stops it between units of work: most of
+ * the output is never written (the rows start as NaN), forward and backward,
+ * on one thread and on two. */
+START_TEST(cancel_flag_set_midway_stops_a_long_call_early)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        attn_sdpa_params p = sdpa_shape(1, 1, 1, 4096, 4096, 32, 32);
+        p.threads = threads;
+        sdpa_case c;
+        case_init(&c, &p, 4001, 1.0);
+        attn_sdpa_params q = c.lib;
+        atomic_int flag = 0;
+        q.cancel = &flag;
+        float *out = nan_floats(c.n_out);
+        attn_softmax_row *rows = malloc(c.n_rows * sizeof *rows);
+        attn_error e;
+        /* The units go out in order: query rows 0 .. 63 are the first done. */
+        canceller k = {.watch = out + 63 * 32 + 31, .flag = &flag};
+        pthread_t t;
+        pthread_create(&t, NULL, cancel_when_started, &k);
+        attn_status st = attn_sdpa_forward(&q, c.q, c.k, c.v, out, rows, NULL, NULL, &e);
+        pthread_join(t, NULL);
+        ck_assert_int_eq(st, ATTN_ERR_CANCELLED);
+        size_t done = rows_written(out, 4096, 32);
+        ck_assert_msg(done < 4096 / 2, "threads %d: %zu of 4096 rows computed after the flag",
+                      threads, done);
+
+        /* The backward from a finished forward: dk's rows start as NaN and
+         * each key tile's are written (zeroed, then summed) by its unit. */
+        atomic_store(&flag, 0);
+        ck_assert_int_eq(attn_sdpa_forward(&q, c.q, c.k, c.v, out, rows, NULL, NULL, &e),
+                         ATTN_OK);
+        float *dq = nan_floats(c.n_qel), *dk = nan_floats(c.n_kel), *dv = nan_floats(c.n_vel);
+        k.watch = dk + 31;
+        pthread_create(&t, NULL, cancel_when_started, &k);
+        st = attn_sdpa_backward(&q, c.q, c.k, c.v, out, rows, c.dout, dq, dk, dv, &e);
+        pthread_join(t, NULL);
+        ck_assert_int_eq(st, ATTN_ERR_CANCELLED);
+        done = rows_written(dk, 4096, 32);
+        ck_assert_msg(done < 4096 / 2, "threads %d: %zu of 4096 dk rows computed after the flag",
+                      threads, done);
+        free(out);
+        free(rows);
+        free(dq);
+        free(dk);
+        free(dv);
+        case_free(&c);
+    }
+}
+END_TEST
+
 START_TEST(threads_1_and_2_agree_forward_and_backward)
 {
     attn_sdpa_params p = sdpa_shape(2, 4, 2, 300, 200, 32, 16);
@@ -2276,6 +2447,9 @@ static Suite *lib_suite(void)
           threads_2_large_backward_sums_every_workers_dq,
           concurrent_calls_from_two_threads_match_sequential,
           parallel_for_runs_every_unit_once}},
+        {"cancel", false,
+         {cancel_flag_stops_every_entry_point_and_zero_changes_nothing,
+          cancel_flag_set_midway_stops_a_long_call_early}},
         {"kernels", false,
          {vexp_kinds_match_exp_and_flush_below_min,
           vmax_kinds_find_the_maximum_at_every_position}},

@@ -4,7 +4,8 @@
  * threads asked for; the calling thread is worker 0; helpers outlive the
  * call and run at their caller's scheduling policy and nice value; calls
  * from many threads at once and calls from inside a unit are safe; a
- * forked child gets helpers of its own; and attention computed on the
+ * forked child gets helpers of its own; a cancelled loop starts no more
+ * units; and attention computed on the
  * helpers is the same, bit for bit, call after call and caller beside
  * caller.
  *
@@ -366,6 +367,64 @@ START_TEST(nested_call_runs_inline_on_its_units_thread)
 }
 END_TEST
 
+/* ------------------------------------------------------ cancellation */
+
+typedef struct {
+    atomic_int flag;
+    int64_t set_at;           /* the unit that sets the flag */
+    atomic_int *runs;
+    atomic_int after;         /* units that began with the flag already set */
+} cancel_ctx;
+
+static void cancel_unit(void *ctx, int64_t i, int worker)
+{
+    (void)worker;
+    cancel_ctx *c = ctx;
+    if (atomic_load(&c->flag))
+        atomic_fetch_add(&c->after, 1);
+    atomic_fetch_add(&c->runs[i], 1);
+    if (i == c->set_at)
+        atomic_store(&c->flag, 1);
+    /* A unit long enough that the others are not all taken meanwhile. */
+    struct timespec t = {0, 200000};
+    nanosleep(&t, NULL);
+}
+
+/* attn_parallel_for_until starts no unit once the flag is set: on one
+ * thread exactly the units up to the one that set it ran; on more, each
+ * other worker may have been between its look at the flag and its unit,
+ * and no more; no unit ran twice; a NULL flag runs them all. */
+START_TEST(cancelled_loop_starts_no_unit_after_the_flag)
+{
+    const int64_t count = 400;
+    for (int threads = 1; threads <= 3; threads++) {
+        cancel_ctx c = {.set_at = 5, .runs = xcalloc((size_t)count, sizeof(atomic_int))};
+        attn_parallel_for_until(threads, count, cancel_unit, &c, &c.flag);
+        int64_t ran = 0;
+        for (int64_t i = 0; i < count; i++) {
+            ck_assert_msg(atomic_load(&c.runs[i]) <= 1, "unit %lld ran twice", (long long)i);
+            ran += atomic_load(&c.runs[i]);
+        }
+        ck_assert_msg(atomic_load(&c.runs[c.set_at]) == 1, "the unit that cancels never ran");
+        if (threads == 1)
+            ck_assert_msg(ran == c.set_at + 1, "1 thread: %lld units ran, want %lld",
+                          (long long)ran, (long long)c.set_at + 1);
+        ck_assert_msg(atomic_load(&c.after) <= threads - 1,
+                      "%d threads: %d units started after the flag was set", threads,
+                      atomic_load(&c.after));
+        ck_assert_msg(ran < count / 4, "%d threads: %lld of %lld units ran", threads,
+                      (long long)ran, (long long)count);
+        free(c.runs);
+
+        cancel_ctx all = {.set_at = -1, .runs = xcalloc((size_t)count, sizeof(atomic_int))};
+        attn_parallel_for_until(threads, count / 8, cancel_unit, &all, NULL);
+        for (int64_t i = 0; i < count / 8; i++)
+            ck_assert_int_eq(atomic_load(&all.runs[i]), 1);
+        free(all.runs);
+    }
+}
+END_TEST
+
 /* ---------------------------------------------------------------- fork */
 
 /* A child forked after the parent's calls has none of its helpers; its
@@ -501,6 +560,7 @@ static Suite *parallel_suite(void)
         {"callers", false,
          {concurrent_callers_each_run_every_unit_once,
           nested_call_runs_inline_on_its_units_thread, forked_child_gets_helpers_of_its_own}},
+        {"cancel", false, {cancelled_loop_starts_no_unit_after_the_flag}},
         {"attention", true, {attention_bit_identical_across_calls_and_callers}},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {

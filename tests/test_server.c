@@ -2619,24 +2619,24 @@ END_TEST
 START_TEST(sighup_reads_the_key_file_again)
 {
     char keys[256];
-    write_file(keys, sizeof keys, "keys", "first-key\n");
+    write_file(keys, sizeof keys, "keys", "first-key-0123456789\n");
     server s = start_server("--api-key-file", keys);
-    reply r = with_key(s.port, "GET", "/v1/info", "Bearer first-key");
+    reply r = with_key(s.port, "GET", "/v1/info", "Bearer first-key-0123456789");
     ck_assert_int_eq(r.status, 200);
     reply_free(&r);
 
-    rewrite_file(keys, "second-key\nthird-key\n");
+    rewrite_file(keys, "second-key-0123456789\nthird-key-0123456789\n");
     kill(s.pid, SIGHUP);
     double end = now_s() + 5;
     long old = 200;
     while (now_s() < end && old == 200) {
-        r = with_key(s.port, "GET", "/v1/info", "Bearer first-key");
+        r = with_key(s.port, "GET", "/v1/info", "Bearer first-key-0123456789");
         old = r.status;
         reply_free(&r);
         usleep(20000);
     }
     ck_assert_int_eq(old, 401);
-    r = with_key(s.port, "GET", "/v1/info", "Bearer third-key");
+    r = with_key(s.port, "GET", "/v1/info", "Bearer third-key-0123456789");
     ck_assert_int_eq(r.status, 200);
     reply_free(&r);
 
@@ -2644,7 +2644,7 @@ START_TEST(sighup_reads_the_key_file_again)
     rewrite_file(keys, "# nothing here\n");
     kill(s.pid, SIGHUP);
     ck_assert_msg(log_says(&s, "the keys in force stay", 5), "the second SIGHUP is not logged");
-    r = with_key(s.port, "GET", "/v1/info", "Bearer second-key");
+    r = with_key(s.port, "GET", "/v1/info", "Bearer second-key-0123456789");
     ck_assert_int_eq(r.status, 200);
     reply_free(&r);
     ck_assert(alive(&s));
@@ -3208,7 +3208,7 @@ static char *attention_body_lasting(int port, double ms)
     reply_free(&r);
     free(probe);
     double scale = took > 0 ? sqrt(ms / took) : 4;
-    n = (int)(n * (scale < 1 ? 1 : scale > 8 ? 8 : scale));
+    n = (int)(n * (scale < 1 ? 1 : scale > 32 ? 32 : scale));
     return slow_attention_body(2, n, 32, true);
 }
 
@@ -3583,6 +3583,654 @@ END_TEST
 
 /* ------------------------------------------------------------- suite */
 
+/* ------------------------------------------------------ slots and drain */
+
+/* Whether the server has closed fd (or reset it); never blocks. */
+static bool closed_by_server(int fd)
+{
+    char c;
+    ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* --header-timeout is a total from when a connection begins to wait for a
+ * request's headers: a request line trickled, headers trickled (a byte
+ * every 250 ms, each of which would restart an idle timeout) and a
+ * keep-alive connection idle after its answer are all closed at it, far
+ * before --timeout; headers that arrive slowly but within it are answered. */
+START_TEST(header_deadline_is_a_total_that_bytes_do_not_extend)
+{
+    server s = start_server("--header-timeout", "2", "--timeout", "30");
+    int fd[3];
+    const char *what[3] = {"a request line trickled", "headers trickled",
+                           "a keep-alive connection idle after its answer"};
+    const char *drip[3] = {"GET /healthz HTTP/1.1", "X-Drip: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", ""};
+    fd[0] = connect_port(s.port);
+    fd[1] = connect_port(s.port);
+    ck_assert(fd[0] >= 0 && fd[1] >= 0);
+    send_all(fd[1], "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    ck_assert_int_ge(fd[2] = served_connection(s.port), 0);
+    double t0 = now_s(), closed_at[3] = {0, 0, 0};
+    for (int step = 0; now_s() - t0 < 8; step++) {
+        bool all = true;
+        for (int i = 0; i < 3; i++) {
+            if (closed_at[i] == 0 && closed_by_server(fd[i]))
+                closed_at[i] = now_s() - t0;
+            if (closed_at[i] == 0 && drip[i][0] && step % 25 == 0) {
+                char c[2] = {drip[i][(step / 25) % strlen(drip[i])], 0};
+                send_all(fd[i], c);
+            }
+            all = all && closed_at[i] > 0;
+        }
+        if (all)
+            break;
+        usleep(10000);
+    }
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(closed_at[i] > 0, "%s: still open after 8 s (--header-timeout 2)",
+                      what[i]);
+        ck_assert_msg(closed_at[i] > 1.5 && closed_at[i] < 4.0,
+                      "%s: closed after %.2f s, want about 2", what[i], closed_at[i]);
+        close(fd[i]);
+    }
+    /* Slow but within the deadline: a byte every 20 ms for about a second. */
+    int slow = connect_port(s.port);
+    const char *req = "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: 0123456789\r\n\r\n";
+    for (const char *p = req; *p; p++) {
+        char c[2] = {*p, 0};
+        send_all(slow, c);
+        usleep(20000);
+    }
+    char buf[512];
+    bool closed;
+    read_until_close(slow, buf, sizeof buf, 1, &closed);
+    ck_assert_msg(!strncmp(buf, "HTTP/1.1 200", 12), "slow headers within the deadline: %s",
+                  buf);
+    close(slow);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* Connections from a few addresses, each with headers that never end, fill
+ * --max-connections; with or without a per-address limit (under which each
+ * address stays) a client from another address is answered at once, in the
+ * place of the idlest held connection (the oldest of them), and a
+ * connection refused meanwhile gets a JSON 503 too_many_connections, not
+ * silence. */
+START_TEST(full_server_sheds_the_idlest_for_a_new_client)
+{
+    const char *per_ip[] = {"0", "6"};
+    const char *from[4] = {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"};
+    for (int c = 0; c < 2; c++) {
+        server s = start_server("--max-connections", "16", "--max-conns-per-ip", per_ip[c],
+                                "--header-timeout", "60", "--timeout", "60");
+        enum { N = 24 };
+        int fd[N];
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_ge(fd[i] = connect_from(from[i % 4], s.port), 0);
+            send_all(fd[i], "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Never: ends");
+            usleep(10000); /* so that their ages differ */
+        }
+        usleep(100000);
+        const char *newcomers[] = {"127.0.0.6", "127.0.0.7"};
+        int kept[2];
+        for (int k = 0; k < 2; k++) {
+            double t0 = now_s();
+            int n = connect_from(newcomers[k], s.port);
+            ck_assert_int_ge(n, 0);
+            ck_assert_msg(healthz_on(n), "per-ip %s: a client from %s was not answered",
+                          per_ip[c], newcomers[k]);
+            ck_assert_msg(now_s() - t0 < 2, "per-ip %s: answered after %.1f s", per_ip[c],
+                          now_s() - t0);
+            /* Kept open: the second newcomer finds the server full too. */
+            kept[k] = n;
+        }
+        /* The oldest of the flood made room (the first two held). */
+        usleep(100000);
+        ck_assert_msg(closed_by_server(fd[0]) && closed_by_server(fd[1]),
+                      "per-ip %s: the oldest connections were not the ones shed", per_ip[c]);
+        ck_assert_msg(!closed_by_server(fd[15]),
+                      "per-ip %s: a younger held connection was shed before the oldest",
+                      per_ip[c]);
+        /* The last of the flood came past the mark and was refused: its
+         * request, once whole, is told so. */
+        send_all(fd[N - 1], "\r\n\r\n");
+        char buf[2048];
+        bool closed;
+        read_until_close(fd[N - 1], buf, sizeof buf, 3, &closed);
+        expect_one_json_error("a refused connection", buf, 503, "too_many_connections");
+        ck_assert_msg(strcasestr(buf, "\r\nRetry-After: 1\r\n") && closed,
+                      "per-ip %s: no Retry-After or not closed: %s", per_ip[c], buf);
+        for (int i = 0; i < N; i++)
+            close(fd[i]);
+        close(kept[0]);
+        close(kept[1]);
+        ck_assert_int_eq(stop_server(&s), 0);
+    }
+}
+END_TEST
+
+/* A POST of body to path on a new connection from `source`, not read yet. */
+static int post_to(const char *source, int port, const char *path, const char *body)
+{
+    int fd = connect_from(source, port);
+    ck_assert_int_ge(fd, 0);
+    char head[256];
+    snprintf(head, sizeof head,
+             "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Connection: close\r\nContent-Length: %zu\r\n\r\n", path, strlen(body));
+    send_all(fd, head);
+    send_all(fd, body);
+    return fd;
+}
+
+static int post_from(const char *source, int port, const char *body)
+{
+    return post_to(source, port, "/v1/attention", body);
+}
+
+/* A small multi-head body (small_heavy_body) whose computation lasts about
+ * `ms` on this server, measured with a probe. */
+static char *multihead_body_lasting(int port, double ms)
+{
+    char *probe = small_heavy_body(32);
+    reply r = post_json(port, "/v1/multihead", probe);
+    json_t *doc = json_loadb(r.body, r.body_len, 0, NULL);
+    double took = json_number_value(json_object_get(
+        json_object_get(json_object_get(doc, "meta"), "timing_ms"), "compute"));
+    json_decref(doc);
+    reply_free(&r);
+    free(probe);
+    double heads = took > 0 ? 32 * ms / took : 512;
+    return small_heavy_body(heads < 32 ? 32 : heads > 4096 ? 4096 : (int)heads);
+}
+
+/* The status line of the answer on fd, read until close (0: none). */
+static int status_on(int fd, double seconds)
+{
+    static char buf[1 << 16];
+    bool closed;
+    read_until_close(fd, buf, sizeof buf, seconds, &closed);
+    int status = 0;
+    return sscanf(buf, "HTTP/1.1 %d", &status) == 1 ? status : 0;
+}
+
+/* Whether attnd has read everything this client sent on fd: the kernel's
+ * receive queue of the server's end of the connection (/proc/net/tcp,
+ * matched by the two ports) is empty. attnd reads a request whole and
+ * hands it on (queues it, or answers it) in the same pass of its I/O
+ * thread, so a little after this is true the request is no longer waiting
+ * to be read, and no other connection is needed to ask the server. */
+static bool server_read_all(int fd, int server_port)
+{
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    if (getsockname(fd, (struct sockaddr *)&me, &len) != 0)
+        return false;
+    unsigned mine = ntohs(me.sin_port);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f)
+        return false;
+    char line[512];
+    bool found = false, empty = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned local_port, remote_port, tx, rx;
+        if (sscanf(line, " %*d: %*x:%x %*x:%x %*x %x:%x", &local_port, &remote_port, &tx, &rx) == 4
+            && local_port == (unsigned)server_port && remote_port == mine) {
+            found = true;
+            empty = rx == 0;
+        }
+    }
+    fclose(f);
+    return found && empty;
+}
+
+/* When every held connection is busy (one computing, the others queued
+ * behind it), none is shed: a new connection gets a JSON 503
+ * too_many_connections with Retry-After at once, and every busy one is
+ * answered in full. */
+START_TEST(every_connection_busy_means_503_for_a_newcomer_not_silence)
+{
+    server s = start_server("--max-connections", "16", "--threads", "1", "--queue", "64");
+    char *slow = attention_body_lasting(s.port, 2500);
+    enum { BUSY = 16 };
+    int fd[BUSY];
+    char src[BUSY][32];
+    /* One address each: under pressure a second connection from an
+     * address would be refused (conn_limit.c). */
+    for (int i = 0; i < BUSY; i++)
+        snprintf(src[i], sizeof src[i], "127.0.1.%d", 10 + i);
+    fd[0] = post_from(src[0], s.port, slow);
+    free(slow);
+    ck_assert(wait_computing(s.port, 1));
+    for (int i = 1; i < BUSY - 1; i++)
+        fd[i] = post_from(src[i], s.port, tiny_attention);
+    const char *depth = "attnd_queue_depth{route=\"/v1/attention\"}";
+    ck_assert_msg(metric_reaching(s.port, depth, BUSY - 2) == BUSY - 2,
+                  "the small requests did not queue");
+    fd[BUSY - 1] = post_from(src[BUSY - 1], s.port, tiny_attention);
+    /* Its body read and queued: asked of the kernel, since a scrape would
+     * need a slot. */
+    bool read_all = false;
+    for (int i = 0; i < 1000 && !(read_all = server_read_all(fd[BUSY - 1], s.port)); i++)
+        usleep(10000);
+    ck_assert_msg(read_all, "attnd did not read the last busy connection's request");
+    usleep(50000);
+    double t0 = now_s();
+    int late = connect_from("127.0.1.99", s.port);
+    ck_assert_int_ge(late, 0);
+    send_all(late, "GET /v1/info HTTP/1.1\r\nHost: x\r\n\r\n");
+    char buf[2048];
+    bool closed;
+    read_until_close(late, buf, sizeof buf, 3, &closed);
+    double took = now_s() - t0;
+    close(late);
+    expect_one_json_error("a connection past a full server", buf, 503, "too_many_connections");
+    ck_assert_msg(strcasestr(buf, "\r\nRetry-After: 1\r\n") && closed && took < 1.5,
+                  "no Retry-After, not closed, or answered after %.1f s: %s", took, buf);
+    for (int i = 0; i < BUSY; i++) {
+        int st = status_on(fd[i], 30);
+        ck_assert_msg(st == 200, "busy connection %d: %d", i, st);
+        close(fd[i]);
+    }
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* A request whose client has gone is dropped, queued or running: six
+ * requests of about 8 s each on one compute thread, whose clients leave at
+ * once (a close, a half-close, a reset), do not hold a small request from
+ * another client for their time (computed, the first alone would hold it
+ * for seconds more); each is logged as 499. */
+START_TEST(abandoned_requests_are_dropped_queued_or_running)
+{
+    server s = start_server("--threads", "1", "--queue", "16");
+    char *heavy = multihead_body_lasting(s.port, 8000);
+    enum { N = 6 };
+    int fd[N];
+    fd[0] = post_to("127.0.0.1", s.port, "/v1/multihead", heavy);
+    ck_assert(wait_computing(s.port, 1));
+    for (int i = 1; i < N; i++)
+        fd[i] = post_to("127.0.0.1", s.port, "/v1/multihead", heavy);
+    free(heavy);
+    const char *depth = "attnd_queue_depth{route=\"/v1/multihead\"}";
+    ck_assert_msg(metric_reaching(s.port, depth, N - 1) == N - 1, "the heavy ones did not queue");
+    for (int i = 0; i < N; i++) {
+        if (i % 3 == 1) {
+            shutdown(fd[i], SHUT_WR);
+        } else if (i % 3 == 2) {
+            struct linger reset = {1, 0};
+            setsockopt(fd[i], SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+        }
+        if (i % 3 != 1)
+            close(fd[i]);
+    }
+    double t0 = now_s();
+    reply r = post_json(s.port, "/v1/attention", tiny_attention);
+    double took = now_s() - t0;
+    long status = r.status;
+    reply_free(&r);
+    for (int i = 1; i < N; i += 3)
+        close(fd[i]);
+    ck_assert_int_eq(status, 200);
+    ck_assert_msg(took < 2, "a small request waited %.2f s behind abandoned ones", took);
+    const char *gone = "attnd_requests_total{route=\"/v1/multihead\",status=\"499\"}";
+    ck_assert_msg(metric_reaching(s.port, gone, N) == N, "%g of %d abandoned logged 499",
+                  metric(s.port, gone), N);
+    ck_assert(metric(s.port, depth) == 0);
+    ck_assert(metric(s.port, "attnd_computing_requests") == 0);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* After SIGTERM, bodies still arriving (by Content-Length or chunked) are
+ * dropped at once and headers that never end do not hold the exit either:
+ * attnd exits 0 within a second or two, not after --timeout. */
+START_TEST(drain_drops_bodies_still_arriving_at_once)
+{
+    server s = start_server("--timeout", "60", "--header-timeout", "60", "--drain-timeout", "10");
+    const char *heads[] = {
+        "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n{\"q\": [[1",
+        "POST /v1/multihead HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\n{\"x\":\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Never: ends",
+    };
+    enum { N = 3 };
+    int fd[N];
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_ge(fd[i] = connect_port(s.port), 0);
+        send_all(fd[i], heads[i]);
+    }
+    for (int k = 0; k < 3; k++) { /* alive and moving */
+        usleep(200000);
+        send_all(fd[0], "0");
+        send_all(fd[1], "1\r\n \r\n");
+        send_all(fd[2], "s");
+    }
+    kill(s.pid, SIGTERM);
+    double t0 = now_s();
+    ck_assert_msg(log_says(&s, "draining", 5), "no drain in the log");
+    double body_closed[2] = {0, 0};
+    int st = 0;
+    bool exited = false;
+    while (now_s() - t0 < 8 && !exited) {
+        for (int i = 0; i < 2; i++)
+            if (body_closed[i] == 0 && closed_by_server(fd[i]))
+                body_closed[i] = now_s() - t0;
+        exited = waitpid(s.pid, &st, WNOHANG) == s.pid;
+        send_all(fd[2], "s");
+        usleep(20000);
+    }
+    double took = now_s() - t0;
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
+    ck_assert_msg(exited, "attnd still draining after 8 s");
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
+    ck_assert_msg(took < 3, "the drain took %.1f s", took);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(body_closed[i] > 0 && body_closed[i] < 1,
+                      "a body still arriving (%s) closed after %.2f s", i ? "chunked" :
+                      "Content-Length", body_closed[i]);
+    unlink(s.log);
+}
+END_TEST
+
+/* A computation in flight may finish during the drain, but for
+ * --drain-timeout at most: then attnd exits 0 and says why. */
+START_TEST(drain_timeout_bounds_computations_in_flight)
+{
+    server s = start_server("--threads", "1", "--drain-timeout", "1");
+    char *slow = attention_body_lasting(s.port, 20000);
+    int fd = post_from("127.0.0.1", s.port, slow);
+    ck_assert(wait_computing(s.port, 1));
+    kill(s.pid, SIGTERM);
+    double t0 = now_s();
+    int st = 0;
+    bool exited = false;
+    while (now_s() - t0 < 10 && !(exited = waitpid(s.pid, &st, WNOHANG) == s.pid))
+        usleep(10000);
+    double took = now_s() - t0;
+    char answer[256];
+    bool closed;
+    read_until_close(fd, answer, sizeof answer, 0.2, &closed);
+    close(fd);
+    free(slow);
+    ck_assert_msg(exited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
+    ck_assert_msg(took > 0.8 && took < 3, "exited %.2f s after SIGTERM, --drain-timeout 1",
+                  took);
+    if (!log_says(&s, "drain timeout (--drain-timeout)", 1)) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "tail -5 '%s' >&2", s.log);
+        ck_assert_msg(system(cmd) == 0 && false, "the log does not say why (above); answer %.60s",
+                      answer);
+    }
+    unlink(s.log);
+}
+END_TEST
+
+/* --------------------------------------------------- framing and targets */
+
+/* A field name that is not a token (whitespace before the colon, RFC 9112
+ * section 5.1, or any other character a token may not hold) is one JSON
+ * 400 invalid_header and the connection closes: what follows is never read
+ * as a body or as the next request. Whitespace in a value is fine. */
+START_TEST(header_name_that_is_not_a_token_is_400_and_nothing_else)
+{
+    const char *bad[] = {"Content-Length : 5", "Transfer-Encoding : chunked",
+                         "Content-Length\t: 5", "Host : x", "X-Trace id: 1",
+                         "X-Trace(: 1", "X\"Q: 1", "Transfer-Encoding\t:chunked"};
+    const char *starts[] = {"POST /v1/attention HTTP/1.1\r\nHost: x\r\n",
+                            "GET /healthz HTTP/1.1\r\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        for (int k = 0; k < 2; k++) {
+            char req[512];
+            int n = snprintf(req, sizeof req,
+                             "%s%s\r\n\r\nGET /v1/info HTTP/1.1\r\nHost: x\r\n\r\n",
+                             starts[k], bad[i]);
+            bool closed;
+            char *resp = raw_exchange(shared.port, req, (size_t)n, 3, &closed);
+            char what[128];
+            snprintf(what, sizeof what, "\"%s\" on %.4s", bad[i], starts[k]);
+            expect_one_json_error(what, resp, 400, "invalid_header");
+            ck_assert_msg(closed, "%s: the connection stayed open", what);
+            free(resp);
+        }
+    const char *fine = "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Trace: a b\t c\r\n"
+                       "Connection: close\r\n\r\n";
+    bool closed;
+    char *resp = raw_exchange(shared.port, fine, strlen(fine), 3, &closed);
+    ck_assert_msg(!strncmp(resp, "HTTP/1.1 200", 12), "a value with spaces: %s", resp);
+    free(resp);
+}
+END_TEST
+
+/* A path or query argument that decodes to a NUL (%00) is a 400
+ * invalid_target, never served as the text before it; "%2500" decodes to
+ * the three characters "%00" and is an ordinary (unknown) path. */
+START_TEST(target_that_decodes_to_nul_is_400)
+{
+    /* Raw: a client library would resolve the dot segments first. */
+    const char *bad[][2] = {{"POST", "/v1/attention%00/../../nope"},
+                            {"GET", "/%00/etc/passwd"},
+                            {"GET", "/healthz%00"},
+                            {"GET", "/v1/info%00.json"},
+                            {"GET", "/v1/info?x=%00"},
+                            {"GET", "/metrics?%00=1"},
+                            {"OPTIONS", "/v1/attention%00"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        bool post = !strcmp(bad[i][0], "POST");
+        char req[1024];
+        int n = snprintf(req, sizeof req,
+                         "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         "Content-Length: %zu\r\n\r\n%s", bad[i][0], bad[i][1],
+                         post ? strlen(tiny_attention) : 0, post ? tiny_attention : "");
+        bool closed;
+        char *resp = raw_exchange(shared.port, req, (size_t)n, 3, &closed);
+        char what[128];
+        snprintf(what, sizeof what, "%s %s", bad[i][0], bad[i][1]);
+        expect_one_json_error(what, resp, 400, "invalid_target");
+        free(resp);
+    }
+    reply r = get(shared.port, "/%2500");
+    ck_assert_error(r, 404, "not_found");
+    reply_free(&r);
+    r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+/* ----------------------------------------------------- keys and preflight */
+
+/* With a key file, a caller without a key learns nothing of which paths
+ * exist: a CORS preflight (Origin and Access-Control-Request-Method) gets
+ * the same 204 on every path, known or not, and every other request,
+ * OPTIONS included, the same 401. With the key, OPTIONS tells the truth. */
+START_TEST(without_a_key_every_path_looks_the_same)
+{
+    char keys[256];
+    write_file(keys, sizeof keys, "keys", KEY_ONE "\n");
+    server s = start_server("--api-key-file", keys, "--cors-origin", "https://app.example");
+    const char *paths[] = {"/v1/attention", "/v1/multihead", "/metrics", "/healthz", "/",
+                           "/nope", "/v1/attentio", "/v1/attention/x", "/v2/models/attention"};
+    enum { P = sizeof paths / sizeof *paths };
+    const char *const pre[] = {"Origin: https://app.example", "Access-Control-Request-Method: POST",
+                               "Access-Control-Request-Headers: authorization", NULL};
+    const char *const other_origin[] = {"Origin: https://evil.example",
+                                        "Access-Control-Request-Method: DELETE", NULL};
+    const char *const origin_only[] = {"Origin: https://app.example", NULL};
+    struct {
+        const char *what, *method;
+        const char *const *headers;
+        long status;
+    } kinds[] = {{"preflight", "OPTIONS", pre, 204},
+                 {"preflight from another origin", "OPTIONS", other_origin, 204},
+                 {"OPTIONS with an Origin only", "OPTIONS", origin_only, 401},
+                 {"OPTIONS", "OPTIONS", NULL, 401},
+                 {"DELETE", "DELETE", NULL, 401}};
+    const char *compared[] = {"Access-Control-Allow-Origin", "Access-Control-Allow-Methods",
+                              "Access-Control-Allow-Headers", "Allow", "WWW-Authenticate",
+                              "Content-Length"};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        char first[6][256] = {{0}};
+        for (int p = 0; p < P; p++) {
+            reply r = request(s.port, kinds[k].method, paths[p], kinds[k].headers, NULL, 0);
+            ck_assert_msg(r.status == kinds[k].status, "%s %s: %ld, want %ld", kinds[k].what,
+                          paths[p], r.status, kinds[k].status);
+            for (int h = 0; h < 6; h++) {
+                char v[256];
+                const char *got = header(&r, compared[h], v, sizeof v);
+                if (p == 0)
+                    snprintf(first[h], sizeof first[h], "%s", got ? got : "(none)");
+                ck_assert_msg(!strcmp(first[h], got ? got : "(none)"),
+                              "%s: %s differs between %s (%s) and %s (%s)", kinds[k].what,
+                              compared[h], paths[0], first[h], paths[p], got ? got : "(none)");
+            }
+            reply_free(&r);
+        }
+    }
+    /* With the key, a plain OPTIONS says which methods a path has, or 404. */
+    char auth[128], v[256];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", KEY_ONE);
+    const char *const with[] = {auth, NULL};
+    reply r = request(s.port, "OPTIONS", "/v1/attention", with, NULL, 0);
+    ck_assert_int_eq(r.status, 204);
+    ck_assert_ptr_nonnull(strstr(header(&r, "Allow", v, sizeof v), "POST"));
+    reply_free(&r);
+    r = request(s.port, "OPTIONS", "/nope", with, NULL, 0);
+    ck_assert_error(r, 404, "not_found");
+    reply_free(&r);
+    ck_assert_int_eq(stop_server(&s), 0);
+    unlink(keys);
+}
+END_TEST
+
+/* A temporary file of exactly n bytes of p (NULs included). */
+static void write_bytes(char *path, size_t cap, const char *p, size_t n)
+{
+    snprintf(path, cap, "/tmp/attnd-test-keys-%d-XXXXXX", (int)getpid());
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, p, n), (ssize_t)n);
+    close(fd);
+}
+
+/* Key files are read by byte counts, whole and bounded: a NUL anywhere
+ * refuses the file (it would otherwise cut a key short), as does a key of
+ * fewer than 16 bytes, a file over 4 MiB, a device that never ends and a
+ * pipe that never ends; 16 bytes is enough. attnd says why and exits 2. */
+START_TEST(key_files_with_nul_short_keys_or_no_end_are_refused)
+{
+    static const char nul_mid[] = "k\0ey-very-long-secret\n";
+    static const char nul_after[] = "a-very-long-secret-key\n\0\n";
+    static const char nul_end[] = "a-very-long-secret-key\0";
+    char f_mid[256], f_after[256], f_end[256], f_short[256], f_big[256], f_16[256];
+    write_bytes(f_mid, sizeof f_mid, nul_mid, sizeof nul_mid - 1);
+    write_bytes(f_after, sizeof f_after, nul_after, sizeof nul_after - 1);
+    write_bytes(f_end, sizeof f_end, nul_end, sizeof nul_end - 1);
+    write_file(f_short, sizeof f_short, "keys", "a-very-long-secret-key\n123456789012345\n");
+    write_file(f_16, sizeof f_16, "keys", "1234567890123456\n");
+    size_t big = (4u << 20) + 64;
+    char *text = malloc(big);
+    memset(text, '#', big);
+    for (size_t i = 63; i < big; i += 64)
+        text[i] = '\n';
+    memcpy(text, "a-very-long-secret-key\n", 23);
+    write_bytes(f_big, sizeof f_big, text, big);
+    free(text);
+    char fifo[256];
+    snprintf(fifo, sizeof fifo, "/tmp/attnd-test-fifo-%d", (int)getpid());
+    unlink(fifo);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    int writer = open(fifo, O_RDWR | O_NONBLOCK); /* a writer that never writes */
+    ck_assert_int_ge(writer, 0);
+    struct {
+        const char *path, *says;
+    } cases[] = {{f_mid, "line 1: a NUL byte"}, {f_after, "line 2: a NUL byte"},
+                 {f_end, "line 1: a NUL byte"}, {f_short, "line 2: a key is at least 16"},
+                 {f_big, "larger than 4 MiB"},  {"/dev/zero", "larger than 4 MiB"},
+                 {fifo, "did not end within 2 s"}};
+    char out[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *args[] = {"--api-key-file", cases[i].path, "--port", "0", NULL};
+        double t0 = now_s();
+        int st = run_attnd(args, NULL, out, sizeof out);
+        ck_assert_msg(st == 2, "%s: exit %d: %s", cases[i].path, st, out);
+        ck_assert_msg(strstr(out, cases[i].says), "%s: %s", cases[i].path, out);
+        ck_assert_msg(now_s() - t0 < 5, "%s: took %.1f s", cases[i].path, now_s() - t0);
+        ck_assert_ptr_null(strstr(out, "secret"));
+    }
+    close(writer);
+    /* Sixteen bytes is a key. */
+    server s = start_server("--api-key-file", f_16);
+    reply r = with_key(s.port, "GET", "/v1/info", "Bearer 1234567890123456");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    ck_assert_int_eq(stop_server(&s), 0);
+    const char *files[] = {f_mid, f_after, f_end, f_short, f_big, f_16, fifo};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        unlink(files[i]);
+}
+END_TEST
+
+/* SIGHUP with the key file now a file with a NUL, a device that never ends
+ * (/dev/zero) or a pipe that never ends: the keys in force stay ("k" from
+ * "k\0ey..." never becomes a key), the server goes on answering, and
+ * SIGTERM sent at once still stops it. */
+START_TEST(sighup_on_a_bad_or_endless_key_file_keeps_keys_and_signals)
+{
+    char dir[] = "/tmp/attnd-test-hup-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[300], good[300], nul[300], fifo[300];
+    snprintf(path, sizeof path, "%s/keys", dir);
+    snprintf(good, sizeof good, "%s/good", dir);
+    snprintf(nul, sizeof nul, "%s/nul", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    FILE *f = fopen(good, "w");
+    fputs(KEY_ONE "\n", f);
+    fclose(f);
+    f = fopen(nul, "w");
+    fwrite("k\0ey-very-long-secret\n", 1, 22, f);
+    fclose(f);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    int writer = open(fifo, O_RDWR | O_NONBLOCK);
+    ck_assert_int_ge(writer, 0);
+    ck_assert_int_eq(symlink(good, path), 0);
+    server s = start_server("--api-key-file", path);
+    const char *targets[] = {nul, "/dev/zero", fifo};
+    const char *says[] = {"a NUL byte", "larger than 4 MiB", "did not end within 2 s"};
+    for (int t = 0; t < 3; t++) {
+        char link[320];
+        snprintf(link, sizeof link, "%s.new", path);
+        unlink(link);
+        ck_assert_int_eq(symlink(targets[t], link), 0);
+        ck_assert_int_eq(rename(link, path), 0);
+        kill(s.pid, SIGHUP);
+        ck_assert_msg(log_says(&s, says[t], 5), "SIGHUP on %s: the log does not say \"%s\"",
+                      targets[t], says[t]);
+        reply r = with_key(s.port, "GET", "/v1/info", "Bearer " KEY_ONE);
+        ck_assert_msg(r.status == 200, "after SIGHUP on %s: %ld", targets[t], r.status);
+        reply_free(&r);
+        r = with_key(s.port, "GET", "/v1/info", "Bearer k");
+        ck_assert_int_eq(r.status, 401);
+        reply_free(&r);
+    }
+    /* SIGHUP then SIGTERM at once, the file a pipe that never ends. */
+    kill(s.pid, SIGHUP);
+    usleep(100000);
+    double t0 = now_s();
+    ck_assert_int_eq(stop_server(&s), 0);
+    ck_assert_msg(now_s() - t0 < 5, "SIGTERM during a reload took %.1f s", now_s() - t0);
+    close(writer);
+    unlink(path);
+    unlink(good);
+    unlink(nul);
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("server");
@@ -3632,6 +4280,8 @@ static Suite *server_suite(void)
     tcase_add_test(robust, conflicting_content_lengths_are_400);
     tcase_add_test(robust, long_target_is_414_and_big_headers_431_in_json);
     tcase_add_test(robust, idle_connection_is_closed_after_timeout);
+    tcase_add_test(robust, header_name_that_is_not_a_token_is_400_and_nothing_else);
+    tcase_add_test(robust, target_that_decodes_to_nul_is_400);
     suite_add_tcase(s, robust);
 
     TCase *life = tcase_create("lifecycle");
@@ -3666,6 +4316,9 @@ static Suite *server_suite(void)
     tcase_add_test(sec, sighup_reads_the_key_file_again);
     tcase_add_test(sec, unusable_key_file_or_certificate_exits_2);
     tcase_add_test(sec, https_with_a_self_signed_certificate);
+    tcase_add_test(sec, without_a_key_every_path_looks_the_same);
+    tcase_add_test(sec, key_files_with_nul_short_keys_or_no_end_are_refused);
+    tcase_add_test(sec, sighup_on_a_bad_or_endless_key_file_keeps_keys_and_signals);
     suite_add_tcase(s, sec);
 
     TCase *ops = tcase_create("clients_and_operators");
@@ -3691,6 +4344,16 @@ static Suite *server_suite(void)
     tcase_add_test(pressure, slow_connections_from_one_address_leave_another_answered);
     tcase_add_test(pressure, flood_under_pressure_refuses_the_top_address_first);
     suite_add_tcase(s, pressure);
+
+    TCase *slots = tcase_create("slots_and_drain");
+    tcase_set_timeout(slots, 60);
+    tcase_add_test(slots, header_deadline_is_a_total_that_bytes_do_not_extend);
+    tcase_add_test(slots, full_server_sheds_the_idlest_for_a_new_client);
+    tcase_add_test(slots, every_connection_busy_means_503_for_a_newcomer_not_silence);
+    tcase_add_test(slots, abandoned_requests_are_dropped_queued_or_running);
+    tcase_add_test(slots, drain_drops_bodies_still_arriving_at_once);
+    tcase_add_test(slots, drain_timeout_bounds_computations_in_flight);
+    suite_add_tcase(s, slots);
 
     TCase *lb = tcase_create("load_balancer");
     tcase_set_timeout(lb, 40);

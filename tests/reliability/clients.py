@@ -14,6 +14,26 @@
       normal requests from another address, timed. Then one address opens
       LIMIT connections and one more, which must get the JSON 503.
 
+  clients.py slots PORT [--addresses N] [--per-address N] [--header-timeout S]
+      N addresses each open connections whose headers never end (a byte a
+      second, each of which would restart an idle timeout), more in all than
+      the server's --max-connections; meanwhile new connections from another
+      address ask for /healthz, timed. None of the trickling connections may
+      live past --header-timeout (seen within 2 s), and every other request
+      must be answered 200, at p99 within the bar.
+
+  clients.py drain PORT --pid PID [--drain-timeout S]
+      A body trickled a byte every 5 s (by Content-Length and chunked),
+      headers trickled, and a computation in flight; then SIGTERM to PID. The
+      bodies must be dropped at once, the computation answered, and attnd
+      must exit well within --drain-timeout.
+
+  clients.py abandon PORT [--requests N] [--ms MS]
+      Against --threads 1: N requests lasting MS each, whose clients close
+      at once (one computing, the others queued); then a small request from
+      another client, timed. It must not wait for them, and each of the N
+      must be counted as 499.
+
 Each prints lines "key: value" and a final "result: PASS|FAIL reason".
 Only the standard library: the figures are simple enough to check by hand.
 """
@@ -301,6 +321,256 @@ def slow(args):
     return 0 if ok else 1
 
 
+# ---------------------------------------------------------------- slots
+
+def closed_now(sock):
+    """Whether the server closed (or reset) sock; never blocks."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def slots(args):
+    drip = b"GET /healthz HTTP/1.1\r\nHost: attnd\r\nX-Drip: " + b"a" * 4096
+    held, opened_at, closed_at, problems = [], [], [], []
+    t_start = time.monotonic()
+    for i in range(args.addresses * args.per_address):
+        src = f"127.0.0.{2 + i % args.addresses}"
+        try:
+            s = connect(args.port, src)
+        except OSError as e:
+            problems.append(f"connect from {src}: {e!r}")
+            continue
+        s.send(drip[:1], socket.MSG_DONTWAIT)
+        held.append(s)
+        opened_at.append(time.monotonic())
+        closed_at.append(None)
+    sent = [1] * len(held)
+    lat, statuses = [], {}
+    stop = max(opened_at or [time.monotonic()]) + args.header_timeout + 2
+    next_tick = time.monotonic() + 1
+    while time.monotonic() < stop:
+        now = time.monotonic()
+        for i, s in enumerate(held):
+            if closed_at[i] is None and closed_now(s):
+                closed_at[i] = now
+        if now >= next_tick:  # a byte a second on each open one
+            for i, s in enumerate(held):
+                if closed_at[i] is None:
+                    try:
+                        s.send(drip[sent[i]:sent[i] + 1], socket.MSG_DONTWAIT)
+                        sent[i] += 1
+                    except OSError:
+                        pass
+            next_tick = now + 1.0
+        t0 = time.monotonic()
+        try:
+            c = connect(args.port, "127.0.0.200")
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: attnd\r\nConnection: close\r\n\r\n")
+            status, _, _ = read_response(c, t0 + 5)
+            c.close()
+        except (OSError, ValueError) as e:
+            status = repr(e)[:40]
+        lat.append((time.monotonic() - t0) * 1e3)
+        statuses[status] = statuses.get(status, 0) + 1
+        time.sleep(0.05)
+    lived = [(c or stop) - o for o, c in zip(opened_at, closed_at)]
+    early = sum(1 for x in lived if x < args.header_timeout - 0.5)
+    still = sum(1 for c in closed_at if c is None)
+    for s in held:
+        s.close()
+    # A closure is seen between two requests of the other address, so up to
+    # one request late.
+    bar_life = args.header_timeout + 2.0
+    if still:
+        problems.append(f"{still} trickling connections outlived --header-timeout")
+    if any(x > bar_life for x in lived):
+        problems.append(f"a trickling connection lived {max(lived):.1f} s")
+    if set(statuses) != {200}:
+        problems.append(f"another address got {statuses}")
+    print(f"trickling: {len(held)} from {args.addresses} addresses "
+          f"({args.per_address} each), set up in {time.monotonic() - t_start:.1f} s")
+    print(f"closed_early: {early}")
+    print(f"longest_life_s: {max(lived) if lived else float('nan'):.2f}")
+    print(f"still_open: {still}")
+    print(f"other_requests: {len(lat)} {statuses}")
+    print(f"max_ms: {max(lat) if lat else float('nan'):.1f}")
+    print(f"p99_ms: {percentile(lat, 99):.1f}")
+    ok = not problems and lat and percentile(lat, 99) < args.bar_ms
+    reason = ("" if ok else problems[0] if problems else
+              f"p99 {percentile(lat, 99):.1f} ms >= {args.bar_ms} ms" if lat
+              else "no other request")
+    print(f"result: {'PASS' if ok else 'FAIL'} {reason}")
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------- drain
+
+def attention_body(n, d=64, heads=2):
+    values = [random.uniform(-1, 1) for _ in range(heads * n * d)]
+    t = {"shape": [heads, n, d], "dtype": "float32", "base64": b64(values)}
+    return json.dumps({"q": t, "k": t, "v": t, "grad_output": t,
+                       "output_encoding": "base64"}).encode()
+
+
+def lasting(port, ms):
+    """A request body whose computation lasts about ms on this server."""
+    n = 256
+    s = connect(port)
+    s.sendall(post("/v1/attention", attention_body(n)))
+    status, _, body = read_response(s, time.monotonic() + 30)
+    s.close()
+    took = json.loads(body)["meta"]["timing_ms"]["compute"] if status == 200 else 1.0
+    scale = min(32.0, max(1.0, (ms / max(took, 0.01)) ** 0.5))
+    return attention_body(int(n * scale))
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def drain(args):
+    import os
+    import signal
+    work = lasting(args.port, 2000)
+    heads = [
+        b"POST /v1/attention HTTP/1.1\r\nHost: attnd\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n{\"q\": [[1",
+        b"POST /v1/attention HTTP/1.1\r\nHost: attnd\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"q\":\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: attnd\r\nX-Drip: a",
+    ]
+    trick = [connect(args.port) for _ in heads]
+    for s, h in zip(trick, heads):
+        s.sendall(h)
+    comp = connect(args.port)
+    comp.sendall(post("/v1/attention", work))
+    time.sleep(1.0)  # a byte since, and the computation under way
+    for s, b in zip(trick, [b"0", b"1\r\n \r\n", b"a"]):
+        s.send(b)
+    t0 = time.monotonic()
+    os.kill(args.pid, signal.SIGTERM)
+    dropped = [None, None]
+    answer = None
+    exited = None
+    comp.setblocking(False)
+    buf = b""
+    while time.monotonic() - t0 < args.drain_timeout + 5 and exited is None:
+        now = time.monotonic()
+        for i in range(2):
+            if dropped[i] is None and closed_now(trick[i]):
+                dropped[i] = now - t0
+        if answer is None:
+            try:
+                chunk = comp.recv(1 << 20)
+                buf += chunk
+                done = parse_complete(buf)
+                if done or not chunk:
+                    answer = (done[0] if done else "closed", now - t0)
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                answer = (repr(e)[:40], now - t0)
+        if not alive(args.pid):
+            exited = now - t0
+        time.sleep(0.01)
+    for s in trick + [comp]:
+        s.close()
+    problems = []
+    if any(x is None or x > 1.0 for x in dropped):
+        problems.append(f"bodies still arriving dropped after {dropped} s")
+    if not answer or answer[0] != 200:
+        problems.append(f"the computation in flight: {answer}")
+    if exited is None or exited > args.drain_timeout:
+        problems.append(f"attnd exited after {exited} s")
+    fmt = lambda x: "never" if x is None else f"{x * 1e3:.0f} ms"
+    print(f"bodies_dropped: Content-Length {fmt(dropped[0])}, chunked {fmt(dropped[1])}")
+    print(f"in_flight: {answer[0] if answer else 'no answer'} after "
+          f"{fmt(answer[1] if answer else None)}")
+    print(f"exit_after: {fmt(exited)}")
+    ok = not problems
+    print(f"result: {'PASS' if ok else 'FAIL'} {problems[0] if problems else ''}")
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------- abandon
+
+def metric(port, series):
+    s = connect(port)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: attnd\r\nConnection: close\r\n\r\n")
+    _, _, body = read_response(s, time.monotonic() + 5)
+    s.close()
+    for line in body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def heavy_multihead(port, ms, n=2048):
+    """A small body whose computation lasts about ms: heads of d_k = 1 over
+    n rows; its answer, [n, heads], stays small beside --max-response."""
+    def body(heads):
+        x = [((i * 7) % 33 - 16) / 8 for i in range(n)]
+        return json.dumps({"x": {"shape": [n, 1], "dtype": "float32", "base64": b64(x)},
+                           "w_q": [[0.01] * heads], "w_k": [[1.0] * heads],
+                           "w_v": [[1.0] * heads], "num_heads": heads,
+                           "output_encoding": "base64"}).encode()
+    s = connect(port)
+    s.sendall(post("/v1/multihead", body(8)))
+    status, _, answer = read_response(s, time.monotonic() + 30)
+    s.close()
+    took = json.loads(answer)["meta"]["timing_ms"]["compute"] if status == 200 else 1.0
+    return post("/v1/multihead", body(int(min(1024, max(8, 8 * ms / max(took, 0.01))))))
+
+
+def abandon(args):
+    work = heavy_multihead(args.port, args.ms)
+    series = 'attnd_requests_total{route="/v1/multihead",status="499"}'
+    gone0 = metric(args.port, series)
+    socks = []
+    for i in range(args.requests):
+        s = connect(args.port)
+        s.sendall(work)
+        socks.append(s)
+        if i == 0:
+            time.sleep(0.3)  # the first one computing
+    time.sleep(0.3)
+    for s in socks:
+        s.close()
+    t0 = time.monotonic()
+    c = connect(args.port, "127.0.0.3")
+    c.sendall(post("/v1/attention", TINY))
+    status, _, _ = read_response(c, t0 + 60)
+    c.close()
+    small_ms = (time.monotonic() - t0) * 1e3
+    gone = 0.0
+    for _ in range(50):
+        gone = metric(args.port, series)
+        if gone - gone0 >= args.requests:
+            break
+        time.sleep(0.1)
+    print(f"abandoned: {args.requests} of about {args.ms:.0f} ms each")
+    print(f"small_request: {status} after {small_ms:.0f} ms")
+    print(f"logged_499: {gone - gone0:.0f}")
+    s = connect(args.port)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: attnd\r\nConnection: close\r\n\r\n")
+    _, _, text = read_response(s, time.monotonic() + 5)
+    s.close()
+    print("multihead_statuses: " + ", ".join(
+        line.split('status="')[1].replace('"} ', ": ") for line in text.decode().splitlines()
+        if line.startswith('attnd_requests_total{route="/v1/multihead"')))
+    ok = status == 200 and small_ms < args.bar_ms and gone - gone0 == args.requests
+    print(f"result: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -317,8 +587,24 @@ def main():
     s.add_argument("--seconds", type=float, default=10)
     s.add_argument("--limit", type=int, default=64)
     s.add_argument("--bar-ms", type=float, default=100.0)
+    t = sub.add_parser("slots")
+    t.add_argument("port", type=int)
+    t.add_argument("--addresses", type=int, default=4)
+    t.add_argument("--per-address", type=int, default=255)
+    t.add_argument("--header-timeout", type=float, default=10)
+    t.add_argument("--bar-ms", type=float, default=200.0)
+    d = sub.add_parser("drain")
+    d.add_argument("port", type=int)
+    d.add_argument("--pid", type=int, required=True)
+    d.add_argument("--drain-timeout", type=float, default=20)
+    a = sub.add_parser("abandon")
+    a.add_argument("port", type=int)
+    a.add_argument("--requests", type=int, default=6)
+    a.add_argument("--ms", type=float, default=1500)
+    a.add_argument("--bar-ms", type=float, default=500.0)
     args = ap.parse_args()
-    return overload(args) if args.cmd == "overload" else slow(args)
+    return {"overload": overload, "slow": slow, "slots": slots, "drain": drain,
+            "abandon": abandon}[args.cmd](args)
 
 
 if __name__ == "__main__":

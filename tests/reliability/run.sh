@@ -11,7 +11,8 @@
 #   RELIABILITY_SLOW_SECONDS      slow and idle clients held (default 10)
 #   RELIABILITY_FAILOVER_SECONDS  wrk through nginx, a replica killed halfway (default 10)
 #   RELIABILITY_DRAIN_SECONDS     wrk before the SIGTERM (default 5)
-#   RELIABILITY_ONLY              a subset of: fuzz soak overload slow failover drain valgrind
+#   RELIABILITY_ONLY              a subset of: fuzz soak overload slow slots abandoned failover
+#                                 drain slowdrain valgrind
 #   RELIABILITY_VALGRIND          quick (the default) or full (every case; see below)
 # Every server runs on a free loopback port; everything started here is
 # stopped here, by pid.
@@ -24,7 +25,7 @@ soak_s=${RELIABILITY_SECONDS:-60}
 slow_s=${RELIABILITY_SLOW_SECONDS:-10}
 failover_s=${RELIABILITY_FAILOVER_SECONDS:-10}
 drain_s=${RELIABILITY_DRAIN_SECONDS:-5}
-only=${RELIABILITY_ONLY:-fuzz soak overload slow failover drain valgrind}
+only=${RELIABILITY_ONLY:-fuzz soak overload slow slots abandoned failover drain slowdrain valgrind}
 work=$(mktemp -d /tmp/attnd-reliability-XXXXXX)
 chmod 755 "$work" # nginx workers may run as another user
 # 500 held connections and more, on both sides.
@@ -180,6 +181,44 @@ if want slow; then
         "normal request < 100 ms; past --max-conns-per-ip a JSON 503" "$result"
 fi
 
+# ------------------------------------------------------ connection slots
+# Four addresses, each under --max-conns-per-ip, trickle headers on more
+# connections than --max-connections: another address is still answered
+# (the idlest held connection makes room), and no trickler outlives
+# --header-timeout, whatever bytes it sends.
+if want slots; then
+    start_attnd slots --max-connections 1000 --max-conns-per-ip 255 --header-timeout 15 || exit 1
+    python3 tests/reliability/clients.py slots "$PORT" --addresses 4 --per-address 255 \
+        --header-timeout 15 >"$work/slots.out" 2>&1
+    rc=$?
+    shed=$(curl -s "http://127.0.0.1:$PORT/metrics" |
+           awk '/^attnd_connections_(closed|refused)_total/ {printf "%s%s %s", sep, $1, $2; sep=", "}')
+    stop_attnd "$PID"; status=$STATUS
+    o=$work/slots.out
+    result=PASS
+    [ "$rc" = 0 ] && [ "$status" = 0 ] || result=FAIL
+    [ "$result" = PASS ] || cat "$o" >&2
+    row "connection slots" \
+        "$(kv trickling "$o") against --max-connections 1000: longest lived $(kv longest_life_s "$o") s (--header-timeout 15), $(kv still_open "$o") left; another address: $(kv other_requests "$o"), max $(kv max_ms "$o") ms (p99 $(kv p99_ms "$o")); closed and refused: ${shed:-none}" \
+        "another address: every request answered 200, p99 < 200 ms; no trickler past --header-timeout (seen within 2 s)" "$result"
+fi
+
+# ------------------------------------------------------ abandoned requests
+if want abandoned; then
+    start_attnd abandoned --threads 1 --queue 16 || exit 1
+    python3 tests/reliability/clients.py abandon "$PORT" --requests 6 --ms 1500 \
+        >"$work/abandoned.out" 2>&1
+    rc=$?
+    stop_attnd "$PID"; status=$STATUS
+    o=$work/abandoned.out
+    result=PASS
+    [ "$rc" = 0 ] && [ "$status" = 0 ] || result=FAIL
+    [ "$result" = PASS ] || cat "$o" >&2
+    row "abandoned requests" \
+        "$(kv abandoned "$o") (multi-head, small bodies), on one compute thread, clients closed at once: a small request from another client $(kv small_request "$o"); $(kv logged_499 "$o") logged 499" \
+        "small request < 500 ms; every abandoned one 499" "$result"
+fi
+
 # ---------------------------------------------------------------- fail-over
 if want failover; then
     start_attnd replica-a --threads 1 || exit 1
@@ -272,6 +311,25 @@ if want drain; then
     row "drain under load" \
         "SIGTERM after ${drain_s} s of wrk (32 conns), ${inflight:-?} in flight: exit $status in $took ms; ${answered:-0} answers (${statuses:-none}), ${wrong:-?} wrong; ${read_err:-?} requests lost on open connections, ${timeouts:-?} timeouts; ${refused:-?} reconnections refused after the listening socket closed" \
         "every accepted request answered; exit 0" "$result"
+fi
+
+# ------------------------------------------------- drain with slow clients
+# Bodies trickled a byte every 5 s and headers trickled must not hold the
+# exit; a computation in flight is answered.
+if want slowdrain; then
+    start_attnd slowdrain --threads 1 --timeout 60 --header-timeout 60 || exit 1
+    python3 tests/reliability/clients.py drain "$PORT" --pid "$PID" --drain-timeout 20 \
+        >"$work/slowdrain.out" 2>&1
+    rc=$?
+    wait "$PID"
+    status=$?
+    o=$work/slowdrain.out
+    result=PASS
+    [ "$rc" = 0 ] && [ "$status" = 0 ] || result=FAIL
+    [ "$result" = PASS ] || { cat "$o" >&2; tail -5 "$work/slowdrain.log" >&2; }
+    row "drain with slow clients" \
+        "SIGTERM with bodies trickling (dropped: $(kv bodies_dropped "$o")), headers trickling and one computation in flight ($(kv in_flight "$o")): exit $status after $(kv exit_after "$o")" \
+        "bodies dropped < 1 s; the computation answered; exit within --drain-timeout (20 s)" "$result"
 fi
 
 # ----------------------------------------------------------------- valgrind
