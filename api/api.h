@@ -34,6 +34,10 @@ bool api_fail(api_error *e, int status, const char *code, const char *field,
  * NULL when out of memory; *len gets its length. */
 char *api_error_json(const api_error *e, size_t *len);
 
+/* The same error as the Open Inference Protocol writes it: {"error":
+ * "message"} (the message names the field at fault). Same contract. */
+char *api_error_json_oip(const api_error *e, size_t *len);
+
 typedef enum {
     API_OP_ATTENTION = 0, /* POST /v1/attention */
     API_OP_MULTIHEAD = 1, /* POST /v1/multihead */
@@ -79,6 +83,10 @@ typedef struct {
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
     double total_ms;  /* meta.timing_ms.total (for an error: as it would be) */
     char error_code[40]; /* the error's code when status is not 200, else "" */
+    /* The Open Inference Protocol's binary outputs: the body is header_len
+     * bytes of JSON text, then raw tensor bytes (the value of the
+     * Inference-Header-Content-Length header). 0: the body is all JSON. */
+    size_t header_len;
 } api_response;
 
 /*
@@ -107,6 +115,28 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
                       api_cost *cost, api_response *res);
 void api_execute(api_call *call, int threads, api_response *res);
 void api_call_free(api_call *call);
+
+/*
+ * api_prepare for the Open Inference Protocol (KServe v2): the body of
+ * POST /v2/models/{attention|multihead}/infer, whose JSON text ends where
+ * json_length (the Inference-Header-Content-Length value as received, NULL
+ * when absent) says, binary tensors after it. The same call as /v1's, with
+ * the same checks and costs; api_execute answers it in the protocol's form
+ * and its errors are {"error": "message"} (api_error_json_oip).
+ */
+api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *json_length,
+                          const api_limits *lim, api_cost *cost, api_response *res);
+
+/* GET /v2/models/{model}: the model's metadata (its inputs and outputs,
+ * datatypes, -1 for dimensions of any size), malloc'd JSON; NULL when out
+ * of memory. */
+char *api_oip_model_metadata(api_op op, size_t *len);
+
+/* The bytes a prepared call's decoded input tensors hold until it is
+ * executed or freed: 4 per float32 element, 2 per bfloat16 element kept as
+ * sent (q, k, v and grad_output of /v1/attention in bfloat16 precision),
+ * 1 per boolean. */
+size_t api_call_input_bytes(const api_call *call);
 
 /* The work of decoding a body of `len` bytes, known before it is read: the
  * part of api_cost.work that api_prepare itself spends. */

@@ -28,15 +28,15 @@ enum {
 };
 
 static const api_field api_attention_fields[] = {
-    [F_Q] = {"q", API_FIELD_TENSOR, true},
-    [F_K] = {"k", API_FIELD_TENSOR, true},
-    [F_V] = {"v", API_FIELD_TENSOR, true},
+    [F_Q] = {"q", API_FIELD_OPERAND, true},
+    [F_K] = {"k", API_FIELD_OPERAND, true},
+    [F_V] = {"v", API_FIELD_OPERAND, true},
     [F_CAUSAL] = {"causal", API_FIELD_BOOL, false},
     [F_MASK] = {"mask", API_FIELD_MASK, false},
     [F_SCALE] = {"scale", API_FIELD_NUMBER, false},
     [F_RETURN_WEIGHTS] = {"return_weights", API_FIELD_BOOL, false},
     [F_RETURN_STATS] = {"return_stats", API_FIELD_BOOL, false},
-    [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_TENSOR, false},
+    [F_GRAD_OUTPUT] = {"grad_output", API_FIELD_OPERAND, false},
     [F_OUTPUT_ENCODING] = {"output_encoding", API_FIELD_ENCODING, false},
     [F_OUTPUT_DTYPE] = {"output_dtype", API_FIELD_DTYPE, false},
     [F_WINDOW] = {"window", API_FIELD_WINDOW, false},
@@ -154,8 +154,8 @@ static double score_bound(const api_call *c, const char **blame)
     double bias = p->mask.kind == ATTN_MASK_BIAS
                       ? api_max_abs(c->f[F_MASK].tensor.f32, c->f[F_MASK].tensor.count)
                       : 0;
-    double qk = fmax(p->scale, 1.0) * api_max_row_norm(q->f32, q->count / p->d_k, p->d_k) *
-                api_max_row_norm(k->f32, k->count / p->d_k, p->d_k);
+    double qk = fmax(p->scale, 1.0) * api_operand_max_row_norm(q, q->count / p->d_k, p->d_k) *
+                api_operand_max_row_norm(k, k->count / p->d_k, p->d_k);
     double alibi = api_alibi_bound(&p->variants, &c->f[F_ALIBI_SLOPES].tensor, p->n_q, p->n_k);
     *blame = alibi > qk && alibi > bias ? "alibi_slopes times the distances"
              : bias > qk                ? "the additive mask's values"
@@ -206,6 +206,15 @@ static bool validate(api_call *c, api_error *err)
                         "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
                         "computed in float32 (leave precision out, or send the sequences "
                         "as requests of their own)");
+    /* bfloat16 products read bfloat16 inputs as they came; float32 ones
+     * read them widened. */
+    attn_sdpa_dtypes *dt = &st->p.dtype;
+    if (!api_operand_setup(&c->f[F_Q], "q", st->p.precision, &dt->q, err) ||
+        !api_operand_setup(&c->f[F_K], "k", st->p.precision, &dt->k, err) ||
+        !api_operand_setup(&c->f[F_V], "v", st->p.precision, &dt->v, err) ||
+        !api_operand_setup(&c->f[F_GRAD_OUTPUT], "grad_output", st->p.precision, &dt->dout,
+                           err))
+        return false;
     if (c->f[F_MASK].present &&
         !api_mask_setup(&c->f[F_MASK].tensor, r, weights_shape, bq, hq, nq, nk,
                         &st->p.mask, err))
@@ -256,12 +265,12 @@ static bool compute(api_call *c, int threads, api_error *err)
         return api_fail(err, 500, "out_of_memory", "",
                         "out of memory for the output of this request");
 
-    const float *q = api_field_data(c, F_Q), *k = api_field_data(c, F_K),
-                *v = api_field_data(c, F_V);
+    const void *q = api_field_operand(c, F_Q), *k = api_field_operand(c, F_K),
+               *v = api_field_operand(c, F_V);
     float *out = result(c, st->out);
     attn_error ae = {0};
-    if (attn_sdpa_forward(p, q, k, v, out, st->rows, result(c, st->weights),
-                          c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
+    if (attn_sdpa_forward_in(p, q, k, v, out, st->rows, result(c, st->weights),
+                             c->want_stats ? &c->stats : NULL, &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
     if (st->lse >= 0)
         api_lse_rows(st->rows, rows, result(c, st->lse));
@@ -270,9 +279,9 @@ static bool compute(api_call *c, int threads, api_error *err)
     /* The output must be finite for the backward pass to mean anything. */
     if (!api_check_output(out, rows * p->d_v, "the output", CODEC_ENC_NESTED, err))
         return false;
-    if (attn_sdpa_backward(p, q, k, v, out, st->rows, api_field_data(c, F_GRAD_OUTPUT),
-                           result(c, st->dq), result(c, st->dk), result(c, st->dv),
-                           &ae) != ATTN_OK)
+    if (attn_sdpa_backward_in(p, q, k, v, out, st->rows, api_field_operand(c, F_GRAD_OUTPUT),
+                              result(c, st->dq), result(c, st->dk), result(c, st->dv),
+                              &ae) != ATTN_OK)
         return api_fail_attn(err, &ae);
     return true;
 }

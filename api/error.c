@@ -1,7 +1,8 @@
 /*
  * api_error: filled by whichever step fails, turned into the body
- * {"error": {"status", "code", "message", "field"}} here and nowhere else;
- * and the codec's errors turned into api_errors, here and nowhere else.
+ * {"error": {"status", "code", "message", "field"}} (or, for the Open
+ * Inference Protocol, {"error": "message"}) here and nowhere else; and the
+ * codec's errors turned into api_errors, here and nowhere else.
  */
 #include "request.h"
 
@@ -90,6 +91,24 @@ char *api_error_json(const api_error *e, size_t *len)
     }
     memcpy(p, "}}", 3);
     p += 2;
+    size_t n = (size_t)(p - text);
+    char *body = malloc(n + 1);
+    if (!body)
+        return NULL;
+    memcpy(body, text, n + 1);
+    if (len)
+        *len = n;
+    return body;
+}
+
+char *api_error_json_oip(const api_error *e, size_t *len)
+{
+    char text[16 + QUOTED_MAX(sizeof e->message)];
+    char *p = text;
+    memcpy(p, "{\"error\":", 9);
+    p = put_string(p + 9, e->message, sizeof e->message);
+    memcpy(p, "}", 2);
+    p += 1;
     size_t n = (size_t)(p - text);
     char *body = malloc(n + 1);
     if (!body)

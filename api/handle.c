@@ -82,13 +82,14 @@ double api_total_ms(const api_timing *t)
     return ms > 0 ? round(ms * 1e3) / 1e3 : 0;
 }
 
-static void respond_error(api_response *res, api_error *err)
+/* The error answer, in the form of the protocol the request came in. */
+static void respond_error(api_response *res, api_error *err, bool oip)
 {
     if (err->status < 400 || err->status > 599 || !err->code[0])
         api_fail(err, 500, "internal", "", "internal error (no error recorded)");
     res->status = err->status;
     snprintf(res->error_code, sizeof res->error_code, "%s", err->code);
-    res->body = api_error_json(err, &res->body_len);
+    res->body = oip ? api_error_json_oip(err, &res->body_len) : api_error_json(err, &res->body_len);
     res->body_cap = res->body ? res->body_len + 1 : 0;
     if (!res->body) {
         /* Not even the error object could be built: say so in the status. */
@@ -125,6 +126,20 @@ const float *api_field_data(const api_call *c, int field)
     return c->f[field].present ? c->f[field].tensor.f32 : NULL;
 }
 
+size_t api_call_input_bytes(const api_call *c)
+{
+    size_t bytes = 0;
+    for (size_t f = 0; f < c->op->n_fields; f++) {
+        const codec_tensor *t = &c->f[f].tensor;
+        if (c->f[f].present)
+            bytes += (size_t)t->count * (t->f32 != NULL    ? sizeof *t->f32
+                                         : t->bf16 != NULL ? sizeof *t->bf16
+                                         : t->b8 != NULL   ? sizeof *t->b8
+                                                           : 0);
+    }
+    return bytes;
+}
+
 void api_call_free(api_call *c)
 {
     if (!c)
@@ -134,6 +149,7 @@ void api_call_free(api_call *c)
     api_values_free(c->f, c->op->n_fields);
     for (int i = 0; i < c->n_results; i++)
         free(c->results[i].data);
+    api_oip_free(c->oip);
     free(c); /* and its state, in the same block */
 }
 
@@ -210,8 +226,24 @@ static const api_operation *operation(api_op op)
     return NULL;
 }
 
-api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits *lim,
-                      api_cost *cost, api_response *res)
+/* The fields of a /v1 body: its members against the operation's table. */
+static bool read_v1(api_call *c, const char *body, size_t len, api_error *err)
+{
+    const api_operation *o = c->op;
+    codec_span spans[API_MAX_FIELDS];
+    codec_doc doc; /* filled by check_body whatever it finds */
+    bool ok = check_body(&doc, body, len, spans, err) &&
+              api_read_fields(&doc, o->fields, o->n_fields, o->other->fields,
+                              o->other->n_fields, o->other->route, c->f, err);
+    codec_doc_free(&doc);
+    return ok;
+}
+
+/* Both protocols: read the fields (as /v1 has them, or from an Open
+ * Inference Protocol request), then the same validation and cost. */
+static api_call *prepare(api_op op, const char *body, size_t len, bool oip,
+                         const char *json_length, const api_limits *lim, api_cost *cost,
+                         api_response *res)
 {
     api_codec_setup();
     memset(res, 0, sizeof *res);
@@ -226,33 +258,41 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
         ok = api_fail(&err, 500, "out_of_memory", "", "out of memory for this request");
     else if (!body && len > 0)
         ok = api_fail(&err, 500, "internal", "", "no request body given");
-    else {
-        const char *text = body ? body : "";
-        codec_span spans[API_MAX_FIELDS];
-        codec_doc doc; /* filled by check_body whatever it finds */
-        ok = check_body(&doc, text, len, spans, &err) &&
-             api_read_fields(&doc, o->fields, o->n_fields, o->other->fields,
-                             o->other->n_fields, o->other->route, c->f, &err);
-        codec_doc_free(&doc);
-    }
+    else if (oip)
+        ok = api_oip_read(c, body ? body : "", len, json_length, &err);
+    else
+        ok = read_v1(c, body ? body : "", len, &err);
     if (ok) {
         c->want_stats = c->f[o->f_return_stats].present && c->f[o->f_return_stats].flag;
         c->want_grad = c->f[o->f_grad_output].present;
-        ok = api_output_encoding(&c->f[o->f_output_encoding], &c->f[o->f_output_dtype],
-                                 &c->enc, &err) &&
-             o->validate(c, &err) && check_cost(c, len, &err);
+        ok = (oip || api_output_encoding(&c->f[o->f_output_encoding],
+                                         &c->f[o->f_output_dtype], &c->enc, &err)) &&
+             o->validate(c, &err) && (!oip || api_oip_plan(c, &err)) &&
+             check_cost(c, len, &err);
     }
     api_lap(&t, &t.decode_ms);
     if (!ok) {
         api_call_free(c);
         timings(res, &t);
-        respond_error(res, &err);
+        respond_error(res, &err, oip);
         return NULL;
     }
     c->t = t;
     if (cost)
         *cost = c->cost;
     return c;
+}
+
+api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits *lim,
+                      api_cost *cost, api_response *res)
+{
+    return prepare(op, body, len, false, NULL, lim, cost, res);
+}
+
+api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *json_length,
+                          const api_limits *lim, api_cost *cost, api_response *res)
+{
+    return prepare(op, body, len, true, json_length, lim, cost, res);
 }
 
 /* ------------------------------------------------------ compute, encode */
@@ -340,22 +380,28 @@ void api_execute(api_call *c, int threads, api_response *res)
     api_values_free(c->f, c->op->n_fields);
     api_lap(&c->t, &c->t.compute_ms);
     codec_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
+    size_t header_len = 0;
     if (out.data) {
         out.cap = FIRST_BLOCK;
         out.data[0] = '\0';
-        encode(c, &out);
+        if (c->oip)
+            api_oip_encode(c, &out, &header_len);
+        else
+            encode(c, &out);
         codec_buf_append(&out, "", 1); /* a NUL after the body, for callers that want a C string */
     }
     if (ok && (!out.data || out.failed))
         ok = api_fail(&err, 500, "out_of_memory", "",
                       "out of memory while writing the response");
     timings(res, &c->t);
+    bool oip = c->oip != NULL;
     api_call_free(c);
     if (!ok) {
         codec_buf_free(&out);
-        respond_error(res, &err);
+        respond_error(res, &err, oip);
         return;
     }
+    res->header_len = header_len;
     /* The doubling growth may have left up to half the buffer unused; the
      * answer may wait a while for a slow client, so hand back the rest
      * (a few hundred bytes of the first block are not worth a realloc). */

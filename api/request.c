@@ -51,8 +51,7 @@ static size_t edit_distance(const char *a, const char *b)
 /* The field name nearest to `key`, when near enough to be a likely typo:
  * at most two edits, and fewer than half the name's letters (so that "x"
  * is not offered "q"). */
-static const char *nearest_field(const char *key, const api_field *schema,
-                                 size_t n)
+const char *api_nearest_field(const char *key, const api_field *schema, size_t n)
 {
     const char *best = NULL;
     size_t best_d = 3;
@@ -85,7 +84,7 @@ static bool unknown_field(const codec_member *m, const api_field *schema,
         return api_fail(err, 400, "unknown_field", m->key,
                         "unknown field \"%s\" (it belongs to %s)", m->key,
                         other_route);
-    const char *near = m->key_too_long ? NULL : nearest_field(m->key, schema, n);
+    const char *near = m->key_too_long ? NULL : api_nearest_field(m->key, schema, n);
     if (near)
         return api_fail(err, 400, "unknown_field", m->key,
                         "unknown field \"%s\" (did you mean \"%s\"?)", m->key,
@@ -109,7 +108,7 @@ static bool unknown_field(const codec_member *m, const api_field *schema,
  * quotes it. An escaped NUL ("nested\u0000x" is valid JSON) ends the text
  * with a visible "\u0000...", so that the value matches no allowed one and
  * the message shows why. */
-static void string_value(const codec_member *m, char *text, size_t cap)
+void api_string_value(const codec_member *m, char *text, size_t cap)
 {
     size_t n = codec_string_decode(m->value, m->value_end, text, cap - 1, NULL);
     if (n > cap - 1)
@@ -312,7 +311,7 @@ static bool read_encoding(const api_field *f, const codec_member *m,
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"nested\", \"flat\", \"base64\"", err);
     char s[64];
-    string_value(m, s, sizeof s);
+    api_string_value(m, s, sizeof s);
     bool ok = true;
     if (strcmp(s, "nested") == 0)
         v->encoding = CODEC_ENC_NESTED;
@@ -333,7 +332,7 @@ static bool read_dtype(const api_field *f, const codec_member *m, api_value *v,
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"float32\", \"float16\", \"bfloat16\"", err);
     char s[64];
-    string_value(m, s, sizeof s);
+    api_string_value(m, s, sizeof s);
     static const codec_dtype dtypes[] = {CODEC_F32, CODEC_F16, CODEC_BF16};
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
         if (strcmp(s, codec_dtype_name(dtypes[i])) == 0) {
@@ -352,7 +351,7 @@ static bool read_precision(const api_field *f, const codec_member *m, api_value 
     if (*m->value != '"')
         return wrong_type(f, m, "one of \"float32\", \"bfloat16\"", err);
     char s[64];
-    string_value(m, s, sizeof s);
+    api_string_value(m, s, sizeof s);
     if (strcmp(s, "float32") == 0)
         v->precision = ATTN_PRECISION_FLOAT32;
     else if (strcmp(s, "bfloat16") == 0)
@@ -390,7 +389,7 @@ static bool read_weights_mode(const api_field *f, const codec_member *m,
     if (*m->value != '"')
         return wrong_type(f, m, "true, false or \"mean\"", err);
     char s[64];
-    string_value(m, s, sizeof s);
+    api_string_value(m, s, sizeof s);
     bool ok = strcmp(s, "mean") == 0;
     if (ok)
         v->flag = v->mean = true;
@@ -423,7 +422,11 @@ static bool read_tensor(const codec_doc *doc, const api_field *f, const codec_me
 {
     bool is_mask = f->kind == API_FIELD_MASK;
     codec_error ce;
-    if (!codec_doc_tensor(doc, m->value, m->value_end, f->name, is_mask, &v->tensor, &ce))
+    bool ok = f->kind == API_FIELD_OPERAND
+                  ? codec_doc_tensor_words(doc, m->value, m->value_end, f->name, &v->tensor, &ce)
+                  : codec_doc_tensor(doc, m->value, m->value_end, f->name, is_mask, &v->tensor,
+                                     &ce);
+    if (!ok)
         return api_fail_codec(err, &ce);
     if (!check_finite_input(f, m, &v->tensor, err)) {
         codec_tensor_free(&v->tensor);
@@ -432,11 +435,12 @@ static bool read_tensor(const codec_doc *doc, const api_field *f, const codec_me
     return true;
 }
 
-static bool read_value(const codec_doc *doc, const api_field *f, const codec_member *m,
-                       api_value *v, api_error *err)
+bool api_read_value(const codec_doc *doc, const api_field *f, const codec_member *m,
+                    api_value *v, api_error *err)
 {
     switch (f->kind) {
     case API_FIELD_TENSOR:
+    case API_FIELD_OPERAND:
     case API_FIELD_MASK: return read_tensor(doc, f, m, v, err);
     case API_FIELD_BOOL: return read_bool(f, m, v, err);
     case API_FIELD_NUMBER: return read_number(f, m, v, err);
@@ -488,7 +492,7 @@ bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fie
         const codec_member *m = of_field[f];
         if (!m || *m->value == 'n')
             continue;
-        if (!read_value(doc, &schema[f], m, &values[f], err)) {
+        if (!api_read_value(doc, &schema[f], m, &values[f], err)) {
             api_values_free(values, n_fields);
             return false;
         }
@@ -500,10 +504,32 @@ bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fie
 void api_values_free(api_value *values, size_t n_fields)
 {
     for (size_t f = 0; f < n_fields; f++) {
-        if (values[f].tensor.f32 || values[f].tensor.b8)
+        if (values[f].tensor.f32 || values[f].tensor.b8 || values[f].tensor.bf16)
             codec_tensor_free(&values[f].tensor);
         free(values[f].lengths);
         values[f].lengths = NULL;
         values[f].present = false;
     }
+}
+
+bool api_operand_setup(api_value *v, const char *field, attn_precision precision,
+                       attn_dtype *dtype, api_error *err)
+{
+    *dtype = ATTN_DTYPE_FLOAT32;
+    if (!v->present || v->tensor.dtype != CODEC_BF16)
+        return true;
+    if (precision == ATTN_PRECISION_BFLOAT16) {
+        *dtype = ATTN_DTYPE_BFLOAT16;
+        return true;
+    }
+    codec_error ce;
+    return codec_tensor_widen(&v->tensor, field, &ce) || api_fail_codec(err, &ce);
+}
+
+const void *api_field_operand(const api_call *c, int field)
+{
+    const codec_tensor *t = &c->f[field].tensor;
+    if (!c->f[field].present)
+        return NULL;
+    return t->dtype == CODEC_BF16 ? (const void *)t->bf16 : (const void *)t->f32;
 }

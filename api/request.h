@@ -19,6 +19,9 @@
 
 typedef enum {
     API_FIELD_TENSOR,   /* float32 tensor, any of the three encodings */
+    API_FIELD_OPERAND,  /* the same, but bfloat16 base64 stays as sent (CODEC_BF16
+                         * words) until the operation knows whether its
+                         * products read bfloat16 (api_operand_setup) */
     API_FIELD_MASK,     /* tensor of booleans or numbers */
     API_FIELD_BOOL,     /* true / false (not 0 / 1) */
     API_FIELD_NUMBER,   /* a number finite as a float32 */
@@ -74,6 +77,22 @@ bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fie
                      api_value *values, api_error *err);
 
 void api_values_free(api_value *values, size_t n_fields);
+
+/* One member's value (in the validated document doc) for the field f, by
+ * its kind's reader, as api_read_fields reads it; v is not marked present.
+ * For a front end that finds a field's value elsewhere than among the
+ * body's members. */
+bool api_read_value(const codec_doc *doc, const api_field *f, const codec_member *m,
+                    api_value *v, api_error *err);
+
+/* A string member's value (validated JSON text) into text[0..cap),
+ * NUL-terminated, escapes resolved (a longer one is cut; one holding an
+ * escaped NUL comes out as a value that matches no name). */
+void api_string_value(const codec_member *m, char *text, size_t cap);
+
+/* The name of schema[0..n) nearest to key, when near enough to be a likely
+ * typo (at most two edits, fewer than half the name's letters), or NULL. */
+const char *api_nearest_field(const char *key, const api_field *schema, size_t n);
 
 /* The encoding of the response's tensors from the output_encoding and
  * output_dtype fields (each may be absent): nested by default, base64 in
@@ -145,6 +164,21 @@ double api_norm(const float *x, int64_t count);
  * bounds every partial sum of the dot products in any order.
  */
 bool api_check_score_bound(double bound, const char *what, api_error *err);
+
+/* An OPERAND field for libattn: its words as they came (*dtype
+ * ATTN_DTYPE_BFLOAT16) when the products read bfloat16 (`precision`),
+ * otherwise widened to float32 here, once (a 500 out_of_memory when that
+ * fails). Absent fields are left alone. */
+bool api_operand_setup(api_value *v, const char *field, attn_precision precision,
+                       attn_dtype *dtype, api_error *err);
+
+/* The field's data as libattn reads it with the dtype api_operand_setup
+ * gave: floats or bfloat16 words; NULL when absent. */
+const void *api_field_operand(const api_call *c, int field);
+
+/* Largest Euclidean norm of the rows of an OPERAND tensor [rows, cols],
+ * floats or bfloat16 words, in double. */
+double api_operand_max_row_norm(const codec_tensor *t, int64_t rows, int64_t cols);
 
 /* Threads for libattn: lim->threads, at least 1. */
 int api_threads(const api_limits *lim);
@@ -332,6 +366,7 @@ typedef struct {
 #define API_MAX_RESULTS 16
 
 typedef struct api_operation api_operation;
+typedef struct api_oip api_oip;
 
 struct api_call {
     const api_operation *op;
@@ -343,6 +378,7 @@ struct api_call {
     attn_stats stats;
     int n_results;
     void *state; /* the operation's own (state_size bytes, zeroed) */
+    api_oip *oip; /* the Open Inference Protocol's request (oip.h), or NULL for /v1 */
     /* The two arrays last: api_prepare zeroes everything before them, the
      * op's n_fields values, and nothing of the 6 KB it does not use. */
     api_result results[API_MAX_RESULTS]; /* [0, n_results) planned */
@@ -379,5 +415,24 @@ int api_plan(api_call *c, const char *name, bool in_grad, const char *what, int 
 const float *api_field_data(const api_call *c, int field);
 
 extern const api_operation api_attention_op, api_multihead_op;
+
+/* ------------------------------------------- Open Inference Protocol */
+
+/*
+ * The second front end of the same calls (oip_read.c, oip_answer.c).
+ * api_oip_read fills the call's fields (c->f) from an infer request:
+ * body[0..len), whose JSON text ends where json_length (the
+ * Inference-Header-Content-Length value, NULL when absent) says; the
+ * skeleton then validates the call as it does a /v1 body's. api_oip_plan,
+ * after the operation's validate, matches the outputs asked for to the
+ * planned results and sets c->enc; api_oip_encode writes the answer (JSON
+ * text, then the binary outputs; *header_len is the JSON text's length when
+ * binary data follows it, else 0) and closes the encode step.
+ */
+bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
+                  api_error *err);
+bool api_oip_plan(api_call *c, api_error *err);
+void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len);
+void api_oip_free(api_oip *o);
 
 #endif /* API_REQUEST_H */

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *api_shape_text(char *buf, size_t size, int rank,
                            const int64_t *shape)
@@ -135,6 +136,24 @@ double api_max_row_norm(const float *x, int64_t rows, int64_t cols)
             best = sum;
     }
     return sqrt(best);
+}
+
+double api_operand_max_row_norm(const codec_tensor *t, int64_t rows, int64_t cols)
+{
+    if (t->dtype != CODEC_BF16)
+        return api_max_row_norm(t->f32, rows, cols);
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0.0;
+        for (int64_t c = 0; c < cols; c++) {
+            const uint32_t bits = (uint32_t)t->bf16[r * cols + c] << 16;
+            float x;
+            memcpy(&x, &bits, sizeof x);
+            s += (double)x * (double)x;
+        }
+        worst = s > worst ? s : worst;
+    }
+    return sqrt(worst);
 }
 
 double api_max_abs(const float *x, int64_t count)

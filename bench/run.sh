@@ -18,12 +18,14 @@
 #   4b. the fixed cost of one attn_parallel_for call (bench/parallel.c)
 #   5. HTTP under wrk: attnd against nginx (../shared/peers/nginx.conf) and the
 #      FastAPI peer (../shared/peers/fastapi_attention.py)
+#   5b. the Open Inference Protocol: binary /v2 against base64 /v1 under wrk,
+#      and the transport's share of a large binary request (Server-Timing)
 # Everything it starts listens on 127.0.0.1 and is stopped on exit. Raw
 # outputs stay in BUILD/bench/ (results.txt, wrk_*.txt) for a closer look.
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel ragged memory server codec parallel http"; default all),
+# BENCH_ONLY (a subset of "kernel ragged memory server codec parallel http oip"; default all),
 # BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -57,7 +59,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 want() {
-    case " ${BENCH_ONLY:-kernel ragged memory server codec parallel http} " in *" $1 "*) return 0 ;; esac
+    case " ${BENCH_ONLY:-kernel ragged memory server codec parallel http oip} " in *" $1 "*) return 0 ;; esac
     return 1
 }
 put() { echo "$1 $2" >> "$RES"; }
@@ -153,7 +155,7 @@ if [ $have_memory = 1 ] && want memory; then
 fi
 
 # ------------------------------------------------------------------ bodies
-if want server || want http; then
+if want server || want http || want oip; then
     note "bodies: generating request bodies"
     /usr/bin/python3 bench/bodies.py "$OUT" || note "could not generate the bodies"
 fi
@@ -219,19 +221,33 @@ if [ $have_parallel = 1 ] && want parallel; then
 fi
 
 # ------------------------------------------------------------------ 5. HTTP
-# wrk_run NAME URL BODY: one wrk run (after a short warm-up); its req/s, p99
-# (ms) and failures go into the results when its req/s is the best so far
-# for NAME, so that calling it again gives the better of the runs.
+# post_oip URL BODYFILE OUTFILE: an Open Inference Protocol body whose JSON
+# text is $BENCH_JSON_LEN bytes -> prints the HTTP status
+post_oip() {
+    curl -s -o "$3" -w '%{http_code}' --max-time 300 -H 'Content-Type: application/octet-stream' \
+        -H "Inference-Header-Content-Length: $BENCH_JSON_LEN" --data-binary @"$2" "$1"
+}
+
+# wrk_run NAME URL BODY [SCRIPT]: one wrk run (after a short warm-up); its
+# req/s, p99 (ms) and failures go into the results when its req/s is the
+# best so far for NAME, so that calling it again gives the better of the
+# runs. SCRIPT (default bench/body.lua, JSON) bench/oip_body.lua sends an
+# Open Inference Protocol body with BENCH_JSON_LEN.
 wrk_run() {
-    status=$(post "$2" "$3" "$TMP/check")
+    script=${4:-bench/body.lua}
+    if [ "$script" = bench/oip_body.lua ]; then
+        status=$(post_oip "$2" "$3" "$TMP/check")
+    else
+        status=$(post "$2" "$3" "$TMP/check")
+    fi
     if [ "$status" != 200 ]; then
         note "$1: $2 answered $status: $(head -c 200 "$TMP/check")"
         put "${1}_status" "$status"
         return 1
     fi
     # The warm-up: connections, caches, lazily started workers.
-    BENCH_BODY=$3 wrk -t1 -c16 -d1s -s bench/body.lua "$2" > /dev/null 2>&1
-    BENCH_BODY=$3 wrk -t1 -c16 -d"${WRK_SECONDS}s" --latency -s bench/body.lua "$2" \
+    BENCH_BODY=$3 wrk -t1 -c16 -d1s -s "$script" "$2" > /dev/null 2>&1
+    BENCH_BODY=$3 wrk -t1 -c16 -d"${WRK_SECONDS}s" --latency -s "$script" "$2" \
         > "$TMP/wrk.txt" 2>&1
     awk -v name="$1" '
         function ms(s) {
@@ -319,6 +335,72 @@ round=1
 turn fastapi1_small "$FASTAPI1_URL" "$OUT/small.json"
 turn fastapi2_small "$FASTAPI2_URL" "$OUT/small.json"
 for p in $PIDS; do stop_pid "$p"; done
+
+# ------------------------------------------------------------------ 5b. /v2
+# The same numbers (q, k, v [8, 512, 64], forward) as base64 on /v1 and as
+# binary tensors on /v2, both ways, to one attnd, taking turns for five
+# rounds; then an [8, 4096, 64] request as binary /v2, three times, the
+# transport's share of it (decode + encode over total) from its
+# Server-Timing, the smallest of the three.
+if [ -x "$ATTND" ] && [ -f "$OUT/oip_h8_n512.bin" ] && want oip; then
+    port=$(free_port)
+    "$ATTND" --port "$port" > /dev/null 2> "$TMP/attnd-oip.log" &
+    oip_pid=$!
+    PIDS="$PIDS $oip_pid"
+    if wait_http "http://127.0.0.1:$port/healthz"; then
+        base="http://127.0.0.1:$port"
+        # The ratio of each round's pair (the two runs back to back), and
+        # their median: a burst of other work on the machine then spoils
+        # one pair, not the figure.
+        # the last run's req/s, when every answer of it was a 2xx
+        last_rps() {
+            grep -q "^${1}_non2xx" "$TMP/wrk.res" ||
+                awk -v k="${1}_rps" '$1 == k { print $2 }' "$TMP/wrk.res"
+        }
+        pairs=""
+        for round in 1 2 3 4 5; do
+            note "oip: /v1 base64 H=8 n=512 ($round)"
+            : > "$TMP/wrk.res"
+            wrk_run v1_b64_h8_n512 "$base/v1/attention" "$OUT/b64_h8_n512.json"
+            a=$(last_rps v1_b64_h8_n512)
+            note "oip: /v2 binary H=8 n=512 ($round)"
+            : > "$TMP/wrk.res"
+            BENCH_JSON_LEN=$(cat "$OUT/oip_h8_n512.len") wrk_run v2_bin_h8_n512 \
+                "$base/v2/models/attention/infer" "$OUT/oip_h8_n512.bin" bench/oip_body.lua
+            b=$(last_rps v2_bin_h8_n512)
+            [ -n "$a" ] && [ -n "$b" ] && pairs="$pairs $(calc %.2f "$b / $a")"
+        done
+        if [ -n "$pairs" ]; then
+            put oip_pairs "$pairs"
+            put oip_ratio "$(echo $pairs | tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
+        fi
+        export BENCH_JSON_LEN
+        BENCH_JSON_LEN=$(cat "$OUT/oip_h8_n4096.len")
+        for i in 1 2 3; do
+            note "oip: /v2 binary H=8 n=4096 ($i)"
+            status=$(curl -s -o /dev/null -D "$TMP/oip.h" -w '%{http_code}' --max-time 600 \
+                -H 'Content-Type: application/octet-stream' \
+                -H "Inference-Header-Content-Length: $BENCH_JSON_LEN" \
+                --data-binary @"$OUT/oip_h8_n4096.bin" "$base/v2/models/attention/infer")
+            [ "$status" = 200 ] || { note "oip: n=4096 answered $status"; put oip_n4096_status "$status"; continue; }
+            timing=$(tr -d '\r' < "$TMP/oip.h" | sed -n 's/^[Ss]erver-[Tt]iming: //p')
+            share=$(echo "$timing" | awk -F', ' '{
+                for (i = 1; i <= NF; i++) { split($i, kv, ";dur="); t[kv[1]] = kv[2] }
+                if (t["total"] > 0) printf "%.4f %s %s %s %s\n", (t["decode"] + t["encode"]) / t["total"], t["decode"], t["encode"], t["compute"], t["total"] }')
+            old=$(get oip_n4096_share)
+            if [ -n "$share" ] && { [ -z "$old" ] || gt "$old" "${share%% *}"; }; then
+                sed -i '/^oip_n4096_/d' "$RES"
+                set -- $share
+                put oip_n4096_share "$1"; put oip_n4096_decode_ms "$2"; put oip_n4096_encode_ms "$3"
+                put oip_n4096_compute_ms "$4"; put oip_n4096_total_ms "$5"
+            fi
+        done
+        unset BENCH_JSON_LEN
+    else
+        note "attnd did not start: $(tail -3 "$TMP/attnd-oip.log")"
+    fi
+    stop_pid "$oip_pid"
+fi
 
 # ------------------------------------------------------------------ table
 FAILS=0
@@ -571,6 +653,15 @@ else
     printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 10 (aim 20) | peer not available |\n' \
         "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
+SECTION=oip
+row "Open Inference Protocol: binary /v2 / base64 /v1 req/s, H=8, n=512, d=64, forward, tensors both ways (median of 5 pairs)" \
+    "$(get oip_ratio)" \
+    "pairs:$(get oip_pairs); best runs: /v2 binary $(http_detail v2_bin_h8_n512); /v1 base64 $(http_detail v1_b64_h8_n512); bodies $(scaled "$(wc -c < "$OUT/oip_h8_n512.bin" 2>/dev/null)" 1e6 %.1f) MB and $(scaled "$(wc -c < "$OUT/b64_h8_n512.json" 2>/dev/null)" 1e6 %.1f) MB" \
+    ">=" 1.3
+row "Open Inference Protocol: transport (decode + encode) / total, binary, H=8, n=4096, d=64, forward (Server-Timing)" \
+    "$(get oip_n4096_share)" \
+    "decode $(get oip_n4096_decode_ms) ms + encode $(get oip_n4096_encode_ms) ms of $(get oip_n4096_total_ms) ms (compute $(get oip_n4096_compute_ms) ms)$(s=$(get oip_n4096_status); [ -n "$s" ] && echo "; answered $s")" \
+    "<=" 0.05
 echo
 echo "Each HTTP figure: wrk -t1 -c16 -d${WRK_SECONDS}s --latency -s bench/body.lua URL (POST, Content-Type: application/json) after a 1 s warm-up; kernel figures: best of several runs after a warm-up. Raw outputs: $OUT/."
 [ $FAILS -eq 0 ] || { echo "$FAILS bar(s) failed or not measured"; exit 1; }

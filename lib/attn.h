@@ -6,7 +6,9 @@
  *
  * Conventions
  *   - Every tensor is float32, row-major, contiguous, owned by the caller
- *     (ATTN_PRECISION_BFLOAT16 changes the arithmetic, not the tensors).
+ *     (ATTN_PRECISION_BFLOAT16 changes the arithmetic, not the tensors;
+ *     there, attn_sdpa_forward_in and attn_sdpa_backward_in also read
+ *     inputs given as bfloat16, attn_dtype).
  *   - SDPA tensors are 4-D: q [B, H_q, n_q, d_k], k [B, H_kv, n_k, d_k],
  *     v [B, H_kv, n_k, d_v], out [B, H_q, n_q, d_v]. Lower-rank callers use
  *     B = 1 and/or H = 1.
@@ -205,6 +207,25 @@ typedef enum {
 float attn_bf16_round(float x);
 
 /*
+ * The element type of an input of attn_sdpa_forward_in and
+ * attn_sdpa_backward_in. ATTN_DTYPE_BFLOAT16 is a uint16_t word, the high
+ * half of a float32 (sign, 8-bit exponent, 7 significand bits), as
+ * torch.bfloat16 stores it: bfloat16 inputs go into the products as they
+ * are (a subnormal read as zero of its sign, as bfloat16 hardware reads it,
+ * and as attn_bf16_round would round its float32 value), with no float32
+ * copy of the tensor; the results are the bits of the same call on the
+ * inputs widened to float32. Only ATTN_PRECISION_BFLOAT16 takes them.
+ */
+typedef enum {
+    ATTN_DTYPE_FLOAT32 = 0,
+    ATTN_DTYPE_BFLOAT16 = 1,
+} attn_dtype;
+
+typedef struct {
+    attn_dtype q, k, v, dout;
+} attn_sdpa_dtypes;
+
+/*
  * A ragged batch (FlashAttention's varlen convention): sequences of any
  * lengths packed one after another along the sequence axis, with no
  * padding. When seqs > 0, the query rows are `seqs` sequences, sequence s
@@ -244,6 +265,10 @@ typedef struct {
     attn_ragged ragged; /* seqs 0 for one sequence per batch entry */
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top) */
     attn_precision precision; /* ATTN_PRECISION_FLOAT32 (0) unless set */
+    /* Of q, k, v and dout as the _in entry points read them; all float32
+     * (0) unless set, and then attn_sdpa_forward and attn_sdpa_backward
+     * refuse the call (their pointers are float). */
+    attn_sdpa_dtypes dtype;
 } attn_sdpa_params;
 
 /* 1 / sqrt(d_k) (Eq. 7). */
@@ -298,6 +323,19 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *out, const attn_softmax_row *rows,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err);
+
+/*
+ * attn_sdpa_forward and attn_sdpa_backward with q, k, v (and dout) of the
+ * element types p->dtype names (float or uint16_t words), the other
+ * arguments as theirs.
+ */
+attn_status attn_sdpa_forward_in(const attn_sdpa_params *p, const void *q, const void *k,
+                                 const void *v, float *out, attn_softmax_row *rows,
+                                 float *weights, attn_stats *stats, attn_error *err);
+attn_status attn_sdpa_backward_in(const attn_sdpa_params *p, const void *q, const void *k,
+                                  const void *v, const float *out,
+                                  const attn_softmax_row *rows, const void *dout, float *dq,
+                                  float *dk, float *dv, attn_error *err);
 
 /* Nominal FLOPs of the forward pass: the two matrix products,
  * 2 * B * H_q * n_q * n_k * (d_k + d_v), with no discount for masking

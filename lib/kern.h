@@ -149,6 +149,15 @@ extern const attn_kern_bf16 attn_kern_bf16_avx512;     /* emulated */
 extern const attn_kern_bf16 attn_kern_bf16_avx512bf16; /* vdpbf16ps */
 #endif
 
+/* kb's rows, row_pairs and pack_t of src: from its floats by kb, or from
+ * its bfloat16 words as given, to the same words (bf16_words.c). */
+void sdpa_bf16_rows(const attn_kern_bf16 *kb, sdpa_src src, int64_t lds, int64_t rows,
+                    int64_t cols, uint32_t *dst, int64_t ldd);
+void sdpa_bf16_row_pairs(const attn_kern_bf16 *kb, sdpa_src src, int64_t lds, int64_t rows,
+                         int64_t cols, uint32_t *dst, int64_t ldd, int64_t pairs, bool split);
+void sdpa_bf16_pack_t(const attn_kern_bf16 *kb, sdpa_src src, int64_t lds, int64_t keys,
+                      int64_t d, uint32_t *dst);
+
 /* The bfloat16 kernel of attn_kernel() and attn_bf16(). */
 const attn_kern_bf16 *attn_kern_bf16_get(void);
 /* The bfloat16 kernel of a kernel and path, or NULL when this CPU (or
@@ -163,14 +172,15 @@ typedef struct {
     const attn_kern_bf16 *bf16;
 } sdpa_kernels;
 
+/* q, k, v and dout of the element types p->dtype names. */
 attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                                   const float *q, const float *k, const float *v, float *out,
+                                   const void *q, const void *k, const void *v, float *out,
                                    attn_softmax_row *rows, float *weights, attn_stats *stats,
                                    attn_error *err);
 attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                                    const float *q, const float *k, const float *v,
+                                    const void *q, const void *k, const void *v,
                                     const float *out, const attn_softmax_row *rows,
-                                    const float *dout, float *dq, float *dk, float *dv,
+                                    const void *dout, float *dq, float *dk, float *dv,
                                     attn_error *err);
 
 #endif /* ATTN_KERN_H */

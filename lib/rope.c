@@ -152,3 +152,24 @@ attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const flo
     free(table.cs);
     return ATTN_OK;
 }
+
+attn_status sdpa_rope_inputs(sdpa_call *c, int threads, float *q_rot, float *k_rot)
+{
+    const attn_sdpa_params *p = c->p;
+    const float *q = c->q, *k = c->k;
+    if (c->q16 != NULL) {
+        sdpa_src_widen((sdpa_src){.bf16 = c->q16}, p->batch * p->heads_q * p->n_q * p->d_k,
+                       q_rot);
+        q = q_rot;
+    }
+    if (c->k16 != NULL) {
+        sdpa_src_widen((sdpa_src){.bf16 = c->k16}, p->batch * p->heads_kv * p->n_k * p->d_k,
+                       k_rot);
+        k = k_rot;
+    }
+    attn_status s = sdpa_rope(c, threads, q, k, q_rot, k_rot, false);
+    c->q = q_rot;
+    c->k = k_rot;
+    c->q16 = c->k16 = NULL;
+    return s;
+}

@@ -14,10 +14,21 @@
  * holds its own tiles. */
 #define SDPA_MAX_THREADS 64
 
+/* An input tensor as the caller gave it (attn_sdpa_params.dtype): float32,
+ * or bfloat16 words; the other pointer is NULL. */
+typedef struct {
+    const float *f32;
+    const uint16_t *bf16;
+} sdpa_src;
+
 /* The tensors of one call and the numbers derived from the parameters. */
 typedef struct {
     const attn_sdpa_params *p;
+    /* q, k and v as float32, or NULL when given as bfloat16 words (q16,
+     * k16, v16; NULL when float32): the bfloat16 kernels' conversions read
+     * either (sdpa_src), everything else reads floats. */
     const float *q, *k, *v;
+    const uint16_t *q16, *k16, *v16;
     int64_t group;  /* query heads per key/value head, H_q / H_kv */
     int64_t offset; /* n_k - n_q: query i sees key j iff j <= i + offset */
     /* Row strides (in floats) of q and dq, k and dk, v and dv, out and dout:
@@ -45,8 +56,9 @@ typedef struct {
     int64_t j0, cols;
 } sdpa_tile;
 
-sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k,
-                       const float *v);
+/* q, k and v are of the element types p->dtype names. */
+sdpa_call sdpa_call_of(const attn_sdpa_params *p, const void *q, const void *k,
+                       const void *v);
 
 /* The call's sequences: a ragged batch's, or one per batch entry. */
 int64_t sdpa_seq_count(const attn_sdpa_params *p);
@@ -66,6 +78,16 @@ int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t he
 const float *sdpa_head_q(const sdpa_call *c, int64_t b, int64_t h);
 const float *sdpa_head_k(const sdpa_call *c, int64_t b, int64_t h);
 const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h);
+/* The same heads' rows as the caller gave them (float32 or bfloat16). */
+sdpa_src sdpa_src_q(const sdpa_call *c, int64_t b, int64_t h);
+sdpa_src sdpa_src_k(const sdpa_call *c, int64_t b, int64_t h);
+sdpa_src sdpa_src_v(const sdpa_call *c, int64_t b, int64_t h);
+/* s advanced by `at` elements. */
+sdpa_src sdpa_src_at(sdpa_src s, int64_t at);
+/* Element i of s as a float (a bfloat16 word widened exactly). */
+float sdpa_src_value(sdpa_src s, int64_t i);
+/* dst [count] = s [count] as floats. */
+void sdpa_src_widen(sdpa_src s, int64_t count, float *dst);
 /* Offsets of head (b, h)'s rows in out/dout (and dq: q's layout), and of
  * its key/value head's rows in dk and dv. */
 int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h);
@@ -247,12 +269,20 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
 attn_status sdpa_rope(const sdpa_call *c, int threads, const float *q, const float *k,
                       float *q_out, float *k_out, bool inverse);
 
+/* The inputs' rotation before the scores: q_rot = q and k_rot = k rotated
+ * (bfloat16 words widened first: the rotation is float32), and c's q and k
+ * made those copies. */
+attn_status sdpa_rope_inputs(sdpa_call *c, int threads, float *q_rot, float *k_rot);
+
 /* ------------------------------------------------------------ validation */
 
 /* Checks the parameters of an SDPA call (and that weights [B,H_q,n_q,n_k]
  * is addressable when `with_weights`). */
 attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
                               attn_error *err);
+
+/* Whether q, k, v and dout are all float32 (attn_sdpa_params.dtype). */
+bool sdpa_dtypes_float32(const attn_sdpa_params *p);
 
 /* Threads worth starting for `units` units of `flops` total work. */
 int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops);

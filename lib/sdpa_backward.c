@@ -59,7 +59,8 @@ typedef struct {
     const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
     bwd_bf16 b16;
     const attn_softmax_row *rows;
-    const float *dout, *delta;
+    sdpa_src dout; /* float32 unless in bfloat16 */
+    const float *delta;
     float *dq, *dk, *dv;
     float **dq_split; /* [splits]: dq itself, then the copies */
     int64_t splits;   /* the most of any sequence */
@@ -153,7 +154,8 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
         t.cols = min64(c->k_hi - t.j0, KERN_BK);
         if (attn_cancelled(p->cancel))
             return;
-        const float *k = c->k + k_at + t.j0 * c->ldk, *v = c->v + v_at + t.j0 * c->ldv;
+        const sdpa_src k = sdpa_src_at((sdpa_src){c->k, c->k16}, k_at + t.j0 * c->ldk),
+                       v = sdpa_src_at((sdpa_src){c->v, c->v16}, v_at + t.j0 * c->ldv);
         float *dk = job->dk + k_at + t.j0 * c->ldk, *dv = job->dv + v_at + t.j0 * c->ldv;
         for (int64_t j = 0; j < t.cols; j++) {
             memset(dk + j * c->ldk, 0, (size_t)p->d_k * sizeof *dk);
@@ -164,21 +166,21 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
         if (i_start == i_end)
             continue;
         const attn_kern_bf16 *kb = job->kern_bf16;
-        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k};
+        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k.f32};
         if (kb != NULL) {
             /* Pairs of rows from an even row (the row before sees none of
              * these keys: its P is 0; a dense call's sequence starts at
              * row 0). */
             i_start -= i_start % 2;
-            kb->pack_t(k, c->ldk, t.cols, p->d_k, w->kp);
-            kb->pack_t(v, c->ldv, t.cols, p->d_v, w->vp);
-            kb->row_pairs(k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
+            sdpa_bf16_pack_t(kb, k, c->ldk, t.cols, p->d_k, w->kp);
+            sdpa_bf16_pack_t(kb, v, c->ldv, t.cols, p->d_v, w->vp);
+            sdpa_bf16_row_pairs(kb, k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
             keys.kp = w->kp;
             keys.vp = w->vp;
             keys.kr = w->kr;
         } else {
-            job->kern->pack_t(k, c->ldk, t.cols, p->d_k, w->kt);
-            job->kern->pack_t(v, c->ldv, t.cols, p->d_v, w->vt);
+            job->kern->pack_t(k.f32, c->ldk, t.cols, p->d_k, w->kt);
+            job->kern->pack_t(v.f32, c->ldv, t.cols, p->d_v, w->vt);
         }
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
@@ -190,7 +192,7 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
                 sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
                     .rows = job->rows + row, .delta = job->delta + row,
-                    .dout = job->dout + o_at + t.i0 * c->ldo,
+                    .dout = kb == NULL ? job->dout.f32 + o_at + t.i0 * c->ldo : NULL,
                     .dq = dq + q_at + t.i0 * c->ldq,
                     .dk = dk, .dv = dv,
                 };
@@ -227,7 +229,8 @@ static void backward_unit(void *ctx, int64_t unit, int worker)
 
 typedef struct {
     const sdpa_call *call;
-    const float *dout, *out;
+    sdpa_src dout;
+    const float *out;
     float *delta;
     float **dq_split;
     int64_t splits, rows;
@@ -247,7 +250,7 @@ static void prologue_block(void *ctx, int64_t block, int worker)
         int64_t at = sdpa_head_o_at(j->call, bh / p->heads_q, bh % p->heads_q) + i * j->call->ldo;
         double s = 0.0;
         for (int64_t c = 0; c < p->d_v; c++)
-            s += (double)j->dout[at + c] * j->out[at + c];
+            s += (double)sdpa_src_value(j->dout, at + c) * j->out[at + c];
         j->delta[r] = (float)s;
     }
     for (int64_t s = 0; s < j->splits; s++)
@@ -257,7 +260,7 @@ static void prologue_block(void *ctx, int64_t block, int worker)
 typedef struct {
     const sdpa_call *call;
     const attn_kern_bf16 *kern;
-    const float *dout;
+    sdpa_src dout;
     const bwd_bf16 *b16;
 } round_job;
 
@@ -270,13 +273,15 @@ static void round_head(void *ctx, int64_t bh, int worker)
     const attn_sdpa_params *p = c->p;
     const bwd_bf16 *h = j->b16;
     const int64_t b = bh / p->heads_q, hq = bh % p->heads_q;
-    const float *q = sdpa_head_q(c, b, hq), *dout = j->dout + sdpa_head_o_at(c, b, hq);
-    j->kern->rows(q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
-    j->kern->rows(dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2, h->dv2);
-    j->kern->row_pairs(q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k, p->d_k,
-                       h->nq2, false);
-    j->kern->row_pairs(dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v, p->d_v,
-                       h->nq2, false);
+    const sdpa_src q = sdpa_src_q(c, b, hq),
+                   dout = sdpa_src_at(j->dout, sdpa_head_o_at(c, b, hq));
+    sdpa_bf16_rows(j->kern, q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
+    sdpa_bf16_rows(j->kern, dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2,
+                   h->dv2);
+    sdpa_bf16_row_pairs(j->kern, q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k,
+                        p->d_k, h->nq2, false);
+    sdpa_bf16_row_pairs(j->kern, dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v,
+                        p->d_v, h->nq2, false);
 }
 
 typedef struct {
@@ -400,14 +405,25 @@ attn_status attn_sdpa_backward(const attn_sdpa_params *p, const float *q,
                                const float *dout, float *dq, float *dk,
                                float *dv, attn_error *err)
 {
+    if (p != NULL && !sdpa_dtypes_float32(p))
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "dtype names bfloat16 inputs: attn_sdpa_backward_in reads them");
+    return attn_sdpa_backward_in(p, q, k, v, out, rows, dout, dq, dk, dv, err);
+}
+
+attn_status attn_sdpa_backward_in(const attn_sdpa_params *p, const void *q, const void *k,
+                                  const void *v, const float *out,
+                                  const attn_softmax_row *rows, const void *dout, float *dq,
+                                  float *dk, float *dv, attn_error *err)
+{
     const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
     return attn_sdpa_backward_with(&kernels, p, q, k, v, out, rows, dout, dq, dk, dv, err);
 }
 
 attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                                    const float *q, const float *k, const float *v,
+                                    const void *q, const void *k, const void *v,
                                     const float *out, const attn_softmax_row *rows,
-                                    const float *dout, float *dq, float *dk, float *dv,
+                                    const void *dout, float *dq, float *dk, float *dv,
                                     attn_error *err)
 {
     attn_status s = sdpa_check_params(p, false, err);
@@ -422,7 +438,10 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     bwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
         .kern = kernels->f32,
-        .rows = rows, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
+        .rows = rows,
+        .dout = p->dtype.dout == ATTN_DTYPE_BFLOAT16 ? (sdpa_src){.bf16 = dout}
+                                                     : (sdpa_src){.f32 = dout},
+        .dq = dq, .dk = dk, .dv = dv,
     };
     job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = bwd_items,
                            .cost = bwd_cost, .seq_cost = bwd_seq_cost};
@@ -464,9 +483,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
         ok = q_rot != NULL && k_rot != NULL &&
-             sdpa_rope(&job.call, threads, q, k, q_rot, k_rot, false) == ATTN_OK;
-        job.call.q = q_rot;
-        job.call.k = k_rot;
+             sdpa_rope_inputs(&job.call, threads, q_rot, k_rot) == ATTN_OK;
     }
     if (ok) {
         job.dq_split[0] = dq;
@@ -474,14 +491,15 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
             ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL;
     }
     if (ok) {
-        prologue_job pro = {.call = &job.call, .dout = dout, .out = out, .delta = delta,
+        prologue_job pro = {.call = &job.call, .dout = job.dout, .out = out, .delta = delta,
                             .dq_split = job.dq_split, .splits = job.splits,
                             .rows = n_rows};
         attn_parallel_for_until(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro,
                                 p->cancel);
         job.delta = delta;
         if (job.kern_bf16 != NULL) {
-            round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = dout, .b16 = h};
+            round_job rj = {.call = &job.call, .kern = job.kern_bf16, .dout = job.dout,
+                            .b16 = h};
             attn_parallel_for_until(threads, p->batch * p->heads_q, round_head, &rj, p->cancel);
         }
         attn_parallel_for_until(threads, job.units.count, backward_unit, &job, p->cancel);

@@ -206,6 +206,17 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
     if (p->precision != ATTN_PRECISION_FLOAT32 && p->precision != ATTN_PRECISION_BFLOAT16)
         return attn_fail(err, ATTN_ERR_INVALID, "precision %d is not a known precision",
                          (int)p->precision);
+    const attn_dtype dtypes[] = {p->dtype.q, p->dtype.k, p->dtype.v, p->dtype.dout};
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
+        if (dtypes[i] != ATTN_DTYPE_FLOAT32 && dtypes[i] != ATTN_DTYPE_BFLOAT16)
+            return attn_fail(err, ATTN_ERR_INVALID, "dtype %d is not a known dtype",
+                             (int)dtypes[i]);
+        /* float32 products of bfloat16 inputs would want the widened copy
+         * these inputs exist to avoid: the caller widens instead. */
+        if (dtypes[i] == ATTN_DTYPE_BFLOAT16 && p->precision != ATTN_PRECISION_BFLOAT16)
+            return attn_fail(err, ATTN_ERR_INVALID,
+                             "bfloat16 inputs need precision bfloat16");
+    }
     s = check_variants(p, err);
     if (s == ATTN_OK)
         s = check_ragged(p, err);
@@ -225,6 +236,12 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
                          (long long)p->batch, (long long)p->heads_q,
                          (long long)p->n_q, (long long)p->n_k);
     return check_mask(p, err);
+}
+
+bool sdpa_dtypes_float32(const attn_sdpa_params *p)
+{
+    return p->dtype.q == ATTN_DTYPE_FLOAT32 && p->dtype.k == ATTN_DTYPE_FLOAT32 &&
+           p->dtype.v == ATTN_DTYPE_FLOAT32 && p->dtype.dout == ATTN_DTYPE_FLOAT32;
 }
 
 int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops)

@@ -13,9 +13,10 @@
 #include "bf16.h"
 #include "sdpa.h"
 
-/* An operand of the products as the call's precision reads it. */
-static double operand(const sdpa_call *c, float x)
+/* Element i of an operand of the products as the call's precision reads it. */
+static double operand(const sdpa_call *c, sdpa_src s, int64_t i)
 {
+    const float x = sdpa_src_value(s, i);
     return c->bf16 ? (double)bf16_round(x) : (double)x;
 }
 
@@ -27,7 +28,7 @@ double attn_softmax_lse(attn_softmax_row row)
 /* The final score of (query i, key j) in double; false when the key is
  * hidden from the query (causal, boolean mask). */
 static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t j,
-                        const float *q_row, double *x)
+                        sdpa_src q_row, double *x)
 {
     const attn_sdpa_params *p = c->p;
     const int64_t pos = i + c->offset;
@@ -37,10 +38,10 @@ static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int
     int64_t at = b * m->stride[0] + h * m->stride[1] + i * m->stride[2] + j * m->stride[3];
     if (m->kind == ATTN_MASK_BOOL && m->allowed[at] == 0)
         return false;
-    const float *k_row = sdpa_head_k(c, b, h) + j * c->ldk;
+    const sdpa_src k_row = sdpa_src_at(sdpa_src_k(c, b, h), j * c->ldk);
     double s = 0.0;
     for (int64_t t = 0; t < p->d_k; t++)
-        s += operand(c, q_row[t]) * operand(c, k_row[t]);
+        s += operand(c, q_row, t) * operand(c, k_row, t);
     s *= p->scale;
     const float cap = p->variants.softcap;
     if (cap > 0.0f)
@@ -54,8 +55,8 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
                                         float *out, float *weights)
 {
     const attn_sdpa_params *p = c->p;
-    const float *q_row = sdpa_head_q(c, b, h) + i * c->ldq;
-    const float *v = sdpa_head_v(c, b, h);
+    const sdpa_src q_row = sdpa_src_at(sdpa_src_q(c, b, h), i * c->ldq);
+    const sdpa_src v = sdpa_src_v(c, b, h);
     /* The keys of the row's sequence (every key when not ragged); the
      * caller's weights elsewhere are 0 already. */
     double m = -INFINITY, x;
@@ -81,9 +82,9 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
             if (!score_exact(c, b, h, i, j, q_row, &x))
                 continue;
             double a = exp(x - m) / l;
-            const float *v_row = v + j * c->ldv + t0;
+            const sdpa_src v_row = sdpa_src_at(v, j * c->ldv + t0);
             for (int64_t t = 0; t < width; t++)
-                acc[t] += a * operand(c, v_row[t]);
+                acc[t] += a * operand(c, v_row, t);
         }
         for (int64_t t = 0; t < width; t++)
             out[t0 + t] = (float)acc[t];

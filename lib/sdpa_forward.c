@@ -166,9 +166,10 @@ static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, i
 {
     const attn_sdpa_params *p = c->p;
     uint32_t *kp = panel, *vp = panel + (p->d_k + 1) / 2 * KERN_BK;
-    kb->pack_t(sdpa_head_k(c, b, h) + j0 * c->ldk, c->ldk, keys, p->d_k, kp);
-    kb->row_pairs(sdpa_head_v(c, b, h) + j0 * c->ldv, c->ldv, keys, p->d_v, vp, p->d_v,
-                  KERN_BK / 2, true);
+    sdpa_bf16_pack_t(kb, sdpa_src_at(sdpa_src_k(c, b, h), j0 * c->ldk), c->ldk, keys, p->d_k,
+                     kp);
+    sdpa_bf16_row_pairs(kb, sdpa_src_at(sdpa_src_v(c, b, h), j0 * c->ldv), c->ldv, keys,
+                        p->d_v, vp, p->d_v, KERN_BK / 2, true);
 }
 
 /* Unit: one key tile of one key/value head of a sequence. */
@@ -251,11 +252,12 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
-    const float *v = sdpa_head_v(c, t.b, t.h);
     const attn_kern_bf16 *kb = job->kern_bf16;
+    const float *v = kb == NULL ? sdpa_head_v(c, t.b, t.h) : NULL; /* bfloat16 reads panels */
     if (kb != NULL) {
         const int64_t dk2 = (p->d_k + 1) / 2;
-        kb->rows(sdpa_head_q(c, t.b, t.h) + t.i0 * c->ldq, c->ldq, t.rows, p->d_k, w->qb, dk2);
+        sdpa_bf16_rows(kb, sdpa_src_at(sdpa_src_q(c, t.b, t.h), t.i0 * c->ldq), c->ldq, t.rows,
+                       p->d_k, w->qb, dk2);
         st.qb = w->qb;
         st.ldqb = dk2;
         st.pb = w->pb;
@@ -277,7 +279,7 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
         st.kt = (t.j0 - c->k_lo) / KERN_BK;
         st.accumulate = t.j0 > k_first;
         t.cols = min64(k_end - t.j0, KERN_BK);
-        kern_keys keys = {.v = v + t.j0 * c->ldv};
+        kern_keys keys = {.v = v != NULL ? v + t.j0 * c->ldv : NULL};
         if (kb != NULL) {
             const uint32_t *panel = from.panels_b;
             if (panel != NULL) {
@@ -545,12 +547,22 @@ attn_status attn_sdpa_forward(const attn_sdpa_params *p, const float *q,
                               attn_softmax_row *rows, float *weights, attn_stats *stats,
                               attn_error *err)
 {
+    if (p != NULL && !sdpa_dtypes_float32(p))
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "dtype names bfloat16 inputs: attn_sdpa_forward_in reads them");
+    return attn_sdpa_forward_in(p, q, k, v, out, rows, weights, stats, err);
+}
+
+attn_status attn_sdpa_forward_in(const attn_sdpa_params *p, const void *q, const void *k,
+                                 const void *v, float *out, attn_softmax_row *rows,
+                                 float *weights, attn_stats *stats, attn_error *err)
+{
     const sdpa_kernels kernels = {.f32 = attn_kern_get(), .bf16 = attn_kern_bf16_get()};
     return attn_sdpa_forward_with(&kernels, p, q, k, v, out, rows, weights, stats, err);
 }
 
 attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_params *p,
-                                   const float *q, const float *k, const float *v, float *out,
+                                   const void *q, const void *k, const void *v, float *out,
                                    attn_softmax_row *rows, float *weights, attn_stats *stats,
                                    attn_error *err)
 {
@@ -621,9 +633,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
               (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
-        ok = sdpa_rope(&job.call, threads, q, k, q_rot, k_rot, false) == ATTN_OK;
-        job.call.q = q_rot;
-        job.call.k = k_rot;
+        ok = sdpa_rope_inputs(&job.call, threads, q_rot, k_rot) == ATTN_OK;
     }
     bool cancelled = false;
     if (ok) {

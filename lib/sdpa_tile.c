@@ -10,9 +10,12 @@
 
 #include "kern.h"
 
-sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k,
-                       const float *v)
+sdpa_call sdpa_call_of(const attn_sdpa_params *p, const void *q, const void *k,
+                       const void *v)
 {
+    const attn_sdpa_dtypes *dt = &p->dtype;
+    const bool q16 = dt->q == ATTN_DTYPE_BFLOAT16, k16 = dt->k == ATTN_DTYPE_BFLOAT16,
+               v16 = dt->v == ATTN_DTYPE_BFLOAT16;
     const bool bnhd = p->layout == ATTN_LAYOUT_BNHD;
     const attn_variants *var = &p->variants;
     int64_t before = SDPA_FAR, after = SDPA_FAR;
@@ -23,7 +26,9 @@ sdpa_call sdpa_call_of(const attn_sdpa_params *p, const float *q, const float *k
     if (p->causal && after > 0)
         after = 0;
     return (sdpa_call){
-        .p = p, .q = q, .k = k, .v = v, .group = p->heads_q / p->heads_kv,
+        .p = p, .q = q16 ? NULL : q, .k = k16 ? NULL : k, .v = v16 ? NULL : v,
+        .q16 = q16 ? q : NULL, .k16 = k16 ? k : NULL, .v16 = v16 ? v : NULL,
+        .group = p->heads_q / p->heads_kv,
         .offset = p->n_k - p->n_q,
         .ldq = bnhd ? p->heads_q * p->d_k : p->d_k,
         .ldk = bnhd ? p->heads_kv * p->d_k : p->d_k,
@@ -128,6 +133,49 @@ const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h)
 {
     const attn_sdpa_params *p = c->p;
     return c->v + sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_v);
+}
+
+sdpa_src sdpa_src_at(sdpa_src s, int64_t at)
+{
+    return (sdpa_src){.f32 = s.f32 != NULL ? s.f32 + at : NULL,
+                      .bf16 = s.bf16 != NULL ? s.bf16 + at : NULL};
+}
+
+sdpa_src sdpa_src_q(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return sdpa_src_at((sdpa_src){c->q, c->q16},
+                       sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k));
+}
+
+sdpa_src sdpa_src_k(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return sdpa_src_at((sdpa_src){c->k, c->k16},
+                       sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_k));
+}
+
+sdpa_src sdpa_src_v(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return sdpa_src_at((sdpa_src){c->v, c->v16},
+                       sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_v));
+}
+
+float sdpa_src_value(sdpa_src s, int64_t i)
+{
+    if (s.f32 != NULL)
+        return s.f32[i];
+    const uint32_t bits = (uint32_t)s.bf16[i] << 16;
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+void sdpa_src_widen(sdpa_src s, int64_t count, float *dst)
+{
+    for (int64_t i = 0; i < count; i++)
+        dst[i] = sdpa_src_value(s, i);
 }
 
 int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h)

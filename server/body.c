@@ -33,6 +33,16 @@ static bool readable_as_json(const char *content_type)
     return n > 17 && !strncasecmp(p, "application/", 12) && !strncasecmp(p + n - 5, "+json", 5);
 }
 
+/* A binary /v2 infer body (JSON, then tensor bytes) may say so. */
+static bool is_octet_stream(const char *content_type)
+{
+    const char *p = content_type;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t n = strcspn(p, "; \t");
+    return n == 24 && !strncasecmp(p, "application/octet-stream", n);
+}
+
 static bool reserve(srv_connection *cx, size_t need)
 {
     if (need <= cx->body_cap)
@@ -51,7 +61,8 @@ bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has
         http_reply_stock(r, STOCK_SHUTTING_DOWN);
         return false;
     }
-    if (!readable_as_json(h->content_type)) {
+    if (!readable_as_json(h->content_type) &&
+        !(r->route->oip && is_octet_stream(h->content_type))) {
         http_reply_stock(r, STOCK_UNSUPPORTED_MEDIA);
         return false;
     }

@@ -97,14 +97,22 @@ void compute_release(srv_request *r)
     r->reserved = 0;
 }
 
+/* The api call of r's body, in the protocol of its route. */
+static api_call *prepare_call(srv_request *r, const api_limits *lim, api_cost *cost)
+{
+    if (r->route->oip)
+        return api_prepare_oip(r->route->op, r->connection->body, r->body_len,
+                               r->json_length, lim, cost, &r->res);
+    return api_prepare(r->route->op, r->connection->body, r->body_len, lim, cost, &r->res);
+}
+
 /* Decodes and costs r's body into r->call; false when the answer is known
  * already (an error in r->res, or the budget's refusal). */
 static bool prepare(srv_request *r, int threads)
 {
     api_limits lim = limits(r, threads);
     api_cost cost;
-    r->call = api_prepare(r->route->op, r->connection->body, r->body_len, &lim, &cost,
-                          &r->res);
+    r->call = prepare_call(r, &lim, &cost);
     if (!r->call)
         return false;
     if (!reserve(r, cost.response_bytes)) {
@@ -242,8 +250,7 @@ compute_result compute_submit(srv_request *r)
     if (api_decode_work(r->body_len) <= INLINE_MAX_WORK / 2) {
         api_limits lim = limits(r, 1);
         api_cost cost;
-        r->call = api_prepare(r->route->op, r->connection->body, r->body_len, &lim, &cost,
-                              &r->res);
+        r->call = prepare_call(r, &lim, &cost);
         if (!r->call)
             return COMPUTE_DONE;
         if (!reserve(r, cost.response_bytes)) {

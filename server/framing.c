@@ -131,6 +131,10 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *k
             h->n_length++;
         }
         break;
+    case 31:
+        if (!h->inference_header && named(key, 31, "Inference-Header-Content-Length"))
+            h->inference_header = value;
+        break;
     case 17:
         if (named(key, 17, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
             if (!h->n_encoding)

@@ -54,6 +54,8 @@ void request_begin(srv_connection *cx, const char *method, const char *path,
         .t_start = srv_now(),
         .in_flight = true,
         .refusal = -1,
+        .oip = routes_is_oip(path),
+        .json_length = h->inference_header,
     };
     srv_request *r = &cx->request;
     request_id_set(r, h->request_id);

@@ -65,13 +65,14 @@ srv_canned *canned_new(const srv_server *srv, int status, const char *content_ty
     return c;
 }
 
-srv_canned *canned_error(const srv_server *srv, int status, const char *code,
-                         const char *message, const char *hname, const char *hvalue)
+static srv_canned *canned_error_as(const srv_server *srv, bool oip, int status,
+                                   const char *code, const char *message, const char *hname,
+                                   const char *hvalue)
 {
     api_error e;
     api_fail(&e, status, code, "", "%s", message);
     size_t len;
-    char *body = api_error_json(&e, &len);
+    char *body = oip ? api_error_json_oip(&e, &len) : api_error_json(&e, &len);
     if (!body)
         return NULL;
     srv_canned *c = canned_new(srv, status, "application/json", body, len, hname, hvalue);
@@ -82,6 +83,18 @@ srv_canned *canned_error(const srv_server *srv, int status, const char *code,
     c->owned = body;
     c->code = code; /* a literal of the caller's */
     return c;
+}
+
+srv_canned *canned_error(const srv_server *srv, int status, const char *code,
+                         const char *message, const char *hname, const char *hvalue)
+{
+    return canned_error_as(srv, false, status, code, message, hname, hvalue);
+}
+
+srv_canned *canned_error_oip(const srv_server *srv, int status, const char *code,
+                             const char *message, const char *hname, const char *hvalue)
+{
+    return canned_error_as(srv, true, status, code, message, hname, hvalue);
 }
 
 void canned_free(srv_canned *c)
@@ -125,7 +138,7 @@ void http_reply_canned(srv_request *r, const srv_canned *c)
 
 void http_reply_stock(srv_request *r, stock_error e)
 {
-    reply_canned(r, r->srv->stock[e], false);
+    reply_canned(r, (r->oip ? r->srv->stock_oip : r->srv->stock)[e], false);
 }
 
 void http_refuse_connection(srv_request *r)
@@ -136,8 +149,9 @@ void http_refuse_connection(srv_request *r)
         [REFUSE_FULL] = STOCK_CONNECTIONS_FULL,
     };
     conn_refusal why = r->connection->refused;
-    reply_canned(r, r->srv->stock[why > REFUSE_NONE && why < N_REFUSE ? by_reason[why]
-                                                                      : STOCK_CONNECTIONS_FULL],
+    srv_canned *const *stock = r->oip ? r->srv->stock_oip : r->srv->stock;
+    reply_canned(r, stock[why > REFUSE_NONE && why < N_REFUSE ? by_reason[why]
+                                                              : STOCK_CONNECTIONS_FULL],
                  true);
 }
 
@@ -165,7 +179,7 @@ static void reply_error(srv_request *r, int status, const char *code, const char
     api_error e;
     api_fail(&e, status, code, "", "%s", message);
     size_t len = 0;
-    char *body = api_error_json(&e, &len);
+    char *body = r->oip ? api_error_json_oip(&e, &len) : api_error_json(&e, &len);
     /* While draining every answer says Connection: close already. */
     static const char *const closing[] = {MHD_HTTP_HEADER_CONNECTION, "close", NULL};
     http_reply_owned(r, status, "application/json", body, len,
@@ -185,54 +199,58 @@ void http_reply_error_close(srv_request *r, int status, const char *code,
     reply_error(r, status, code, message, true);
 }
 
-bool stock_init(srv_server *srv)
+/* The stock errors in one form: /v1's error objects, or /v2's. */
+static bool stock_build(srv_server *srv, srv_canned **stock, bool oip)
 {
-    srv_canned **stock = srv->stock;
     char msg[200];
     snprintf(msg, sizeof msg,
              "the request body is larger than this server's limit of %lld bytes (--max-body)",
              (long long)srv->cfg->max_body);
-    stock[STOCK_NOT_FOUND] = canned_error(srv, 404, "not_found",
+    stock[STOCK_NOT_FOUND] = canned_error_as(srv, oip, 404, "not_found",
         "no such path; the API is described at GET /openapi.yaml", NULL, NULL);
-    stock[STOCK_BODY_TOO_LARGE] = canned_error(srv, 413, "body_too_large", msg, NULL, NULL);
-    stock[STOCK_UNSUPPORTED_MEDIA] = canned_error(srv, 415, "unsupported_media_type",
-        "the body must be JSON: send Content-Type: application/json (or none)", NULL, NULL);
-    stock[STOCK_OUT_OF_MEMORY] = canned_error(srv, 500, "out_of_memory",
+    stock[STOCK_BODY_TOO_LARGE] = canned_error_as(srv, oip, 413, "body_too_large", msg, NULL,
+                                                  NULL);
+    stock[STOCK_UNSUPPORTED_MEDIA] = canned_error_as(srv, oip, 415, "unsupported_media_type",
+        oip ? "the body must be JSON, or JSON followed by binary tensors: send Content-Type: "
+              "application/json or application/octet-stream (or none)"
+            : "the body must be JSON: send Content-Type: application/json (or none)",
+        NULL, NULL);
+    stock[STOCK_OUT_OF_MEMORY] = canned_error_as(srv, oip, 500, "out_of_memory",
         "the server ran out of memory for this request; try a smaller one", NULL, NULL);
-    stock[STOCK_OVERLOADED] = canned_error(srv, 503, "overloaded",
+    stock[STOCK_OVERLOADED] = canned_error_as(srv, oip, 503, "overloaded",
         "every compute slot is busy and the queue is full; retry shortly",
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
     snprintf(msg, sizeof msg,
              "the answers waiting to be sent already hold most of this server's %lld "
              "bytes for them (--max-response); retry shortly",
              (long long)srv->cfg->max_response);
-    stock[STOCK_RESPONSES_PENDING] = canned_error(srv, 503, "overloaded", msg,
+    stock[STOCK_RESPONSES_PENDING] = canned_error_as(srv, oip, 503, "overloaded", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    stock[STOCK_SHUTTING_DOWN] = canned_error(srv, 503, "shutting_down",
+    stock[STOCK_SHUTTING_DOWN] = canned_error_as(srv, oip, 503, "shutting_down",
         "this server is shutting down; retry on another replica",
         MHD_HTTP_HEADER_RETRY_AFTER, "5");
     snprintf(msg, sizeof msg,
              "this client already has the %d connections that --max-conns-per-ip allows; "
              "reuse or close one, then retry", srv->cfg->max_conns_per_ip);
-    stock[STOCK_PER_IP_LIMIT] = canned_error(srv, 503, "too_many_connections", msg,
+    stock[STOCK_PER_IP_LIMIT] = canned_error_as(srv, oip, 503, "too_many_connections", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
     snprintf(msg, sizeof msg,
              "this server's connections are running short (--max-connections %d) and this "
              "client's address holds the most of them; reuse or close one, then retry",
              srv->cfg->max_connections);
-    stock[STOCK_PRESSURE] = canned_error(srv, 503, "too_many_connections", msg,
+    stock[STOCK_PRESSURE] = canned_error_as(srv, oip, 503, "too_many_connections", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
     snprintf(msg, sizeof msg,
              "every one of this server's %d connections (--max-connections) is serving a "
              "request; retry shortly", srv->cfg->max_connections);
-    stock[STOCK_CONNECTIONS_FULL] = canned_error(srv, 503, "too_many_connections", msg,
+    stock[STOCK_CONNECTIONS_FULL] = canned_error_as(srv, oip, 503, "too_many_connections", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
     /* RFC 6750 section 3: the challenge, and error="invalid_token" when a
      * token was presented but is not one of the keys. */
-    stock[STOCK_NO_KEY] = canned_error(srv, 401, "unauthorized",
+    stock[STOCK_NO_KEY] = canned_error_as(srv, oip, 401, "unauthorized",
         "this server needs an API key: send Authorization: Bearer <key>",
         MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
-    stock[STOCK_WRONG_KEY] = canned_error(srv, 401, "unauthorized",
+    stock[STOCK_WRONG_KEY] = canned_error_as(srv, oip, 401, "unauthorized",
         "the bearer token is not one of this server's API keys",
         MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\", error=\"invalid_token\"");
     for (int i = 0; i < N_STOCK; i++)
@@ -241,10 +259,16 @@ bool stock_init(srv_server *srv)
     return true;
 }
 
+bool stock_init(srv_server *srv)
+{
+    return stock_build(srv, srv->stock, false) && stock_build(srv, srv->stock_oip, true);
+}
+
 void stock_free(srv_server *srv)
 {
     for (int i = 0; i < N_STOCK; i++) {
         canned_free(srv->stock[i]);
-        srv->stock[i] = NULL;
+        canned_free(srv->stock_oip[i]);
+        srv->stock[i] = srv->stock_oip[i] = NULL;
     }
 }

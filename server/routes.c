@@ -20,6 +20,11 @@ static void handle_metrics(srv_request *r);
 static void handle_info(srv_request *r);
 static void handle_openapi(srv_request *r);
 static void handle_openapi_json(srv_request *r);
+static void handle_v2_live(srv_request *r);
+static void handle_v2_ready(srv_request *r);
+static void handle_v2_server(srv_request *r);
+static void handle_v2_model(srv_request *r);
+static void handle_v2_model_ready(srv_request *r);
 
 static const srv_route routes[] = {
     {.method = "POST", .path = "/v1/attention", .handle = handle_compute, .has_body = true,
@@ -33,6 +38,23 @@ static const srv_route routes[] = {
     {.method = "GET", .path = "/v1/info", .handle = handle_info},
     {.method = "GET", .path = "/openapi.yaml", .handle = handle_openapi},
     {.method = "GET", .path = "/openapi.json", .handle = handle_openapi_json},
+    /* The Open Inference Protocol (KServe v2): the same operations as
+     * models, and its probes (open, as /healthz and /readyz are). */
+    {.method = "POST", .path = "/v2/models/attention/infer", .handle = handle_compute,
+     .has_body = true, .computes = true, .op = API_OP_ATTENTION, .oip = true},
+    {.method = "POST", .path = "/v2/models/multihead/infer", .handle = handle_compute,
+     .has_body = true, .computes = true, .op = API_OP_MULTIHEAD, .oip = true},
+    {.method = "GET", .path = "/v2/health/live", .handle = handle_v2_live, .open = true},
+    {.method = "GET", .path = "/v2/health/ready", .handle = handle_v2_ready, .open = true},
+    {.method = "GET", .path = "/v2", .handle = handle_v2_server},
+    {.method = "GET", .path = "/v2/models/attention", .handle = handle_v2_model,
+     .op = API_OP_ATTENTION},
+    {.method = "GET", .path = "/v2/models/multihead", .handle = handle_v2_model,
+     .op = API_OP_MULTIHEAD},
+    {.method = "GET", .path = "/v2/models/attention/ready", .handle = handle_v2_model_ready,
+     .op = API_OP_ATTENTION},
+    {.method = "GET", .path = "/v2/models/multihead/ready", .handle = handle_v2_model_ready,
+     .op = API_OP_MULTIHEAD},
     /* The page (page.c): one row per file of server/web/ it loads. */
     {.method = "GET", .path = "/", .handle = page_reply},
     {.method = "GET", .path = "/app.js", .handle = page_reply},
@@ -150,8 +172,44 @@ static const char *near_miss(const char *path)
     return best;
 }
 
+bool routes_is_oip(const char *path)
+{
+    return !strncmp(path, "/v2", 3) && (path[3] == '\0' || path[3] == '/');
+}
+
+/* A /v2 path that is none of the routes: most likely an unknown model or
+ * a model version (attnd's models have none). */
+static void oip_not_found(srv_request *r)
+{
+    static const char models[] = "/v2/models/";
+    char msg[300];
+    if (!strncmp(r->path, models, sizeof models - 1)) {
+        const char *name = r->path + sizeof models - 1;
+        int n = (int)strcspn(name, "/");
+        if (n == 9 && (!strncmp(name, "attention", 9) || !strncmp(name, "multihead", 9)) &&
+            !strncmp(name + n, "/versions/", 10))
+            snprintf(msg, sizeof msg, "the model %.*s has no versions: use /v2/models/%.*s "
+                     "(and /ready, /infer)", n, name, n, name);
+        else if (n == 9 && (!strncmp(name, "attention", 9) || !strncmp(name, "multihead", 9)))
+            snprintf(msg, sizeof msg, "no such path; the model %.*s has /v2/models/%.*s, "
+                     "/ready and /infer", n, name, n, name);
+        else
+            snprintf(msg, sizeof msg, "no model \"%.*s\": the models are attention and "
+                     "multihead", n > 64 ? 64 : n, name);
+    } else {
+        snprintf(msg, sizeof msg, "no such path; the Open Inference Protocol routes are "
+                 "/v2, /v2/health/live, /v2/health/ready and /v2/models/{attention,multihead}"
+                 "[/ready, /infer]");
+    }
+    http_reply_error(r, 404, "not_found", msg);
+}
+
 void routes_not_found(srv_request *r)
 {
+    if (r->oip) {
+        oip_not_found(r);
+        return;
+    }
     const char *near = near_miss(r->path);
     if (!near) {
         http_reply_stock(r, STOCK_NOT_FOUND);
@@ -240,10 +298,18 @@ void routes_compute_done(srv_request *r)
         p = put_timing(p, names[i], us[i]);
     }
     *p = '\0';
-    const char *extra[] = {"Server-Timing", timing, NULL};
+    /* A /v2 answer with binary outputs: where its JSON ends. */
+    char header_len[24];
+    snprintf(header_len, sizeof header_len, "%zu", res->header_len);
+    const char *extra[] = {"Server-Timing", timing, "Inference-Header-Content-Length",
+                           header_len, NULL};
+    if (!res->header_len)
+        extra[2] = NULL;
     char *body = res->body;
     res->body = NULL; /* MHD frees it once sent */
-    http_reply_owned(r, res->status, "application/json", body, res->body_len, extra);
+    http_reply_owned(r, res->status,
+                     res->header_len ? "application/octet-stream" : "application/json", body,
+                     res->body_len, extra);
 }
 
 static void handle_healthz(srv_request *r)
@@ -279,6 +345,39 @@ static void handle_openapi(srv_request *r)
 static void handle_openapi_json(srv_request *r)
 {
     http_reply_canned(r, r->srv->routes.openapi_json);
+}
+
+/* The Open Inference Protocol's probes and metadata: built at start. A
+ * draining server is not ready, as /readyz says. */
+static void handle_v2_live(srv_request *r)
+{
+    http_reply_canned(r, r->srv->routes.v2_live);
+}
+
+static void handle_v2_ready(srv_request *r)
+{
+    if (http_draining(r->srv))
+        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+    else
+        http_reply_canned(r, r->srv->routes.v2_ready);
+}
+
+static void handle_v2_server(srv_request *r)
+{
+    http_reply_canned(r, r->srv->routes.v2_server);
+}
+
+static void handle_v2_model(srv_request *r)
+{
+    http_reply_canned(r, r->srv->routes.v2_model[r->route->op == API_OP_MULTIHEAD]);
+}
+
+static void handle_v2_model_ready(srv_request *r)
+{
+    if (http_draining(r->srv))
+        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+    else
+        http_reply_canned(r, r->srv->routes.v2_model_ready[r->route->op == API_OP_MULTIHEAD]);
 }
 
 /* ------------------------------------------------------------- building */
@@ -323,6 +422,34 @@ static char *build_info(const srv_server *srv, size_t *len)
     return t.data;
 }
 
+static bool v2_init(srv_server *srv)
+{
+    srv_routes *t = &srv->routes;
+    static const char live[] = "{\"live\":true}";
+    static const char ready[] = "{\"ready\":true}";
+    static const char server[] = "{\"name\":\"attnd\",\"version\":\"" ATTND_VERSION
+                                 "\",\"extensions\":[\"binary_tensor_data\"]}";
+    static const char *const ready_model[2] = {"{\"name\":\"attention\",\"ready\":true}",
+                                               "{\"name\":\"multihead\",\"ready\":true}"};
+    t->v2_live = canned_new(srv, 200, "application/json", live, sizeof live - 1, NULL, NULL);
+    t->v2_ready = canned_new(srv, 200, "application/json", ready, sizeof ready - 1, NULL, NULL);
+    t->v2_server = canned_new(srv, 200, "application/json", server, sizeof server - 1, NULL,
+                              NULL);
+    bool ok = t->v2_live && t->v2_ready && t->v2_server;
+    for (int m = 0; m < 2; m++) {
+        size_t len = 0;
+        t->v2_model_body[m] = api_oip_model_metadata(m ? API_OP_MULTIHEAD : API_OP_ATTENTION,
+                                                     &len);
+        t->v2_model[m] = t->v2_model_body[m] ? canned_new(srv, 200, "application/json",
+                                                          t->v2_model_body[m], len, NULL, NULL)
+                                             : NULL;
+        t->v2_model_ready[m] = canned_new(srv, 200, "application/json", ready_model[m],
+                                          strlen(ready_model[m]), NULL, NULL);
+        ok = ok && t->v2_model[m] && t->v2_model_ready[m];
+    }
+    return ok;
+}
+
 bool routes_init(srv_server *srv)
 {
     srv_routes *t = &srv->routes;
@@ -357,8 +484,8 @@ bool routes_init(srv_server *srv)
         snprintf(a + strlen(a), cap - strlen(a), "OPTIONS");
         char msg[160];
         snprintf(msg, sizeof msg, "%s accepts only %s", routes[i].path, a);
-        t->not_allowed[i] = canned_error(srv, 405, "method_not_allowed", msg,
-                                         MHD_HTTP_HEADER_ALLOW, a);
+        t->not_allowed[i] = (routes_is_oip(routes[i].path) ? canned_error_oip : canned_error)(
+            srv, 405, "method_not_allowed", msg, MHD_HTTP_HEADER_ALLOW, a);
         if (!t->not_allowed[i])
             return false;
     }
@@ -394,7 +521,7 @@ bool routes_init(srv_server *srv)
                                         NULL, NULL)
                            : NULL;
     return t->healthz && t->ready && t->openapi && t->openapi_json && t->info &&
-           page_init(srv);
+           v2_init(srv) && page_init(srv);
 }
 
 void routes_free(srv_server *srv)
@@ -410,6 +537,17 @@ void routes_free(srv_server *srv)
     canned_free(t->openapi_json);
     canned_free(t->info);
     page_free(srv);
+    canned_free(t->v2_live);
+    canned_free(t->v2_ready);
+    canned_free(t->v2_server);
+    t->v2_live = t->v2_ready = t->v2_server = NULL;
+    for (int m = 0; m < 2; m++) {
+        canned_free(t->v2_model[m]);
+        canned_free(t->v2_model_ready[m]);
+        free(t->v2_model_body[m]);
+        t->v2_model[m] = t->v2_model_ready[m] = NULL;
+        t->v2_model_body[m] = NULL;
+    }
     free(t->info_body);
     t->healthz = t->ready = t->openapi = t->openapi_json = t->info = NULL;
     t->info_body = NULL;

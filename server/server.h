@@ -42,6 +42,7 @@ struct srv_route {
     bool computes;      /* queues for a compute slot (metrics by route) */
     api_op op;          /* ... and computes this operation */
     bool open;          /* answered without an API key (/healthz, /readyz) */
+    bool oip;           /* computes as the Open Inference Protocol's infer (/v2) */
 };
 
 /* The longest X-Request-ID taken from a client (longer ones are replaced). */
@@ -73,6 +74,8 @@ struct srv_request {
     int status;
     size_t bytes_out;
     const char *error_code;  /* an error answer's code ("not_found"), or NULL */
+    bool oip;                /* under /v2: errors are {"error": "message"} */
+    const char *json_length; /* Inference-Header-Content-Length, or NULL */
 
     /* compute routes */
     atomic_bool computed;    /* set by a worker before it resumes the connection */
@@ -166,6 +169,9 @@ srv_canned *canned_new(const srv_server *srv, int status, const char *content_ty
 /* An api_error_json body; hname/hvalue: one extra header or NULL. */
 srv_canned *canned_error(const srv_server *srv, int status, const char *code,
                          const char *message, const char *hname, const char *hvalue);
+/* The same as the Open Inference Protocol has it (api_error_json_oip). */
+srv_canned *canned_error_oip(const srv_server *srv, int status, const char *code,
+                             const char *message, const char *hname, const char *hvalue);
 void canned_free(srv_canned *c);
 
 /* The transport's own errors, built at start. */
@@ -234,6 +240,7 @@ void body_trim(srv_connection *cx);
 struct srv_headers {
     const char *content_type, *origin, *authorization; /* or NULL */
     const char *user_agent, *request_id;               /* or NULL */
+    const char *inference_header;  /* Inference-Header-Content-Length, or NULL */
     const char *preflight_method; /* Access-Control-Request-Method, or NULL */
     const char *bad_name;    /* the first field name that is not a token */
     size_t bad_name_len;
@@ -280,13 +287,17 @@ void quirks_logged(srv_server *srv, const char *message);      /* libmicrohttpd'
 /* Per path of the route table (indexed by its first row): the metrics
  * label, the Allow value and the 405 answer naming it; and the fixed
  * answers of the operational routes. */
-#define ROUTES_MAX 16
+#define ROUTES_MAX 32
 typedef struct {
     int path_row[ROUTES_MAX];
     char allow[ROUTES_MAX][64];
     char all_methods[64];
     srv_canned *not_allowed[ROUTES_MAX];
     srv_canned *healthz, *ready, *openapi, *openapi_json, *info;
+    /* the Open Inference Protocol's: live, ready, server and model metadata,
+     * model ready (attention, multihead) */
+    srv_canned *v2_live, *v2_ready, *v2_server, *v2_model[2], *v2_model_ready[2];
+    char *v2_model_body[2];
     char *info_body;
     srv_canned *page[ROUTES_MAX]; /* page.c: one per file of server/web/ */
 } srv_routes;
@@ -303,6 +314,8 @@ const char *routes_allow(const srv_server *srv, const char *path);
 const char *routes_all_methods(const srv_server *srv);
 /* the 405 for path */
 const srv_canned *routes_not_allowed(const srv_server *srv, const char *path);
+/* Is path under /v2 (the Open Inference Protocol, with its error form)? */
+bool routes_is_oip(const char *path);
 /* The 404, which names the route the path is a near miss of, if any. */
 void routes_not_found(srv_request *r);
 void routes_compute_done(srv_request *r); /* answer a finished compute */
@@ -573,6 +586,7 @@ struct srv_server {
     struct MHD_Daemon *daemon;
     atomic_bool draining;
     srv_canned *stock[N_STOCK];
+    srv_canned *stock_oip[N_STOCK]; /* the same in the /v2 error form */
     srv_routes routes;
     srv_compute compute;
     srv_metrics metrics;

@@ -1643,6 +1643,110 @@ START_TEST(attention_bfloat16_is_libattns_bits)
 }
 END_TEST
 
+/* A body of q [4, 37, dk], k [2, 70, dk], v [2, 70, 7], grad_output
+ * [4, 37, 7] (grouped-query heads, odd widths), every value a bfloat16,
+ * sent as bfloat16 base64 (`words`) or as float32 base64, causal, with a
+ * boolean mask [70] over the keys, and `tail` after them. */
+static void bf16_inputs_body(sbuf *b, float *const in[4], int64_t dk, bool words,
+                             const char *tail)
+{
+    const int64_t shapes[4][3] = {{4, 37, dk}, {2, 70, dk}, {2, 70, 7}, {4, 37, 7}};
+    const char *names[4] = {"q", "k", "v", "grad_output"};
+    sb_printf(b, "{");
+    for (int t = 0; t < 4; t++) {
+        const int64_t n = count_of(3, shapes[t]);
+        if (!words) {
+            put_field(b, names[t], in[t], 3, shapes[t], ENC_BASE64);
+            continue;
+        }
+        uint16_t *w = malloc((size_t)n * sizeof *w);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits;
+            memcpy(&bits, &in[t][i], 4);
+            w[i] = (uint16_t)(bits >> 16);
+        }
+        sb_printf(b, "%s\"%s\":{\"shape\":[%lld,%lld,%lld],\"dtype\":\"bfloat16\",\"base64\":\"",
+                  t ? "," : "", names[t], (long long)shapes[t][0], (long long)shapes[t][1],
+                  (long long)shapes[t][2]);
+        b64_encode(b, (const unsigned char *)w, (size_t)n * 2);
+        sb_printf(b, "\"}");
+        free(w);
+    }
+    /* a mask of 70 keys, every third hidden */
+    sb_printf(b, ",\"mask\":[");
+    for (int j = 0; j < 70; j++)
+        sb_printf(b, "%s%s", j ? "," : "", j % 3 == 1 ? "false" : "true");
+    sb_printf(b, "],\"causal\":true%s", tail);
+}
+
+/* The bytes a prepared body's inputs hold (api_call_input_bytes). */
+static size_t input_bytes_of(const sbuf *b)
+{
+    api_cost cost;
+    api_response res;
+    api_call *c = api_prepare(API_OP_ATTENTION, b->s, b->len, &LIM, &cost, &res);
+    ck_assert_msg(c != NULL, "refused: %s", res.body);
+    size_t bytes = api_call_input_bytes(c);
+    api_call_free(c);
+    return bytes;
+}
+
+/* q, k, v and grad_output sent as bfloat16 base64 with "precision":
+ * "bfloat16" go to libattn as the words they are: 2 bytes an element held
+ * from decoding to the answer, no float32 copy (4 bytes an element when
+ * the same values come as float32, or when float32 precision has them
+ * widened); and the answer is the float32-sent one, bit for bit: output,
+ * lse and every gradient, with and without RoPE (which rotates in
+ * float32). */
+START_TEST(attention_bfloat16_inputs_stay_words_with_the_same_bits)
+{
+    for (int64_t dk = 9; dk <= 10; dk++) {
+        const int64_t counts[4] = {4 * 37 * dk, 2 * 70 * dk, 2 * 70 * 7, 4 * 37 * 7};
+        float *in[4];
+        for (int t = 0; t < 4; t++) {
+            in[t] = rnd_tensor(counts[t]);
+            for (int64_t i = 0; i < counts[t]; i++)
+                in[t][i] = attn_bf16_round(in[t][i]);
+        }
+        const size_t elements = (size_t)(counts[0] + counts[1] + counts[2] + counts[3]);
+        const size_t mask_bytes = 70;
+        const char *tail = dk % 2 ? ",\"precision\":\"bfloat16\",\"return_lse\":true,"
+                                    "\"output_encoding\":\"base64\"}"
+                                  : ",\"precision\":\"bfloat16\",\"rope\":{\"base\":1000},"
+                                    "\"return_lse\":true,\"output_encoding\":\"base64\"}";
+        sbuf b16 = {0}, b32 = {0}, f16 = {0}, f32 = {0};
+        bf16_inputs_body(&b16, in, dk, true, tail);
+        bf16_inputs_body(&b32, in, dk, false, tail);
+        ck_assert_uint_eq(input_bytes_of(&b16), 2 * elements + mask_bytes);
+        ck_assert_uint_eq(input_bytes_of(&b32), 4 * elements + mask_bytes);
+        json_t *from16 = call(API_OP_ATTENTION, b16.s, b16.len, &LIM, 200);
+        json_t *from32 = call(API_OP_ATTENTION, b32.s, b32.len, &LIM, 200);
+        ck_assert(json_equal(json_object_get(from16, "output"),
+                             json_object_get(from32, "output")));
+        ck_assert(json_equal(json_object_get(from16, "lse"), json_object_get(from32, "lse")));
+        ck_assert(json_equal(json_object_get(from16, "grad"), json_object_get(from32, "grad")));
+        ck_assert_ptr_nonnull(json_object_get(json_object_get(from16, "grad"), "k"));
+        json_decref(from16);
+        json_decref(from32);
+        /* float32 products: the words are widened, as they always were */
+        const char *tail32 = ",\"output_encoding\":\"base64\"}";
+        bf16_inputs_body(&f16, in, dk, true, tail32);
+        bf16_inputs_body(&f32, in, dk, false, tail32);
+        ck_assert_uint_eq(input_bytes_of(&f16), 4 * elements + mask_bytes);
+        from16 = call(API_OP_ATTENTION, f16.s, f16.len, &LIM, 200);
+        from32 = call(API_OP_ATTENTION, f32.s, f32.len, &LIM, 200);
+        ck_assert(json_equal(json_object_get(from16, "output"),
+                             json_object_get(from32, "output")));
+        ck_assert(json_equal(json_object_get(from16, "grad"), json_object_get(from32, "grad")));
+        json_decref(from16);
+        json_decref(from32);
+        free(b16.s), free(b32.s), free(f16.s), free(f32.s);
+        for (int t = 0; t < 4; t++)
+            free(in[t]);
+    }
+}
+END_TEST
+
 /* The multi-head route passes the precision to the attention between its
  * float32 projections: libattn's attn_mha_forward_backward bits. */
 START_TEST(multihead_bfloat16_is_libattns_bits)
@@ -3446,6 +3550,7 @@ static Suite *api_suite(void)
     tcase_add_test(er, output_dtype_half_precision);
     tcase_add_test(er, output_dtype_errors);
     tcase_add_test(er, attention_bfloat16_is_libattns_bits);
+    tcase_add_test(er, attention_bfloat16_inputs_stay_words_with_the_same_bits);
     tcase_add_test(er, multihead_bfloat16_is_libattns_bits);
     tcase_add_test(er, precision_errors_and_default);
     tcase_add_test(er, error_missing_required_field);

@@ -564,22 +564,53 @@ static void lib_run_free(lib_run *r)
         free(r->lse);
 }
 
+/* Which inputs run_lib_as passes as bfloat16 words (attn_sdpa_params.dtype). */
+enum { WORDS_Q = 1, WORDS_K = 2, WORDS_V = 4, WORDS_DOUT = 8, WORDS_ALL = 15 };
+
+/* The bfloat16 words of x [n], which must hold bfloat16 values. */
+static uint16_t *words_of(const float *x, size_t n)
+{
+    uint16_t *w = xcalloc(n, sizeof *w);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], sizeof b);
+        ck_assert_msg((b & 0xFFFFu) == 0, "element %zu (%a) is not a bfloat16", i, (double)x[i]);
+        w[i] = (uint16_t)(b >> 16);
+    }
+    return w;
+}
+
+/* x, or its words when `as_words` (the copy to free in *own). */
+static const void *input_as(const float *x, size_t n, bool as_words, attn_dtype *dtype,
+                            void **own)
+{
+    *dtype = as_words ? ATTN_DTYPE_BFLOAT16 : ATTN_DTYPE_FLOAT32;
+    *own = as_words ? words_of(x, n) : NULL;
+    return as_words ? *own : (const void *)x;
+}
+
 /* Forward (with weights and stats when asked) and backward of the case in
- * `layout`, with the given kernels (NULL: the process's). */
-static lib_run run_lib(const sdpa_case *c, attn_layout layout, bool weights, bool stats,
-                       const sdpa_kernels *kernels)
+ * `layout`, with the given kernels (NULL: the process's), the inputs named
+ * by `words` passed as bfloat16 words (attn_sdpa_forward_in). */
+static lib_run run_lib_as(const sdpa_case *c, attn_layout layout, bool weights, bool stats,
+                          const sdpa_kernels *kernels, unsigned words)
 {
     attn_sdpa_params p = c->lib;
     p.layout = layout;
     const bool bnhd = layout == ATTN_LAYOUT_BNHD;
-    const float *q = c->q, *k = c->k, *v = c->v, *dout = c->dout;
+    const float *fq = c->q, *fk = c->k, *fv = c->v, *fdout = c->dout;
     float *tq = NULL, *tk = NULL, *tv = NULL, *td = NULL;
     if (bnhd) {
-        q = tq = to_bnhd(c->q, p.batch, p.heads_q, p.n_q, p.d_k, false);
-        k = tk = to_bnhd(c->k, p.batch, p.heads_kv, p.n_k, p.d_k, false);
-        v = tv = to_bnhd(c->v, p.batch, p.heads_kv, p.n_k, p.d_v, false);
-        dout = td = to_bnhd(c->dout, p.batch, p.heads_q, p.n_q, p.d_v, false);
+        fq = tq = to_bnhd(c->q, p.batch, p.heads_q, p.n_q, p.d_k, false);
+        fk = tk = to_bnhd(c->k, p.batch, p.heads_kv, p.n_k, p.d_k, false);
+        fv = tv = to_bnhd(c->v, p.batch, p.heads_kv, p.n_k, p.d_v, false);
+        fdout = td = to_bnhd(c->dout, p.batch, p.heads_q, p.n_q, p.d_v, false);
     }
+    void *wq, *wk, *wv, *wd;
+    const void *q = input_as(fq, c->n_qel, words & WORDS_Q, &p.dtype.q, &wq);
+    const void *k = input_as(fk, c->n_kel, words & WORDS_K, &p.dtype.k, &wk);
+    const void *v = input_as(fv, c->n_vel, words & WORDS_V, &p.dtype.v, &wv);
+    const void *dout = input_as(fdout, c->n_out, words & WORDS_DOUT, &p.dtype.dout, &wd);
     lib_run r = {.out = nan_floats(c->n_out), .dq = nan_floats(c->n_qel),
                  .dk = nan_floats(c->n_kel), .dv = nan_floats(c->n_vel),
                  .rows = xcalloc(c->n_rows, sizeof *r.rows),
@@ -591,12 +622,15 @@ static lib_run run_lib(const sdpa_case *c, attn_layout layout, bool weights, boo
     attn_status st =
         kernels != NULL
             ? attn_sdpa_forward_with(kernels, &p, q, k, v, r.out, r.rows, r.weights, st_out, &err)
-            : attn_sdpa_forward(&p, q, k, v, r.out, r.rows, r.weights, st_out, &err);
+        : words != 0 ? attn_sdpa_forward_in(&p, q, k, v, r.out, r.rows, r.weights, st_out, &err)
+                     : attn_sdpa_forward(&p, fq, fk, fv, r.out, r.rows, r.weights, st_out, &err);
     ASSERT_OK(st, err);
     st = kernels != NULL ? attn_sdpa_backward_with(kernels, &p, q, k, v, r.out, r.rows, dout,
                                                    r.dq, r.dk, r.dv, &err)
-                         : attn_sdpa_backward(&p, q, k, v, r.out, r.rows, dout, r.dq, r.dk,
-                                              r.dv, &err);
+         : words != 0 ? attn_sdpa_backward_in(&p, q, k, v, r.out, r.rows, dout, r.dq, r.dk, r.dv,
+                                              &err)
+                      : attn_sdpa_backward(&p, fq, fk, fv, r.out, r.rows, fdout, r.dq, r.dk,
+                                           r.dv, &err);
     ASSERT_OK(st, err);
     if (bnhd) {
         float *t;
@@ -608,7 +642,14 @@ static lib_run run_lib(const sdpa_case *c, attn_layout layout, bool weights, boo
     for (size_t i = 0; i < c->n_rows; i++)
         r.lse[i] = attn_softmax_lse(r.rows[i]);
     free(tq), free(tk), free(tv), free(td);
+    free(wq), free(wk), free(wv), free(wd);
     return r;
+}
+
+static lib_run run_lib(const sdpa_case *c, attn_layout layout, bool weights, bool stats,
+                       const sdpa_kernels *kernels)
+{
+    return run_lib_as(c, layout, weights, stats, kernels, 0);
 }
 
 /* The case in bfloat16 against the reference, in both layouts: output,
@@ -1376,6 +1417,197 @@ START_TEST(statistics_follow_the_bf16_scores)
 }
 END_TEST
 
+/* ------------------------------------------- bfloat16 words as inputs */
+
+/* The case's inputs rounded to bfloat16, so that bfloat16 words hold
+ * exactly the floats a float32 call reads; among them subnormal bfloat16
+ * values (the products read them as zero) and a negative zero. */
+static void round_to_words(sdpa_case *c)
+{
+    float *xs[] = {c->q, c->k, c->v, c->dout};
+    const size_t ns[] = {c->n_qel, c->n_kel, c->n_vel, c->n_out};
+    const uint32_t odd[] = {0x00010000u, 0x807F0000u, 0x80000000u, 0x00400000u};
+    for (int t = 0; t < 4; t++) {
+        for (size_t i = 0; i < ns[t]; i++)
+            xs[t][i] = attn_bf16_round(xs[t][i]);
+        for (size_t j = 0; j < 4; j++)
+            memcpy(&xs[t][(j * 7 + (size_t)t) % ns[t]], &odd[j], sizeof(float));
+    }
+}
+
+/* Every bfloat16 kernel this CPU runs: each instruction set's emulation,
+ * and vdpbf16ps. */
+static int bf16_kernels(sdpa_kernels out[4], const char *names[4])
+{
+    int n = 0;
+    for (int kind = ATTN_KERNEL_GENERIC; kind <= ATTN_KERNEL_AVX512; kind++)
+        for (int path = ATTN_BF16_EMULATED; path <= ATTN_BF16_AVX512_BF16; path++) {
+            const attn_kern_bf16 *kb = attn_kern_bf16_of((attn_kernel_kind)kind,
+                                                         (attn_bf16_kind)path);
+            if (kb == NULL)
+                continue;
+            names[n] = path == ATTN_BF16_AVX512_BF16 ? "avx512 vdpbf16ps"
+                       : kind == ATTN_KERNEL_AVX512  ? "avx512 emulated"
+                       : kind == ATTN_KERNEL_AVX2    ? "avx2 emulated"
+                                                     : "generic emulated";
+            out[n++] = (sdpa_kernels){attn_kern_of((attn_kernel_kind)kind), kb};
+        }
+    return n;
+}
+
+static void assert_same_bits(const char *what, const char *part, const float *x,
+                             const float *y, size_t n)
+{
+    size_t i = 0;
+    while (i < n && same_bits(x[i], y[i]))
+        i++;
+    ck_assert_msg(i == n, "%s %s: element %zu is %a from words, %a from floats", what, part, i,
+                  (double)x[i < n ? i : 0], (double)y[i < n ? i : 0]);
+}
+
+/* Everything a call returns, from words (x) and from floats (y). */
+static void assert_same_run(const char *what, const sdpa_case *c, const lib_run *x,
+                            const lib_run *y)
+{
+    assert_same_bits(what, "out", x->out, y->out, c->n_out);
+    if (x->weights != NULL)
+        assert_same_bits(what, "weights", x->weights, y->weights, c->n_w);
+    assert_same_bits(what, "dq", x->dq, y->dq, c->n_qel);
+    assert_same_bits(what, "dk", x->dk, y->dk, c->n_kel);
+    assert_same_bits(what, "dv", x->dv, y->dv, c->n_vel);
+    ck_assert_msg(memcmp(x->rows, y->rows, c->n_rows * sizeof *x->rows) == 0,
+                  "%s: softmax rows differ", what);
+    ck_assert_msg(memcmp(&x->stats, &y->stats, sizeof x->stats) == 0,
+                  "%s: statistics differ", what);
+}
+
+/* q, k, v and dO given as bfloat16 words give the bits of the same call
+ * on their float32 values, with every bfloat16 kernel: outputs, weights,
+ * softmax rows, statistics and gradients; plain, windowed, ALiBi with a
+ * soft cap, RoPE (the words widened for the float32 rotation); causal or
+ * not; boolean and additive masks; grouped-query heads; odd widths (a
+ * pair half empty); panels packed per unit and shared; both layouts. */
+START_TEST(bf16_words_give_the_bits_of_their_floats_on_every_kernel)
+{
+    sdpa_kernels kernels[4];
+    const char *names[4];
+    const int n_kernels = bf16_kernels(kernels, names);
+    for (int h = 0; h < 8; h++)
+        g_slopes[h] = (float)pow(2.0, -(h + 1));
+    const attn_variants vars[] = {
+        {0},
+        {.window = true, .window_left = 17, .window_right = 4},
+        {.alibi_slopes = g_slopes, .softcap = 2.0f},
+        {.rope_base = 1000.0f},
+    };
+    for (size_t vi = 0; vi < sizeof vars / sizeof *vars; vi++)
+        for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++)
+            for (int causal = 0; causal < 2; causal++) {
+                const int64_t dk = SHAPES[s].dk + (vars[vi].rope_base > 0.0f ? SHAPES[s].dk % 2 : 0);
+                attn_sdpa_params p = sdpa_shape(2, 4, s == 0 ? 4 : 2, SHAPES[s].nq,
+                                                SHAPES[s].nk, dk, SHAPES[s].dv);
+                p.causal = causal;
+                p.threads = 2;
+                p.variants = vars[vi];
+                p.precision = ATTN_PRECISION_BFLOAT16;
+                sdpa_case c;
+                case_init(&c, &p, 500 + s, 2.0);
+                if (vi == 0) {
+                    const int64_t shape[2] = {SHAPES[s].nq, SHAPES[s].nk};
+                    case_mask(&c, causal ? ATTN_MASK_BIAS : ATTN_MASK_BOOL, 2, shape, 5);
+                }
+                round_to_words(&c);
+                for (int layout = 0; layout < (vi == 0 ? 2 : 1); layout++)
+                    for (int kn = 0; kn < n_kernels; kn++) {
+                        lib_run x = run_lib_as(&c, (attn_layout)layout, true, true,
+                                               &kernels[kn], WORDS_ALL);
+                        lib_run y = run_lib(&c, (attn_layout)layout, true, true, &kernels[kn]);
+                        char what[128];
+                        snprintf(what, sizeof what, "%s, variant %zu shape %zu causal %d layout %d",
+                                 names[kn], vi, s, causal, layout);
+                        assert_same_run(what, &c, &x, &y);
+                        lib_run_free(&x);
+                        lib_run_free(&y);
+                    }
+                case_free(&c);
+            }
+}
+END_TEST
+
+/* Each input's dtype is its own: every mix of words and floats among q,
+ * k, v and dO gives the same bits (the process's kernel, through
+ * attn_sdpa_forward_in and attn_sdpa_backward_in). */
+START_TEST(each_input_may_be_words_or_floats)
+{
+    attn_sdpa_params p = sdpa_shape(2, 4, 2, 70, 150, 9, 7);
+    p.causal = true;
+    p.threads = 2;
+    p.precision = ATTN_PRECISION_BFLOAT16;
+    sdpa_case c;
+    case_init(&c, &p, 77, 2.0);
+    round_to_words(&c);
+    lib_run y = run_lib(&c, ATTN_LAYOUT_BHND, true, true, NULL);
+    for (unsigned words = 1; words <= WORDS_ALL; words++) {
+        lib_run x = run_lib_as(&c, ATTN_LAYOUT_BHND, true, true, NULL, words);
+        char what[64];
+        snprintf(what, sizeof what, "%s, words %#x", attn_bf16_name(), words);
+        assert_same_run(what, &c, &x, &y);
+        lib_run_free(&x);
+    }
+    lib_run_free(&y);
+    case_free(&c);
+}
+END_TEST
+
+/* A row whose scores overflow float32 is redone in double from the
+ * words' values, as from the floats': the same bits. */
+START_TEST(overflowing_rows_from_words_are_redone_as_from_floats)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 12, 128, 8, 5);
+    p.threads = 1;
+    p.precision = ATTN_PRECISION_BFLOAT16;
+    sdpa_case c;
+    case_init(&c, &p, 17, 1.0);
+    for (int64_t i = 0; i < 12; i++)
+        c.q[i * 8] = i == 3 ? 3e20f : 0.0f;
+    for (int64_t j = 0; j < 128; j++)
+        c.k[j * 8] = j == 40 ? 2e20f : 1.0f;
+    round_to_words(&c);
+    c.q[3 * 8] = attn_bf16_round(3e20f); /* round_to_words may have put a subnormal there */
+    lib_run x = run_lib_as(&c, ATTN_LAYOUT_BHND, true, false, NULL, WORDS_ALL);
+    lib_run y = run_lib(&c, ATTN_LAYOUT_BHND, true, false, NULL);
+    ck_assert(x.out[3 * 5] == attn_bf16_round(c.v[40 * 5])); /* the row redone: one-hot */
+    assert_same_run("overflowing row", &c, &x, &y);
+    lib_run_free(&x);
+    lib_run_free(&y);
+    case_free(&c);
+}
+END_TEST
+
+/* Words go only where they are read as they are: through the _in entry
+ * points, in bfloat16 precision, with a dtype that is one. */
+START_TEST(words_need_bfloat16_precision_and_the_in_entry)
+{
+    attn_sdpa_params p = sdpa_shape(1, 1, 1, 3, 3, 2, 2);
+    float q[6] = {1, 2, 3, 4, 5, 6}, out[6];
+    uint16_t w[6] = {0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0};
+    attn_error err = {0};
+    p.dtype.k = ATTN_DTYPE_BFLOAT16;
+    ck_assert_int_eq(attn_sdpa_forward_in(&p, q, w, q, out, NULL, NULL, NULL, &err),
+                     ATTN_ERR_INVALID);
+    ck_assert_msg(strstr(err.message, "precision bfloat16") != NULL, "%s", err.message);
+    p.precision = ATTN_PRECISION_BFLOAT16;
+    ck_assert_int_eq(attn_sdpa_forward(&p, q, q, q, out, NULL, NULL, NULL, &err),
+                     ATTN_ERR_INVALID);
+    ck_assert_msg(strstr(err.message, "attn_sdpa_forward_in") != NULL, "%s", err.message);
+    ck_assert_int_eq(attn_sdpa_forward_in(&p, q, w, q, out, NULL, NULL, NULL, &err), ATTN_OK);
+    p.dtype.v = (attn_dtype)5;
+    ck_assert_int_eq(attn_sdpa_forward_in(&p, q, w, q, out, NULL, NULL, NULL, &err),
+                     ATTN_ERR_INVALID);
+    ck_assert_msg(strstr(err.message, "dtype 5") != NULL, "%s", err.message);
+}
+END_TEST
+
 static Suite *bf16_suite(void)
 {
     Suite *s = suite_create("bf16");
@@ -1404,6 +1636,7 @@ static Suite *bf16_suite(void)
     t = tcase_create("paths");
     tcase_set_timeout(t, 600);
     tcase_add_test(t, avx512_bf16_and_emulation_agree_bit_for_bit);
+    tcase_add_test(t, bf16_words_give_the_bits_of_their_floats_on_every_kernel);
     suite_add_tcase(s, t);
     t = tcase_create("edges");
     tcase_set_tags(t, "kernel");
@@ -1413,6 +1646,9 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, overflow_in_a_plain_strip_is_redone_from_rounded_operands);
     tcase_add_test(t, multihead_projects_in_float32_and_attends_in_bf16);
     tcase_add_test(t, statistics_follow_the_bf16_scores);
+    tcase_add_test(t, each_input_may_be_words_or_floats);
+    tcase_add_test(t, overflowing_rows_from_words_are_redone_as_from_floats);
+    tcase_add_test(t, words_need_bfloat16_precision_and_the_in_entry);
     suite_add_tcase(s, t);
     return s;
 }

@@ -1936,6 +1936,73 @@ START_TEST(decode_half_base64_tensors)
 }
 END_TEST
 
+START_TEST(raw_bytes_read_as_base64_bytes_are)
+{
+    /* float32 1, -2.5, the smallest subnormal; float16 and bfloat16 as in
+     * decode_half_base64_tensors; bools */
+    const float f32[] = {1.0f, -2.5f, 1e-45f};
+    const uint16_t f16[] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x2e66, 0x8000};
+    const uint16_t bf16[] = {0x3f80, 0xc000, 0x7f7f, 0x0001, 0x3dcd, 0x8000};
+    uint8_t bytes[16];
+    codec_tensor t;
+    codec_error e;
+    int64_t shape3[] = {3}, shape23[] = {2, 3};
+    for (int i = 0; i < 3; i++) { /* little-endian, whatever the machine */
+        uint32_t u;
+        memcpy(&u, &f32[i], 4);
+        for (int b = 0; b < 4; b++)
+            bytes[4 * i + b] = (uint8_t)(u >> (8 * b));
+    }
+    ck_assert_msg(codec_tensor_from_raw(bytes, CODEC_F32, 1, shape3, "q", &t, &e), "%s",
+                  e.message);
+    ck_assert(t.dtype == CODEC_F32 && t.rank == 1 && t.count == 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert(same_bits(t.f32[i], f32[i]));
+    codec_tensor_free(&t);
+    /* written back, the same bytes */
+    uint8_t back[16];
+    codec_tensor_to_bytes(CODEC_F32, f32, back, 3);
+    ck_assert(memcmp(back, bytes, 12) == 0);
+    for (int bf = 0; bf <= 1; bf++) {
+        const uint16_t *h = bf ? bf16 : f16;
+        for (int i = 0; i < 6; i++) {
+            bytes[2 * i] = (uint8_t)h[i];
+            bytes[2 * i + 1] = (uint8_t)(h[i] >> 8);
+        }
+        codec_dtype d = bf ? CODEC_BF16 : CODEC_F16;
+        ck_assert(codec_tensor_from_raw(bytes, d, 2, shape23, "k", &t, &e));
+        ck_assert(t.dtype == CODEC_F32 && t.rank == 2 && t.count == 6 && t.shape[1] == 3);
+        for (int i = 0; i < 6; i++)
+            ck_assert_msg(same_bits(t.f32[i], ref_from_half(h[i], bf)), "%d [%d]", bf, i);
+        codec_tensor_to_bytes(d, t.f32, back, 6); /* exact values: the same bits back */
+        ck_assert(memcmp(back, bytes, 12) == 0);
+        float x = 0.1f;
+        codec_tensor_round(d, &x, 1); /* 0.1 as the dtype holds it */
+        ck_assert(same_bits(x, ref_from_half(bf ? 0x3dcd : 0x2e66, bf)));
+        codec_tensor_free(&t);
+        ck_assert_uint_eq(codec_dtype_size(d), 2);
+        /* an infinity and a NaN: refused, as in base64 */
+        const uint16_t bad[2] = {bf ? 0x7f80 : 0x7c00, bf ? 0x7fc1 : 0x7e00};
+        for (int k = 0; k < 2; k++) {
+            bytes[2] = (uint8_t)bad[k];
+            bytes[3] = (uint8_t)(bad[k] >> 8);
+            ck_assert(!codec_tensor_from_raw(bytes, d, 1, shape3, "k", &t, &e));
+            ck_assert(e.kind == CODEC_ERR_NOT_FINITE && !strcmp(e.field, "k"));
+            ck_assert_ptr_null(t.f32);
+        }
+    }
+    const uint8_t mask[] = {1, 0, 1, 2};
+    int64_t shape2[] = {2};
+    ck_assert(codec_tensor_from_raw(mask, CODEC_BOOL, 1, shape2, "mask", &t, &e));
+    ck_assert(t.dtype == CODEC_BOOL && t.b8[0] == 1 && t.b8[1] == 0);
+    codec_tensor_free(&t);
+    int64_t shape4[] = {4};
+    ck_assert(!codec_tensor_from_raw(mask, CODEC_BOOL, 1, shape4, "mask", &t, &e));
+    ck_assert_msg(e.kind == CODEC_ERR_ELEMENT && strstr(e.message, "byte 3 is 2"), "%s",
+                  e.message);
+}
+END_TEST
+
 START_TEST(encode_half_base64_rounds_to_nearest_even)
 {
     const float x[] = {1.0f, -2.0f, 0.1f, 65504.0f, 1e-8f, -0.0f, 3.14159265f, 1.0009765625f};
@@ -2686,6 +2753,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, half_widening_exact_for_every_pattern_and_path);
     tcase_add_test(tc, half_narrowing_rounds_to_nearest_even_on_every_path);
     tcase_add_test(tc, decode_half_base64_tensors);
+    tcase_add_test(tc, raw_bytes_read_as_base64_bytes_are);
     tcase_add_test(tc, encode_half_base64_rounds_to_nearest_even);
     tc = tcase(s, "numbers", false);
     tcase_add_test(tc, parse_number_edge_cases);

@@ -745,7 +745,7 @@ END_TEST
 
 START_TEST(unknown_path_is_404_not_found)
 {
-    reply r = get(shared.port, "/v2/attention");
+    reply r = get(shared.port, "/v0/attention");
     ck_assert_error(r, 404, "not_found");
     reply_free(&r);
     r = post_json(shared.port, "/v1/attention/", tiny_attention);
@@ -3000,7 +3000,7 @@ START_TEST(near_miss_path_is_404_naming_the_route)
     memset(longer, 'a', sizeof longer - 1);
     longer[0] = '/';
     longer[sizeof longer - 1] = '\0';
-    const char *far[] = {"/x", "/favicon.ico", "/v2/models/attention/infer", longer};
+    const char *far[] = {"/x", "/favicon.ico", "/v1/models/softmax/predict", longer};
     for (size_t i = 0; i < sizeof far / sizeof *far; i++) {
         reply r = get(shared.port, far[i]);
         ck_assert_error(r, 404, "not_found");
@@ -3558,7 +3558,7 @@ START_TEST(flood_under_pressure_refuses_the_top_address_first)
     int slow = slow_answers("127.0.0.2", s.port, 10, 0.1, &worst);
     ck_assert_msg(slow <= 1, "%d of 10 requests from another address took over 100 ms or "
                   "failed (the slowest %.1f ms)", slow, worst * 1e3);
-    char buf[32768];
+    static char buf[1 << 18]; /* all of /metrics: every route has its series */
     get_from("127.0.0.2", s.port, "/metrics", buf, sizeof buf);
     const char *body = strstr(buf, "\r\n\r\n");
     ck_assert_msg(body != NULL, "no /metrics from another address: %s", buf);
@@ -3578,6 +3578,286 @@ START_TEST(flood_under_pressure_refuses_the_top_address_first)
     ck_assert_msg(again >= 0, "the address was not let in again after its flood closed");
     close(again);
     ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
+/* ---------------------------------------------- Open Inference Protocol */
+
+/* The message of a /v2 error body, which must be exactly {"error": string}
+ * ("" when it is not). */
+static const char *oip_error(const reply *r, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    json_t *root = r->body ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
+    const char *msg = json_string_value(json_object_get(root, "error"));
+    if (msg && json_object_size(root) == 1)
+        snprintf(buf, cap, "%s", msg);
+    json_decref(root);
+    return buf;
+}
+
+#define ck_assert_oip_error(rep, want_status, mention)                                   \
+    do {                                                                                 \
+        char msg_[400];                                                                  \
+        ck_assert_msg((rep).status == (want_status), "status %ld, want %d: %s",          \
+                      (rep).status, (want_status), (rep).body ? (rep).body : "");       \
+        oip_error(&(rep), msg_, sizeof msg_);                                            \
+        ck_assert_msg(msg_[0] && strstr(msg_, (mention)),                                \
+                      "want {\"error\": \"...%s...\"}, got %s", (mention),               \
+                      (rep).body ? (rep).body : "");                                     \
+    } while (0)
+
+/* An infer body: `json` (the JSON text), then `n_bin` bytes of `bin`, with
+ * Inference-Header-Content-Length `header_len` ("" for none). */
+static reply oip_post(const char *path, const char *json, const void *bin, size_t n_bin,
+                      const char *header_len)
+{
+    size_t n = strlen(json);
+    char *body = malloc(n + n_bin + 1);
+    ck_assert_ptr_nonnull(body);
+    memcpy(body, json, n);
+    if (n_bin)
+        memcpy(body + n, bin, n_bin);
+    char h[80];
+    snprintf(h, sizeof h, "Inference-Header-Content-Length: %s", header_len);
+    const char *const headers[] = {"Content-Type: application/octet-stream",
+                                   header_len[0] ? h : NULL, NULL};
+    reply r = request(shared.port, "POST", path, headers, body, (long)(n + n_bin));
+    free(body);
+    return r;
+}
+
+/* q, k and v [1, 1] as binary FP32 (4 bytes each), the JSON text alone. */
+static const char oip_binary_qkv[] =
+    "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": \"FP32\", "
+    "\"parameters\": {\"binary_data_size\": 4}}, {\"name\": \"k\", \"shape\": [1, 1], "
+    "\"datatype\": \"FP32\", \"parameters\": {\"binary_data_size\": 4}}, {\"name\": \"v\", "
+    "\"shape\": [1, 1], \"datatype\": \"FP32\", \"parameters\": {\"binary_data_size\": 4}}]}";
+
+#define OIP_KV                                                                          \
+    ", {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, "          \
+    "{\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}"
+
+START_TEST(oip_errors_have_v1_status_in_protocol_form)
+{
+    static const struct {
+        const char *what, *body; /* JSON only */
+        int status;
+        const char *mention;
+        const char *v1_body; /* the same fault on /v1, for its status; or NULL */
+    } cases[] = {
+        {"not JSON", "{\"inputs\": [", 400, "JSON", "{\"q\": ["},
+        {"an unknown input", "{\"inputs\": [{\"name\": \"grad_ouptut\", \"shape\": [1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}]}", 400, "did you mean \"grad_output\"", NULL},
+        {"a missing input", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": "
+         "\"FP32\", \"data\": [1]}]}", 400, "\"k\" is required", "{\"q\": [[1]]}"},
+        {"a typo in a parameter", "{\"parameters\": {\"casual\": true}, \"inputs\": []}", 400,
+         "did you mean \"causal\"", "{\"casual\": true}"},
+        {"a tensor as a parameter", "{\"parameters\": {\"q\": [[1]]}, \"inputs\": []}", 400,
+         "inputs", NULL},
+        {"shapes that do not fit",
+         "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\", \"data\": "
+         "[1, 0]}, {\"name\": \"k\", \"shape\": [1, 3], \"datatype\": \"FP32\", \"data\": [1, 0, "
+         "0]}, {\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}]}", 422,
+         "d_k", "{\"q\": [[1, 0]], \"k\": [[1, 0, 0]], \"v\": [[1]]}"},
+        {"data that is not its shape", "{\"inputs\": [{\"name\": \"q\", \"shape\": [2, 2], "
+         "\"datatype\": \"FP32\", \"data\": [1, 2, 3]}" OIP_KV "]}", 422, "q", NULL},
+        {"a ragged nested array", "{\"inputs\": [{\"name\": \"q\", \"shape\": [2, 2], "
+         "\"datatype\": \"FP32\", \"data\": [[1, 2], [3]]}" OIP_KV "]}", 422, "q",
+         "{\"q\": [[1, 2], [3]], \"k\": [[1]], \"v\": [[1]]}"},
+        {"a number beyond float32", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
+         "\"datatype\": \"FP32\", \"data\": [1e39]}" OIP_KV "]}", 400, "q",
+         "{\"q\": [[1e39]], \"k\": [[1]], \"v\": [[1]]}"},
+        {"an integer datatype", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], \"datatype\": "
+         "\"INT32\", \"data\": [1]}]}", 400, "INT32", NULL},
+        {"BOOL for a tensor that is not a mask", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
+         "\"datatype\": \"BOOL\", \"data\": [true]}]}", 400, "BOOL", NULL},
+        {"an unknown output", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": "
+         "\"FP32\", \"data\": [1]}, {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", "
+         "\"data\": [1]}, {\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": "
+         "[1]}], \"outputs\": [{\"name\": \"atention\"}]}", 400, "atention", NULL},
+        {"a gradient without grad_output", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"k\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"v\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP32\", \"data\": [1]}], \"outputs\": [{\"name\": \"grad_q\"}]}", 400,
+         "grad_output", NULL},
+        {"FP16 outputs as JSON", "{\"parameters\": {\"output_dtype\": \"float16\"}, \"inputs\": "
+         "[{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": "
+         "\"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"v\", "
+         "\"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}]}", 422, "binary", NULL},
+        {"binary data without the header", oip_binary_qkv, 400, "", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        reply r = post_json(shared.port, "/v2/models/attention/infer", cases[i].body);
+        ck_assert_msg(r.status == cases[i].status, "%s: status %ld, want %d: %s", cases[i].what,
+                      r.status, cases[i].status, r.body);
+        ck_assert_oip_error(r, cases[i].status, cases[i].mention);
+        reply_free(&r);
+        if (cases[i].v1_body) {
+            reply v1 = post_json(shared.port, "/v1/attention", cases[i].v1_body);
+            ck_assert_msg(v1.status == cases[i].status, "%s: /v1 answers %ld, /v2 %d",
+                          cases[i].what, v1.status, cases[i].status);
+            reply_free(&v1);
+        }
+    }
+    reply r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_binary_framing_is_checked_before_allocation)
+{
+    const char *path = "/v2/models/attention/infer";
+    float one[3] = {1, 1, 1};
+    char len[24];
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    /* Right: 12 bytes after the JSON. */
+    reply r = oip_post(path, oip_binary_qkv, one, 12, len);
+    ck_assert_msg(r.status == 200, "%s", r.body);
+    reply_free(&r);
+    /* Cut short, and longer than its tensors. */
+    r = oip_post(path, oip_binary_qkv, one, 8, len);
+    ck_assert_oip_error(r, 400, "cut short");
+    reply_free(&r);
+    char more[16] = {0};
+    memcpy(more, one, 12);
+    r = oip_post(path, oip_binary_qkv, more, 16, len);
+    ck_assert_oip_error(r, 400, "longer than its tensors");
+    reply_free(&r);
+    /* The header beyond the body, and not a number. */
+    r = oip_post(path, oip_binary_qkv, one, 12, "99999");
+    ck_assert_oip_error(r, 400, "Inference-Header-Content-Length");
+    reply_free(&r);
+    r = oip_post(path, oip_binary_qkv, one, 12, "12x");
+    ck_assert_oip_error(r, 400, "Inference-Header-Content-Length");
+    reply_free(&r);
+    /* A header that cuts the JSON: not JSON. */
+    r = oip_post(path, oip_binary_qkv, one, 12, "10");
+    ck_assert_oip_error(r, 400, "JSON");
+    reply_free(&r);
+    /* Sizes that announce terabytes: refused from the numbers alone. */
+    static const char huge[] =
+        "{\"inputs\": [{\"name\": \"q\", \"shape\": [1000000, 1000000], \"datatype\": \"FP32\", "
+        "\"parameters\": {\"binary_data_size\": 4000000000000}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(huge));
+    r = oip_post(path, huge, one, 12, len);
+    ck_assert_oip_error(r, 400, "cut short");
+    reply_free(&r);
+    static const char lying[] =
+        "{\"inputs\": [{\"name\": \"q\", \"shape\": [1000000, 1000000], \"datatype\": \"FP32\", "
+        "\"parameters\": {\"binary_data_size\": 12}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(lying));
+    r = oip_post(path, lying, one, 12, len);
+    ck_assert_oip_error(r, 422, "binary_data_size 12");
+    reply_free(&r);
+    /* A BOOL byte that is neither 0 nor 1, and a NaN. */
+    static const char masked[] =
+        "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]},"
+        " {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": "
+        "\"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [1]}, {\"name\": \"mask\", "
+        "\"shape\": [1, 1], \"datatype\": \"BOOL\", \"parameters\": {\"binary_data_size\": 1}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(masked));
+    r = oip_post(path, masked, "\2", 1, len);
+    ck_assert_oip_error(r, 422, "bool elements are 0 or 1"); /* as /v1 base64 */
+    reply_free(&r);
+    float nan[3] = {1, NAN, 1};
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    r = oip_post(path, oip_binary_qkv, nan, 12, len);
+    ck_assert_oip_error(r, 400, "k element 0 is NaN");
+    reply_free(&r);
+    r = get(shared.port, "/healthz");
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_binary_answer_says_where_its_json_ends)
+{
+    float one[3] = {1, 2, 3};
+    char len[24], got[64];
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    static const char asks[] =
+        "{\"parameters\": {\"binary_data_output\": true}, \"inputs\": [{\"name\": \"q\", "
+        "\"shape\": [1, 1], \"datatype\": \"FP32\", \"parameters\": {\"binary_data_size\": 4}}, "
+        "{\"name\": \"k\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"parameters\": "
+        "{\"binary_data_size\": 4}}, {\"name\": \"v\", \"shape\": [1, 1], \"datatype\": \"FP32\", "
+        "\"parameters\": {\"binary_data_size\": 4}}]}";
+    snprintf(len, sizeof len, "%zu", strlen(asks));
+    reply r = oip_post("/v2/models/attention/infer", asks, one, 12, len);
+    ck_assert_msg(r.status == 200, "%s", r.body);
+    ck_assert_ptr_nonnull(header(&r, "Inference-Header-Content-Length", got, sizeof got));
+    size_t json_len = strtoul(got, NULL, 10);
+    ck_assert_uint_eq(json_len + 4, r.body_len);
+    ck_assert_str_eq(header(&r, "Content-Type", got, sizeof got), "application/octet-stream");
+    json_t *j = json_loadb(r.body, json_len, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    json_t *out = json_array_get(json_object_get(j, "outputs"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(out, "name")), "output");
+    ck_assert_int_eq(json_integer_value(
+                         json_object_get(json_object_get(out, "parameters"), "binary_data_size")),
+                     4);
+    json_decref(j);
+    float o;
+    memcpy(&o, r.body + json_len, 4);
+    ck_assert(o == 3.0f); /* one key: its value */
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_routes_answer_in_the_protocol_form)
+{
+    reply r = get(shared.port, "/v2/models/softmax");
+    ck_assert_oip_error(r, 404, "the models are attention and multihead");
+    reply_free(&r);
+    r = get(shared.port, "/v2/models/attention/versions/1/infer");
+    ck_assert_oip_error(r, 404, "no versions");
+    reply_free(&r);
+    r = get(shared.port, "/v2/models/attention/infer");
+    char allow[64];
+    ck_assert_oip_error(r, 405, "POST");
+    ck_assert_str_eq(header(&r, "Allow", allow, sizeof allow), "POST, OPTIONS");
+    reply_free(&r);
+    static const char *const multipart[] = {"Content-Type: multipart/form-data; boundary=x", NULL};
+    r = request(shared.port, "POST", "/v2/models/attention/infer", multipart, "--x--", -1);
+    ck_assert_oip_error(r, 415, "octet-stream");
+    reply_free(&r);
+    char *big = malloc(300000);
+    ck_assert_ptr_nonnull(big);
+    memset(big, ' ', 300000);
+    big[0] = '{';
+    big[299999] = '}';
+    r = request(shared.port, "POST", "/v2/models/multihead/infer", NULL, big, 300000);
+    ck_assert_oip_error(r, 413, "--max-body");
+    reply_free(&r);
+    free(big);
+    /* /v1's errors keep their own form. */
+    r = post_json(shared.port, "/v1/attention", "{");
+    ck_assert_error(r, 400, "invalid_json");
+    reply_free(&r);
+}
+END_TEST
+
+START_TEST(oip_infer_is_counted_by_route)
+{
+    const char *ok = "attnd_requests_total{route=\"/v2/models/attention/infer\",status=\"200\"}";
+    const char *bad = "attnd_requests_total{route=\"/v2/models/attention/infer\",status=\"422\"}";
+    double ok0 = metric(shared.port, ok), bad0 = metric(shared.port, bad);
+    float one[3] = {1, 1, 1};
+    char len[24];
+    snprintf(len, sizeof len, "%zu", strlen(oip_binary_qkv));
+    reply r = oip_post("/v2/models/attention/infer", oip_binary_qkv, one, 12, len);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = post_json(shared.port, "/v2/models/attention/infer",
+                  "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\", "
+                  "\"data\": [1, 0]}, {\"name\": \"k\", \"shape\": [1, 1], \"datatype\": "
+                  "\"FP32\", \"data\": [1]}, {\"name\": \"v\", \"shape\": [1, 1], "
+                  "\"datatype\": \"FP32\", \"data\": [1]}]}");
+    ck_assert_int_eq(r.status, 422);
+    reply_free(&r);
+    ck_assert(metric_reaching(shared.port, ok, ok0 + 1) - ok0 == 1);
+    ck_assert(metric_reaching(shared.port, bad, bad0 + 1) - bad0 == 1);
 }
 END_TEST
 
@@ -4052,8 +4332,12 @@ START_TEST(without_a_key_every_path_looks_the_same)
     char keys[256];
     write_file(keys, sizeof keys, "keys", KEY_ONE "\n");
     server s = start_server("--api-key-file", keys, "--cors-origin", "https://app.example");
+    /* Under /v2 the answers are in the Open Inference Protocol's form, which
+     * goes by the prefix alone: those paths look the same as each other, an
+     * unknown one (/v2/nope) as a route. */
     const char *paths[] = {"/v1/attention", "/v1/multihead", "/metrics", "/healthz", "/",
-                           "/nope", "/v1/attentio", "/v1/attention/x", "/v2/models/attention"};
+                           "/nope", "/v1/attentio", "/v1/attention/x", "/v2/models/attention",
+                           "/v2/nope", "/v2/models/attention/infer"};
     enum { P = sizeof paths / sizeof *paths };
     const char *const pre[] = {"Origin: https://app.example", "Access-Control-Request-Method: POST",
                                "Access-Control-Request-Headers: authorization", NULL};
@@ -4073,19 +4357,24 @@ START_TEST(without_a_key_every_path_looks_the_same)
                               "Access-Control-Allow-Headers", "Allow", "WWW-Authenticate",
                               "Content-Length"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        char first[6][256] = {{0}};
+        char first[2][6][256] = {{{0}}}; /* [under /v2][header] */
+        int first_path[2] = {-1, -1};
         for (int p = 0; p < P; p++) {
             reply r = request(s.port, kinds[k].method, paths[p], kinds[k].headers, NULL, 0);
             ck_assert_msg(r.status == kinds[k].status, "%s %s: %ld, want %ld", kinds[k].what,
                           paths[p], r.status, kinds[k].status);
+            int g = !strncmp(paths[p], "/v2/", 4);
+            if (first_path[g] < 0)
+                first_path[g] = p;
             for (int h = 0; h < 6; h++) {
                 char v[256];
                 const char *got = header(&r, compared[h], v, sizeof v);
-                if (p == 0)
-                    snprintf(first[h], sizeof first[h], "%s", got ? got : "(none)");
-                ck_assert_msg(!strcmp(first[h], got ? got : "(none)"),
+                if (first_path[g] == p)
+                    snprintf(first[g][h], sizeof first[g][h], "%s", got ? got : "(none)");
+                ck_assert_msg(!strcmp(first[g][h], got ? got : "(none)"),
                               "%s: %s differs between %s (%s) and %s (%s)", kinds[k].what,
-                              compared[h], paths[0], first[h], paths[p], got ? got : "(none)");
+                              compared[h], paths[first_path[g]], first[g][h], paths[p],
+                              got ? got : "(none)");
             }
             reply_free(&r);
         }
@@ -4337,6 +4626,16 @@ static Suite *server_suite(void)
     tcase_add_test(ops, json_access_log_has_request_id_error_code_and_user_agent);
     tcase_add_test(ops, text_access_log_names_the_request_id);
     suite_add_tcase(s, ops);
+
+    TCase *oip = tcase_create("open_inference_protocol");
+    tcase_add_unchecked_fixture(oip, shared_start, shared_stop);
+    tcase_set_timeout(oip, 30);
+    tcase_add_test(oip, oip_errors_have_v1_status_in_protocol_form);
+    tcase_add_test(oip, oip_binary_framing_is_checked_before_allocation);
+    tcase_add_test(oip, oip_binary_answer_says_where_its_json_ends);
+    tcase_add_test(oip, oip_routes_answer_in_the_protocol_form);
+    tcase_add_test(oip, oip_infer_is_counted_by_route);
+    suite_add_tcase(s, oip);
 
     TCase *pressure = tcase_create("connection_pressure");
     tcase_set_timeout(pressure, 60);

@@ -219,7 +219,8 @@ size_t codec_string_decode(const char *p, const char *end, char *out, size_t cap
 
 /* Element types. A decoded tensor is CODEC_F32 or CODEC_BOOL; CODEC_F16 and
  * CODEC_BF16 (IEEE binary16 and bfloat16) exist only as base64 data, read
- * into float32 exactly, and as the dtype of base64 outputs. */
+ * into float32 exactly (or, by codec_doc_tensor_words, bfloat16 kept as
+ * it was sent), and as the dtype of base64 outputs. */
 typedef enum { CODEC_F32 = 0, CODEC_BOOL = 1, CODEC_F16 = 2, CODEC_BF16 = 3 } codec_dtype;
 
 typedef struct {
@@ -229,6 +230,7 @@ typedef struct {
     int64_t count;  /* product of shape */
     float *f32;     /* CODEC_F32: `count` floats (malloc'd; NULL when count == 0) */
     uint8_t *b8;    /* CODEC_BOOL: `count` bytes, each 0 or 1 (malloc'd) */
+    uint16_t *bf16; /* CODEC_BF16: `count` bfloat16 words as sent (malloc'd) */
 } codec_tensor;
 
 /*
@@ -262,6 +264,18 @@ bool codec_tensor_decode(const char *p, const char *end, const char *field, bool
  * tensor and errors, its rows read with the validator's notes. */
 bool codec_doc_tensor(const codec_doc *doc, const char *p, const char *end, const char *field,
                       bool accept_bool, codec_tensor *t, codec_error *err);
+
+/* codec_doc_tensor of a tensor of numbers, except that base64 bfloat16
+ * data stays as it was sent: a CODEC_BF16 tensor of words (t->bf16, the
+ * bytes taken as little-endian 16-bit words, every one finite), so that a
+ * reader of bfloat16 needs no float32 copy. */
+bool codec_doc_tensor_words(const codec_doc *doc, const char *p, const char *end,
+                            const char *field, codec_tensor *t, codec_error *err);
+
+/* A CODEC_BF16 tensor made CODEC_F32 (widened exactly, the words freed);
+ * others are left as they are. False (CODEC_ERR_NO_MEMORY, field `field`,
+ * t unchanged) when the floats cannot be had. */
+bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err);
 
 void codec_tensor_free(codec_tensor *t);
 
@@ -312,6 +326,33 @@ void codec_tensor_encode(codec_buf *b, const float *data, int rank, const int64_
 /* Do all n values of x stay finite when rounded to `dtype` (CODEC_F16 or
  * CODEC_BF16)? If not, *at is the first that does not. */
 bool codec_half_fits(codec_dtype dtype, const float *x, size_t n, size_t *at);
+
+/* Tensors as raw bytes (raw.c): little-endian, row-major, no padding.
+ * codec_dtype_size: 4 for CODEC_F32, 2 for CODEC_F16 and CODEC_BF16, 1 for
+ * CODEC_BOOL. codec_tensor_from_bytes reads `count` elements of `dtype`
+ * (CODEC_F32, CODEC_F16 or CODEC_BF16) into float32, exactly;
+ * codec_tensor_to_bytes writes them, the 2-byte dtypes rounded to nearest
+ * even (check with codec_half_fits first); codec_tensor_round rounds x in
+ * place to the values `dtype` holds (nothing for CODEC_F32). */
+size_t codec_dtype_size(codec_dtype dtype);
+void codec_tensor_from_bytes(codec_dtype dtype, const uint8_t *in, float *out, size_t count);
+void codec_tensor_to_bytes(codec_dtype dtype, const float *in, uint8_t *out, size_t count);
+void codec_tensor_round(codec_dtype dtype, float *x, size_t count);
+
+/* A tensor of `rank` dims `shape` from its raw bytes (as above, exactly
+ * codec_dtype_size(dtype) times the elements of bytes): a float32 tensor
+ * for CODEC_F32, CODEC_F16 and CODEC_BF16 (widened exactly), a bool one for
+ * CODEC_BOOL. Fails as the base64 form does on the same bytes:
+ * CODEC_ERR_NOT_FINITE for a NaN or an infinity, CODEC_ERR_ELEMENT for a
+ * bool byte that is not 0 or 1, CODEC_ERR_NO_MEMORY; then *t holds nothing
+ * to free. */
+/* Appends the count floats at x as raw bytes of dtype (CODEC_F32, CODEC_F16
+ * or CODEC_BF16; as codec_tensor_to_bytes) to b, growing it once. */
+void codec_buf_raw(codec_buf *b, codec_dtype dtype, const float *x, size_t count);
+
+bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
+                           const int64_t *shape, const char *field, codec_tensor *t,
+                           codec_error *err);
 
 /* ---------------------------------------------------------------- strings */
 

@@ -12,6 +12,7 @@
  *   row_scan.c       64 bytes of a row of numbers as bit masks
  *   float_text.c     float32 -> shortest decimal text
  *   half.c           float16 and bfloat16 <-> float32
+ *   raw.c            tensors as raw little-endian bytes
  *   simd.c           what the CPU runs; the width the codec uses
  *   base64.c         base64
  *   buf.c            the growing text
@@ -230,6 +231,7 @@ typedef struct {
     cursor text;       /* where error offsets count from */
     const char *field; /* the tensor's name in messages: "q" */
     bool accept_bool;  /* a mask: booleans (dtype "bool") allowed */
+    bool keep_bf16;    /* base64 bfloat16 stays words (codec_doc_tensor_words) */
     codec_notes notes; /* the validator's notes on its rows; text NULL: no
                         * document, the rows are classified as they are read */
     codec_error *err;

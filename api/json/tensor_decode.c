@@ -312,6 +312,19 @@ static bool bytes_to_tensor(codec_reading *r, uint8_t *bytes, const char *sub, c
         t->b8 = bytes;
         return true;
     }
+    if (dtype == CODEC_BF16 && r->keep_bf16) {
+        t->dtype = CODEC_BF16;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        for (size_t i = 0; i < count; i++) {
+            uint16_t u;
+            memcpy(&u, bytes + 2 * i, 2);
+            u = __builtin_bswap16(u);
+            memcpy(bytes + 2 * i, &u, 2);
+        }
+#endif
+        t->bf16 = (uint16_t *)(void *)bytes;
+        return true;
+    }
     if (dtype == CODEC_F32) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
         for (size_t i = 0; i < count; i++) {
@@ -334,6 +347,33 @@ static bool bytes_to_tensor(codec_reading *r, uint8_t *bytes, const char *sub, c
     codec_half_to_f32(dtype, bytes, t->f32, count, codec_half_path_in_use());
     free(bytes);
     return true;
+}
+
+bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
+                           const int64_t *shape, const char *field, codec_tensor *t,
+                           codec_error *err)
+{
+    *t = (codec_tensor){0};
+    codec_reading r = {.field = field, .err = err};
+    declared_shape ds = {.rank = rank, .count = 1};
+    for (int i = 0; i < rank; i++) {
+        ds.dims[i] = shape[i];
+        ds.count *= shape[i];
+    }
+    size_t size = (size_t)ds.count * codec_dtype_size(dtype);
+    uint8_t *copy = malloc(size ? size : 1);
+    if (!copy)
+        return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
+                          "out of memory while reading %s", field);
+    codec_advise_huge(copy, size);
+    memcpy(copy, bytes, size);
+    bool ok = dtype == CODEC_BOOL ? check_bool_bytes(&r, NULL, copy, ds.count, field)
+                                  : check_finite(&r, NULL, copy, (size_t)ds.count, dtype, field);
+    if (!ok) {
+        free(copy);
+        return false;
+    }
+    return bytes_to_tensor(&r, copy, field, dtype, &ds, t);
 }
 
 /* The order of the checks: the text is base64, its elements are finite
@@ -538,10 +578,45 @@ bool codec_doc_tensor(const codec_doc *doc, const char *p, const char *end, cons
     return decode(&r, p, end, t);
 }
 
+bool codec_doc_tensor_words(const codec_doc *doc, const char *p, const char *end,
+                            const char *field, codec_tensor *t, codec_error *err)
+{
+    codec_reading r = {.text = doc->text, .field = field, .keep_bf16 = true, .err = err};
+    codec_notes_from(&r.notes, doc, p);
+    return decode(&r, p, end, t);
+}
+
+bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err)
+{
+    if (t->dtype != CODEC_BF16)
+        return true;
+    float *f = t->count > 0 ? malloc((size_t)t->count * sizeof *f) : NULL;
+    if (t->count > 0 && f == NULL)
+        return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
+                          "out of memory while reading %s", field);
+    if (f != NULL) {
+        codec_advise_huge(f, (size_t)t->count * sizeof *f);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        for (int64_t i = 0; i < t->count; i++) /* the words are in host order */
+            f[i] = codec_bf16_to_f32_one(t->bf16[i]);
+#else
+        codec_half_to_f32(CODEC_BF16, (const uint8_t *)t->bf16, f, (size_t)t->count,
+                          codec_half_path_in_use());
+#endif
+    }
+    free(t->bf16);
+    t->bf16 = NULL;
+    t->f32 = f;
+    t->dtype = CODEC_F32;
+    return true;
+}
+
 void codec_tensor_free(codec_tensor *t)
 {
     free(t->f32);
     free(t->b8);
+    free(t->bf16);
     t->f32 = NULL;
     t->b8 = NULL;
+    t->bf16 = NULL;
 }

@@ -466,6 +466,134 @@ static bool check_one(api_op op, const char *body, size_t len, json_t *req,
     return ok;
 }
 
+/* ---------------------------------------- the Open Inference Protocol */
+
+/* The product of a JSON shape, or -1 when it is not an array of numbers. */
+static double shape_count(json_t *shape)
+{
+    if (!json_is_array(shape))
+        return -1;
+    double n = 1;
+    for (size_t i = 0; i < json_array_size(shape); i++) {
+        json_t *d = json_array_get(shape, i);
+        if (!json_is_number(d) || json_number_value(d) < 0)
+            return -1;
+        n *= json_number_value(d);
+    }
+    return n;
+}
+
+static size_t datatype_size(const char *datatype)
+{
+    return !strcmp(datatype, "FP32") ? 4 : !strcmp(datatype, "FP16") ? 2
+         : !strcmp(datatype, "BF16") ? 2 : 0;
+}
+
+/* A /v2 answer: an error is exactly {"error": non-empty string}; a 200 is
+ * {"model_name", "outputs": [...]} whose outputs each have a name, a
+ * datatype and a shape, and either data with as many elements as the shape
+ * holds, or binary_data_size bytes of the shape, which together are exactly
+ * the bytes after the JSON text (header_len). */
+static bool check_oip_answer(const api_response *res, const char *model, char *why, size_t cap)
+{
+    size_t json_len = res->header_len ? res->header_len : res->body_len;
+    if (res->header_len > res->body_len)
+        return fail(why, cap, "header_len %zu beyond the body's %zu bytes", res->header_len,
+                    res->body_len);
+    if (res->header_len && res->status != 200)
+        return fail(why, cap, "binary data after an error");
+    json_error_t jerr;
+    json_t *doc = json_loadb(res->body, json_len,
+                             JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
+    bool ok = true;
+    if (!json_is_object(doc)) {
+        ok = fail(why, cap, "answer is not a JSON object (%s): %.80s", jerr.text, res->body);
+    } else if (res->status != 200) {
+        if (json_object_size(doc) != 1 || !nonempty_string(doc, "error"))
+            ok = fail(why, cap, "status %d is not exactly {\"error\": \"message\"}: %.120s",
+                      res->status, res->body);
+    } else {
+        json_t *outputs = json_object_get(doc, "outputs");
+        const char *name = json_string_value(json_object_get(doc, "model_name"));
+        if (!name || strcmp(name, model) || !json_is_array(outputs) ||
+            json_array_size(outputs) == 0)
+            ok = fail(why, cap, "200 without model_name %s and outputs", model);
+        double binary = 0;
+        for (size_t i = 0; ok && i < json_array_size(outputs); i++) {
+            json_t *o = json_array_get(outputs, i);
+            const char *datatype = json_string_value(json_object_get(o, "datatype"));
+            double count = shape_count(json_object_get(o, "shape"));
+            json_t *data = json_object_get(o, "data");
+            json_t *size = json_object_get(json_object_get(o, "parameters"), "binary_data_size");
+            if (!nonempty_string(o, "name") || !datatype || count < 0 || !data == !size) {
+                ok = fail(why, cap, "outputs[%zu] is not name, datatype, shape and data or "
+                          "binary_data_size", i);
+            } else if (data) {
+                tensor t = {0};
+                int64_t room = 0;
+                bool flat = json_is_array(data);
+                for (size_t j = 0; flat && j < json_array_size(data); j++)
+                    flat = push(&t, json_array_get(data, j), &room) ||
+                           json_is_string(json_array_get(data, j));
+                if (!flat || (strcmp(datatype, "BYTES") && (double)t.count != count))
+                    ok = fail(why, cap, "outputs[%zu] has %lld data for a shape of %.0f", i,
+                              (long long)t.count, count);
+                tensor_free(&t);
+            } else {
+                double want = !strcmp(datatype, "BYTES") ? json_number_value(size)
+                                                         : count * (double)datatype_size(datatype);
+                if (!json_is_number(size) || json_number_value(size) != want || want <= 0)
+                    ok = fail(why, cap, "outputs[%zu]: binary_data_size %.0f for %s of %.0f "
+                              "elements", i, json_number_value(size), datatype, count);
+                binary += json_number_value(size);
+            }
+        }
+        if (ok && binary != (double)(res->body_len - json_len))
+            ok = fail(why, cap, "the outputs announce %.0f binary bytes, %zu follow the JSON",
+                      binary, res->body_len - json_len);
+    }
+    json_decref(doc);
+    return ok;
+}
+
+/* The body as an infer request. A body that starts with decimal digits and
+ * a newline is "N\n" then a binary request: N is its
+ * Inference-Header-Content-Length, so that the fuzzer explores the framing
+ * (a header beyond the body, sizes that do not add up) as well as the JSON. */
+static bool check_oip(api_op op, const char *body, size_t len, char *why, size_t cap)
+{
+    const char *model = op == API_OP_ATTENTION ? "attention" : "multihead";
+    char header[24] = "";
+    size_t digits = 0;
+    while (digits < len && digits < 20 && body[digits] >= '0' && body[digits] <= '9')
+        digits++;
+    const char *json_length = NULL;
+    if (digits > 0 && digits < len && body[digits] == '\n') {
+        memcpy(header, body, digits);
+        header[digits] = '\0';
+        json_length = header;
+        body += digits + 1;
+        len -= digits + 1;
+    }
+    char inner[300] = "";
+    api_response res;
+    api_cost cost;
+    api_call *c = api_prepare_oip(op, body, len, json_length, &api_invariants_limits, &cost, &res);
+    if (c)
+        api_execute(c, api_invariants_limits.threads, &res);
+    bool ok = true;
+    if (res.status != 200 && res.status != 400 && res.status != 422)
+        ok = fail(inner, sizeof inner, "status %d", res.status);
+    else if (!res.body)
+        ok = fail(inner, sizeof inner, "status %d with no body", res.status);
+    else
+        ok = check_oip_answer(&res, model, inner, sizeof inner);
+    api_response_free(&res);
+    if (!ok)
+        fail(why, cap, "/v2/models/%s/infer: %s", model, inner);
+    return ok;
+}
+
 bool api_invariants_check(const char *body, size_t len, char *why, size_t cap)
 {
     /* jansson's reading of the request: RFC 8259 allows \u0000 in strings,
@@ -475,7 +603,9 @@ bool api_invariants_check(const char *body, size_t len, char *why, size_t cap)
                              JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL,
                              &jerr);
     bool ok = check_one(API_OP_ATTENTION, body, len, req, why, cap) &&
-              check_one(API_OP_MULTIHEAD, body, len, req, why, cap);
+              check_one(API_OP_MULTIHEAD, body, len, req, why, cap) &&
+              check_oip(API_OP_ATTENTION, body, len, why, cap) &&
+              check_oip(API_OP_MULTIHEAD, body, len, why, cap);
     json_decref(req);
     return ok;
 }

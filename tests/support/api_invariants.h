@@ -22,7 +22,11 @@ extern const api_limits api_invariants_limits;
  * that is one JSON object (jansson, strict, no duplicate keys) with no NUL
  * inside; an error is exactly {"error": {"status" = the status, "code",
  * "message", "field"?}} with non-empty strings, an answer has "output" and
- * "meta"; and 200 only for a body that is itself one JSON object. Returns
+ * "meta"; and 200 only for a body that is itself one JSON object. Then runs
+ * it as an Open Inference Protocol infer request of both models ("N\n"
+ * first: a binary body whose JSON text is N bytes long) and checks that
+ * answer: 200, 400 or 422; an error exactly {"error": "message"}; outputs
+ * whose data or binary sizes match their shapes and fill the body. Returns
  * false with the reason in why. */
 bool api_invariants_check(const char *body, size_t len, char *why, size_t cap);
 
