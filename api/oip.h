@@ -47,7 +47,8 @@ static inline int oip_field_index(const api_operation *o, const char *name)
 
 static inline bool oip_is_tensor(const api_field *f)
 {
-    return f->kind == API_FIELD_TENSOR || f->kind == API_FIELD_MASK;
+    return f->kind == API_FIELD_TENSOR || f->kind == API_FIELD_OPERAND
+           || f->kind == API_FIELD_MASK;
 }
 
 /* "FP32", "FP16", "BF16", "BOOL": the protocol's names of the codec's dtypes. */
