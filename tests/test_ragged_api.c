@@ -732,6 +732,93 @@ START_TEST(weights_are_the_whole_matrix_within_max_response)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ /v2 */
+
+/* A /v2 infer body (text) through api_prepare_oip and api_execute: the
+ * parsed answer, status checked. */
+static json_t *post_oip(const char *text, int status)
+{
+    api_cost cost;
+    api_response res;
+    api_call *c = api_prepare_oip(API_OP_ATTENTION, text, strlen(text), NULL, &LIM, &cost, &res);
+    if (c != NULL)
+        api_execute(c, LIM.threads, &res);
+    json_error_t je;
+    json_t *j = json_loadb(res.body, res.body_len, 0, &je);
+    ck_assert_msg(j != NULL, "answer is not JSON: %s", je.text);
+    ck_assert_msg(res.status == status, "status %d, wanted %d: %.*s", res.status, status,
+                  (int)(res.body_len < 600 ? res.body_len : 600), res.body);
+    api_response_free(&res);
+    return j;
+}
+
+/* The flat data of q, k and v ([n, 2] each, the same rows) in datatype dt,
+ * with the parameters given. */
+static char *oip_body(const char *params, const char *dt, const float *x, int n)
+{
+    char data[1024] = "", *at = data;
+    for (int i = 0; i < 2 * n; i++)
+        at += snprintf(at, sizeof data - (size_t)(at - data), "%s%.9g", i ? "," : "",
+                       (double)x[i]);
+    char *body = malloc(4096);
+    char in[1200];
+    snprintf(in, sizeof in, "\"shape\":[%d,2],\"datatype\":\"%s\",\"data\":[%s]}", n, dt, data);
+    snprintf(body, 4096,
+             "{\"parameters\":%s,\"inputs\":[{\"name\":\"q\",%s,{\"name\":\"k\",%s,"
+             "{\"name\":\"v\",%s]}",
+             params, in, in, in);
+    return body;
+}
+
+START_TEST(v2_infer_takes_seq_lens_as_parameters)
+{
+    /* 7 rows in sequences of 3, 0 and 4 queries over 2, 1 and 4 keys (the
+     * keys are the first 7 rows too); values multiples of 1/8, exact in
+     * bfloat16, so that BF16 inputs (widened: a ragged batch is float32)
+     * give the FP32 answer's bits. */
+    enum { N = 7 };
+    float x[2 * N];
+    for (int i = 0; i < 2 * N; i++)
+        x[i] = (float)((i * 5) % 11 - 5) / 8.0f;
+    const char *params = "{\"seq_lens\":[3,0,4],\"seq_lens_k\":[2,1,4],\"causal\":true}";
+    char *b32 = oip_body(params, "FP32", x, N), *b16 = oip_body(params, "BF16", x, N);
+    json_t *a32 = post_oip(b32, 200), *a16 = post_oip(b16, 200);
+    json_t *out32 = json_object_get(json_array_get(json_object_get(a32, "outputs"), 0), "data");
+    json_t *out16 = json_object_get(json_array_get(json_object_get(a16, "outputs"), 0), "data");
+    ck_assert_msg(json_array_size(out32) == 2 * N, "%zu numbers", json_array_size(out32));
+    ck_assert_msg(json_equal(out32, out16), "BF16 inputs answer otherwise than FP32 ones");
+
+    /* /v1 with the same lengths: the same numbers. */
+    const int64_t s2[2] = {N, 2};
+    const int64_t lq[3] = {3, 0, 4}, lk[3] = {2, 1, 4};
+    json_t *v1 = post(API_OP_ATTENTION,
+                      json_pack("{s:o,s:o,s:o,s:o,s:o,s:b}", "q", tensor(x, 2, s2), "k",
+                                tensor(x, 2, s2), "v", tensor(x, 2, s2), "seq_lens",
+                                lengths(lq, 3), "seq_lens_k", lengths(lk, 3), "causal", 1),
+                      200);
+    json_t *rows = json_object_get(v1, "output");
+    for (int i = 0; i < N; i++)
+        for (int d = 0; d < 2; d++) {
+            double a = json_number_value(json_array_get(json_array_get(rows, (size_t)i), (size_t)d));
+            double b = json_number_value(json_array_get(out32, (size_t)(2 * i + d)));
+            ck_assert_msg(a == b, "row %d column %d: /v1 %g, /v2 %g", i, d, a, b);
+        }
+
+    /* Lengths that do not add up are the /v1 error, naming seq_lens. */
+    char *bad = oip_body("{\"seq_lens\":[3,5]}", "FP32", x, N);
+    json_t *e = post_oip(bad, 422);
+    const char *msg = json_string_value(json_object_get(e, "error"));
+    ck_assert_msg(msg != NULL && strstr(msg, "seq_lens") != NULL, "%s", msg ? msg : "(none)");
+    json_decref(e);
+    json_decref(v1);
+    json_decref(a32);
+    json_decref(a16);
+    free(b32);
+    free(b16);
+    free(bad);
+}
+END_TEST
+
 static Suite *ragged_api_suite(void)
 {
     Suite *s = suite_create("ragged_api");
@@ -743,6 +830,7 @@ static Suite *ragged_api_suite(void)
     tcase_add_test(tc, attention_thousands_of_one_row_sequences);
     tcase_add_test(tc, attention_rank4_with_one_batch_entry);
     tcase_add_test(tc, multihead_each_sequence_is_the_sequence_sent_alone);
+    tcase_add_test(tc, v2_infer_takes_seq_lens_as_parameters);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
     tcase_add_test(tc, attention_errors_name_the_field_and_the_numbers);
