@@ -49,7 +49,12 @@ typedef struct {
                           * <= 0: no limit */
     double max_response; /* bytes; an answer that could be larger is a 422
                           * response_too_large; <= 0: no limit */
+    double max_memory;   /* bytes a request may hold at its peak (api_cost.memory);
+                          * more is a 422 memory_limit; <= 0: no limit */
     int threads;         /* libattn threads for this request (>= 1) */
+    int max_threads;     /* the most libattn threads it may be given when it runs
+                          * (its workspaces are judged for that many); < threads:
+                          * threads */
     double arrival_ms;   /* when the request arrived, on api_now_ms's clock
                           * (CLOCK_MONOTONIC, ms): meta.timing_ms.total counts
                           * from it; 0: total is decode + compute + encode */
@@ -73,6 +78,11 @@ typedef struct {
     double flops;          /* nominal FLOPs of the products (meta.flops) */
     double work;           /* everything, in FLOP-equivalents (meta.work) */
     double response_bytes; /* the most bytes the answer can take */
+    /* The most bytes the request holds at once, from its arrival to its
+     * answer: its body, its decoded inputs, its results, libattn's
+     * workspaces (projections, packed keys, per-worker tiles, per-head
+     * buffers) and the answer's text. */
+    double memory;
 } api_cost;
 
 typedef struct {

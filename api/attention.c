@@ -18,6 +18,7 @@
 #include "request.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +136,19 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     t->weights = state(c)->weights >= 0 ? t->scores : 0;
     api_variant_cost(p, t); /* a window narrows the scores, not the weights */
+    /* Memory: libattn's workspaces for the most threads the request may
+     * get, and the softmax rows kept for the lse and the backward. */
+    attn_sdpa_params at_most = *p;
+    at_most.threads = api_max_threads(&c->lim);
+    bool rows = c->want_grad || state(c)->lse >= 0;
+    t->workspace = attn_sdpa_workspace(&at_most, t->weights > 0, c->want_stats, c->want_grad) +
+                   (rows ? t->rows * (double)sizeof(attn_softmax_row) : 0) +
+                   /* a ragged batch's offsets of the rows and of the keys */
+                   2.0 * (double)(st->ragged.seqs + 1) * (double)sizeof(int64_t);
+    snprintf(t->workspace_what, sizeof t->workspace_what,
+             "libattn's tiles and packed keys for %lld head%s of %lld x %lld",
+             (long long)(p->batch * p->heads_q), p->batch * p->heads_q == 1 ? "" : "s",
+             (long long)p->n_q, (long long)p->n_k);
     if (p->precision == ATTN_PRECISION_BFLOAT16) {
         t->bf16_flops = t->flops;
         t->rounded = (double)p->batch * ((double)p->heads_q * (double)p->n_q * (double)p->d_k +

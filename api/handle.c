@@ -180,6 +180,8 @@ static api_call *call_new(const api_operation *o, const api_limits *lim)
 /* The stats and meta objects and the keys of the answer: under this. */
 #define ANSWER_FRAME_BYTES 2048
 
+#define MiB (1024.0 * 1024.0)
+
 static bool check_cost(api_call *c, size_t body_len, api_error *err)
 {
     const api_limits *lim = &c->lim;
@@ -191,20 +193,27 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
         numbers += (double)r->count;
         bytes += api_encoded_bytes(r->rank, r->shape, c->enc) + 8 + strlen(r->name);
     }
+    /* Memory: the body and the inputs decoded from it are held while the
+     * results are computed (with libattn's workspaces); then the inputs
+     * and workspaces go, and the answer's text grows as the results are
+     * written into it. The peak is the larger of the two moments. */
+    double inputs = 0, results = 0;
+    for (size_t i = 0; i < c->op->n_fields; i++) {
+        const codec_tensor *t = &c->f[i].tensor;
+        inputs += t->f32 ? 4.0 * (double)t->count : t->b8 ? (double)t->count : 0;
+    }
+    for (int i = 0; i < c->n_results; i++)
+        results += 4.0 * (double)c->results[i].count;
+    double computing = inputs + results + terms.workspace;
+    double memory = (double)body_len + fmax(computing, results + bytes);
     /* The backward pass does five products to the forward's two. */
     c->cost = (api_cost){
         .flops = terms.flops * (c->want_grad ? 3.5 : 1.0),
         .work = api_compute_work(&terms, c->want_stats, c->want_grad) +
                 api_encode_work(numbers, c->enc) + api_decode_work(body_len),
         .response_bytes = bytes,
+        .memory = memory,
     };
-    if (lim->max_work > 0 && c->cost.work > lim->max_work)
-        return api_fail(err, 422, "work_limit", "",
-                        "this request needs %.4g units of work (%.4g FLOPs of products, "
-                        "the rest for its heads, rows, scores and the numbers of its "
-                        "answer), more than this server's limit of %.4g (--max-work); "
-                        "send smaller tensors or split the batch",
-                        c->cost.work, c->cost.flops, lim->max_work);
     if (lim->max_response > 0 && bytes > lim->max_response)
         return api_fail(err, 422, "response_too_large", "",
                         "the answer could take %.4g bytes (%.4g numbers), more than this "
@@ -212,6 +221,41 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
                         "ask for less (without return_weights, a smaller batch) or use "
                         "\"output_encoding\": \"base64\"",
                         bytes, numbers, lim->max_response);
+    /* Then memory, before time: what a request would hold is judged before
+     * how long it takes (a server can be probed for what it admits, with
+     * --max-work 1, without computing anything). */
+    if (lim->max_memory > 0 && memory > lim->max_memory) {
+        /* Name the largest part: what to change. */
+        const char *why = terms.workspace_what;
+        double part = terms.workspace;
+        if (results > part) {
+            why = "the results (with return_weights, every weight)";
+            part = results;
+        }
+        if (inputs + (double)body_len > part) {
+            why = "the request body and its decoded inputs";
+            part = inputs + (double)body_len;
+        }
+        if (bytes > part) {
+            why = "the answer's text";
+            part = bytes;
+        }
+        return api_fail(err, 422, "memory_limit", "",
+                        "this request needs about %.0f MiB of memory at its peak, more "
+                        "than this server's limit of %.0f MiB for one request "
+                        "(--max-request-memory); the largest part is %s, %.0f MiB "
+                        "(inputs %.0f MiB, results %.0f MiB, workspaces %.0f MiB, answer "
+                        "%.0f MiB); send smaller tensors or split the batch",
+                        memory / MiB, lim->max_memory / MiB, why, part / MiB, inputs / MiB,
+                        results / MiB, terms.workspace / MiB, bytes / MiB);
+    }
+    if (lim->max_work > 0 && c->cost.work > lim->max_work)
+        return api_fail(err, 422, "work_limit", "",
+                        "this request needs %.4g units of work (%.4g FLOPs of products, "
+                        "the rest for its heads, rows, scores and the numbers of its "
+                        "answer), more than this server's limit of %.4g (--max-work); "
+                        "send smaller tensors or split the batch",
+                        c->cost.work, c->cost.flops, lim->max_work);
     const char *blame = "the inputs";
     double bound = c->op->score_bound(c, &blame);
     return api_check_score_bound(bound, blame, err);

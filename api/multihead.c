@@ -75,7 +75,6 @@ typedef struct {
     bool want_mean;         /* return_weights: "mean" */
     int out, weights, lse;  /* the planned results, -1 when not asked */
     int grad[N_INPUTS];     /* the planned gradients, -1 for inputs not given */
-    float *per_head;        /* [B, h, n, m] weights before their head mean */
     attn_softmax_row *rows; /* [B, h, n] for lse */
     api_ragged ragged;      /* seq_lens, seq_lens_context: p.ragged points into it */
 } multihead_state;
@@ -273,7 +272,8 @@ static void cost(const api_call *c, api_cost_terms *t)
         t->scores = h * st->ragged.pairs;
     }
     t->masked = p->mask.kind != ATTN_MASK_NONE;
-    /* computed per head even when only the mean is sent */
+    /* computed per head even when only the mean is sent (in a block of
+     * rows at a time) */
     t->weights = st->weights >= 0 ? t->scores : 0;
     t->averaged = st->want_mean ? t->scores : 0;
     /* the variants, per head, as attn_mha_flops counts the attention */
@@ -283,6 +283,23 @@ static void cost(const api_call *c, api_cost_terms *t)
         .variants = p->variants, .ragged = p->ragged,
     };
     api_variant_cost(&inner, t);
+    /* Memory: the projections of every head and the attention's
+     * workspaces, for the most threads the request may get; the softmax
+     * rows kept for the lse. */
+    attn_mha_params at_most = *p;
+    at_most.threads = api_max_threads(&c->lim);
+    at_most.weights_mean = st->want_mean;
+    t->workspace = attn_mha_workspace(&at_most, w_o, st->weights >= 0, c->want_stats,
+                                      c->want_grad) +
+                   (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0) +
+                   /* a ragged batch's offsets of the rows and of the context's */
+                   2.0 * (double)(st->ragged.seqs + 1) * (double)sizeof(int64_t);
+    snprintf(t->workspace_what, sizeof t->workspace_what,
+             "the projections of %lld head%s (q [%lld, %lld, %lld], k and v [%lld, %lld, "
+             "%lld]) and the attention's tiles",
+             (long long)p->heads, p->heads == 1 ? "" : "s", (long long)p->batch,
+             (long long)p->n, (long long)(p->heads * p->d_k), (long long)p->batch,
+             (long long)p->m, (long long)(p->kv_heads * p->d_k));
     /* The projections stay float32 (OpenBLAS): only the attention's
      * products are bfloat16. */
     if (p->precision == ATTN_PRECISION_BFLOAT16) {
@@ -375,35 +392,15 @@ static float *result(api_call *c, int index)
     return index >= 0 ? c->results[index].data : NULL;
 }
 
-/* The head average of weights [B, h, n, m] into mean [B, n, m]. */
-static void head_mean(const float *w, const attn_mha_params *p, float *mean)
-{
-    int64_t plane = p->n * p->m;
-    for (int64_t b = 0; b < p->batch; b++) {
-        float *dst = mean + b * plane;
-        for (int64_t e = 0; e < plane; e++) {
-            double sum = 0; /* in double, so that many heads average exactly */
-            for (int64_t h = 0; h < p->heads; h++)
-                sum += w[(b * p->heads + h) * plane + e];
-            dst[e] = (float)(sum / (double)p->heads);
-        }
-    }
-}
-
 static bool compute(api_call *c, int threads, api_error *err)
 {
     multihead_state *st = state(c);
     attn_mha_params *p = &st->p;
     p->threads = threads;
+    /* "mean": libattn averages the heads itself, without their [B, h, n, m]. */
+    p->weights_mean = st->want_mean;
     p->cancel = c->lim.cancel;
     float *weights = result(c, st->weights);
-    if (st->want_mean) {
-        st->per_head = api_alloc_floats(p->batch * p->heads * p->n * p->m);
-        if (!st->per_head)
-            return api_fail(err, 500, "out_of_memory", "",
-                            "out of memory for the weights of this request");
-        weights = st->per_head;
-    }
     if (st->lse >= 0 &&
         !(st->rows = malloc((size_t)(p->batch * p->heads * p->n) * sizeof *st->rows)))
         return api_fail(err, 500, "out_of_memory", "",
@@ -434,11 +431,6 @@ static bool compute(api_call *c, int threads, api_error *err)
         return api_fail_attn(err, &ae);
     if (st->lse >= 0)
         api_lse_rows(st->rows, p->batch * p->heads * p->n, result(c, st->lse));
-    if (st->want_mean) {
-        head_mean(st->per_head, p, result(c, st->weights));
-        free(st->per_head);
-        st->per_head = NULL;
-    }
     return true;
 }
 
@@ -460,8 +452,6 @@ static size_t meta_dims(const api_call *c, api_dim *d)
 static void release(api_call *c)
 {
     multihead_state *st = state(c);
-    free(st->per_head);
-    st->per_head = NULL;
     free(st->rows);
     st->rows = NULL;
     st->p.mask = (attn_mask){0}; /* it pointed into the mask field */

@@ -400,20 +400,34 @@ static bool read_weights_mode(const api_field *f, const codec_member *m,
 }
 
 /* Base64 can carry what JSON numbers cannot: NaN and infinities. Attention
- * over them has no meaning (and a -inf bias is spelled as a boolean mask
- * here), so they are refused like 1e39. Nested arrays hold JSON numbers
- * only, which the codec has already refused when not finite as a float32. */
+ * over them has no meaning, so they are refused like 1e39; but for an
+ * additive mask -inf means "hidden" (PyTorch's and Hugging Face's masks are
+ * built so), and so does any value at or below API_MASK_HIDDEN (they use
+ * torch.finfo(float32).min, -3.4e38): such a value becomes -inf, which
+ * libattn treats exactly as a boolean false. Nested arrays hold JSON
+ * numbers only, which the codec has already refused when not finite as a
+ * float32. */
+#define API_MASK_HIDDEN (-1e30f)
+
 static bool check_finite_input(const api_field *f, const codec_member *m,
-                               const codec_tensor *t, api_error *err)
+                               codec_tensor *t, api_error *err)
 {
-    if (t->dtype != CODEC_F32 || *m->value == '[')
+    const bool mask = f->kind == API_FIELD_MASK;
+    if (t->dtype != CODEC_F32 || (!mask && *m->value == '['))
         return true;
-    for (int64_t i = 0; i < t->count; i++)
-        if (!isfinite(t->f32[i]))
+    for (int64_t i = 0; i < t->count; i++) {
+        if (mask && t->f32[i] <= API_MASK_HIDDEN) {
+            t->f32[i] = -INFINITY;
+            continue;
+        }
+        if (!isfinite(t->f32[i]) && *m->value != '[')
             return api_fail(err, 400, "invalid_number", f->name,
-                            "%s[%lld] (row-major) is not a finite float32; "
-                            "use a boolean mask to exclude positions",
-                            f->name, (long long)i);
+                            "%s[%lld] (row-major) is not a finite float32%s",
+                            f->name, (long long)i,
+                            mask ? " (an additive mask may hide a key with -inf or any "
+                                   "value at or below -1e30)"
+                                 : "");
+    }
     return true;
 }
 

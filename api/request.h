@@ -150,7 +150,8 @@ bool api_check_output(const float *x, int64_t count, const char *what, codec_enc
 /* Largest Euclidean norm of the `rows` rows of x [rows, cols], in double. */
 double api_max_row_norm(const float *x, int64_t rows, int64_t cols);
 
-/* Largest |x[i]|; Frobenius norm sqrt(sum x[i]^2); both in double. */
+/* Largest finite |x[i]| (an additive mask's -inf hides a key, it is not a
+ * score); Frobenius norm sqrt(sum x[i]^2); both in double. */
 double api_max_abs(const float *x, int64_t count);
 double api_norm(const float *x, int64_t count);
 
@@ -182,6 +183,9 @@ double api_operand_max_row_norm(const codec_tensor *t, int64_t rows, int64_t col
 
 /* Threads for libattn: lim->threads, at least 1. */
 int api_threads(const api_limits *lim);
+
+/* The most threads the request may be given: lim->max_threads, or threads. */
+int api_max_threads(const api_limits *lim);
 
 /* ------------------------------------------------------------- timing */
 
@@ -242,6 +246,12 @@ typedef struct {
     double biased;     /* scores given an ALiBi term */
     double angles;     /* RoPE: (position, pair) angles whose cosine and sine are taken */
     double rotated;    /* RoPE: elements of q and k turned */
+    /* Memory: the bytes computing it allocates beyond the inputs and the
+     * planned results (libattn's workspaces, the operation's own buffers),
+     * for lim->max_threads threads, and the largest part of it, named for
+     * a message ("the projections of 4 heads of 16384 x 16384"). */
+    double workspace;
+    char workspace_what[120];
     /* bfloat16 precision: the part of `flops` done on bfloat16 operands
      * (priced at the rate of the way libattn runs them, attn_bf16()), and
      * the elements of q, k and v rounded to bfloat16 */

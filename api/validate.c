@@ -160,7 +160,7 @@ double api_max_abs(const float *x, int64_t count)
 {
     double best = 0;
     for (int64_t i = 0; i < count; i++)
-        if (fabs(x[i]) > best)
+        if (fabs(x[i]) > best && isfinite(x[i]))
             best = fabs(x[i]);
     return best;
 }
@@ -188,4 +188,10 @@ bool api_check_score_bound(double bound, const char *what, api_error *err)
 int api_threads(const api_limits *lim)
 {
     return lim && lim->threads > 1 ? lim->threads : 1;
+}
+
+int api_max_threads(const api_limits *lim)
+{
+    int threads = api_threads(lim);
+    return lim && lim->max_threads > threads ? lim->max_threads : threads;
 }

@@ -66,7 +66,9 @@ typedef struct {
 typedef enum {
     ATTN_MASK_NONE = 0,
     ATTN_MASK_BOOL, /* allowed[...] != 0: the query may attend to the key */
-    ATTN_MASK_BIAS, /* bias[...] is added to the scaled score (finite values) */
+    ATTN_MASK_BIAS, /* bias[...] is added to the scaled score: finite values, or
+                     * -INFINITY, which hides the key exactly as a boolean false
+                     * (weight 0, and not counted in the statistics) */
 } attn_mask_kind;
 
 /*
@@ -96,7 +98,8 @@ attn_status attn_mask_broadcast(attn_mask *mask, int rank, const int64_t *shape,
 
 /*
  * The chapter's variance analysis (Theorem 1, Corollary 1), over the entries
- * that are not masked (causal or boolean; an additive bias masks nothing):
+ * that are not masked (causal, boolean, or a bias of -inf; a finite bias
+ * masks nothing):
  * mean and population variance of the raw scores S = Q K^T and of the scaled
  * scores scale * S (bias not included); and, over the rows that are not fully
  * masked, the entropy of each weight row in nats and each row's largest
@@ -263,6 +266,11 @@ typedef struct {
     attn_layout layout;
     attn_variants variants;
     attn_ragged ragged; /* seqs 0 for one sequence per batch entry */
+    /* With weights: false, weights is [B, H_q, n_q, n_k], each head's;
+     * true, it is [B, n_q, n_k], their mean over the query heads, summed
+     * block of rows by block of rows (in double) without the per-head
+     * tensor ever existing. */
+    bool weights_mean;
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top) */
     attn_precision precision; /* ATTN_PRECISION_FLOAT32 (0) unless set */
     /* Of q, k, v and dout as the _in entry points read them; all float32
@@ -299,7 +307,8 @@ double attn_softmax_lse(attn_softmax_row row);
  * Optional outputs (NULL to skip):
  *   rows    [B,H_q,n_q]      each row's softmax maximum and sum (above);
  *                            attn_sdpa_backward needs them.
- *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here)
+ *   weights [B,H_q,n_q,n_k]  the attention weights A (materialised only here);
+ *                            [B,n_q,n_k], their head mean, with weights_mean
  *   stats                    see attn_stats
  * An output is the weighted mean of finite values of v, so it is finite even
  * when the weighted sum on the way overflows float32 (v near 3e38): such
@@ -344,6 +353,16 @@ attn_status attn_sdpa_backward_in(const attn_sdpa_params *p, const void *q, cons
  * as much (five products instead of two). */
 double attn_sdpa_flops(const attn_sdpa_params *p);
 
+/*
+ * The most bytes attn_sdpa_forward (and, when `backward`, the
+ * attn_sdpa_backward after it) allocates for p beyond the caller's tensors,
+ * with weights and statistics asked for or not: known before the call, so
+ * that a caller can bound a request's memory before anything is allocated.
+ * An upper bound (every worker p->threads allows).
+ */
+double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
+                           bool backward);
+
 /* ------------------------------------------------ multi-head attention */
 
 /*
@@ -371,6 +390,7 @@ typedef struct {
      * needs). The projections see every row alike; the attention is
      * per sequence, as attn_sdpa_params.ragged. */
     attn_ragged ragged;
+    bool weights_mean;      /* weights is [B, n, m], the mean over the heads */
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top) */
     /* Of the attention between the projections; the projections (x W and
      * the output's o W_O, and their gradients) stay float32 OpenBLAS
@@ -402,7 +422,8 @@ typedef struct {
 /*
  * Forward: out [B, n, d_out]; optional (NULL to skip) rows [B, h, n] (each
  * query row's softmax maximum and sum, per head), weights [B, h, n, m] (per
- * head) and stats (over every head), as for attn_sdpa_forward.
+ * head; [B, n, m], their mean, with weights_mean) and stats (over every
+ * head), as for attn_sdpa_forward.
  */
 attn_status attn_mha_forward(const attn_mha_params *p, const attn_mha_inputs *in,
                              float *out, attn_softmax_row *rows, float *weights,
@@ -428,6 +449,13 @@ attn_status attn_mha_forward_backward(const attn_mha_params *p, const attn_mha_i
 
 /* Nominal FLOPs of the forward pass: projections, attention, output projection. */
 double attn_mha_flops(const attn_mha_params *p);
+
+/* The most bytes attn_mha_forward (or, when `backward`,
+ * attn_mha_forward_backward) allocates for p beyond the caller's tensors:
+ * the projections of every head, the attention's workspace, and the
+ * projections' gradients. has_w_o: the inputs have an output projection. */
+double attn_mha_workspace(const attn_mha_params *p, bool has_w_o, bool weights, bool stats,
+                          bool backward);
 
 /* ------------------------------------------------------------- kernels */
 

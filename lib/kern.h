@@ -37,8 +37,18 @@
 /* Largest register block of any kernel (rows of C per strip). */
 #define KERN_MR_MAX 8
 
+/* The row stride of a packed panel of `cols` keys: KERN_BK for a whole
+ * tile, and a narrow tail (n_k < 64, or the last keys of a row) only as
+ * wide as itself, so that a panel never holds more than the keys it packs
+ * (n_k = 1 with d_k = 4e6 is 16 MB, not 64 keys' worth). The kernels read a
+ * panel only as far as the tile's cols, with masked loads past them. */
+static inline int64_t kern_panel_ld(int64_t cols)
+{
+    return cols < KERN_BK ? cols : KERN_BK;
+}
+
 /* One key tile of one (batch, head), seen by the forward pass:
- *   kt [d_k, KERN_BK]   k^T of keys j0 .. j0 + cols (zero beyond cols)
+ *   kt [d_k, ld]        k^T of keys j0 .. j0 + cols, ld = kern_panel_ld(cols)
  *   v  [cols, d_v]      the tile's rows of v (row stride ldv)
  * and, in bfloat16, the same keys as pairs of bfloat16 in 32-bit words
  * (bf16.h; zero beyond cols):
@@ -46,6 +56,7 @@
  *   vp [KERN_BK / 2, d_v]         word (u, c): column c of keys 2u, 2u + 1 */
 typedef struct {
     const float *kt;
+    int64_t ld;
     const float *v;
     const uint32_t *kp, *vp;
 } kern_keys;
@@ -61,11 +72,10 @@ struct attn_kern {
                  int64_t a_cs, const float *b, int64_t ldb, float *c, int64_t ldc,
                  bool accumulate);
 
-    /* dst [cols, KERN_BK] = src^T for src [rows <= KERN_BK, cols] (row
-     * stride lds); columns rows .. of dst are zero to the end of their
-     * vector (a multiple of the kernel's vector width), the rest of each
-     * row is left as it is. */
-    void (*pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst);
+    /* dst [cols, ldd] = src^T for src [rows <= ldd, cols] (row stride
+     * lds); columns rows .. ldd of dst are zero. */
+    void (*pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst,
+                   int64_t ldd);
 
     /* Folds key tile t (keys) into the forward state of query rows t. */
     void (*forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_keys *keys,

@@ -153,7 +153,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
     float *s = st->strip;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
-        KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, s, KERN_BK,
+        KF(gemm)(rows, t->cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, keys->ld, s, KERN_BK,
                  false);
         float m_new[KMR], sum[KMR];
         if (KF(fwd_strip_plain)(c, t, st, r0, rows) &&
@@ -193,9 +193,9 @@ static void KF(backward_tile)(const sdpa_call *c, const sdpa_tile *t,
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {
         const int rows = (int)KMIN((int64_t)KMR, t->rows - r0);
         float *ps = P + r0 * KERN_BK, *ds = dS + r0 * KERN_BK;
-        KF(gemm)(rows, cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, KERN_BK, ps, KERN_BK,
+        KF(gemm)(rows, cols, d_k, q + r0 * ldq, ldq, 1, keys->kt, keys->ld, ps, KERN_BK,
                  false);
-        KF(gemm)(rows, cols, d_v, st->dout + r0 * ldo, ldo, 1, keys->vt, KERN_BK, ds,
+        KF(gemm)(rows, cols, d_v, st->dout + r0 * ldo, ldo, 1, keys->vt, keys->ld, ds,
                  KERN_BK, false);
         KF(bwd_strip_steps)(c, t, st, ps, ds, r0, rows);
         KF(gemm)(rows, d_k, cols, ds, KERN_BK, 1, keys->k, ldk, st->dq + r0 * ldq, ldq, true);

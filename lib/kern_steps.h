@@ -46,20 +46,21 @@
 
 /* ------------------------------------------------------------- packing */
 
-/* dst [cols, KERN_BK] = src^T for src [rows, cols] (row stride lds):
- * whole VW x VW blocks by the register transpose, the edges one by one,
- * and columns rows .. KERN_BK of dst zero (the kernels read whole panels). */
-KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst)
+/* dst [cols, ldd] = src^T for src [rows, cols] (row stride lds): whole
+ * VW x VW blocks by the register transpose, the edges one by one, and
+ * columns rows .. ldd of dst zero. */
+KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols,
+                                   float *dst, int64_t ldd)
 {
     const int64_t rows_v = rows / VW * VW, cols_v = cols / VW * VW;
     for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
         for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
-            vtranspose(src + r0 * lds + c0, lds, dst + c0 * KERN_BK + r0, KERN_BK);
+            vtranspose(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
     for (int64_t c = 0; c < cols; c++) {
-        float *d = dst + c * KERN_BK;
+        float *d = dst + c * ldd;
         for (int64_t r = c < cols_v ? rows_v : 0; r < rows; r++)
             d[r] = src[r * lds + c];
-        for (int64_t r = rows; r < KERN_BK; r++)
+        for (int64_t r = rows; r < ldd; r++)
             d[r] = 0.0f;
     }
 }

@@ -254,7 +254,7 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         s = check_inputs(p, in, err);
     if (s != ATTN_OK)
         return s;
-    if (want_weights && !elems_fit(p->batch, p->heads, p->n, p->m))
+    if (want_weights && !elems_fit(p->batch, p->weights_mean ? 1 : p->heads, p->n, p->m))
         return attn_fail(err, ATTN_ERR_INVALID,
                          "multi-head attention: weights [B, h, n, m] would have too many elements");
 
@@ -264,6 +264,7 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
         .threads = p->threads, .layout = ATTN_LAYOUT_BNHD, .variants = p->variants,
         .ragged = p->ragged,
+        .weights_mean = p->weights_mean,
         .cancel = p->cancel,
         .precision = p->precision,
     };

@@ -186,18 +186,23 @@ void sdpa_stats_finish(const sdpa_stats_acc *a, attn_stats *out);
 /* ------------------------------------------------------- forward state */
 
 /* A forward unit's state for its query rows [rows]: running row maxima m
- * and sums l of the online softmax, and the unnormalised output rows. */
+ * and sums l of the online softmax, and the unnormalised output rows.
+ * Both sums run over every key of a row, n_k / KERN_BK tiles of them: l is
+ * a double, and out a float partial that the caller folds into a double
+ * sum every SDPA_FOLD_TILES tiles (blocked summation), so that a row of
+ * 1e5 or 1e6 keys ends as close to the exact answer as a row of 1000. */
 typedef struct {
     float *strip;          /* [KERN_MR_MAX, KERN_BK] scores, then P, of one strip */
     float *m;              /* [rows] */
-    double *l;             /* [rows]; double, so that long rows sum without drift */
-    float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, row stride ldo */
-    /* With weights: the call's weights [B, H_q, n_q, n_k] and, per row and
+    double *l;             /* [rows] */
+    float *out;            /* [rows, d_v] = sum_j exp(x_j - m) v_j, row stride ldo,
+                            * since the last fold */
+    /* With weights: the unit's rows of weights [rows, n_k] and, per row and
      * key tile, the maximum P was taken against (sdpa_fwd_keep_weights). */
     float *weights;
     float *tile_max;       /* [rows, k_tiles] */
     int64_t k_tiles, kt;   /* key tiles of a row; the current one */
-    bool accumulate;       /* false on the unit's first tile: it writes out */
+    bool accumulate;       /* false on the first tile after a fold: it writes out */
     /* With statistics: */
     sdpa_stats_acc *stats; /* NULL without */
     float scale, softcap;  /* for the scaled scores' statistics */
@@ -224,7 +229,8 @@ void sdpa_fwd_keep_weights(const sdpa_call *c, sdpa_fwd_state *st, const sdpa_ti
 
 /* The key tile a backward unit owns, packed once for all its query rows. */
 typedef struct {
-    const float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK]: k_t^T, v_t^T */
+    const float *kt, *vt; /* [d_k, ld], [d_v, ld]: k_t^T, v_t^T (kern_panel_ld) */
+    int64_t ld;
     const float *k;       /* [cols, d_k] rows j0 .. of k (row stride ldk) */
     /* In bfloat16: k_t, v_t as kern_keys.kp [ceil(d_k / 2), KERN_BK] and
      * vp [ceil(d_v / 2), KERN_BK] (pairs of features), and kr
@@ -232,7 +238,11 @@ typedef struct {
     const uint32_t *kp, *vp, *kr;
 } sdpa_bwd_keys;
 
-/* A backward worker's view of one (query tile, key tile) pair. */
+/* A backward worker's view of one (query tile, key tile) pair. dq sums
+ * over every key tile, dk and dv over every query tile (of every query
+ * head of the group): long sums, added here in float and folded by the
+ * caller into double sums every SDPA_FOLD_TILES tiles (blocked summation:
+ * the error stays that of a few tiles' float sums at any length). */
 typedef struct {
     float *p, *ds;                /* [KERN_BWD_BQ, KERN_BK] workspaces */
     float *capped;                /* [KERN_BK] workspace: tanh of a row, with softcap */
@@ -250,6 +260,9 @@ typedef struct {
     uint32_t *pp, *dsp;           /* [KERN_BWD_BQ / 2, KERN_BK] workspaces: P, dS by
                                    * pairs of rows */
 } sdpa_bwd_state;
+
+/* Tiles a float partial sum takes before it is folded into double. */
+#define SDPA_FOLD_TILES 16
 
 /* ------------------------------------------------------ double precision */
 

@@ -20,7 +20,11 @@
  * copy of dq, summed in split order at the end. Items go to the threads in
  * units of about equal work (attn_units_plan). Either way which thread
  * runs which item changes nothing: the result is the same for a given
- * thread count, bit for bit.
+ * thread count, bit for bit. The long sums are blocked: every
+ * SDPA_FOLD_TILES key tiles of an item its float partials of dq are folded
+ * into double sums, and every SDPA_FOLD_TILES query tiles those of dk and
+ * dv (written when the key tile is done), so that their error does not
+ * grow with n_k or n_q.
  *
  * In bfloat16 (ATTN_PRECISION_BFLOAT16; not with a ragged batch) q and dO
  * are rounded once, before the items, into the two forms the products read
@@ -35,7 +39,8 @@
 #include "kern.h"
 
 typedef struct {
-    float *kt, *vt; /* [d_k, KERN_BK], [d_v, KERN_BK] */
+    float *kt, *vt; /* [d_k, ld], [d_v, ld], ld = kern_panel_ld(n_k) at most */
+    double *dk_sum, *dv_sum; /* [ld, d_k], [ld, d_v]: the key tile's folded sums */
     float *p, *ds;  /* [KERN_BWD_BQ, KERN_BK] */
     float *capped;  /* [KERN_BK] */
     /* In bfloat16: the key tile as sdpa_bwd_keys.kp, vp, kr, and the
@@ -62,7 +67,8 @@ typedef struct {
     sdpa_src dout; /* float32 unless in bfloat16 */
     const float *delta;
     float *dq, *dk, *dv;
-    float **dq_split; /* [splits]: dq itself, then the copies */
+    float **dq_split; /* [splits]: dq itself, then the copies (float partials) */
+    double **dq_sum;  /* [splits]: their folded sums (the layout of dq) */
     int64_t splits;   /* the most of any sequence */
     /* Per sequence of a ragged batch (one entry for them all otherwise,
      * since batch entries are alike): the cost of one pair's work, and in
@@ -77,6 +83,30 @@ typedef struct {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static int64_t tiles(int64_t n, int64_t per) { return (n + per - 1) / per; }
+
+/* acc += part and part back to 0, for n rows of `width` (strides lda,
+ * ldp): a float partial folded into its double sum. */
+static void fold(double *acc, int64_t lda, float *part, int64_t ldp, int64_t n, int64_t width)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t e = 0; e < width; e++) {
+            acc[r * lda + e] += part[r * ldp + e];
+            part[r * ldp + e] = 0.0f;
+        }
+}
+
+/* Folds the float partials of dq of every query head of key/value head hk
+ * of the sequence of c (batch entry b) into the split's double sums. */
+static void fold_dq(const bwd_job *job, const sdpa_call *c, int64_t split, int64_t b,
+                    int64_t hk)
+{
+    const attn_sdpa_params *p = c->p;
+    for (int64_t h = hk * c->group; h < (hk + 1) * c->group; h++) {
+        const int64_t q_at = sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k) + c->q_lo * c->ldq;
+        fold(job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq,
+             c->q_hi - c->q_lo, p->d_k);
+    }
+}
 
 /* ---------------------------------------------------------------- items */
 
@@ -149,6 +179,7 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
     float *dq = job->dq_split[split];
     const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
     const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
+    int64_t key_tiles = 0; /* since dq was last folded */
     for (int64_t kt = split; kt < tiles(c->k_hi - c->k_lo, KERN_BK); kt += splits) {
         sdpa_tile t = {.b = b, .j0 = c->k_lo + kt * KERN_BK};
         t.cols = min64(c->k_hi - t.j0, KERN_BK);
@@ -165,8 +196,11 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
         sdpa_query_range(c, t.j0, t.cols, &i_start, &i_end);
         if (i_start == i_end)
             continue;
+        memset(w->dk_sum, 0, (size_t)(t.cols * p->d_k) * sizeof *w->dk_sum);
+        memset(w->dv_sum, 0, (size_t)(t.cols * p->d_v) * sizeof *w->dv_sum);
         const attn_kern_bf16 *kb = job->kern_bf16;
-        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .k = k.f32};
+        const int64_t ld = kern_panel_ld(t.cols);
+        sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k.f32};
         if (kb != NULL) {
             /* Pairs of rows from an even row (the row before sees none of
              * these keys: its P is 0; a dense call's sequence starts at
@@ -179,9 +213,10 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             keys.vp = w->vp;
             keys.kr = w->kr;
         } else {
-            job->kern->pack_t(k.f32, c->ldk, t.cols, p->d_k, w->kt);
-            job->kern->pack_t(v.f32, c->ldv, t.cols, p->d_v, w->vt);
+            job->kern->pack_t(k.f32, c->ldk, t.cols, p->d_k, w->kt, ld);
+            job->kern->pack_t(v.f32, c->ldv, t.cols, p->d_v, w->vt, ld);
         }
+        int64_t query_tiles = 0; /* since dk and dv were last folded */
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
@@ -208,10 +243,25 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
                     st.pp = w->pp;
                     st.dsp = w->dsp;
                     kb->backward_tile(c, &t, &keys, &st);
-                    continue;
+                } else {
+                    job->kern->backward_tile(c, &t, &keys, &st);
                 }
-                job->kern->backward_tile(c, &t, &keys, &st);
+                if (++query_tiles == SDPA_FOLD_TILES) {
+                    fold(w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
+                    fold(w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
+                    query_tiles = 0;
+                }
             }
+        }
+        for (int64_t j = 0; j < t.cols; j++) {
+            for (int64_t e = 0; e < p->d_k; e++)
+                dk[j * c->ldk + e] = (float)(w->dk_sum[j * p->d_k + e] + dk[j * c->ldk + e]);
+            for (int64_t e = 0; e < p->d_v; e++)
+                dv[j * c->ldv + e] = (float)(w->dv_sum[j * p->d_v + e] + dv[j * c->ldv + e]);
+        }
+        if (++key_tiles == SDPA_FOLD_TILES) {
+            fold_dq(job, c, split, b, hk);
+            key_tiles = 0;
         }
     }
 }
@@ -233,6 +283,7 @@ typedef struct {
     const float *out;
     float *delta;
     float **dq_split;
+    double **dq_sum;
     int64_t splits, rows;
 } prologue_job;
 
@@ -253,8 +304,10 @@ static void prologue_block(void *ctx, int64_t block, int worker)
             s += (double)sdpa_src_value(j->dout, at + c) * j->out[at + c];
         j->delta[r] = (float)s;
     }
-    for (int64_t s = 0; s < j->splits; s++)
+    for (int64_t s = 0; s < j->splits; s++) {
         memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
+        memset(j->dq_sum[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(double));
+    }
 }
 
 typedef struct {
@@ -286,21 +339,26 @@ static void round_head(void *ctx, int64_t bh, int worker)
 
 typedef struct {
     float **dq_split;
+    double **dq_sum;
     int64_t splits, count;
 } reduce_job;
 
-/* dq += the copies of splits 1 .. S-1, in that order. */
+/* dq = the sums and the partials of splits 0 .. S-1, added in double in
+ * that order (split 0's partials are dq itself). */
 static void reduce_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
     const reduce_job *j = ctx;
     int64_t f0 = block * BWD_SUM_BLOCK, f1 = min64(f0 + BWD_SUM_BLOCK, j->count);
-    float *dq = j->dq_split[0];
-    for (int64_t s = 1; s < j->splits; s++) {
-        const float *copy = j->dq_split[s];
+    double *sum = j->dq_sum[0];
+    for (int64_t s = 0; s < j->splits; s++) {
+        const float *part = j->dq_split[s];
+        const double *other = j->dq_sum[s];
         for (int64_t f = f0; f < f1; f++)
-            dq[f] += copy[f];
+            sum[f] += (s > 0 ? other[f] : 0.0) + part[f];
     }
+    for (int64_t f = f0; f < f1; f++)
+        j->dq_split[0][f] = (float)sum[f];
 }
 
 static int64_t blocks(int64_t count, int64_t per_block)
@@ -366,7 +424,9 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p, bool bf16)
     bwd_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
-    const int64_t panel_k = p->d_k * KERN_BK, panel_v = p->d_v * KERN_BK;
+    /* Panels as wide as the widest tile: n_k < 64 keys pack no more. */
+    const int64_t keys = kern_panel_ld(p->n_k);
+    const int64_t panel_k = p->d_k * keys, panel_v = p->d_v * keys;
     const int64_t tile = (int64_t)KERN_BWD_BQ * KERN_BK;
     /* In bfloat16, words (as many as floats, each a multiple of 16): kp,
      * vp and kr, dsb, pp and dsp. */
@@ -375,12 +435,18 @@ static bwd_worker *alloc_workers(int n, const attn_sdpa_params *p, bool bf16)
     const int64_t dsb = KERN_MR_MAX * KERN_BK / 2, pairs = tile / 2;
     const int64_t words = bf16 ? kp + vp + kr + dsb + 2 * pairs : 0;
     for (int i = 0; i < n; i++) {
-        float *b = sdpa_alloc(panel_k + panel_v + 2 * tile + KERN_BK + words, sizeof(float));
-        if (b == NULL) {
+        /* The double sums first (their alignment), then the floats. */
+        double *d = sdpa_alloc(panel_k + panel_v +
+                                   (panel_k + panel_v + 2 * tile + KERN_BK + words + 1) / 2,
+                               sizeof(double));
+        if (d == NULL) {
             free_workers(w, n);
             return NULL;
         }
-        w[i].block = b;
+        w[i].block = d;
+        w[i].dk_sum = d;
+        w[i].dv_sum = d + panel_k;
+        float *b = (float *)(void *)(d + panel_k + panel_v);
         w[i].p = b;
         w[i].ds = b + tile;
         w[i].kt = b + 2 * tile;
@@ -459,9 +525,10 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     bool cancelled = false;
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
+    job.dq_sum = calloc((size_t)job.splits, sizeof *job.dq_sum);
     job.workers = alloc_workers(threads, p, job.call.bf16);
     bool ok = job.pair_cost != NULL && job.seq_splits != NULL && delta != NULL &&
-              job.dq_split != NULL && job.workers != NULL;
+              job.dq_split != NULL && job.dq_sum != NULL && job.workers != NULL;
     bwd_bf16 *h = &job.b16;
     if (ok && job.call.bf16) {
         job.kern_bf16 = kernels->bf16;
@@ -489,11 +556,13 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         job.dq_split[0] = dq;
         for (int64_t i = 1; ok && i < job.splits; i++)
             ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL;
+        for (int64_t i = 0; ok && i < job.splits; i++)
+            ok = (job.dq_sum[i] = sdpa_alloc(n_rows * p->d_k, sizeof(double))) != NULL;
     }
     if (ok) {
         prologue_job pro = {.call = &job.call, .dout = job.dout, .out = out, .delta = delta,
-                            .dq_split = job.dq_split, .splits = job.splits,
-                            .rows = n_rows};
+                            .dq_split = job.dq_split, .dq_sum = job.dq_sum,
+                            .splits = job.splits, .rows = n_rows};
         attn_parallel_for_until(threads, blocks(n_rows, BWD_ROW_BLOCK), prologue_block, &pro,
                                 p->cancel);
         job.delta = delta;
@@ -506,10 +575,9 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         cancelled = attn_cancelled(p->cancel);
     }
     if (ok && !cancelled) {
-        reduce_job red = {.dq_split = job.dq_split, .splits = job.splits,
-                          .count = n_rows * p->d_k};
-        if (job.splits > 1)
-            attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
+        reduce_job red = {.dq_split = job.dq_split, .dq_sum = job.dq_sum,
+                          .splits = job.splits, .count = n_rows * p->d_k};
+        attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
         if (rope)
             ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     }
@@ -521,7 +589,10 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     free(h->dor);
     for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
         free(job.dq_split[i]);
+    for (int64_t i = 0; job.dq_sum != NULL && i < job.splits; i++)
+        free(job.dq_sum[i]);
     free(job.dq_split);
+    free(job.dq_sum);
     free_workers(job.workers, threads);
     free(delta);
     free(job.pair_cost);

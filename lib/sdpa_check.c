@@ -230,7 +230,8 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
     /* The forward's packed copy of k pads n_k to whole key tiles. */
     if (elements(p->batch, p->heads_kv, p->n_k + 64, p->d_k) < 0)
         return attn_fail(err, ATTN_ERR_INVALID, "tensor sizes overflow");
-    if (with_weights && elements(p->batch, p->heads_q, p->n_q, p->n_k) < 0)
+    if (with_weights &&
+        elements(p->batch, p->weights_mean ? 1 : p->heads_q, p->n_q, p->n_k) < 0)
         return attn_fail(err, ATTN_ERR_INVALID,
                          "weights [%lld, %lld, %lld, %lld] would overflow",
                          (long long)p->batch, (long long)p->heads_q,

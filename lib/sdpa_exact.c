@@ -36,7 +36,8 @@ static bool score_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int
         return false;
     const attn_mask *m = &p->mask;
     int64_t at = b * m->stride[0] + h * m->stride[1] + i * m->stride[2] + j * m->stride[3];
-    if (m->kind == ATTN_MASK_BOOL && m->allowed[at] == 0)
+    if ((m->kind == ATTN_MASK_BOOL && m->allowed[at] == 0) ||
+        (m->kind == ATTN_MASK_BIAS && m->bias[at] == -INFINITY))
         return false;
     const sdpa_src k_row = sdpa_src_at(sdpa_src_k(c, b, h), j * c->ldk);
     double s = 0.0;

@@ -12,6 +12,8 @@
  * KERN_BK-wide panels of
  *   kt [sequences, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile,
  *                                                   from the sequence's first key)
+ * (one sequence per batch entry: a tile's panel only as wide as its keys,
+ * the panels of a head as many floats as its keys)
  * which every query block of every query head that reads the head shares;
  * a sequence whose panels only one item reads (short sequences) has them
  * packed by that item, right before it uses them.
@@ -21,7 +23,14 @@
  * rows (the kernel's forward_tile) and owns its output rows, so items run
  * in parallel without sharing anything but read-only inputs. Items go to
  * the threads in units of about equal work (attn_units_plan). Extra
- * memory: the packed copy of k, and a few rows per worker.
+ * memory: the packed copy of k, and a few rows per worker. (For the head
+ * mean of the weights, not with a ragged batch, a unit is one block of one
+ * batch entry through every head, which then owns its rows of the mean.)
+ *
+ * A row's output sums over all its keys: the kernels add each tile into
+ * the float output rows, and every SDPA_FOLD_TILES tiles the block folds
+ * them into a double sum (rescaled with the row's maximum as the float
+ * rows are), so that the error does not grow with n_k.
  *
  * In bfloat16 (ATTN_PRECISION_BFLOAT16) a panel holds the tile's k and v
  * rounded to bfloat16, in the pairs the kernel's products read (kern.h's
@@ -37,8 +46,14 @@
 /* One worker's workspaces, carved from a single allocation (block). */
 typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
-    float *panel; /* [d_k, KERN_BK]: k^T of the tile, when units pack their own */
+    float *panel; /* [d_k, ld]: k^T of the tile, when items pack their own */
+    float *m_tile; /* [KERN_FWD_BQ]: the row maxima before the tile */
     double *l, *ent;
+    double *acc;  /* [KERN_FWD_BQ, d_v]: the output rows folded so far */
+    /* With the head mean of the weights: one head's weights of the block,
+     * and their sum over the heads so far. [KERN_FWD_BQ, n_k] each. */
+    float *head_weights;
+    double *mean_sum;
     /* In bfloat16: the block's q rows [KERN_FWD_BQ, ceil(d_k / 2)], a
      * strip's P [KERN_MR_MAX, KERN_BK / 2], and the tile's panel when
      * items pack their own. */
@@ -61,6 +76,10 @@ typedef struct {
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
     int64_t k_tiles;            /* the most key tiles of a sequence */
+    int64_t q_tiles;            /* query blocks of a batch entry (head mean) */
+    /* The head mean of a ragged batch: the first unit of each sequence
+     * ([seqs + 1], one per query block of it); NULL otherwise. */
+    const int64_t *mean_at;
     sdpa_work work;
     sdpa_units units;
     fwd_worker *workers;
@@ -172,6 +191,18 @@ static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, i
                         p->d_v, vp, p->d_v, KERN_BK / 2, true);
 }
 
+/* The first panel of key/value head hk of sequence s (batch entry b); its
+ * tile kt is d_k * KERN_BK floats further. One sequence per batch entry:
+ * a head's panels hold d_k * n_k floats, the last tile only as wide as its
+ * keys. */
+static float *panels_of(const fwd_job *job, int64_t s, int64_t b, int64_t hk, int64_t k_tiles)
+{
+    const attn_sdpa_params *p = job->call.p;
+    if (job->panel_at == NULL)
+        return job->kt + (b * p->heads_kv + hk) * p->n_k * p->d_k;
+    return job->kt + (job->panel_at[s] + hk * k_tiles) * p->d_k * KERN_BK;
+}
+
 /* Unit: one key tile of one key/value head of a sequence. */
 static void pack_unit(void *ctx, int64_t u, int worker)
 {
@@ -189,8 +220,10 @@ static void pack_unit(void *ctx, int64_t u, int worker)
         return;
     }
     const float *k = c.k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) + j0 * c.ldk;
-    job->kern->pack_t(k, c.ldk, min64(KERN_BK, c.k_hi - j0), p->d_k,
-                      job->kt + u * p->d_k * KERN_BK);
+    const int64_t keys = min64(KERN_BK, c.k_hi - j0);
+    job->kern->pack_t(k, c.ldk, keys, p->d_k,
+                      panels_of(job, s, b, hk, k_tiles) + at % k_tiles * p->d_k * KERN_BK,
+                      kern_panel_ld(keys));
 }
 
 /* --------------------------------------------------------------- weights */
@@ -199,12 +232,11 @@ static void pack_unit(void *ctx, int64_t u, int worker)
  * time (tile_max); now that the final maximum m and sum l are known, every
  * tile is rescaled by exp(tile_max - m) / l. */
 static void finish_weights(const fwd_job *job, const sdpa_call *c, const sdpa_tile *t,
-                           const fwd_worker *w, int64_t k_first, int64_t k_end)
+                           const fwd_worker *w, float *weights, int64_t k_first, int64_t k_end)
 {
     const attn_sdpa_params *p = job->call.p;
-    const int64_t bh = t->b * p->heads_q + t->h;
     for (int64_t r = 0; r < t->rows; r++) {
-        float *row = job->weights + (bh * p->n_q + t->i0 + r) * p->n_k;
+        float *row = weights + r * p->n_k;
         for (int64_t j0 = k_first; j0 < k_end; j0 += KERN_BK) {
             int64_t cols = min64(k_end - j0, KERN_BK);
             float m_t = w->tile_max[r * job->k_tiles + (j0 - c->k_lo) / KERN_BK];
@@ -223,6 +255,27 @@ static void finish_weights(const fwd_job *job, const sdpa_call *c, const sdpa_ti
 
 /* ------------------------------------------------------------------ items */
 
+/* The block's float output rows (since the last fold) into its double
+ * sums, after a tile: first the sums are rescaled as the tile rescaled the
+ * float rows, where it raised a row's maximum; with `fold`, the float rows
+ * are then added in, and the next tile writes them afresh. */
+static void fold_rows(const sdpa_call *c, fwd_worker *w, const float *out, int64_t rows,
+                      bool fold)
+{
+    const int64_t d_v = c->p->d_v;
+    for (int64_t r = 0; r < rows; r++) {
+        double *acc = w->acc + r * d_v;
+        if (w->m[r] > w->m_tile[r] && w->m_tile[r] != -INFINITY) {
+            double shrink = (double)expf(w->m_tile[r] - w->m[r]);
+            for (int64_t e = 0; e < d_v; e++)
+                acc[e] *= shrink;
+        }
+        w->m_tile[r] = w->m[r];
+        for (int64_t e = 0; fold && e < d_v; e++)
+            acc[e] += out[r * c->ldo + e];
+    }
+}
+
 /* Where a block's key tiles come from: the sequence's shared panels of its
  * key/value head (tile kt at panels + kt * d_k * KERN_BK), or, when
  * panels is NULL, the worker's own panel, which holds tile *packed (-1:
@@ -234,21 +287,23 @@ typedef struct {
 } fwd_keys;
 
 /* Query rows t->i0 .. t->i0 + t->rows of head (t->b, t->h), within the
- * sequence of c, through every key tile of the sequence they see. */
+ * sequence of c, through every key tile of the sequence they see; their
+ * weights, when asked for, go to `weights` [rows, n_k]. */
 static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c, sdpa_tile t,
-                          fwd_keys from, sdpa_stats_acc *stats)
+                          fwd_keys from, sdpa_stats_acc *stats, float *weights)
 {
     const attn_sdpa_params *p = c->p;
     const int64_t bh = t.b * p->heads_q + t.h;
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
-        w->m[r] = -INFINITY;
+        w->m[r] = w->m_tile[r] = -INFINITY;
         w->l[r] = 0.0;
     }
+    memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
     if (stats != NULL)
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
-                         .weights = job->weights, .tile_max = w->tile_max,
+                         .weights = weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
@@ -271,15 +326,23 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
     if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
+    int64_t since_fold = 0; /* tiles in the float rows */
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
         /* Cancelled: the rows are left as they are (the call's outputs
          * are unspecified then), rather than finished from partial sums. */
         if (attn_cancelled(p->cancel))
             return;
+        if (since_fold == SDPA_FOLD_TILES) {
+            fold_rows(c, w, out, t.rows, true);
+            since_fold = 0;
+        }
         st.kt = (t.j0 - c->k_lo) / KERN_BK;
-        st.accumulate = t.j0 > k_first;
+        st.accumulate = since_fold++ > 0;
         t.cols = min64(k_end - t.j0, KERN_BK);
-        kern_keys keys = {.v = v != NULL ? v + t.j0 * c->ldv : NULL};
+        /* The panel holds the tile's keys; the tile may stop short of its
+         * end (causal), the panel's stride does not. */
+        kern_keys keys = {.v = v != NULL ? v + t.j0 * c->ldv : NULL,
+                          .ld = kern_panel_ld(min64(c->k_hi - t.j0, KERN_BK))};
         if (kb != NULL) {
             const uint32_t *panel = from.panels_b;
             if (panel != NULL) {
@@ -295,37 +358,42 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
             keys.kp = panel;
             keys.vp = panel + (p->d_k + 1) / 2 * KERN_BK;
             kb->forward_tile(c, &t, &keys, &st);
-            continue;
-        }
-        if (from.panels != NULL) {
-            keys.kt = from.panels + st.kt * p->d_k * KERN_BK;
         } else {
-            /* (The heads of a group see the same keys of a tile.) */
-            if (*from.packed != st.kt) {
-                job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols,
-                                  p->d_k, w->panel);
-                *from.packed = st.kt;
+            if (from.panels != NULL) {
+                keys.kt = from.panels + st.kt * p->d_k * KERN_BK;
+            } else {
+                /* (The heads of a group see the same keys of a tile.) */
+                keys.ld = kern_panel_ld(t.cols);
+                if (*from.packed != st.kt) {
+                    job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols,
+                                      p->d_k, w->panel, keys.ld);
+                    *from.packed = st.kt;
+                }
+                keys.kt = w->panel;
             }
-            keys.kt = w->panel;
+            job->kern->forward_tile(c, &t, &keys, &st);
         }
-        job->kern->forward_tile(c, &t, &keys, &st);
+        fold_rows(c, w, out, t.rows, false);
     }
-    if (job->weights != NULL)
-        finish_weights(job, c, &t, w, k_end > k_begin ? k_first : k_end, k_end);
+    if (weights != NULL)
+        finish_weights(job, c, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
-        bool finite = job->kern->scale_finite(o, p->d_v, l > 0.0 ? (float)(1.0 / l) : 1.0f);
+        const double *acc = w->acc + r * p->d_v, inv = l > 0.0 ? 1.0 / l : 0.0;
+        bool finite = true;
+        for (int64_t e = 0; e < p->d_v; e++) {
+            o[e] = (float)((acc[e] + (since_fold > 0 ? o[e] : 0.0f)) * inv);
+            finite &= isfinite(o[e]);
+        }
         attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
         bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
         if (!sm_finite || !finite) {
             /* The weighted sum overflowed (the row is redone in double), or
              * the scores did (then the row's maximum and sum are redone too;
              * otherwise they stay those the kernel's weights were made with). */
-            float *weights = job->weights == NULL || sm_finite
-                                 ? NULL
-                                 : job->weights + ((bh * p->n_q) + t.i0 + r) * p->n_k;
-            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o, weights);
+            float *row = weights == NULL || sm_finite ? NULL : weights + r * p->n_k;
+            attn_softmax_row exact = sdpa_forward_row_exact(c, t.b, t.h, t.i0 + r, o, row);
             if (!sm_finite)
                 sm = exact;
         }
@@ -387,12 +455,20 @@ static void prefetch_next(const fwd_job *job, int64_t s, int64_t i)
     prefetch_rows(p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.ldv, c.k_lo, c.k_hi, false);
 }
 
+/* Where the weights of the rows of t go (NULL: not asked for). */
+static float *block_weights(const fwd_job *job, const sdpa_tile *t)
+{
+    const attn_sdpa_params *p = job->call.p;
+    if (job->weights == NULL)
+        return NULL;
+    return job->weights + ((t->b * p->heads_q + t->h) * p->n_q + t->i0) * p->n_k;
+}
+
 /* Item i of sequence s (fwd_items says which items a sequence has). */
 static void forward_item(void *ctx, int64_t s, int64_t i)
 {
     const fwd_unit *u = ctx;
     const fwd_job *job = u->job;
-    const attn_sdpa_params *p = job->call.p;
     int64_t b;
     const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
     const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
@@ -409,8 +485,8 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
         if (k_tiles > 0 && job->kv_b != NULL)
             from.panels_b = job->kv_b + (first_panel(job, s) + hk * k_tiles) * job->panel_words;
         else if (k_tiles > 0)
-            from.panels = job->kt + (first_panel(job, s) + hk * k_tiles) * p->d_k * KERN_BK;
-        forward_block(job, u->w, &c, t, from, u->stats);
+            from.panels = panels_of(job, s, b, hk, k_tiles);
+        forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
         return;
     }
     /* One query block; the group's heads one after the other over the
@@ -423,7 +499,7 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
     t.i0 = c.q_lo;
     t.rows = c.q_hi - c.q_lo;
     for (t.h = i * c.group; t.h < (i + 1) * c.group; t.h++)
-        forward_block(job, u->w, &c, t, from, u->stats);
+        forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
 }
 
 static void forward_unit(void *ctx, int64_t unit, int worker)
@@ -435,6 +511,70 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
         sdpa_stats_init(u.stats);
     }
     attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
+}
+
+/* The sequence of head mean unit u of a ragged batch: the last s with
+ * mean_at[s] <= u < mean_at[s + 1]. */
+static int64_t mean_seq(const fwd_job *job, int64_t u)
+{
+    int64_t lo = 0, hi = job->work.seqs; /* mean_at[lo] <= u < mean_at[hi] */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (job->mean_at[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Unit, for the head mean of the weights: one query block of one sequence
+ * (a batch entry, or a sequence of a ragged batch), through every head in
+ * turn. Each head's weights land in the worker's rows and are added (in
+ * double, so that thousands of heads average exactly) to the block's
+ * sums; the unit alone writes its rows of the mean. */
+static void forward_mean_unit(void *ctx, int64_t u, int worker)
+{
+    const fwd_job *job = ctx;
+    const attn_sdpa_params *p = job->call.p;
+    fwd_worker *w = &job->workers[worker];
+    int64_t seq = u / job->q_tiles, qt = u % job->q_tiles, b;
+    if (job->mean_at != NULL) {
+        seq = mean_seq(job, u);
+        qt = u - job->mean_at[seq];
+    }
+    const sdpa_call c = sdpa_call_seq(&job->call, seq, &b);
+    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
+    /* Whether the sequence's panels were packed beforehand. */
+    const bool packed_before = job->panel_at != NULL
+                                   ? job->panel_at[seq + 1] > job->panel_at[seq]
+                                   : job->kt != NULL || job->kv_b != NULL;
+    sdpa_stats_acc *stats = NULL;
+    if (job->unit_stats != NULL) {
+        stats = &job->unit_stats[u];
+        sdpa_stats_init(stats);
+    }
+    sdpa_tile t = {.b = b, .i0 = c.q_lo + qt * KERN_FWD_BQ};
+    t.rows = min64(c.q_hi - t.i0, KERN_FWD_BQ);
+    const int64_t count = t.rows * p->n_k;
+    memset(w->mean_sum, 0, (size_t)count * sizeof *w->mean_sum);
+    for (t.h = 0; t.h < p->heads_q; t.h++) {
+        const int64_t hk = t.h / c.group;
+        int64_t packed = -1;
+        fwd_keys from = {.panels = NULL, .packed = &packed};
+        if (k_tiles > 0 && packed_before && job->kv_b != NULL)
+            from.panels_b =
+                job->kv_b + (first_panel(job, seq) + hk * k_tiles) * job->panel_words;
+        else if (k_tiles > 0 && packed_before)
+            from.panels = panels_of(job, seq, b, hk, k_tiles);
+        forward_block(job, w, &c, t, from, stats, w->head_weights);
+        for (int64_t e = 0; e < count; e++)
+            w->mean_sum[e] += w->head_weights[e];
+    }
+    float *mean = job->weights + (b * p->n_q + t.i0) * p->n_k;
+    const double inv = 1.0 / (double)p->heads_q;
+    for (int64_t e = 0; e < count; e++)
+        mean[e] = (float)(w->mean_sum[e] * inv);
 }
 
 /* ------------------------------------------------------------- workspace */
@@ -492,9 +632,16 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         return NULL;
     memset(w, 0, (size_t)n * sizeof *w);
     const int64_t bq = KERN_FWD_BQ, bk = KERN_BK;
+    const int64_t panel_keys = min64(job->call.p->n_k, KERN_BK), d_v = job->call.p->d_v;
     const bool weights = job->weights != NULL;
-    size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + lines(bq, sizeof(float)) +
-                   lines(bq, sizeof(double)) + lines(job->call.p->d_k * bk, sizeof(float));
+    const bool mean = weights && job->call.p->weights_mean;
+    const int64_t block_weights = min64(job->call.p->n_q, bq) * job->call.p->n_k;
+    size_t bytes = lines(KERN_MR_MAX * bk, sizeof(float)) + 2 * lines(bq, sizeof(float)) +
+                   lines(bq, sizeof(double)) +
+                   lines(job->call.p->d_k * panel_keys, sizeof(float)) +
+                   lines(bq * d_v, sizeof(double));
+    if (mean)
+        bytes += lines(block_weights, sizeof(double)) + lines(block_weights, sizeof(float));
     if (stats)
         bytes += 2 * lines(bk, sizeof(float)) + lines(bq, sizeof(double));
     if (weights)
@@ -518,7 +665,17 @@ static fwd_worker *alloc_workers(fwd_arena *a, int n, const fwd_job *job, bool s
         w[i].l = (double *)(void *)b;
         b += lines(bq, sizeof(double));
         w[i].panel = (float *)(void *)b;
-        b += lines(job->call.p->d_k * bk, sizeof(float));
+        b += lines(job->call.p->d_k * panel_keys, sizeof(float));
+        w[i].m_tile = (float *)(void *)b;
+        b += lines(bq, sizeof(float));
+        w[i].acc = (double *)(void *)b;
+        b += lines(bq * d_v, sizeof(double));
+        if (mean) {
+            w[i].mean_sum = (double *)(void *)b;
+            b += lines(block_weights, sizeof(double));
+            w[i].head_weights = (float *)(void *)b;
+            b += lines(block_weights, sizeof(float));
+        }
         if (stats) {
             w[i].raw = (float *)(void *)b;
             b += lines(bk, sizeof(float));
@@ -610,9 +767,32 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
             panels = p->batch * p->heads_kv * job.k_tiles;
     }
     attn_units_plan(&job.work, &job.units);
-    int threads = sdpa_threads(p, job.units.count, attn_sdpa_flops(p));
+    /* The head mean's units take every head of a block: fewer, larger. */
+    const bool mean = weights != NULL && p->weights_mean;
+    job.q_tiles = tiles(p->n_q, KERN_FWD_BQ);
+    int64_t run_units = mean ? p->batch * job.q_tiles : job.units.count, *mean_at = NULL;
+    if (mean && ragged) {
+        mean_at = ws_alloc(&arena, job.work.seqs + 1, sizeof *mean_at);
+        if (mean_at == NULL) {
+            ws_free(&arena, panel_at);
+            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
+        }
+        mean_at[0] = 0;
+        for (int64_t seq = 0; seq < job.work.seqs; seq++) {
+            int64_t b;
+            const sdpa_call c = sdpa_call_seq(&job.call, seq, &b);
+            mean_at[seq + 1] = mean_at[seq] + tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+        }
+        run_units = mean_at[job.work.seqs];
+        job.mean_at = mean_at;
+    }
+    int threads = sdpa_threads(p, run_units, attn_sdpa_flops(p));
+    /* Ragged: panels in whole tiles; otherwise as many floats as k. */
     float *kt = panels > 0 && !job.call.bf16
-                    ? ws_alloc(&arena, panels * p->d_k * KERN_BK, sizeof(float))
+                    ? ws_alloc(&arena,
+                               ragged ? panels * p->d_k * KERN_BK
+                                      : p->batch * p->heads_kv * p->n_k * p->d_k,
+                               sizeof(float))
                     : NULL;
     uint32_t *kv_b = panels > 0 && job.call.bf16
                          ? ws_alloc(&arena, panels * job.panel_words, sizeof(uint32_t))
@@ -620,7 +800,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     job.kt = kt;
     job.kv_b = kv_b;
     if (stats != NULL)
-        job.unit_stats = malloc((size_t)job.units.count * sizeof *job.unit_stats);
+        job.unit_stats = malloc((size_t)run_units * sizeof *job.unit_stats);
     job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
     /* With RoPE the kernels read rotated copies of q and k. */
     const bool rope = p->variants.rope_base > 0.0f;
@@ -638,10 +818,11 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     bool cancelled = false;
     if (ok) {
         attn_parallel_for_until(threads, panels, pack_unit, &job, p->cancel);
-        attn_parallel_for_until(threads, job.units.count, forward_unit, &job, p->cancel);
+        attn_parallel_for_until(threads, run_units, mean ? forward_mean_unit : forward_unit,
+                                &job, p->cancel);
         cancelled = attn_cancelled(p->cancel);
         if (stats != NULL && !cancelled) {
-            for (int64_t u = 1; u < job.units.count; u++)
+            for (int64_t u = 1; u < run_units; u++)
                 sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
             sdpa_stats_finish(&job.unit_stats[0], stats);
         }
@@ -649,6 +830,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     ws_free(&arena, kt);
     ws_free(&arena, kv_b);
     ws_free(&arena, panel_at);
+    ws_free(&arena, mean_at);
     free(q_rot);
     free(k_rot);
     free(job.unit_stats);

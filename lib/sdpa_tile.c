@@ -218,9 +218,7 @@ void sdpa_fwd_stats_entropy(sdpa_fwd_state *st, int64_t row, const float *p, int
 void sdpa_fwd_keep_weights(const sdpa_call *c, sdpa_fwd_state *st, const sdpa_tile *t,
                            int64_t row, const float *p)
 {
-    const attn_sdpa_params *pp = c->p;
-    const int64_t bh = t->b * pp->heads_q + t->h;
-    float *w = st->weights + (bh * pp->n_q + t->i0 + row) * pp->n_k + t->j0;
+    float *w = st->weights + row * c->p->n_k + t->j0;
     memcpy(w, p, (size_t)t->cols * sizeof *w);
     st->tile_max[row * st->k_tiles + st->kt] = st->m[row];
 }

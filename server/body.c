@@ -3,6 +3,13 @@
  * limit (judged from the Content-Length before a byte is read, and counted
  * for a chunked upload), and the buffer each connection keeps for the
  * bodies of its requests.
+ *
+ * A buffer grows as the bytes arrive (doubling, up to the announced
+ * length), never to the length a client announces before sending it: a
+ * client that announces 50 MB and trickles holds what it sent. Every
+ * connection's buffer counts against --max-body-memory; a body whose
+ * buffer cannot grow within it is refused (503, Retry-After) and its
+ * buffer freed at once, so that stalled uploads cannot add up to more.
  */
 #include "server.h"
 
@@ -43,16 +50,40 @@ static bool is_octet_stream(const char *content_type)
     return n == 24 && !strncasecmp(p, "application/octet-stream", n);
 }
 
-static bool reserve(srv_connection *cx, size_t need)
+/* The first buffer of a body: most bodies fit it. */
+#define FIRST_BODY_BUFFER 16384
+
+/* Grows cx's buffer to `need` bytes within --max-body-memory. */
+static bool grow(srv_request *r, size_t need)
 {
+    srv_connection *cx = r->connection;
     if (need <= cx->body_cap)
         return true;
-    char *p = realloc(cx->body, need);
-    if (!p)
+    srv_server *srv = cx->srv;
+    long long more = (long long)(need - cx->body_cap);
+    long long held = atomic_fetch_add(&srv->body_memory, more) + more;
+    if (held > srv->cfg->max_body_memory) {
+        atomic_fetch_sub(&srv->body_memory, more);
+        r->bodies_full = true;
         return false;
+    }
+    char *p = realloc(cx->body, need);
+    if (!p) {
+        atomic_fetch_sub(&srv->body_memory, more);
+        r->out_of_memory = true;
+        return false;
+    }
     cx->body = p;
     cx->body_cap = need;
     return true;
+}
+
+void body_free(srv_connection *cx)
+{
+    atomic_fetch_sub(&cx->srv->body_memory, (long long)cx->body_cap);
+    free(cx->body);
+    cx->body = NULL;
+    cx->body_cap = 0;
 }
 
 bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has_length)
@@ -66,15 +97,11 @@ bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has
         http_reply_stock(r, STOCK_UNSUPPORTED_MEDIA);
         return false;
     }
-    if (has_length) {
-        if (length > (uint64_t)r->srv->cfg->max_body) {
-            http_reply_stock(r, STOCK_BODY_TOO_LARGE);
-            return false;
-        }
-        /* One allocation of the announced size instead of a doubling series. */
-        if (!reserve(r->connection, length ? (size_t)length : 1))
-            r->out_of_memory = true;
+    if (has_length && length > (uint64_t)r->srv->cfg->max_body) {
+        http_reply_stock(r, STOCK_BODY_TOO_LARGE);
+        return false;
     }
+    r->body_expected = has_length ? (size_t)length : 0;
     return true;
 }
 
@@ -83,7 +110,7 @@ void body_take(srv_request *r, const char *data, size_t n)
     srv_connection *cx = r->connection;
     size_t max_body = (size_t)r->srv->cfg->max_body;
     r->bytes_in += n;
-    if (r->too_large || r->out_of_memory)
+    if (r->too_large || r->out_of_memory || r->bodies_full)
         return;
     if (r->body_len + n > max_body) {
         /* Only a chunked upload gets here (a Content-Length was checked). */
@@ -94,12 +121,16 @@ void body_take(srv_request *r, const char *data, size_t n)
         size_t cap = cx->body_cap * 2;
         if (cap < r->body_len + n)
             cap = r->body_len + n;
-        if (cap < 16384)
-            cap = 16384;
+        if (cap < FIRST_BODY_BUFFER)
+            cap = FIRST_BODY_BUFFER;
+        /* Never past what was announced, nor past the limit. */
+        if (r->body_expected >= r->body_len + n && cap > r->body_expected)
+            cap = r->body_expected;
         if (cap > max_body)
             cap = max_body;
-        if (!reserve(cx, cap)) {
-            r->out_of_memory = true;
+        if (!grow(r, cap)) {
+            if (r->bodies_full) /* what it held goes back to the others */
+                body_free(cx);
             return;
         }
     }
@@ -109,9 +140,6 @@ void body_take(srv_request *r, const char *data, size_t n)
 
 void body_trim(srv_connection *cx)
 {
-    if (cx->body_cap > KEEP_BODY_BUFFER) {
-        free(cx->body);
-        cx->body = NULL;
-        cx->body_cap = 0;
-    }
+    if (cx->body_cap > KEEP_BODY_BUFFER)
+        body_free(cx);
 }

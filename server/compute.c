@@ -25,6 +25,13 @@
  * others is refused with 503 and Retry-After; one that could not fit even
  * alone is the API's 422 response_too_large.
  *
+ * Memory likewise: a request's estimated peak (api_cost.memory: body,
+ * inputs, libattn's workspaces, results, answer) is reserved against
+ * --max-memory from the moment it is costed until its answer is built, and
+ * one that does not fit beside the others is refused with 503 and
+ * Retry-After; one larger than --max-request-memory is the API's 422
+ * memory_limit.
+ *
  * Cores: libattn runs each call on threads of its own. A request that
  * starts while nothing else computes or waits gets every core (the
  * configured `threads`); one that starts beside others gets one, so that a
@@ -52,26 +59,53 @@ static api_limits limits(const srv_request *r, int threads)
     const srv_server *srv = r->srv;
     return (api_limits){.max_work = srv->cfg->max_work,
                         .max_response = (double)srv->cfg->max_response,
+                        .max_memory = (double)srv->cfg->max_request_memory,
                         .threads = threads,
+                        .max_threads = srv->cfg->threads,
                         .arrival_ms = r->t_start * 1e3,
                         .cancel = &r->cancel};
 }
 
-/* Reserves the room of an answer in the budget; false when it is spent. */
-static bool reserve(srv_request *r, double bytes)
+/* Reserves the room of an answer in the response budget and the request's
+ * peak memory in the memory budget, both or neither: false, with the
+ * refusal in r->refusal, when one is spent. A request alone in the memory
+ * budget is always let in (its own limit, --max-request-memory, has judged
+ * it), so that no request waits for room it can never have. */
+static bool reserve(srv_request *r, const api_cost *cost)
 {
     srv_compute *q = &r->srv->compute;
     pthread_mutex_lock(&q->lock);
-    bool ok = q->response_pending + bytes <= q->response_budget;
-    if (ok)
-        q->response_pending += bytes;
+    bool answer = q->response_pending + cost->response_bytes <= q->response_budget;
+    bool memory = q->memory_pending == 0 ||
+                  q->memory_pending + cost->memory <= q->memory_budget;
+    if (answer && memory) {
+        q->response_pending += cost->response_bytes;
+        q->memory_pending += cost->memory;
+    }
     pthread_mutex_unlock(&q->lock);
-    if (ok)
-        r->reserved = bytes;
-    return ok;
+    if (!answer || !memory) {
+        r->refusal = !answer ? STOCK_RESPONSES_PENDING : STOCK_MEMORY_PENDING;
+        return false;
+    }
+    r->reserved = cost->response_bytes;
+    r->memory_reserved = cost->memory;
+    return true;
 }
 
-/* After the answer is built: its reservation becomes what it holds. */
+/* The request's peak memory, reserved while it was computed, is free. */
+static void release_memory(srv_request *r)
+{
+    if (r->memory_reserved == 0)
+        return;
+    srv_compute *q = &r->srv->compute;
+    pthread_mutex_lock(&q->lock);
+    q->memory_pending -= r->memory_reserved;
+    pthread_mutex_unlock(&q->lock);
+    r->memory_reserved = 0;
+}
+
+/* After the answer is built: its reservation becomes what it holds, and
+ * what computing it held is released. */
 static void settle(srv_request *r)
 {
     double held = r->res.body ? (double)r->res.body_cap : 0;
@@ -80,6 +114,7 @@ static void settle(srv_request *r)
     q->response_pending += held - r->reserved;
     pthread_mutex_unlock(&q->lock);
     r->reserved = held;
+    release_memory(r);
 }
 
 void compute_release(srv_request *r)
@@ -88,6 +123,7 @@ void compute_release(srv_request *r)
         api_call_free(r->call);
         r->call = NULL;
     }
+    release_memory(r);
     if (r->reserved == 0)
         return;
     srv_compute *q = &r->srv->compute;
@@ -115,10 +151,9 @@ static bool prepare(srv_request *r, int threads)
     r->call = prepare_call(r, &lim, &cost);
     if (!r->call)
         return false;
-    if (!reserve(r, cost.response_bytes)) {
+    if (!reserve(r, &cost)) {
         api_call_free(r->call);
         r->call = NULL;
-        r->refusal = STOCK_RESPONSES_PENDING;
         return false;
     }
     return true;
@@ -222,6 +257,8 @@ bool compute_start(srv_server *srv)
     q->stopping = false;
     q->response_budget = (double)srv->cfg->max_response;
     q->response_pending = 0;
+    q->memory_budget = (double)srv->cfg->max_memory;
+    q->memory_pending = 0;
     q->workers = calloc((size_t)q->slots, sizeof *q->workers);
     if (!q->workers)
         return false;
@@ -253,9 +290,8 @@ compute_result compute_submit(srv_request *r)
         r->call = prepare_call(r, &lim, &cost);
         if (!r->call)
             return COMPUTE_DONE;
-        if (!reserve(r, cost.response_bytes)) {
+        if (!reserve(r, &cost)) {
             compute_release(r);
-            r->refusal = STOCK_RESPONSES_PENDING;
             return COMPUTE_DONE;
         }
         work = cost.work;
@@ -337,6 +373,15 @@ double compute_response_pending(srv_server *srv)
     srv_compute *q = &srv->compute;
     pthread_mutex_lock(&q->lock);
     double n = q->response_pending;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+double compute_memory_pending(srv_server *srv)
+{
+    srv_compute *q = &srv->compute;
+    pthread_mutex_lock(&q->lock);
+    double n = q->memory_pending;
     pthread_mutex_unlock(&q->lock);
     return n;
 }

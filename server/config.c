@@ -86,6 +86,23 @@ static const opt_row options[] = {
      .limit = true,
      .help = "bytes that the answers in flight may hold together: one that could be "
              "larger gets 422, one that does not fit beside the others 503"},
+    /* Together the defaults below fit a container of 1 GiB: requests
+     * computing or queued 512 MiB, bodies arriving 128 MiB, answers being
+     * sent 256 MiB (--max-response), and attnd itself a few tens of MiB. */
+    {.name = "max-request-memory", .metavar = "BYTES", .type = OPT_BYTES,
+     .offset = OFF(max_request_memory), .def = "256MiB", .min = 1048576,
+     .max = 1099511627776.0, .limit = true,
+     .help = "a request whose estimated peak memory (body, inputs, workspaces, results, "
+             "answer) is larger gets 422, before anything is allocated"},
+    {.name = "max-memory", .metavar = "BYTES", .type = OPT_BYTES, .offset = OFF(max_memory),
+     .def = "512MiB", .min = 1048576, .max = 1099511627776.0, .limit = true,
+     .help = "bytes the requests queued or computing may hold together (their estimates); "
+             "one that does not fit beside the others gets 503"},
+    {.name = "max-body-memory", .metavar = "BYTES", .type = OPT_BYTES,
+     .offset = OFF(max_body_memory), .def = "128MiB", .min = 65536,
+     .max = 1099511627776.0, .limit = true,
+     .help = "bytes the request bodies being received may hold together (buffers grow as "
+             "bytes arrive); a body that does not fit beside the others gets 503"},
     {.name = "queue", .metavar = "N", .type = OPT_INT, .offset = OFF(queue), .def = "64",
      .min = 0, .max = 100000, .limit = true,
      .help = "requests that may wait for a compute slot; beyond that 503"},

@@ -30,6 +30,9 @@ typedef struct {
     int64_t max_body;    /* bytes; a larger body is a 413 */
     double max_work;     /* work units (FLOP-equivalents); a request needing more is a 422 */
     int64_t max_response; /* bytes all answers in flight may hold; one larger is a 422 */
+    int64_t max_request_memory; /* bytes one request may hold at its peak; more is a 422 */
+    int64_t max_memory;  /* bytes the requests queued or computing may hold together */
+    int64_t max_body_memory; /* bytes the bodies being received may hold together */
     int queue;           /* requests that may wait for a compute slot */
     int timeout;         /* seconds a connection may stay idle mid-request */
     int header_timeout;  /* seconds a request's headers may take, in all */

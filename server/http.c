@@ -136,6 +136,8 @@ static void on_body_done(srv_request *r)
             http_reply_canned(r, routes_not_allowed(r->srv, r->path));
     } else if (r->too_large) {
         http_reply_stock(r, STOCK_BODY_TOO_LARGE);
+    } else if (r->bodies_full) {
+        http_reply_stock(r, STOCK_BODIES_PENDING);
     } else if (r->out_of_memory) {
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
     } else if (atomic_load(&r->computed)) {
@@ -294,7 +296,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         if (cx) {
             quirks_connection_closed(cx);
             conn_limit_close(&srv->conn_limit, cx);
-            free(cx->body);
+            body_free(cx);
             free(cx);
         }
         *socket_context = NULL;

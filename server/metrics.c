@@ -312,6 +312,18 @@ char *metrics_render(srv_server *srv, size_t *len)
                      "# TYPE attnd_response_bytes_pending gauge\n"
                      "attnd_response_bytes_pending %.0f\n",
                      compute_response_pending(srv));
+    codec_buf_printf(&t,
+                     "# HELP attnd_memory_bytes_pending Estimated peak bytes of the requests "
+                     "queued or computing (bounded by --max-memory).\n"
+                     "# TYPE attnd_memory_bytes_pending gauge\n"
+                     "attnd_memory_bytes_pending %.0f\n",
+                     compute_memory_pending(srv));
+    codec_buf_printf(&t,
+                     "# HELP attnd_body_bytes Bytes of the request body buffers of every "
+                     "connection (bounded by --max-body-memory).\n"
+                     "# TYPE attnd_body_bytes gauge\n"
+                     "attnd_body_bytes %lld\n",
+                     (long long)atomic_load(&srv->body_memory));
     srv_conn_limit *cl = &srv->conn_limit;
     codec_buf_printf(&t,
                      "# HELP attnd_connections Client connections open.\n"

@@ -226,6 +226,18 @@ static bool stock_build(srv_server *srv, srv_canned **stock, bool oip)
              (long long)srv->cfg->max_response);
     stock[STOCK_RESPONSES_PENDING] = canned_error_as(srv, oip, 503, "overloaded", msg,
         MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    snprintf(msg, sizeof msg,
+             "the requests being computed already hold most of this server's %lld bytes "
+             "for them (--max-memory); retry shortly",
+             (long long)srv->cfg->max_memory);
+    stock[STOCK_MEMORY_PENDING] = canned_error_as(srv, oip, 503, "overloaded", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    snprintf(msg, sizeof msg,
+             "the request bodies being received already hold most of this server's %lld "
+             "bytes for them (--max-body-memory); retry shortly",
+             (long long)srv->cfg->max_body_memory);
+    stock[STOCK_BODIES_PENDING] = canned_error_as(srv, oip, 503, "overloaded", msg,
+        MHD_HTTP_HEADER_RETRY_AFTER, "1");
     stock[STOCK_SHUTTING_DOWN] = canned_error_as(srv, oip, 503, "shutting_down",
         "this server is shutting down; retry on another replica",
         MHD_HTTP_HEADER_RETRY_AFTER, "5");

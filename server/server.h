@@ -66,9 +66,11 @@ struct srv_request {
     bool preflight;          /* a CORS preflight (cors_is_preflight) */
 
     size_t body_len;         /* bytes in connection->body */
+    size_t body_expected;    /* the Content-Length announced, 0 without one */
     size_t bytes_in;         /* body bytes received, kept or not */
     bool too_large;
     bool out_of_memory;      /* the body could not be stored */
+    bool bodies_full;        /* no room in --max-body-memory for the body: 503 */
 
     bool responded;          /* a response has been queued */
     int status;
@@ -83,6 +85,7 @@ struct srv_request {
                               * (api_limits.cancel) and the answer is dropped */
     api_call *call;          /* prepared (decoded, costed), not computed yet */
     double reserved;         /* answer bytes held against --max-response */
+    double memory_reserved;  /* its estimated peak, held against --max-memory */
     int refusal;             /* a stock_error to answer instead of res, or -1 */
     double t_queued;         /* monotonic seconds when it joined the queue */
     api_response res;
@@ -182,6 +185,8 @@ typedef enum {
     STOCK_OUT_OF_MEMORY,      /* 500 */
     STOCK_OVERLOADED,         /* 503 + Retry-After: the compute queue is full */
     STOCK_RESPONSES_PENDING,  /* 503 + Retry-After: --max-response is spent */
+    STOCK_MEMORY_PENDING,     /* 503 + Retry-After: --max-memory is spent */
+    STOCK_BODIES_PENDING,     /* 503 + Retry-After: --max-body-memory is spent */
     STOCK_SHUTTING_DOWN,      /* 503 + Retry-After */
     STOCK_PER_IP_LIMIT,       /* 503 + Retry-After: too_many_connections, per address */
     STOCK_PRESSURE,           /* ... this address holds the most under pressure */
@@ -230,6 +235,9 @@ bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has
 void body_take(srv_request *r, const char *data, size_t n);
 /* Between requests: a large buffer is not kept for an idle connection. */
 void body_trim(srv_connection *cx);
+/* The connection is closing: its body buffer goes, and its bytes return to
+ * --max-body-memory. */
+void body_free(srv_connection *cx);
 
 /* ---------------------------------------------------------- framing.c */
 
@@ -334,6 +342,8 @@ typedef struct {
     int n_workers;
     double response_budget;  /* --max-response */
     double response_pending; /* bytes reserved by answers in flight */
+    double memory_budget;    /* --max-memory */
+    double memory_pending;   /* bytes reserved by requests queued or computing */
 } srv_compute;
 
 typedef enum {
@@ -358,6 +368,7 @@ void compute_release(srv_request *r);
 bool compute_unqueue(srv_request *r);
 int compute_running(srv_server *srv);     /* computing now */
 double compute_response_pending(srv_server *srv); /* bytes */
+double compute_memory_pending(srv_server *srv);   /* bytes */
 void compute_stop(srv_server *srv);
 
 /* ---------------------------------------------------------- metrics.c */
@@ -595,6 +606,7 @@ struct srv_server {
     srv_watch watch;
     srv_log log;
     srv_auth auth;
+    atomic_llong body_memory;  /* bytes of every connection's body buffer (--max-body-memory) */
     char *tls_cert, *tls_key;  /* PEM text, when serving HTTPS */
     size_t tls_key_len;
 };

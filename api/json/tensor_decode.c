@@ -228,25 +228,30 @@ static bool base64_text(codec_reading *r, const codec_member *m, const char *sub
 
 /* Elements must be finite, as numbers in the text must be: float32, or
  * float16 / bfloat16 (an exponent of all ones is an infinity or a NaN).
- * `at`: the base64 value, at fault as a whole. */
+ * A mask's may also be -inf: the additive masks of PyTorch and Hugging
+ * Face spell "hidden" so. `at`: the base64 value, at fault as a whole. */
 static bool check_finite(codec_reading *r, cursor at, const uint8_t *bytes, size_t n,
                          codec_dtype dtype, const char *sub)
 {
     for (size_t i = 0; i < n; i++) {
-        bool nan;
+        bool nan, negative;
         if (dtype == CODEC_F32) {
             uint32_t u = (uint32_t)bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 |
                          (uint32_t)bytes[4 * i + 2] << 16 | (uint32_t)bytes[4 * i + 3] << 24;
             if ((u & 0x7f800000u) != 0x7f800000u)
                 continue;
             nan = (u & 0x7fffffu) != 0;
+            negative = (u & 0x80000000u) != 0;
         } else {
             unsigned h = (unsigned)bytes[2 * i] | (unsigned)bytes[2 * i + 1] << 8;
             unsigned exponent = dtype == CODEC_F16 ? 0x7c00 : 0x7f80;
             if ((h & exponent) != exponent)
                 continue;
             nan = (h & ~(exponent | 0x8000u)) != 0;
+            negative = (h & 0x8000u) != 0;
         }
+        if (r->accept_bool && negative && !nan)
+            continue;
         return codec_fail(r->err, CODEC_ERR_NOT_FINITE, sub, r->text, at,
                           "%s element %zu is %s; values must be finite", sub, i,
                           nan ? "NaN" : "infinite");

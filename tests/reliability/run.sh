@@ -11,8 +11,9 @@
 #   RELIABILITY_SLOW_SECONDS      slow and idle clients held (default 10)
 #   RELIABILITY_FAILOVER_SECONDS  wrk through nginx, a replica killed halfway (default 10)
 #   RELIABILITY_DRAIN_SECONDS     wrk before the SIGTERM (default 5)
+#   RELIABILITY_MEMORY_SECONDS    the worst admitted requests in a 1 GiB cgroup (default 30)
 #   RELIABILITY_ONLY              a subset of: fuzz soak overload slow slots abandoned failover
-#                                 drain slowdrain valgrind
+#                                 drain slowdrain memory valgrind
 #   RELIABILITY_VALGRIND          quick (the default) or full (every case; see below)
 # Every server runs on a free loopback port; everything started here is
 # stopped here, by pid.
@@ -25,7 +26,8 @@ soak_s=${RELIABILITY_SECONDS:-60}
 slow_s=${RELIABILITY_SLOW_SECONDS:-10}
 failover_s=${RELIABILITY_FAILOVER_SECONDS:-10}
 drain_s=${RELIABILITY_DRAIN_SECONDS:-5}
-only=${RELIABILITY_ONLY:-fuzz soak overload slow slots abandoned failover drain slowdrain valgrind}
+memory_s=${RELIABILITY_MEMORY_SECONDS:-30}
+only=${RELIABILITY_ONLY:-fuzz soak overload slow slots abandoned failover drain slowdrain memory valgrind}
 work=$(mktemp -d /tmp/attnd-reliability-XXXXXX)
 chmod 755 "$work" # nginx workers may run as another user
 # 500 held connections and more, on both sides.
@@ -352,6 +354,72 @@ valgrind_cases() {
         *) echo "all" ;;
     esac
 }
+# ------------------------------------------------------------------- memory
+# attnd on its default limits in a memory cgroup of 1 GiB (v2 memory.max or
+# v1 memory.limit_in_bytes; RLIMIT_AS of 1 GiB where no cgroup can be made),
+# under a stream of the largest requests of each memory-hungry class that
+# its cost model admits (found by bisection against a second attnd with
+# --max-work 1, which judges memory first and computes nothing), beside
+# stalled 50 MB uploads and small requests that must be answered.
+if want memory; then
+    cg= ; cgv= ; limit=$((1024 * 1024 * 1024))
+    if [ -w /sys/fs/cgroup/cgroup.subtree_control ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
+        mkdir "/sys/fs/cgroup/attnd-reliability-$$" 2>/dev/null; then
+        cg=/sys/fs/cgroup/attnd-reliability-$$; cgv=2
+        echo "$limit" >"$cg/memory.max"; echo 0 >"$cg/memory.swap.max" 2>/dev/null
+    elif [ -d /sys/fs/cgroup/memory ] && mkdir "/sys/fs/cgroup/memory/attnd-reliability-$$" 2>/dev/null; then
+        cg=/sys/fs/cgroup/memory/attnd-reliability-$$; cgv=1
+        echo "$limit" >"$cg/memory.limit_in_bytes"
+        echo "$limit" >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null
+    fi
+    PORT=$(free_port)
+    if [ -n "$cg" ]; then
+        how="a 1 GiB memory cgroup (v$cgv)"
+        sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+            "$attnd" --bind 127.0.0.1 --port "$PORT" --threads 2 2>"$work/memory.log" &
+    else
+        how="RLIMIT_AS of 1 GiB (no cgroup could be made)"
+        sh -c 'ulimit -v 1048576 && exec "$@"' sh \
+            "$attnd" --bind 127.0.0.1 --port "$PORT" --threads 2 2>"$work/memory.log" &
+    fi
+    mem_pid=$!
+    pids+=("$mem_pid")
+    mem_port=$PORT
+    for _ in $(seq 100); do
+        curl -fs "http://127.0.0.1:$mem_port/healthz" >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    start_attnd memory-probe --threads 2 --max-work 1 || exit 1
+    probe_pid=$PID
+    python3 tests/memory_check.py stream "http://127.0.0.1:$mem_port" "http://127.0.0.1:$PORT" \
+        "$memory_s" 4 >"$work/memory.out" 2>&1
+    rc=$?
+    alive=yes
+    kill -0 "$mem_pid" 2>/dev/null || alive=no
+    peak=? ; ooms=0
+    if [ "$cgv" = 2 ]; then
+        [ -r "$cg/memory.peak" ] && peak=$(( $(cat "$cg/memory.peak") / 1048576 ))
+        ooms=$(awk '/^oom_kill / {print $2}' "$cg/memory.events" 2>/dev/null)
+    elif [ "$cgv" = 1 ]; then
+        peak=$(( $(cat "$cg/memory.max_usage_in_bytes") / 1048576 ))
+        ooms=$(awk '/^oom_kill / {print $2}' "$cg/memory.oom_control" 2>/dev/null)
+    else
+        peak=$(awk '/^VmHWM:/ {print int($2 / 1024)}' "/proc/$mem_pid/status" 2>/dev/null)
+    fi
+    stop_attnd "$mem_pid"; status=$STATUS
+    stop_attnd "$probe_pid"
+    [ -n "$cg" ] && rmdir "$cg" 2>/dev/null
+    answers=$(sed -n 's/^ *answers: //p' "$work/memory.out")
+    if [ "$rc" = 0 ] && [ "$alive" = yes ] && [ "${ooms:-0}" = 0 ] && [ "$status" = 0 ]; then
+        result=PASS
+    else
+        result=FAIL
+        cat "$work/memory.out" "$work/memory.log" >&2
+    fi
+    row "memory (1 GiB)" "$how, ${memory_s} s: peak ${peak} MiB, ${ooms:-0} OOM kills, exit $status; $answers" \
+        "alive, no OOM kill; heavy answers 200 or 503 + Retry-After, 90% of small ones 200" "$result"
+fi
+
 if want valgrind; then
     valgrind_mode=${RELIABILITY_VALGRIND:-quick}
     result=PASS
