@@ -548,6 +548,26 @@ START_TEST(one_long_and_many_short_on_any_thread_count)
 }
 END_TEST
 
+START_TEST(long_sequences_fold_their_sums_within_their_rows)
+{
+    /* More than SDPA_FOLD_TILES key tiles (and query tiles) in one
+     * sequence among short ones: the forward's output rows and the
+     * backward's dq, dk and dv are folded into double sums mid-sequence,
+     * each over its own sequence's rows only; with two threads the long
+     * pair is split, each split folding its own copy of dq, with one it
+     * folds dq itself. */
+    static const int64_t lq[] = {3, 1100, 2, 0}, lk[] = {5, 1150, 0, 7};
+    ragged_spec sp = {.name = "long among short", .heads_q = 2, .heads_kv = 1, .d_k = 8,
+                      .d_v = 8, .seqs = 4, .len_q = lq, .len_k = lk, .weights = true,
+                      .stats = true, .threads = 2};
+    check_ragged(&sp, 31);
+    sp.name = "long among short, causal, one thread (dq folded unsplit)";
+    sp.causal = true;
+    sp.threads = 1;
+    check_ragged(&sp, 32);
+}
+END_TEST
+
 START_TEST(one_sequence_is_the_dense_call_bit_for_bit)
 {
     /* A sequence of a ragged batch is computed as the dense call over its
@@ -775,6 +795,7 @@ static Suite *ragged_suite(void)
     tcase_add_test(tc, thousands_of_one_row_sequences);
     tcase_add_test(tc, thousands_of_short_sequences_causal);
     tcase_add_test(tc, one_long_and_many_short_on_any_thread_count);
+    tcase_add_test(tc, long_sequences_fold_their_sums_within_their_rows);
     tcase_add_test(tc, one_sequence_is_the_dense_call_bit_for_bit);
     tcase_add_test(tc, rows_that_overflow_are_redone_within_their_sequence);
     suite_add_tcase(s, tc);
