@@ -25,7 +25,7 @@
 enum {
     F_Q, F_K, F_V, F_CAUSAL, F_MASK, F_SCALE, F_RETURN_WEIGHTS, F_RETURN_STATS,
     F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE, F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP,
-    F_ROPE, F_RETURN_LSE, F_PRECISION, F_COUNT
+    F_ROPE, F_RETURN_LSE, F_SEQ_LENS, F_SEQ_LENS_K, F_PRECISION, F_COUNT
 };
 
 static const api_field api_attention_fields[] = {
@@ -45,6 +45,8 @@ static const api_field api_attention_fields[] = {
     [F_SOFTCAP] = {"softcap", API_FIELD_NUMBER, false},
     [F_ROPE] = {"rope", API_FIELD_ROPE, false},
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
+    [F_SEQ_LENS] = {"seq_lens", API_FIELD_LENGTHS, false},
+    [F_SEQ_LENS_K] = {"seq_lens_k", API_FIELD_LENGTHS, false},
     [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
 };
 
@@ -53,6 +55,7 @@ static const char *const FORMS =
 
 typedef struct {
     attn_sdpa_params p;
+    api_ragged ragged;      /* seq_lens, seq_lens_k: p.ragged points into it */
     int out, weights, lse, dq, dk, dv; /* the planned results, -1 when not asked */
     attn_softmax_row *rows; /* [B, H_q, n_q]: the forward pass's, for lse and the backward */
 } attention_state;
@@ -118,12 +121,18 @@ static bool check_qkv(const codec_tensor *q, const codec_tensor *k,
  * are in attn_sdpa_flops. */
 static void cost(const api_call *c, api_cost_terms *t)
 {
-    const attn_sdpa_params *p = &state(c)->p;
+    const attention_state *st = state(c);
+    const attn_sdpa_params *p = &st->p;
     double pairs = (double)p->batch * (double)p->heads_q;
     t->flops = attn_sdpa_flops(p);
     t->pairs = pairs;
     t->rows = pairs * (double)p->n_q;
     t->scores = t->rows * (double)p->n_k;
+    if (st->ragged.seqs > 0) {
+        /* a ragged batch: each sequence's (query, key) block, and its heads */
+        t->pairs = (double)st->ragged.seqs * (double)p->heads_q;
+        t->scores = (double)p->heads_q * st->ragged.pairs;
+    }
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     t->weights = state(c)->weights >= 0 ? t->scores : 0;
     api_variant_cost(p, t); /* a window narrows the scores, not the weights */
@@ -133,7 +142,9 @@ static void cost(const api_call *c, api_cost_terms *t)
     at_most.threads = api_max_threads(&c->lim);
     bool rows = c->want_grad || state(c)->lse >= 0;
     t->workspace = attn_sdpa_workspace(&at_most, t->weights > 0, c->want_stats, c->want_grad) +
-                   (rows ? t->rows * (double)sizeof(attn_softmax_row) : 0);
+                   (rows ? t->rows * (double)sizeof(attn_softmax_row) : 0) +
+                   /* a ragged batch's offsets of the rows and of the keys */
+                   2.0 * (double)(st->ragged.seqs + 1) * (double)sizeof(int64_t);
     snprintf(t->workspace_what, sizeof t->workspace_what,
              "libattn's tiles and packed keys for %lld head%s of %lld x %lld",
              (long long)(p->batch * p->heads_q), p->batch * p->heads_q == 1 ? "" : "s",
@@ -200,6 +211,15 @@ static bool validate(api_call *c, api_error *err)
         return api_fail(err, 422, "invalid_value", "scale",
                         "scale must be greater than 0 (as a float32), got %g",
                         (double)c->f[F_SCALE].number);
+    static const api_ragged_names names = {"seq_lens", "seq_lens_k", "q", "n_q", "k", "n_k"};
+    if (!api_ragged_setup(&c->f[F_SEQ_LENS], &c->f[F_SEQ_LENS_K], bq, nq, nk, &names,
+                          &st->ragged, err))
+        return false;
+    if (st->ragged.seqs > 0 && st->p.precision == ATTN_PRECISION_BFLOAT16)
+        return api_fail(err, 422, "invalid_value", "precision",
+                        "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
+                        "computed in float32 (leave precision out, or send the sequences "
+                        "as requests of their own)");
     /* bfloat16 products read bfloat16 inputs as they came; float32 ones
      * read them widened. */
     attn_sdpa_dtypes *dt = &st->p.dtype;
@@ -212,12 +232,13 @@ static bool validate(api_call *c, api_error *err)
     if (c->f[F_MASK].present &&
         !api_mask_setup(&c->f[F_MASK].tensor, r, weights_shape, bq, hq, nq, nk,
                         &st->p.mask, err))
-        return false;
+        return api_ragged_mask_hint(&st->ragged, err);
     const api_variant_values variants = {&c->f[F_WINDOW], &c->f[F_ALIBI_SLOPES],
                                          &c->f[F_SOFTCAP], &c->f[F_ROPE]};
     const api_variant_shape heads = {bq, hq, dq, "heads_q"};
     if (!api_variants_setup(&variants, &heads, &st->p.variants, err))
         return false;
+    st->p.ragged = api_ragged_lib(&st->ragged);
     if (c->want_grad &&
         !api_check_shape(&c->f[F_GRAD_OUTPUT].tensor, "grad_output", r, out_shape,
                          "the output [..., n_q, d_v]", err))
@@ -281,13 +302,16 @@ static bool compute(api_call *c, int threads, api_error *err)
 
 static size_t meta_dims(const api_call *c, api_dim *d)
 {
-    const attn_sdpa_params *p = &state(c)->p;
+    const attention_state *st = state(c);
+    const attn_sdpa_params *p = &st->p;
     const api_dim shape[] = {
         {"batch", p->batch}, {"heads_q", p->heads_q}, {"heads_kv", p->heads_kv},
         {"n_q", p->n_q}, {"n_k", p->n_k}, {"d_k", p->d_k}, {"d_v", p->d_v},
+        {"sequences", st->ragged.seqs},
     };
-    memcpy(d, shape, sizeof shape);
-    return sizeof shape / sizeof *shape;
+    const size_t n = sizeof shape / sizeof *shape - (st->ragged.seqs > 0 ? 0 : 1);
+    memcpy(d, shape, n * sizeof *shape);
+    return n;
 }
 
 static void release(api_call *c)
@@ -296,6 +320,11 @@ static void release(api_call *c)
     free(st->rows);
     st->rows = NULL;
     st->p.mask = (attn_mask){0}; /* it pointed into the mask field */
+    /* the lengths are kept for meta.shape; the offsets are not needed */
+    int64_t seqs = st->ragged.seqs;
+    api_ragged_free(&st->ragged);
+    st->ragged.seqs = seqs;
+    st->p.ragged = (attn_ragged){0};
 }
 
 const api_operation api_attention_op = {

@@ -26,7 +26,8 @@ enum {
     N_INPUTS,
     F_NUM_HEADS = N_INPUTS, F_NUM_KV_HEADS, F_CAUSAL, F_MASK, F_SCALE,
     F_RETURN_WEIGHTS, F_RETURN_STATS, F_GRAD_OUTPUT, F_OUTPUT_ENCODING, F_OUTPUT_DTYPE,
-    F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP, F_ROPE, F_RETURN_LSE, F_PRECISION, F_COUNT
+    F_WINDOW, F_ALIBI_SLOPES, F_SOFTCAP, F_ROPE, F_RETURN_LSE, F_SEQ_LENS, F_SEQ_LENS_CONTEXT,
+    F_PRECISION, F_COUNT
 };
 
 static const api_field api_multihead_fields[] = {
@@ -55,6 +56,8 @@ static const api_field api_multihead_fields[] = {
     [F_SOFTCAP] = {"softcap", API_FIELD_NUMBER, false},
     [F_ROPE] = {"rope", API_FIELD_ROPE, false},
     [F_RETURN_LSE] = {"return_lse", API_FIELD_BOOL, false},
+    [F_SEQ_LENS] = {"seq_lens", API_FIELD_LENGTHS, false},
+    [F_SEQ_LENS_CONTEXT] = {"seq_lens_context", API_FIELD_LENGTHS, false},
     [F_PRECISION] = {"precision", API_FIELD_PRECISION, false},
 };
 
@@ -73,6 +76,7 @@ typedef struct {
     int out, weights, lse;  /* the planned results, -1 when not asked */
     int grad[N_INPUTS];     /* the planned gradients, -1 for inputs not given */
     attn_softmax_row *rows; /* [B, h, n] for lse */
+    api_ragged ragged;      /* seq_lens, seq_lens_context: p.ragged points into it */
 } multihead_state;
 
 static multihead_state *state(const api_call *c)
@@ -262,6 +266,11 @@ static void cost(const api_call *c, api_cost_terms *t)
     t->pairs = B * h / 4;
     t->rows = B * h * (double)p->n;
     t->scores = t->rows * (double)p->m;
+    if (st->ragged.seqs > 0) {
+        /* a ragged batch: each sequence's (query, key) block, and its heads */
+        t->pairs = (double)st->ragged.seqs * h / 4;
+        t->scores = h * st->ragged.pairs;
+    }
     t->masked = p->mask.kind != ATTN_MASK_NONE;
     /* computed per head even when only the mean is sent (in a block of
      * rows at a time) */
@@ -271,7 +280,7 @@ static void cost(const api_call *c, api_cost_terms *t)
     attn_sdpa_params inner = {
         .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads, .n_q = p->n,
         .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v, .causal = p->causal,
-        .variants = p->variants,
+        .variants = p->variants, .ragged = p->ragged,
     };
     api_variant_cost(&inner, t);
     /* Memory: the projections of every head and the attention's
@@ -282,7 +291,9 @@ static void cost(const api_call *c, api_cost_terms *t)
     at_most.weights_mean = st->want_mean;
     t->workspace = attn_mha_workspace(&at_most, w_o, st->weights >= 0, c->want_stats,
                                       c->want_grad) +
-                   (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0);
+                   (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0) +
+                   /* a ragged batch's offsets of the rows and of the context's */
+                   2.0 * (double)(st->ragged.seqs + 1) * (double)sizeof(int64_t);
     snprintf(t->workspace_what, sizeof t->workspace_what,
              "the projections of %lld head%s (q [%lld, %lld, %lld], k and v [%lld, %lld, "
              "%lld]) and the attention's tiles",
@@ -315,11 +326,27 @@ static bool validate(api_call *c, api_error *err)
         return api_fail(err, 422, "invalid_value", "scale",
                         "scale must be greater than 0 (as a float32), got %g",
                         (double)c->f[F_SCALE].number);
+    if (c->f[F_SEQ_LENS_CONTEXT].present && !given(c, F_CONTEXT))
+        return api_fail(err, 422, "invalid_value", "seq_lens_context",
+                        "seq_lens_context gives the lengths of context's sequences, but there "
+                        "is no context: in self-attention the keys are x's rows, split by "
+                        "seq_lens");
+    static const api_ragged_names names = {"seq_lens", "seq_lens_context", "x", "n",
+                                           "context", "m"};
+    if (!api_ragged_setup(&c->f[F_SEQ_LENS], &c->f[F_SEQ_LENS_CONTEXT], p->batch, p->n, p->m,
+                          &names, &st->ragged, err))
+        return false;
+    if (st->ragged.seqs > 0 && p->precision == ATTN_PRECISION_BFLOAT16)
+        return api_fail(err, 422, "invalid_value", "precision",
+                        "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
+                        "computed in float32 (leave precision out, or send the sequences "
+                        "as requests of their own)");
+    p->ragged = api_ragged_lib(&st->ragged);
     int64_t scores[4] = {p->batch, p->heads, p->n, p->m};
     if (c->f[F_MASK].present &&
         !api_mask_setup(&c->f[F_MASK].tensor, 4, scores, p->batch, p->heads,
                         p->n, p->m, &p->mask, err))
-        return false;
+        return api_ragged_mask_hint(&st->ragged, err);
     const api_variant_values variants = {&c->f[F_WINDOW], &c->f[F_ALIBI_SLOPES],
                                          &c->f[F_SOFTCAP], &c->f[F_ROPE]};
     const api_variant_shape heads = {p->batch, p->heads, p->d_k, "num_heads"};
@@ -409,14 +436,17 @@ static bool compute(api_call *c, int threads, api_error *err)
 
 static size_t meta_dims(const api_call *c, api_dim *d)
 {
-    const attn_mha_params *p = &state(c)->p;
+    const multihead_state *st = state(c);
+    const attn_mha_params *p = &st->p;
     const api_dim shape[] = {
         {"batch", p->batch}, {"n", p->n}, {"m", p->m}, {"d_model", p->d_model},
         {"d_ctx", p->d_ctx}, {"heads", p->heads}, {"kv_heads", p->kv_heads},
         {"d_k", p->d_k}, {"d_v", p->d_v}, {"d_out", p->d_out},
+        {"sequences", st->ragged.seqs},
     };
-    memcpy(d, shape, sizeof shape);
-    return sizeof shape / sizeof *shape;
+    const size_t n = sizeof shape / sizeof *shape - (st->ragged.seqs > 0 ? 0 : 1);
+    memcpy(d, shape, n * sizeof *shape);
+    return n;
 }
 
 static void release(api_call *c)
@@ -425,6 +455,11 @@ static void release(api_call *c)
     free(st->rows);
     st->rows = NULL;
     st->p.mask = (attn_mask){0}; /* it pointed into the mask field */
+    /* the lengths are kept for meta.shape; the offsets are not needed */
+    int64_t seqs = st->ragged.seqs;
+    api_ragged_free(&st->ragged);
+    st->ragged.seqs = seqs;
+    st->p.ragged = (attn_ragged){0};
 }
 
 const api_operation api_multihead_op = {

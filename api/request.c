@@ -256,6 +256,55 @@ static bool read_rope(const api_field *f, const codec_member *m, api_value *v,
     return read_number(&as_number, base, v, err);
 }
 
+static bool out_of_memory(const api_field *f, api_error *err)
+{
+    return api_fail(err, 500, "out_of_memory", f->name,
+                    "out of memory while reading %s", f->name);
+}
+
+/* "seq_lens": [n_1, ..., n_B], an array of integers (400 for anything
+ * else), each >= 0 (422 invalid_value naming the entry). Whether they fit
+ * the tensors is judged with the shapes (api_ragged_setup). */
+static bool read_lengths(const api_field *f, const codec_member *m, api_value *v,
+                         api_error *err)
+{
+    static const char *const FORM = "an array of integers >= 0, one length per sequence";
+    const char *p = m->value, *end = m->value_end;
+    if (*p != '[')
+        return wrong_type(f, m, FORM, err);
+    int64_t count = 0; /* a first pass counts the entries, the second reads them */
+    for (const char *e = codec_skip_ws(p + 1, end); e < end && *e != ']';) {
+        count++;
+        e = codec_skip_ws(codec_skip_value(e, end), end);
+        if (e < end && *e == ',')
+            e = codec_skip_ws(e + 1, end);
+    }
+    v->lengths = malloc((size_t)(count > 0 ? count : 1) * sizeof *v->lengths);
+    if (!v->lengths)
+        return out_of_memory(f, err);
+    v->count = count;
+    int64_t i = 0;
+    for (const char *e = codec_skip_ws(p + 1, end); e < end && *e != ']'; i++) {
+        const char *after = codec_skip_value(e, end);
+        char name[80];
+        snprintf(name, sizeof name, "%s[%lld]", f->name, (long long)i);
+        bool ok = integer_value(f->name, name, e, after, &v->lengths[i], err);
+        if (ok && v->lengths[i] < 0)
+            ok = api_fail(err, 422, "invalid_value", f->name,
+                          "%s is %lld; a length must be >= 0 (0: an empty sequence)", name,
+                          (long long)v->lengths[i]);
+        if (!ok) {
+            free(v->lengths);
+            v->lengths = NULL;
+            return false;
+        }
+        e = codec_skip_ws(after, end);
+        if (e < end && *e == ',')
+            e = codec_skip_ws(e + 1, end);
+    }
+    return true;
+}
+
 static bool read_encoding(const api_field *f, const codec_member *m,
                           api_value *v, api_error *err)
 {
@@ -415,6 +464,7 @@ bool api_read_value(const codec_doc *doc, const api_field *f, const codec_member
     case API_FIELD_DTYPE: return read_dtype(f, m, v, err);
     case API_FIELD_WINDOW: return read_window(f, m, v, err);
     case API_FIELD_ROPE: return read_rope(f, m, v, err);
+    case API_FIELD_LENGTHS: return read_lengths(f, m, v, err);
     case API_FIELD_PRECISION: return read_precision(f, m, v, err);
     }
     return api_fail(err, 500, "internal", f->name, "field %s has no reader", f->name);
@@ -470,6 +520,8 @@ void api_values_free(api_value *values, size_t n_fields)
     for (size_t f = 0; f < n_fields; f++) {
         if (values[f].tensor.f32 || values[f].tensor.b8 || values[f].tensor.bf16)
             codec_tensor_free(&values[f].tensor);
+        free(values[f].lengths);
+        values[f].lengths = NULL;
         values[f].present = false;
     }
 }

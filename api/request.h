@@ -31,6 +31,7 @@ typedef enum {
     API_FIELD_DTYPE,    /* "float32" | "float16" | "bfloat16" (output_dtype) */
     API_FIELD_WINDOW,   /* [left, right]: two integers */
     API_FIELD_ROPE,     /* {"base": number} */
+    API_FIELD_LENGTHS,  /* [n_1, ..., n_B]: integers >= 0 (a ragged batch's lengths) */
     API_FIELD_PRECISION,/* "float32" | "bfloat16" (the products' arithmetic) */
 } api_field_kind;
 
@@ -53,6 +54,8 @@ typedef struct {
     codec_encoding encoding; /* ENCODING */
     codec_dtype dtype;       /* DTYPE */
     attn_precision precision; /* PRECISION */
+    int64_t *lengths;      /* LENGTHS: [count] (malloc'd; api_values_free frees it) */
+    int64_t count;         /* LENGTHS */
 } api_value;
 
 /* The most members a body may have; more is 400 too_many_fields. */
@@ -286,6 +289,46 @@ typedef struct {
  * [heads_q] nor [batch, heads_q]. v points into the slopes' tensor. */
 bool api_variants_setup(const api_variant_values *f, const api_variant_shape *s,
                         attn_variants *v, api_error *err);
+
+/* ------------------------------------------------------- ragged batches */
+
+/* A ragged batch's lengths as libattn's offsets (attn_ragged), for the
+ * queries (or x) and the keys (or context). */
+typedef struct {
+    int64_t seqs;           /* 0: not ragged */
+    int64_t *cu_q, *cu_k;   /* [seqs + 1] each (malloc'd; api_ragged_free) */
+    double pairs;           /* sum over the sequences of len_q * len_k */
+} api_ragged;
+
+/* The names a route gives the fields and the axes they split ("seq_lens",
+ * "seq_lens_k", "q", "n_q", "k", "n_k"; "seq_lens", "seq_lens_context", "x",
+ * "n", "context", "m"). */
+typedef struct {
+    const char *lens_q, *lens_k;
+    const char *rows_q, *axis_q, *rows_k, *axis_k;
+} api_ragged_names;
+
+/*
+ * Judges a route's lengths against its axes and fills r (nothing when
+ * lens_q is absent): 422 invalid_value for lens_k without lens_q (field
+ * lens_k), a batch dimension (`batch` > 1: the sequences are packed along
+ * one axis), lengths that do not sum to their axis (n_q, n_k), a lens_k of
+ * another count than lens_q; without lens_k the keys' lengths are lens_q's,
+ * so n_k must be n_q (else lens_k is asked for). lens_k may be NULL when
+ * the route has no such field (then the keys are always lens_q's).
+ */
+bool api_ragged_setup(const api_value *lens_q, const api_value *lens_k, int64_t batch,
+                      int64_t n_q, int64_t n_k, const api_ragged_names *names, api_ragged *r,
+                      api_error *err);
+
+/* After a mask that does not fit a ragged batch's scores: says in err's
+ * message that the mask is over the packed rows and keys. Returns false. */
+bool api_ragged_mask_hint(const api_ragged *r, api_error *err);
+
+/* libattn's view of r (seqs 0 when not ragged). */
+attn_ragged api_ragged_lib(const api_ragged *r);
+
+void api_ragged_free(api_ragged *r);
 
 /* An upper bound of the ALiBi term |slope * (p_i - j)| over every score. */
 double api_alibi_bound(const attn_variants *v, const codec_tensor *slopes, int64_t n_q,

@@ -120,8 +120,10 @@ void api_variant_cost(const attn_sdpa_params *p, api_cost_terms *t)
         t->biased = t->scores;
     if (v->rope_base > 0) {
         /* one table of angles over the positions of the call (queries at
-         * n_k - n_q .. n_k - 1, keys at 0 .. n_k - 1), shared by the heads */
-        double positions = (double)(p->n_q > p->n_k ? p->n_q : p->n_k);
+         * n_k - n_q .. n_k - 1, keys at 0 .. n_k - 1), shared by the heads;
+         * a ragged batch's sequences together span at most n_q + n_k */
+        double positions = p->ragged.seqs > 0 ? (double)(p->n_q + p->n_k)
+                                               : (double)(p->n_q > p->n_k ? p->n_q : p->n_k);
         t->angles = positions * (double)(p->d_k / 2);
         t->rotated = (double)p->batch *
                      ((double)p->heads_q * (double)p->n_q + (double)p->heads_kv * (double)p->n_k) *

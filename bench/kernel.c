@@ -126,11 +126,21 @@ static int cmd_info(void)
  *   sgemm THREADS SIZE                 C = A B, all [SIZE, SIZE], on THREADS
  *                                      OpenBLAS threads
  *   sdpa full|causal|fwdbwd THREADS B H N D [bf16]   (bf16: in bfloat16 precision)
+ *   ragged full|fwdbwd THREADS H D BATCH   a ragged batch of sequences packed
+ *                                      along the rows, q, k, v [H, n, D]
+ *   padded full|fwdbwd THREADS H D BATCH   the same batch padded to its longest
+ *                                      sequence, [B, H, longest, D], with a
+ *                                      key-padding mask [B, 1, 1, longest]
+ *                                      (what a client without seq_lens sends)
  *   mha fwd|fwdbwd THREADS B N DMODEL HEADS   causal, with W_O, no biases
  *   peak avx2|avx512 THREADS ITERS     bench/peak.c
+ * BATCH is log48 (48 sequences of lengths log-uniform over 16 .. 2048, about
+ * 20k rows), short2000 (2000 of 1 .. 16) or mixed501 (one of 4096, first,
+ * then 500 of 1 .. 32: nearly all the work in one sequence, which only
+ * units cut by work share between the threads), from a fixed seed.
  * Its buffers are made on first use and kept for the next turns.
  */
-typedef enum { T_SGEMM, T_SDPA, T_MHA, T_PEAK } task_kind;
+typedef enum { T_SGEMM, T_SDPA, T_RAGGED, T_PADDED, T_MHA, T_PEAK } task_kind;
 enum { SDPA_FULL, SDPA_CAUSAL, SDPA_FWDBWD };
 enum { MHA_FWD, MHA_FWDBWD };
 
@@ -139,7 +149,12 @@ typedef struct {
     task_kind kind;
     int mode, threads;
     bool bf16; /* sdpa in ATTN_PRECISION_BFLOAT16 */
-    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters */
+    long long a[4]; /* sgemm: size; sdpa: B H N D; mha: B N DMODEL HEADS; peak: iters;
+                     * ragged, padded: B H N D of the tensors sent */
+    int64_t *cu;    /* ragged, padded: the batch's offsets [seqs + 1] */
+    int64_t seqs;
+    uint8_t *keep;  /* padded: the key-padding mask [B, 1, 1, N] */
+    double pairs;   /* ragged, padded: sum of the sequences' lengths squared */
     /* Buffers, made on first use. */
     bool ready;
     float *f[12];
@@ -148,11 +163,61 @@ typedef struct {
     attn_mha_params mha;
 } task;
 
+/* The lengths of a BATCH (see the tasks above) into len [2000]; returns
+ * how many, or 0 for an unknown name. The same numbers in every process
+ * (a fixed seed, no libc random). */
+static int64_t batch_lengths(const char *name, int64_t *len)
+{
+    const bool mixed = strcmp(name, "mixed501") == 0;
+    int64_t n = strcmp(name, "log48") == 0       ? 48
+                : strcmp(name, "short2000") == 0 ? 2000
+                : mixed                          ? 501
+                                                 : 0;
+    /* (the seed gives log48 19963 rows, the longest 2023) */
+    uint64_t x = n == 48 ? 22 : 7;
+    for (int64_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(x >> 11) * 0x1.0p-53;
+        len[i] = n == 48 ? (int64_t)lround(16.0 * pow(128.0, u))
+                 : mixed ? (i == 0 ? 4096 : 1 + (int64_t)(u * 32.0))
+                         : 1 + (int64_t)(u * 16.0);
+    }
+    return n;
+}
+
+/* A ragged or padded task's batch: offsets, the shapes of its tensors. */
+static bool batch_setup(task *t, const char *name)
+{
+    static int64_t len[2000];
+    t->seqs = batch_lengths(name, len);
+    if (t->seqs == 0)
+        return false;
+    t->cu = xmalloc((size_t)(t->seqs + 1) * sizeof *t->cu);
+    t->cu[0] = 0;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < t->seqs; i++) {
+        t->cu[i + 1] = t->cu[i] + len[i];
+        longest = len[i] > longest ? len[i] : longest;
+        t->pairs += (double)len[i] * (double)len[i];
+    }
+    long long h = t->a[0], d = t->a[1];
+    if (t->kind == T_RAGGED) {
+        t->a[0] = 1, t->a[1] = h, t->a[2] = t->cu[t->seqs], t->a[3] = d;
+    } else {
+        t->a[0] = t->seqs, t->a[1] = h, t->a[2] = longest, t->a[3] = d;
+        t->keep = xmalloc((size_t)(t->seqs * longest));
+        for (int64_t b = 0; b < t->seqs; b++)
+            for (int64_t j = 0; j < longest; j++)
+                t->keep[b * longest + j] = j < len[b];
+    }
+    return true;
+}
+
 /* The libattn parameters of an sdpa or mha task. */
 static void task_params(task *t)
 {
     const long long *a = t->a;
-    if (t->kind == T_SDPA)
+    if (t->kind == T_SDPA || t->kind == T_RAGGED || t->kind == T_PADDED)
         t->sdpa = (attn_sdpa_params){
             .batch = a[0], .heads_q = a[1], .heads_kv = a[1], .n_q = a[2], .n_k = a[2],
             .d_k = a[3], .d_v = a[3], .scale = attn_default_scale(a[3]),
@@ -160,6 +225,13 @@ static void task_params(task *t)
             .threads = t->threads,
             .precision = t->bf16 ? ATTN_PRECISION_BFLOAT16 : ATTN_PRECISION_FLOAT32,
         };
+    if (t->kind == T_RAGGED)
+        t->sdpa.ragged = (attn_ragged){.seqs = t->seqs, .cu_seqlens_q = t->cu};
+    if (t->kind == T_PADDED) {
+        const int64_t shape[4] = {a[0], 1, 1, a[2]};
+        t->sdpa.mask = (attn_mask){.kind = ATTN_MASK_BOOL, .allowed = t->keep};
+        attn_mask_broadcast(&t->sdpa.mask, 4, shape, a[0], a[1], a[2], a[2], NULL);
+    }
     if (t->kind == T_MHA)
         t->mha = (attn_mha_params){
             .batch = a[0], .n = a[1], .m = a[1], .d_model = a[2], .d_ctx = a[2],
@@ -171,7 +243,7 @@ static void task_params(task *t)
 
 static bool parse_task(const char *text, task *t)
 {
-    char kind[16], mode[16], precision[16];
+    char kind[16], mode[16], batch[16], precision[16];
     memset(t, 0, sizeof *t);
     snprintf(t->text, sizeof t->text, "%s", text);
     long long *a = t->a;
@@ -188,6 +260,14 @@ static bool parse_task(const char *text, task *t)
         else if (strcmp(mode, "causal") == 0) t->mode = SDPA_CAUSAL;
         else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
         else return false;
+    } else if (sscanf(text, "%15s %15s %d %lld %lld %15s", kind, mode, &t->threads, &a[0], &a[1],
+                      batch) == 6 &&
+               (strcmp(kind, "ragged") == 0 || strcmp(kind, "padded") == 0)) {
+        t->kind = kind[0] == 'r' ? T_RAGGED : T_PADDED;
+        if (strcmp(mode, "full") == 0) t->mode = SDPA_FULL;
+        else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
+        else return false;
+        if (a[0] < 1 || a[1] < 1 || !batch_setup(t, batch)) return false;
     } else if (sscanf(text, "%15s %15s %d %lld %lld %lld %lld", kind, mode, &t->threads,
                       &a[0], &a[1], &a[2], &a[3]) == 7 && strcmp(kind, "mha") == 0) {
         t->kind = T_MHA;
@@ -214,7 +294,8 @@ static bool parse_task(const char *text, task *t)
 /* Nominal FLOPs of one run: sgemm 2 s^3; the SDPA forward 4 B H N^2 D, the
  * two products of the full matrix in either precision (no discount for the
  * causal mask, so that causal and full compare as times; the backward not
- * counted); multi-head attention's forward as attn_mha_flops counts it. */
+ * counted); a ragged batch's, padded or not, 4 H D sum(len^2): the pairs
+ * that exist, so that the padded batch's rate is its useful one; multi-head attention's forward as attn_mha_flops counts it. */
 static double task_flops(const task *t)
 {
     const long long *a = t->a;
@@ -223,6 +304,9 @@ static double task_flops(const task *t)
         return 2.0 * (double)a[0] * (double)a[0] * (double)a[0];
     case T_SDPA:
         return 4.0 * (double)a[0] * (double)a[1] * (double)a[2] * (double)a[2] * (double)a[3];
+    case T_RAGGED:
+    case T_PADDED:
+        return 4.0 * (double)a[1] * t->pairs * (double)a[3];
     case T_MHA:
         return attn_mha_flops(&t->mha);
     case T_PEAK:
@@ -239,7 +323,7 @@ static void task_prepare(task *t)
         size_t count = (size_t)(a[0] * a[0]);
         for (int i = 0; i < 3; i++)
             t->f[i] = alloc_random(count, &seed, 1.0f);
-    } else if (t->kind == T_SDPA) {
+    } else if (t->kind == T_SDPA || t->kind == T_RAGGED || t->kind == T_PADDED) {
         size_t count = (size_t)(a[0] * a[1] * a[2] * a[3]);
         for (int i = 0; i < 8; i++) /* q k v dout out dq dk dv */
             t->f[i] = alloc_random(count, &seed, 1.0f);
@@ -275,6 +359,8 @@ static bool task_run_once(task *t)
         return true;
     }
     case T_SDPA:
+    case T_RAGGED:
+    case T_PADDED:
         if (attn_sdpa_forward(&t->sdpa, f[0], f[1], f[2], f[4],
                               t->mode == SDPA_FWDBWD ? t->lse : NULL, NULL, NULL,
                               &err) != ATTN_OK)
@@ -538,7 +624,9 @@ static double turn_run(turn *u, int reps)
     return t != NULL ? task_run(t, reps) : -1;
 }
 
-static int cmd_table(int threads, double budget_s)
+/* The table's turns: every one, or (only_ragged) the ragged batches' and
+ * the dense turns they are compared with, with no child process. */
+static int cmd_table(int threads, double budget_s, bool only_ragged)
 {
     signal(SIGPIPE, SIG_IGN);
     char self[4096];
@@ -559,6 +647,7 @@ static int cmd_table(int threads, double budget_s)
      * first; Prescott last, so that when unset picks it, unset measures it. */
     child kids[12];
     int n_kids = 0;
+    const bool all = !only_ragged;
     kids[n_kids++] = (child){.label = "unset", .var = "OPENBLAS_CORETYPE", .blas = true};
     if (avx512)
         kids[n_kids++] = (child){.label = "SkylakeX", .var = "OPENBLAS_CORETYPE",
@@ -591,6 +680,8 @@ static int cmd_table(int threads, double budget_s)
         kids[n_kids++] = (child){.label = "bf16_emulated", .var = "ATTN_BF16",
                                  .value = "emulated"};
     }
+    if (only_ragged)
+        n_kids = 0;
     for (int i = 0; i < n_kids; i++)
         child_start(&kids[i], self);
 
@@ -625,7 +716,7 @@ static int cmd_table(int threads, double budget_s)
     /* sgemm of about the work of one n=4096, d=64 forward (2 * 2560^3 =
      * 33.6 GFLOP against 34.4), on the same cores. */
     const int gemm = 2560;
-    for (int i = 0; i < first_kernel; i++) {
+    for (int i = 0; all && i < first_kernel; i++) {
         child *c = &kids[i];
         bool again = false;
         for (int j = 0; j < i; j++)
@@ -640,7 +731,7 @@ static int cmd_table(int threads, double budget_s)
         snprintf(key, sizeof key, "sgemm_%s", c->label);
         TURN(c, key, "sgemm %d %d", threads, gemm);
     }
-    for (int isa = 0; isa < N_PEAK; isa++)
+    for (int isa = 0; all && isa < N_PEAK; isa++)
         if (peak_isa_supported((peak_isa)isa)) {
             char key[48];
             snprintf(key, sizeof key, "peak_%s", peak_isa_name((peak_isa)isa));
@@ -648,17 +739,19 @@ static int cmd_table(int threads, double budget_s)
             TURN(NULL, key, "peak %s %d %d", peak_isa_name((peak_isa)isa), threads, 20000000);
         }
     TURN(NULL, "fwd", "sdpa full %d 1 8 4096 64", threads);
-    TURN(&kids[env_kid], "fwd_env", "sdpa full %d 1 8 4096 64", threads);
-    TURN(&kids[prescott], "fwd_prescott", "sdpa full %d 1 8 4096 64", threads);
+    if (all) {
+        TURN(&kids[env_kid], "fwd_env", "sdpa full %d 1 8 4096 64", threads);
+        TURN(&kids[prescott], "fwd_prescott", "sdpa full %d 1 8 4096 64", threads);
+    }
     /* And with the widest OpenBLAS kernels: how much the forward still
      * owes to OpenBLAS. */
-    for (int i = 1; i < prescott; i++)
+    for (int i = 1; all && i < prescott; i++)
         if (kids[i].alive) {
             printf("fwd_blas_wide_core %s\n", kids[i].label);
             TURN(&kids[i], "fwd_blas_wide", "sdpa full %d 1 8 4096 64", threads);
             break;
         }
-    for (int i = first_kernel; i < env_kid; i++) {
+    for (int i = first_kernel; all && i < env_kid; i++) {
         /* The portable kernel is an order of magnitude slower: two heads
          * instead of eight keep its turn as short as the others'. */
         int heads = strcmp(kids[i].label, "generic") == 0 ? 2 : 8;
@@ -667,21 +760,49 @@ static int cmd_table(int threads, double budget_s)
         printf("%s_heads %d\n", key, heads);
         TURN(&kids[i], key, "sdpa full %d 1 %d 4096 64", threads, heads);
     }
-    TURN(NULL, "causal", "sdpa causal %d 1 8 4096 64", threads);
+    if (all)
+        TURN(NULL, "causal", "sdpa causal %d 1 8 4096 64", threads);
     TURN(NULL, "fwdbwd", "sdpa fwdbwd %d 1 8 4096 64", threads);
-    TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
-    TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
-    /* bfloat16, each right after or before its float32 twin above. */
-    TURN(NULL, "fwd_bf16", "sdpa full %d 1 8 4096 64 bf16", threads);
-    TURN(NULL, "fwd_bf16_d128", "sdpa full %d 1 8 4096 128 bf16", threads);
-    TURN(NULL, "fwdbwd_bf16", "sdpa fwdbwd %d 1 8 4096 64 bf16", threads);
-    if (bf16_emu_kid >= 0 && kids[bf16_emu_kid].alive) {
-        TURN(&kids[env_kid], "fwd_env_f32", "sdpa full %d 1 8 4096 64", threads);
-        TURN(&kids[bf16_emu_kid], "fwd_bf16_emulated", "sdpa full %d 1 8 4096 64 bf16",
-             threads);
+    if (all) {
+        TURN(NULL, "fwd_d128", "sdpa full %d 1 8 4096 128", threads);
+        TURN(NULL, "fwd_batch", "sdpa full %d 64 8 64 64", threads);
+        /* bfloat16, each right after or before its float32 twin above. */
+        TURN(NULL, "fwd_bf16", "sdpa full %d 1 8 4096 64 bf16", threads);
+        TURN(NULL, "fwd_bf16_d128", "sdpa full %d 1 8 4096 128 bf16", threads);
+        TURN(NULL, "fwdbwd_bf16", "sdpa fwdbwd %d 1 8 4096 64 bf16", threads);
+        if (bf16_emu_kid >= 0 && kids[bf16_emu_kid].alive) {
+            TURN(&kids[env_kid], "fwd_env_f32", "sdpa full %d 1 8 4096 64", threads);
+            TURN(&kids[bf16_emu_kid], "fwd_bf16_emulated", "sdpa full %d 1 8 4096 64 bf16",
+                 threads);
+        }
     }
-    TURN(NULL, "mha_fwd", "mha fwd %d 8 512 512 8", threads);
-    TURN(NULL, "mha_fwdbwd", "mha fwdbwd %d 8 512 512 8", threads);
+    /* Ragged batches: the packed batch, the same batch padded to its
+     * longest with a key-padding mask (what a client without seq_lens
+     * sends), and 2000 short sequences, compared with the dense n=4096
+     * turns above. */
+    TURN(NULL, "ragged_fwd", "ragged full %d 8 64 log48", threads);
+    TURN(NULL, "padded_fwd", "padded full %d 8 64 log48", threads);
+    TURN(NULL, "ragged_fwdbwd", "ragged fwdbwd %d 8 64 log48", threads);
+    TURN(NULL, "padded_fwdbwd", "padded fwdbwd %d 8 64 log48", threads);
+    TURN(NULL, "ragged_short_fwd", "ragged full %d 8 64 short2000", threads);
+    TURN(NULL, "ragged_mixed_fwd", "ragged full %d 8 64 mixed501", threads);
+    {
+        static int64_t len[2000];
+        const char *names[] = {"log48", "short2000", "mixed501"};
+        for (int b = 0; b < 3; b++) {
+            int64_t n = batch_lengths(names[b], len), rows = 0, longest = 0;
+            for (int64_t i = 0; i < n; i++) {
+                rows += len[i];
+                longest = len[i] > longest ? len[i] : longest;
+            }
+            printf("batch_%s %lld sequences %lld rows %lld longest\n", names[b], (long long)n,
+                   (long long)rows, (long long)longest);
+        }
+    }
+    if (all) {
+        TURN(NULL, "mha_fwd", "mha fwd %d 8 512 512 8", threads);
+        TURN(NULL, "mha_fwdbwd", "mha fwdbwd %d 8 512 512 8", threads);
+    }
 #undef TURN
     for (int i = 0; i < n_turns; i++) {
         task probe;
@@ -730,6 +851,12 @@ static int cmd_table(int threads, double budget_s)
     /* Ratios taken within each round, for their spread: the time of the
      * first turn over the second's, measured a few seconds apart. */
     static const char *const pairs[][3] = {
+        {"ragged_vs_dense_fwd", "fwd", "ragged_fwd"},
+        {"padded_vs_ragged_fwd", "padded_fwd", "ragged_fwd"},
+        {"ragged_vs_dense_fwdbwd", "fwdbwd", "ragged_fwdbwd"},
+        {"padded_vs_ragged_fwdbwd", "padded_fwdbwd", "ragged_fwdbwd"},
+        {"short_vs_dense_fwd", "fwd", "ragged_short_fwd"},
+        {"mixed_vs_dense_fwd", "fwd", "ragged_mixed_fwd"},
         {"bf16_fwd", "fwd", "fwd_bf16"},
         {"bf16_fwd_d128", "fwd_d128", "fwd_bf16_d128"},
         {"bf16_fwdbwd", "fwdbwd", "fwdbwd_bf16"},
@@ -778,8 +905,9 @@ int main(int argc, char **argv)
         return cmd_info();
     if (argc == 2 && strcmp(argv[1], "child") == 0)
         return cmd_child();
-    if ((argc == 3 || argc == 4) && strcmp(argv[1], "table") == 0)
-        return cmd_table(atoi(argv[2]), argc == 4 ? atof(argv[3]) : 40.0);
-    fprintf(stderr, "usage: kernel info | table THREADS [SECONDS]\n");
+    if ((argc >= 3 && argc <= 5) && strcmp(argv[1], "table") == 0 &&
+        (argc < 5 || strcmp(argv[4], "ragged") == 0))
+        return cmd_table(atoi(argv[2]), argc >= 4 ? atof(argv[3]) : 40.0, argc == 5);
+    fprintf(stderr, "usage: kernel info | table THREADS [SECONDS [ragged]]\n");
     return 2;
 }

@@ -8,10 +8,12 @@
 #   1. the kernel: libattn's attention against the machine's limit (the best
 #      OpenBLAS sgemm over the kernels the CPU runs, each in a child process,
 #      and an FMA loop), the OpenBLAS and ATTN_KERNEL variants, causal,
-#      backward, bfloat16 against float32, and multi-head, all taking turns
-#      in one run (bench/kernel.c); then decoding over a KV cache against the
-#      memory's read bandwidth, and 1-token appends at 1k and 32k positions,
-#      taking turns (bench/decode.c)
+#      backward, bfloat16 against float32, ragged batches (packed, and padded
+#      with a mask) and multi-head, all taking turns in one run
+#      (bench/kernel.c; with BENCH_ONLY=ragged and not kernel, only the ragged
+#      batches' turns and the dense ones they are compared with); then
+#      decoding over a KV cache against the memory's read bandwidth, and
+#      1-token appends at 1k and 32k positions, taking turns (bench/decode.c)
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
 #   3. attnd's peak RSS growth serving that request, base64 in and out
 #   4. the tensor codec against jansson (bench/codec.c)
@@ -25,7 +27,7 @@
 # Exit status: 0 when every bar holds, 1 when one fails or is not measured.
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
-# BENCH_ONLY (a subset of "kernel decode memory server codec parallel http oip"; default all),
+# BENCH_ONLY (a subset of "kernel ragged decode memory server codec parallel http oip"; default all),
 # BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten),
 # BENCH_DECODE_SECONDS (60: the decode rows' rounds, about forty).
 set -u
@@ -60,7 +62,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 want() {
-    case " ${BENCH_ONLY:-kernel decode memory server codec parallel http oip} " in *" $1 "*) return 0 ;; esac
+    case " ${BENCH_ONLY:-kernel ragged decode memory server codec parallel http oip} " in *" $1 "*) return 0 ;; esac
     return 1
 }
 put() { echo "$1 $2" >> "$RES"; }
@@ -131,9 +133,18 @@ else
 fi
 
 # ------------------------------------------------------------------ 1. kernel
-if [ $have_kernel = 1 ] && want kernel; then
-    note "kernel: attention, sgemm under each OpenBLAS kernel and FMA loops, taking turns"
-    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" > "$TMP/kernel"; then
+# The ragged batches' turns are part of the kernel table; alone, they take
+# turns with the dense forward and forward+backward only.
+if [ $have_kernel = 1 ] && { want kernel || want ragged; }; then
+    if want kernel; then
+        note "kernel: attention, sgemm under each OpenBLAS kernel and FMA loops, taking turns"
+        only=""
+    else
+        note "kernel: ragged batches and the dense turns they are compared with, taking turns"
+        only=ragged
+    fi
+    # shellcheck disable=SC2086
+    if "$OUT/kernel" table $THREADS "${BENCH_KERNEL_SECONDS:-120}" $only > "$TMP/kernel"; then
         while read -r k v; do put "kern_$k" "$v"; done < "$TMP/kernel"
         cp "$TMP/kernel" "$OUT/kernel.txt"
     fi
@@ -518,7 +529,7 @@ w=$(get kern_fwd_blas_wide_gflops); wl=$(get kern_fwd_blas_wide_core)
 for k in generic avx2 avx512; do
     h=$(get "kern_fwd_kernel_${k}_heads")
     label="forward with ATTN_KERNEL=$k / machine's limit, B=1, H=${h:-8}, n=4096, d=64"
-    if [ -n "$(get kern_threads)" ] && [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
+    if want kernel && [ -n "$(get kern_threads)" ] && [ -z "$(get "kern_kernel_${k}_core")$(get "kern_kernel_${k}_dead")" ]; then
         printf '| %s | n/a | not run: the CPU lacks it | | info |\n' "$label"
         continue
     fi
@@ -563,6 +574,46 @@ row "multi-head (B=8, n=512, d_model=512, H=8, causal, W_O): (forward+backward) 
     "$(ratio "$mfb" "$mf" %.2f)" \
     "$(scaled "$mfb" 0.001 %.1f) ms / $(scaled "$mf" 0.001 %.1f) ms (forward $(get kern_mha_fwd_gflops) GFLOP/s)" "<=" 4.0 3.3
 
+# ---- ragged batches: the pairs that exist, against the dense n=4096 rows
+SECTION=ragged
+# spread NAME SCALE: " (per round min / median / max: a / b / c)" of
+# kernel.c's per-round ratio NAME, times SCALE.
+spread() {
+    [ -n "$(get "kern_$1_rounds")" ] || return 0
+    printf '; per round (%s rounds) min / median / max: %s / %s / %s' "$(get "kern_$1_rounds")" \
+        "$(calc %.2f "$(get "kern_$1_min") * $2")" "$(calc %.2f "$(get "kern_$1_median") * $2")" \
+        "$(calc %.2f "$(get "kern_$1_max") * $2")"
+}
+# flops_of KEY: the FLOPs of one run of a turn (GFLOP/s times seconds).
+flops_of() { [ -n "$(get "kern_$1_gflops")" ] && calc %.6g "$(get "kern_$1_gflops") * $(get "kern_$1_s")"; }
+rb=$(get kern_batch_log48); sb=$(get kern_batch_short2000)
+rlabel="48 sequences of 16..2048 ($(echo "$rb" | awk '{print $3}') rows), H=8, d=64"
+for m in fwd fwdbwd; do
+    what=$([ $m = fwd ] && echo forward || echo "forward+backward")
+    bar=$([ $m = fwd ] && echo 0.8 || echo 0.75); aim=$([ $m = fwd ] && echo 0.9 || echo "")
+    r=$(get "kern_ragged_${m}_gflops"); d=$(get "kern_${m}_gflops")
+    fr=$(flops_of "ragged_$m"); fd=$(flops_of "$m")
+    row "ragged batch, $rlabel: $what GFLOP/s on the pairs that exist / dense $what, $sz" \
+        "$(ratio "$r" "$d" %.2f)" \
+        "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread "ragged_vs_dense_$m" "$fr / $fd")" \
+        ">=" "$bar" $aim
+    pt=$(get "kern_padded_${m}_s"); rt=$(get "kern_ragged_${m}_s")
+    row "ragged batch, $rlabel: $what, padded to the longest with a [B, 1, 1, n] key-padding mask: time / packed time" \
+        "$(ratio "$pt" "$rt" %.1f)" \
+        "$(scaled "$pt" 0.001 %.1f) ms / $(scaled "$rt" 0.001 %.1f) ms$(spread "padded_vs_ragged_$m" 1)" ">=" 4
+done
+r=$(get kern_ragged_short_fwd_gflops); d=$(get kern_fwd_gflops)
+fr=$(flops_of ragged_short_fwd); fd=$(flops_of fwd)
+row "ragged batch, 2000 sequences of 1..16 ($(echo "$sb" | awk '{print $3}') rows), H=8, d=64: forward GFLOP/s on the pairs that exist / dense forward, $sz" \
+    "$(ratio "$r" "$d" %.2f)" \
+    "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread short_vs_dense_fwd "$fr / $fd")" ">=" 0.3
+# Nearly all the work in one sequence: at half the dense rate or less, one
+# thread would be doing it while the other waits.
+r=$(get kern_ragged_mixed_fwd_gflops)
+fr=$(flops_of ragged_mixed_fwd)
+row "ragged batch, one sequence of 4096 and 500 of 1..32 (the long one first), H=8, d=64: forward GFLOP/s on the pairs that exist / dense forward, $sz ($THREADS threads)" \
+    "$(ratio "$r" "$d" %.2f)" \
+    "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread mixed_vs_dense_fwd "$fr / $fd")" ">=" 0.8
 SECTION=decode
 # decode_row DTYPE: the decode step's bytes per second over the sum's.
 decode_row() {

@@ -228,8 +228,33 @@ typedef struct {
     attn_dtype q, k, v, dout;
 } attn_sdpa_dtypes;
 
+/*
+ * A ragged batch (FlashAttention's varlen convention): sequences of any
+ * lengths packed one after another along the sequence axis, with no
+ * padding. When seqs > 0, the query rows are `seqs` sequences, sequence s
+ * holding rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] - 1 (so
+ * cu_seqlens_q [seqs + 1] starts at 0, never decreases and ends at the
+ * number of query rows); the keys and values likewise by cu_seqlens_k
+ * (NULL: the same as cu_seqlens_q). Sequence s's queries attend only to
+ * sequence s's keys, and every convention above holds within that pair:
+ * the causal mask and the positions of the window, ALiBi and RoPE are
+ * aligned bottom-right per sequence (query row r of s at position
+ * r - cu_q[s] + len_k(s) - len_q(s), key j at j - cu_k[s]). A sequence may
+ * be empty; a query whose key sequence is empty sees nothing (a fully
+ * masked row: zeros, lse -inf). Tensors keep their packed shapes: the
+ * explicit mask, the rows and the weights are indexed by the packed rows
+ * and keys, and the weights are 0 outside the sequences' blocks. Only the
+ * blocks are computed, and only their pairs are counted as FLOPs. The
+ * arrays are the caller's and are read during the call only.
+ */
 typedef struct {
-    int64_t batch;    /* B >= 1 */
+    int64_t seqs;                /* 0: not ragged */
+    const int64_t *cu_seqlens_q; /* [seqs + 1] */
+    const int64_t *cu_seqlens_k; /* [seqs + 1], or NULL: cu_seqlens_q */
+} attn_ragged;
+
+typedef struct {
+    int64_t batch;    /* B >= 1; 1 for a ragged batch */
     int64_t heads_q;  /* H_q >= 1 */
     int64_t heads_kv; /* H_kv >= 1, divides H_q */
     int64_t n_q, n_k; /* >= 1 */
@@ -240,6 +265,7 @@ typedef struct {
     int threads;    /* >= 1 */
     attn_layout layout;
     attn_variants variants;
+    attn_ragged ragged; /* seqs 0 for one sequence per batch entry */
     /* With weights: false, weights is [B, H_q, n_q, n_k], each head's;
      * true, it is [B, n_q, n_k], their mean over the query heads, summed
      * block of rows by block of rows (in double) without the per-head
@@ -321,8 +347,10 @@ attn_status attn_sdpa_backward_in(const attn_sdpa_params *p, const void *q, cons
                                   float *dk, float *dv, attn_error *err);
 
 /* Nominal FLOPs of the forward pass: the two matrix products,
- * 2 * B * H_q * n_q * n_k * (d_k + d_v), with no discount for masking. The
- * backward pass costs 2.5 times as much (five products instead of two). */
+ * 2 * B * H_q * n_q * n_k * (d_k + d_v), with no discount for masking
+ * (a window counts its band; a ragged batch the pairs of its sequences'
+ * blocks, len_q(s) * len_k(s) summed). The backward pass costs 2.5 times
+ * as much (five products instead of two). */
 double attn_sdpa_flops(const attn_sdpa_params *p);
 
 /*
@@ -343,7 +371,7 @@ double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
  * Head i uses the i-th contiguous block of columns of each projection.
  */
 typedef struct {
-    int64_t batch;          /* B >= 1 */
+    int64_t batch;          /* B >= 1; 1 for a ragged batch */
     int64_t n;              /* query positions: rows of x */
     int64_t m;              /* key positions: rows of context (n without context) */
     int64_t d_model;        /* columns of x */
@@ -357,6 +385,11 @@ typedef struct {
     attn_mask mask;         /* strides over [B, h, n, m] */
     attn_variants variants; /* applied per head, after the projections */
     int threads;            /* >= 1 */
+    /* A ragged batch (attn_ragged): cu_seqlens_q splits the rows of x,
+     * cu_seqlens_k those of context (NULL: as x's, which self-attention
+     * needs). The projections see every row alike; the attention is
+     * per sequence, as attn_sdpa_params.ragged. */
+    attn_ragged ragged;
     bool weights_mean;      /* weights is [B, n, m], the mean over the heads */
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top) */
     /* Of the attention between the projections; the projections (x W and

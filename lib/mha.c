@@ -18,6 +18,7 @@
 
 #include "internal.h"
 #include "mha.h"
+#include "sdpa.h"
 
 /* Below this many FLOPs a call's products run on the calling thread:
  * starting threads costs tens of microseconds, as much as the product. */
@@ -262,10 +263,16 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
         .n_q = p->n, .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
         .threads = p->threads, .layout = ATTN_LAYOUT_BNHD, .variants = p->variants,
+        .ragged = p->ragged,
         .weights_mean = p->weights_mean,
         .cancel = p->cancel,
         .precision = p->precision,
     };
+    /* The attention's own checks (the variants, a ragged batch's
+     * sequences) before any projection is computed. */
+    s = sdpa_check_params(&st->sdpa, want_weights, err);
+    if (s != ATTN_OK)
+        return s;
     /* One decision for every product of the call, from all of them. */
     double flops = attn_mha_flops(p) - attn_sdpa_flops(&st->sdpa);
     st->threads = flops < MHA_PARALLEL_MIN_FLOPS ? 1 : p->threads;

@@ -66,7 +66,7 @@ double attn_mha_flops(const attn_mha_params *p)
         .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads,
         .n_q = p->n, .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v,
         .scale = p->scale, .causal = p->causal, .mask = p->mask,
-        .threads = p->threads, .variants = p->variants,
+        .threads = p->threads, .variants = p->variants, .ragged = p->ragged,
     };
     return 2.0 * B * n * (double)p->d_model * h * d_k +
            2.0 * B * m * (double)p->d_ctx * h_kv * (d_k + d_v) +

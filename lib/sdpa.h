@@ -39,6 +39,10 @@ typedef struct {
     int64_t before, after;
     /* What the kernels' row step must do beyond scaling and the range. */
     bool plain; /* no explicit mask, no ALiBi, no softcap */
+    /* The sequence a unit works in: query rows [q_lo, q_hi), keys [k_lo,
+     * k_hi), and offset = k_hi - q_hi (sdpa_call_seq). The whole call (0
+     * .. n_q, 0 .. n_k) as sdpa_call_of makes it. */
+    int64_t q_lo, q_hi, k_lo, k_hi;
     bool bf16;  /* ATTN_PRECISION_BFLOAT16 */
 } sdpa_call;
 
@@ -55,6 +59,13 @@ typedef struct {
 /* q, k and v are of the element types p->dtype names. */
 sdpa_call sdpa_call_of(const attn_sdpa_params *p, const void *q, const void *k,
                        const void *v);
+
+/* The call's sequences: a ragged batch's, or one per batch entry. */
+int64_t sdpa_seq_count(const attn_sdpa_params *p);
+/* The call narrowed to sequence s, whose rows are those of batch entry
+ * *b: its query rows, keys and offset (every position is counted within
+ * the sequence). */
+sdpa_call sdpa_call_seq(const sdpa_call *c, int64_t s, int64_t *b);
 
 /* Offset of the first row of head h in batch b of a tensor with `heads`
  * heads of n rows of d, in the call's layout (rows then follow at the row
@@ -81,15 +92,18 @@ void sdpa_src_widen(sdpa_src s, int64_t count, float *dst);
  * its key/value head's rows in dk and dv. */
 int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h);
 
-/* The keys [*begin, *end) that some row of [i0, i0 + rows) may see under
- * the causal mask and the window (empty: *begin == *end). */
+/* The keys [*begin, *end) of the call's sequence that some row of [i0,
+ * i0 + rows) may see under the causal mask and the window (empty: *begin
+ * == *end). */
 void sdpa_key_range(const sdpa_call *c, int64_t i0, int64_t rows, int64_t *begin,
                     int64_t *end);
-/* The query rows [*begin, *end) that see some key of [j0, j0 + cols). */
+/* The query rows [*begin, *end) of the call's sequence that see some key
+ * of [j0, j0 + cols). */
 void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *begin,
                       int64_t *end);
 /* Keys of row i visible within a tile from j0 of cols keys: [*lo, *hi),
- * relative to j0 and clipped to [0, cols]. */
+ * relative to j0 and clipped to [0, cols]; none for a row outside the
+ * call's sequence. */
 void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int64_t *lo,
                     int64_t *hi);
 /* slope_h of ALiBi for (b, h); 0 without. */
@@ -99,6 +113,52 @@ float sdpa_alibi_slope(const sdpa_call *c, int64_t b, int64_t h);
  * scaled scores x: the bias, or -inf where the boolean mask hides a key. */
 void sdpa_mask_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t j0,
                    float *x, int64_t cols);
+
+/* ------------------------------------------------------------ work units */
+
+/*
+ * A call's work as units of about equal work, so that the threads share
+ * it by its cost rather than by a count (one sequence of 4096 rows and
+ * 500 of 20 keep every thread busy to the end). The work is a list of
+ * items in a fixed order, sequence by sequence, each with an estimated
+ * cost; a unit is a run of consecutive items, cut where the running cost
+ * reaches an even share of the total. Tiny items (short sequences) are so
+ * taken many to a unit, and a unit's overhead is paid once for them all.
+ * The cuts depend on the costs only, never on the thread count, so that
+ * what is merged unit by unit (statistics) comes out the same however many
+ * threads run the units.
+ */
+typedef struct {
+    int64_t s, i; /* item i of sequence s */
+} sdpa_item_at;
+
+/* At most this many units: a few hundred dispatches for any call. */
+#define SDPA_UNITS_MAX 256
+/* Units are not cut below this cost (FLOP-equivalents, a few microseconds
+ * of one core), so that a small call is not split into dispatches that
+ * cost more than their work. */
+#define SDPA_UNIT_MIN_COST 1e6
+
+typedef struct {
+    const void *ctx;
+    int64_t seqs;
+    int64_t (*items)(const void *ctx, int64_t s);          /* items of sequence s */
+    double (*cost)(const void *ctx, int64_t s, int64_t i); /* of item i of s */
+    double (*seq_cost)(const void *ctx, int64_t s);        /* of all items of s */
+} sdpa_work;
+
+typedef struct {
+    int64_t count;                          /* >= 1 */
+    sdpa_item_at start[SDPA_UNITS_MAX + 2]; /* unit u: [start[u], start[u + 1]) */
+} sdpa_units;
+
+/* Cuts w into units; returns the total cost. (attn_ names, as libattn.a
+ * exports no other, because test_ragged calls these two.) */
+double attn_units_plan(const sdpa_work *w, sdpa_units *u);
+
+/* Calls fn(ctx, s, i) for every item of unit u, in order. */
+void attn_unit_items(const sdpa_work *w, const sdpa_units *u, int64_t unit,
+                     void (*fn)(void *ctx, int64_t s, int64_t i), void *ctx);
 
 /* ------------------------------------------------------------ statistics */
 
@@ -215,7 +275,8 @@ bool sdpa_finish_row(float *o, const double *acc, bool partial, double l, int64_
 
 /* Output row i of head (b, h) computed in double precision from scratch
  * (scores, softmax, weighted mean), written to out [d_v], and its weights
- * to weights [n_k] when not NULL; returns the row's softmax maximum and
+ * to weights [n_k] when not NULL (those of the keys of c's sequence; the
+ * others are left as they are); returns the row's softmax maximum and
  * sum. For rows whose float accumulation overflowed. */
 attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
                                         float *out, float *weights);

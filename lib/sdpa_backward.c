@@ -5,27 +5,34 @@
  *   -> dq [B,H_q,n_q,d_k], dk [B,H_kv,n_k,d_k], dv [B,H_kv,n_k,d_v]
  * (in ATTN_LAYOUT_BNHD the tensors are [B, n, H, d] instead; see attn.h).
  *
- * A work unit owns key tiles of one (batch, key/value head) pair: for each
- * of its tiles it packs k_t^T and v_t^T once, then visits every query tile
- * of every query head that shares the pair, so it alone writes its rows of
- * dk and dv (the GQA sum happens inside the unit).
+ * The call is a list of sequences: one per batch entry, or those of a
+ * ragged batch (attn_ragged). An item owns key tiles of one key/value head
+ * of one sequence (a pair): for each of its tiles it packs k_t^T and v_t^T
+ * once, then visits every query tile of the sequence, of every query head
+ * that shares the key/value head, so it alone writes its rows of dk and dv
+ * (the GQA sum happens inside the item).
  *
- * dq rows receive contributions from every key tile. When there are enough
- * pairs to keep every thread busy, a unit takes all the key tiles of its
- * pair and adds straight into dq. Otherwise each pair is split S ways (key
- * tiles s, s + S, s + 2S, ... to split s: interleaved, so causal splits cost
- * alike), and split s adds into its own copy of dq, summed in split order at
- * the end. The long sums are blocked: every SDPA_FOLD_TILES key tiles of a
- * unit its float partials of dq are folded into double sums, and every
- * SDPA_FOLD_TILES query tiles those of dk and dv (written when the key tile
- * is done), so that their error does not grow with n_k or n_q. Either way which thread runs which unit changes nothing: the
- * result is the same for a given thread count, bit for bit.
+ * dq rows receive contributions from every key tile. A pair whose work is
+ * within an even share of the call's takes all its key tiles and adds
+ * straight into dq. A larger one (few pairs, or one long sequence among
+ * short ones) is split S ways (key tiles s, s + S, s + 2S, ... to split s:
+ * interleaved, so causal splits cost alike), and split s adds into its own
+ * copy of dq, summed in split order at the end. Items go to the threads in
+ * units of about equal work (attn_units_plan). Either way which thread
+ * runs which item changes nothing: the result is the same for a given
+ * thread count, bit for bit. The long sums are blocked: every
+ * SDPA_FOLD_TILES key tiles of an item its float partials of dq are folded
+ * into double sums, and every SDPA_FOLD_TILES query tiles those of dk and
+ * dv (written when the key tile is done), so that their error does not
+ * grow with n_k or n_q.
  *
- * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
- * the units, into the two forms the products read (pairs along each row,
- * for the scores and dP; pairs of rows, for dk and dv: a query tile then
- * starts at an even row); a unit rounds its key tile's k and v.
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16; not with a ragged batch) q and dO
+ * are rounded once, before the items, into the two forms the products read
+ * (pairs along each row, for the scores and dP; pairs of rows, for dk and
+ * dv: a query tile then starts at an even row); an item rounds its key
+ * tile's k and v.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,11 +69,20 @@ typedef struct {
     float *dq, *dk, *dv;
     float **dq_split; /* [splits]: dq itself, then the copies (float partials) */
     double **dq_sum;  /* [splits]: their folded sums (the layout of dq) */
-    int64_t k_tiles, splits;
+    int64_t splits;   /* the most of any sequence */
+    /* Per sequence of a ragged batch (one entry for them all otherwise,
+     * since batch entries are alike): the cost of one pair's work, and in
+     * how many splits it is done. */
+    double *pair_cost;
+    int64_t *seq_splits;
+    sdpa_work work;
+    sdpa_units units;
     bwd_worker *workers;
 } bwd_job;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static int64_t tiles(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 /* acc += part and part back to 0, for n rows of `width` (strides lda,
  * ldp): a float partial folded into its double sum. */
@@ -79,36 +95,96 @@ static void fold(double *acc, int64_t lda, float *part, int64_t ldp, int64_t n, 
         }
 }
 
-/* Folds the float partials of dq of every query head of pair (b, hk) into
- * the split's double sums. */
-static void fold_dq(const bwd_job *job, int64_t split, int64_t b, int64_t hk)
+/* Folds the float partials of dq of every query head of key/value head hk
+ * of the sequence of c (batch entry b) into the split's double sums. */
+static void fold_dq(const bwd_job *job, const sdpa_call *c, int64_t split, int64_t b,
+                    int64_t hk)
 {
-    const sdpa_call *c = &job->call;
     const attn_sdpa_params *p = c->p;
     for (int64_t h = hk * c->group; h < (hk + 1) * c->group; h++) {
-        const int64_t q_at = sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k);
-        fold(job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq, p->n_q,
-             p->d_k);
+        const int64_t q_at = sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k) + c->q_lo * c->ldq;
+        fold(job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq,
+             c->q_hi - c->q_lo, p->d_k);
     }
 }
 
-static void backward_unit(void *ctx, int64_t u, int worker)
+/* ---------------------------------------------------------------- items */
+
+static int64_t seq_index(const bwd_job *job, int64_t s)
+{
+    return job->call.p->ragged.seqs > 0 ? s : 0;
+}
+
+/* Pairs have one item per split; a sequence without keys has none (its
+ * queries see nothing: their dq stays the prologue's zero). */
+static int64_t bwd_items(const void *ctx, int64_t s)
 {
     const bwd_job *job = ctx;
-    const sdpa_call *c = &job->call;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    if (c.k_hi == c.k_lo)
+        return 0;
+    return c.p->heads_kv * job->seq_splits[seq_index(job, s)];
+}
+
+static double bwd_cost(const void *ctx, int64_t s, int64_t i)
+{
+    (void)i;
+    const bwd_job *job = ctx;
+    const int64_t at = seq_index(job, s);
+    return job->pair_cost[at] / (double)job->seq_splits[at];
+}
+
+static double bwd_seq_cost(const void *ctx, int64_t s)
+{
+    return (double)bwd_items(ctx, s) * bwd_cost(ctx, s, 0);
+}
+
+/* The work of one key/value head of the sequence of c: for each key tile
+ * its packing, and the five products over the query rows of the group's
+ * heads that see it (with the row steps, as many FLOPs as they take time,
+ * roughly). */
+static double pair_cost_of(const sdpa_call *c)
+{
     const attn_sdpa_params *p = c->p;
-    const bwd_worker *w = &job->workers[worker];
-    const int64_t pair = u / job->splits, split = u % job->splits;
-    const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
+    const double width = (double)(3 * p->d_k + 2 * p->d_v);
+    double cost = 2e4;
+    for (int64_t j0 = c->k_lo; j0 < c->k_hi; j0 += KERN_BK) {
+        const int64_t cols = min64(c->k_hi - j0, KERN_BK);
+        int64_t i0, i1;
+        sdpa_query_range(c, j0, cols, &i0, &i1);
+        cost += 8.0 * (double)(cols * (p->d_k + p->d_v)) +
+                (double)c->group * 2.0 * (double)(i1 - i0) * (double)(cols + 16) * width;
+    }
+    return cost;
+}
+
+/* What the items of one unit share: the worker. */
+typedef struct {
+    const bwd_job *job;
+    const bwd_worker *w;
+} bwd_unit;
+
+/* Split `split` of the key tiles of key/value head hk of sequence s. */
+static void backward_item(void *ctx, int64_t s, int64_t i)
+{
+    const bwd_unit *u = ctx;
+    const bwd_job *job = u->job;
+    const bwd_worker *w = u->w;
+    int64_t b;
+    const sdpa_call call = sdpa_call_seq(&job->call, s, &b), *c = &call;
+    const attn_sdpa_params *p = c->p;
+    const int64_t splits = job->seq_splits[seq_index(job, s)];
+    const int64_t hk = i / splits, split = i % splits;
     float *dq = job->dq_split[split];
     const int64_t k_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k);
     const int64_t v_at = sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_v);
     int64_t key_tiles = 0; /* since dq was last folded */
-    for (int64_t kt = split; kt < job->k_tiles; kt += job->splits) {
+    for (int64_t kt = split; kt < tiles(c->k_hi - c->k_lo, KERN_BK); kt += splits) {
+        sdpa_tile t = {.b = b, .j0 = c->k_lo + kt * KERN_BK};
+        t.cols = min64(c->k_hi - t.j0, KERN_BK);
         if (attn_cancelled(p->cancel))
             return;
-        sdpa_tile t = {.b = b, .j0 = kt * KERN_BK};
-        t.cols = min64(p->n_k - t.j0, KERN_BK);
         const sdpa_src k = sdpa_src_at((sdpa_src){c->k, c->k16}, k_at + t.j0 * c->ldk),
                        v = sdpa_src_at((sdpa_src){c->v, c->v16}, v_at + t.j0 * c->ldv);
         float *dk = job->dk + k_at + t.j0 * c->ldk, *dv = job->dv + v_at + t.j0 * c->ldv;
@@ -127,7 +203,8 @@ static void backward_unit(void *ctx, int64_t u, int worker)
         sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k.f32};
         if (kb != NULL) {
             /* Pairs of rows from an even row (the row before sees none of
-             * these keys: its P is 0). */
+             * these keys: its P is 0; a dense call's sequence starts at
+             * row 0). */
             i_start -= i_start % 2;
             sdpa_bf16_pack_t(kb, k, c->ldk, t.cols, p->d_k, w->kp);
             sdpa_bf16_pack_t(kb, v, c->ldv, t.cols, p->d_v, w->vp);
@@ -183,10 +260,17 @@ static void backward_unit(void *ctx, int64_t u, int worker)
                 dv[j * c->ldv + e] = (float)(w->dv_sum[j * p->d_v + e] + dv[j * c->ldv + e]);
         }
         if (++key_tiles == SDPA_FOLD_TILES) {
-            fold_dq(job, split, b, hk);
+            fold_dq(job, c, split, b, hk);
             key_tiles = 0;
         }
     }
+}
+
+static void backward_unit(void *ctx, int64_t unit, int worker)
+{
+    const bwd_job *job = ctx;
+    bwd_unit u = {.job = job, .w = &job->workers[worker]};
+    attn_unit_items(&job->work, &job->units, unit, backward_item, &u);
 }
 
 /* The O(rows d) steps around the tiles, spread over the workers in blocks. */
@@ -282,14 +366,50 @@ static int64_t blocks(int64_t count, int64_t per_block)
     return (count + per_block - 1) / per_block;
 }
 
-/* Splits per pair: 1 when the pairs alone give every thread two units or
- * more; otherwise one per thread (at most one per key tile), each a copy of
- * dq more. */
-static int64_t splits_for(int threads, int64_t pairs, int64_t k_tiles)
+/* Splits of a pair of cost `cost`: 1 when it is within half a thread's
+ * share of the total; otherwise as many as make it so, at most one per
+ * thread and per key tile, each a copy of dq more. */
+static int64_t splits_for(int threads, double cost, double total, int64_t k_tiles)
 {
-    if (threads <= 1 || pairs >= 2 * (int64_t)threads)
+    if (threads <= 1)
         return 1;
-    return min64(threads, k_tiles);
+    double share = total / (2.0 * threads);
+    double want = ceil(cost / share);
+    int64_t most = min64(threads, k_tiles);
+    return want >= (double)most ? most : want > 1.0 ? (int64_t)want : 1;
+}
+
+/* job->pair_cost of the first `entries` sequences (every one of a ragged
+ * batch, the first of a dense call: batch entries are alike); returns the
+ * cost of the whole call into *total and its (pair, key tile)s, what the
+ * thread count is judged from. */
+static int64_t plan_costs(bwd_job *job, int64_t entries, double *total)
+{
+    *total = 0.0;
+    int64_t k_tiles = 0;
+    for (int64_t s = 0; s < entries; s++) {
+        int64_t b;
+        const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+        job->pair_cost[s] = pair_cost_of(&c);
+        *total += job->pair_cost[s];
+        k_tiles += tiles(c.k_hi - c.k_lo, KERN_BK);
+    }
+    const double copies = (double)(job->work.seqs / entries);
+    *total *= copies * (double)job->call.p->heads_kv;
+    return k_tiles * (job->work.seqs / entries) * job->call.p->heads_kv;
+}
+
+/* job->seq_splits of the first `entries` sequences, and job->splits. */
+static void plan_splits(bwd_job *job, int64_t entries, int threads, double total)
+{
+    job->splits = 1;
+    for (int64_t s = 0; s < entries; s++) {
+        int64_t b;
+        const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+        job->seq_splits[s] =
+            splits_for(threads, job->pair_cost[s], total, tiles(c.k_hi - c.k_lo, KERN_BK));
+        job->splits = job->seq_splits[s] > job->splits ? job->seq_splits[s] : job->splits;
+    }
 }
 
 static void free_workers(bwd_worker *w, int n)
@@ -381,7 +501,6 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
                          "q, k, v, out, rows, dout, dq, dk and dv must not be NULL");
 
     const int64_t n_rows = p->batch * p->heads_q * p->n_q;
-    const int64_t pairs = p->batch * p->heads_kv;
     bwd_job job = {
         .call = sdpa_call_of(p, q, k, v),
         .kern = kernels->f32,
@@ -389,17 +508,27 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         .dout = p->dtype.dout == ATTN_DTYPE_BFLOAT16 ? (sdpa_src){.bf16 = dout}
                                                      : (sdpa_src){.f32 = dout},
         .dq = dq, .dk = dk, .dv = dv,
-        .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
-    int threads = sdpa_threads(p, pairs * job.k_tiles, 2.5 * attn_sdpa_flops(p));
+    job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = bwd_items,
+                           .cost = bwd_cost, .seq_cost = bwd_seq_cost};
+    const int64_t entries = p->ragged.seqs > 0 ? p->ragged.seqs : 1;
+    job.pair_cost = malloc((size_t)entries * sizeof *job.pair_cost);
+    job.seq_splits = malloc((size_t)entries * sizeof *job.seq_splits);
+    int threads = 1;
+    if (job.pair_cost != NULL && job.seq_splits != NULL) {
+        double total;
+        int64_t pair_tiles = plan_costs(&job, entries, &total);
+        threads = sdpa_threads(p, pair_tiles, 2.5 * attn_sdpa_flops(p));
+        plan_splits(&job, entries, threads, total);
+        attn_units_plan(&job.work, &job.units);
+    }
     bool cancelled = false;
-    job.splits = splits_for(threads, pairs, job.k_tiles);
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
     job.dq_sum = calloc((size_t)job.splits, sizeof *job.dq_sum);
     job.workers = alloc_workers(threads, p, job.call.bf16);
-    bool ok = delta != NULL && job.dq_split != NULL && job.dq_sum != NULL &&
-              job.workers != NULL;
+    bool ok = job.pair_cost != NULL && job.seq_splits != NULL && delta != NULL &&
+              job.dq_split != NULL && job.dq_sum != NULL && job.workers != NULL;
     bwd_bf16 *h = &job.b16;
     if (ok && job.call.bf16) {
         job.kern_bf16 = kernels->bf16;
@@ -442,7 +571,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
                             .b16 = h};
             attn_parallel_for_until(threads, p->batch * p->heads_q, round_head, &rj, p->cancel);
         }
-        attn_parallel_for_until(threads, pairs * job.splits, backward_unit, &job, p->cancel);
+        attn_parallel_for_until(threads, job.units.count, backward_unit, &job, p->cancel);
         cancelled = attn_cancelled(p->cancel);
     }
     if (ok && !cancelled) {
@@ -466,6 +595,8 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     free(job.dq_sum);
     free_workers(job.workers, threads);
     free(delta);
+    free(job.pair_cost);
+    free(job.seq_splits);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the backward pass");
     if (cancelled)

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "sdpa.h"
 
@@ -12,15 +13,18 @@ float attn_default_scale(int64_t d_k)
     return d_k >= 1 ? (float)(1.0 / sqrt((double)d_k)) : 1.0f;
 }
 
-/* Keys a window leaves query i, summed over the rows (causal included when
- * a window is set: the band the kernels visit). */
-static double window_pairs(const attn_sdpa_params *p)
+/* The (query, key) pairs of sequence c's block: all of them, or with a
+ * window the band it leaves each row (causal included then: the band the
+ * kernels visit). */
+static double block_pairs(const sdpa_call *c)
 {
-    sdpa_call c = sdpa_call_of(p, NULL, NULL, NULL);
+    const int64_t n_q = c->q_hi - c->q_lo, n_k = c->k_hi - c->k_lo;
+    if (!c->p->variants.window || n_q == 0 || n_k == 0)
+        return (double)n_q * (double)n_k;
     double pairs = 0.0;
-    for (int64_t i = 0; i < p->n_q; i++) {
+    for (int64_t i = c->q_lo; i < c->q_hi; i++) {
         int64_t lo, hi;
-        sdpa_row_range(&c, i, 0, p->n_k, &lo, &hi);
+        sdpa_row_range(c, i, c->k_lo, n_k, &lo, &hi);
         pairs += (double)(hi - lo);
     }
     return pairs;
@@ -30,10 +34,18 @@ double attn_sdpa_flops(const attn_sdpa_params *p)
 {
     if (p == NULL)
         return 0.0;
-    double pairs = p->variants.window && p->n_q > 0 && p->n_k > 0
-                       ? window_pairs(p)
-                       : (double)p->n_q * (double)p->n_k;
-    return 2.0 * (double)p->batch * (double)p->heads_q * pairs * (double)(p->d_k + p->d_v);
+    const sdpa_call call = sdpa_call_of(p, NULL, NULL, NULL);
+    double pairs = 0.0;
+    if (p->ragged.seqs > 0 && p->ragged.cu_seqlens_q != NULL) {
+        for (int64_t s = 0; s < p->ragged.seqs; s++) {
+            int64_t b;
+            const sdpa_call c = sdpa_call_seq(&call, s, &b);
+            pairs += block_pairs(&c);
+        }
+    } else {
+        pairs = (double)p->batch * block_pairs(&call);
+    }
+    return 2.0 * (double)p->heads_q * pairs * (double)(p->d_k + p->d_v);
 }
 
 /* Elements of a tensor with these dimensions, or -1 when the count (or its
@@ -73,6 +85,57 @@ static attn_status check_mask(const attn_sdpa_params *p, attn_error *err)
     if (last > INT64_MAX / 8)
         return attn_fail(err, ATTN_ERR_INVALID, "mask strides address beyond int64");
     return ATTN_OK;
+}
+
+/* cu [seqs + 1] of a ragged batch: from 0 to n, never decreasing. */
+static attn_status check_offsets(const char *name, const int64_t *cu, int64_t seqs, int64_t n,
+                                 const char *n_name, attn_error *err)
+{
+    if (cu == NULL)
+        return attn_fail(err, ATTN_ERR_INVALID, "%s is NULL with %lld sequences", name,
+                         (long long)seqs);
+    if (cu[0] != 0)
+        return attn_fail(err, ATTN_ERR_INVALID, "%s[0] is %lld; it must be 0", name,
+                         (long long)cu[0]);
+    for (int64_t s = 0; s < seqs; s++)
+        if (cu[s + 1] < cu[s])
+            return attn_fail(err, ATTN_ERR_INVALID,
+                             "%s decreases from %lld to %lld at sequence %lld (a negative "
+                             "length)",
+                             name, (long long)cu[s], (long long)cu[s + 1], (long long)s);
+    if (cu[seqs] != n)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "%s ends at %lld but %s is %lld: the sequences must cover every row",
+                         name, (long long)cu[seqs], n_name, (long long)n);
+    return ATTN_OK;
+}
+
+static attn_status check_ragged(const attn_sdpa_params *p, attn_error *err)
+{
+    const attn_ragged *r = &p->ragged;
+    if (r->seqs == 0)
+        return ATTN_OK;
+    if (r->seqs < 0)
+        return attn_fail(err, ATTN_ERR_INVALID, "ragged.seqs is %lld; it must be >= 0",
+                         (long long)r->seqs);
+    if (p->batch != 1)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "a ragged batch packs its sequences along the rows: batch must be "
+                         "1, not %lld",
+                         (long long)p->batch);
+    /* The bfloat16 backward takes query rows in pairs from an even row,
+     * which a sequence of a ragged batch need not start at. */
+    if (p->precision == ATTN_PRECISION_BFLOAT16)
+        return attn_fail(err, ATTN_ERR_INVALID,
+                         "a ragged batch is computed in float32 only: precision must be "
+                         "ATTN_PRECISION_FLOAT32 when ragged.seqs > 0");
+    attn_status s = check_offsets("cu_seqlens_q", r->cu_seqlens_q, r->seqs, p->n_q, "n_q", err);
+    if (s == ATTN_OK)
+        s = r->cu_seqlens_k != NULL
+                ? check_offsets("cu_seqlens_k", r->cu_seqlens_k, r->seqs, p->n_k, "n_k", err)
+                : check_offsets("cu_seqlens_q (for the keys: cu_seqlens_k is NULL)",
+                                r->cu_seqlens_q, r->seqs, p->n_k, "n_k", err);
+    return s;
 }
 
 static attn_status check_variants(const attn_sdpa_params *p, attn_error *err)
@@ -155,6 +218,8 @@ attn_status sdpa_check_params(const attn_sdpa_params *p, bool with_weights,
                              "bfloat16 inputs need precision bfloat16");
     }
     s = check_variants(p, err);
+    if (s == ATTN_OK)
+        s = check_ragged(p, err);
     if (s != ATTN_OK)
         return s;
     if (elements(p->batch, p->heads_q, p->n_q, p->d_k) < 0 ||
@@ -196,5 +261,19 @@ void *sdpa_alloc(int64_t n, size_t size)
     if ((uint64_t)n > SIZE_MAX / size - 64)
         return NULL;
     size_t bytes = ((size_t)n * size + 63) / 64 * 64;
-    return aligned_alloc(64, bytes);
+    void *p = aligned_alloc(64, bytes);
+#ifdef MADV_HUGEPAGE
+    /* A large workspace (the packed keys of a long or ragged batch, dq's
+     * copies) is mapped anew by malloc at each call, and first touching it
+     * page by page costs a fault per 4 KiB, microseconds each on a virtual
+     * machine: it is asked to be backed by 2 MiB pages where the kernel
+     * has them (advice only). */
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    if (p != NULL && bytes >= 2 * huge) {
+        uintptr_t from = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+        uintptr_t to = ((uintptr_t)p + bytes) & ~(huge - 1);
+        (void)madvise((void *)from, to - from, MADV_HUGEPAGE);
+    }
+#endif
+    return p;
 }

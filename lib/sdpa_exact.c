@@ -58,17 +58,19 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
     const attn_sdpa_params *p = c->p;
     const sdpa_src q_row = sdpa_src_at(sdpa_src_q(c, b, h), i * c->ldq);
     const sdpa_src v = sdpa_src_v(c, b, h);
+    /* The keys of the row's sequence (every key when not ragged); the
+     * caller's weights elsewhere are 0 already. */
     double m = -INFINITY, x;
-    for (int64_t j = 0; j < p->n_k; j++)
+    for (int64_t j = c->k_lo; j < c->k_hi; j++)
         if (score_exact(c, b, h, i, j, q_row, &x) && x > m)
             m = x;
     double l = 0.0;
-    for (int64_t j = 0; j < p->n_k; j++)
+    for (int64_t j = c->k_lo; j < c->k_hi; j++)
         if (score_exact(c, b, h, i, j, q_row, &x))
             l += exp(x - m);
     for (int64_t t = 0; t < p->d_v; t++)
         out[t] = 0.0f;
-    for (int64_t j = 0; weights != NULL && j < p->n_k; j++)
+    for (int64_t j = c->k_lo; weights != NULL && j < c->k_hi; j++)
         weights[j] = l > 0.0 && score_exact(c, b, h, i, j, q_row, &x) ? (float)(exp(x - m) / l)
                                                                       : 0.0f;
     if (!(l > 0.0))
@@ -77,7 +79,7 @@ attn_softmax_row sdpa_forward_row_exact(const sdpa_call *c, int64_t b, int64_t h
     for (int64_t t0 = 0; t0 < p->d_v; t0 += 64) {
         double acc[64] = {0};
         int64_t width = p->d_v - t0 < 64 ? p->d_v - t0 : 64;
-        for (int64_t j = 0; j < p->n_k; j++) {
+        for (int64_t j = c->k_lo; j < c->k_hi; j++) {
             if (!score_exact(c, b, h, i, j, q_row, &x))
                 continue;
             double a = exp(x - m) / l;

@@ -6,28 +6,36 @@
  *
  * (In ATTN_LAYOUT_BNHD the tensors are [B, n, H, d] instead; see attn.h.)
  *
- * First k is packed, once per key/value head, into KERN_BK-wide panels of
- *   kt [B, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile; the last
- *                                            tile only as wide as its keys)
- * which every query block of every query head that reads the head shares
- * (when only one unit reads each panel, short sequences, the unit packs it
- * itself, right before it uses it).
- * Then a work unit is one block of KERN_FWD_BQ query rows of one (batch,
- * head): it streams the key tiles past its rows (the kernel's forward_tile)
- * and owns its output rows, so units run in parallel without sharing
- * anything but read-only inputs. (For the head mean of the weights a unit
- * is one block of one batch through every head, which then owns its rows of
- * the mean.) Extra memory: the packed copy of k, and a few rows per worker.
+ * The call is a list of sequences: one per batch entry, or those of a
+ * ragged batch (attn_ragged), each with its own query rows and keys.
+ * First k is packed, once per key/value head of a sequence, into
+ * KERN_BK-wide panels of
+ *   kt [sequences, H_kv, key tiles, d_k, KERN_BK]   (k^T, tile by tile,
+ *                                                   from the sequence's first key)
+ * (one sequence per batch entry: a tile's panel only as wide as its keys,
+ * the panels of a head as many floats as its keys)
+ * which every query block of every query head that reads the head shares;
+ * a sequence whose panels only one item reads (short sequences) has them
+ * packed by that item, right before it uses them.
+ * Then an item is one block of KERN_FWD_BQ query rows of one head of one
+ * sequence (or, for a short sequence, its rows of each query head that
+ * shares a key/value head): it streams the sequence's key tiles past its
+ * rows (the kernel's forward_tile) and owns its output rows, so items run
+ * in parallel without sharing anything but read-only inputs. Items go to
+ * the threads in units of about equal work (attn_units_plan). Extra
+ * memory: the packed copy of k, and a few rows per worker. (For the head
+ * mean of the weights, not with a ragged batch, a unit is one block of one
+ * batch entry through every head, which then owns its rows of the mean.)
  *
  * A row's output sums over all its keys: the kernels add each tile into
- * the float output rows, and every SDPA_FOLD_TILES tiles the unit folds
+ * the float output rows, and every SDPA_FOLD_TILES tiles the block folds
  * them into a double sum (rescaled with the row's maximum as the float
  * rows are), so that the error does not grow with n_k.
  *
  * In bfloat16 (ATTN_PRECISION_BFLOAT16) a panel holds the tile's k and v
  * rounded to bfloat16, in the pairs the kernel's products read (kern.h's
- * kern_keys.kp and .vp), packed the same way (once, or by the unit), and a
- * unit rounds its own query rows once, before its key tiles.
+ * kern_keys.kp and .vp), packed the same way (once, or by the item), and a
+ * block rounds its own query rows once, before its key tiles.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -38,7 +46,7 @@
 /* One worker's workspaces, carved from a single allocation (block). */
 typedef struct {
     float *strip, *m, *raw, *x, *tile_max;
-    float *panel; /* [d_k, ld]: k^T of the tile, when units pack their own */
+    float *panel; /* [d_k, ld]: k^T of the tile, when items pack their own */
     float *m_tile; /* [KERN_FWD_BQ]: the row maxima before the tile */
     double *l, *ent;
     double *acc;  /* [KERN_FWD_BQ, d_v]: the output rows folded so far */
@@ -46,9 +54,9 @@ typedef struct {
      * and their sum over the heads so far. [KERN_FWD_BQ, n_k] each. */
     float *head_weights;
     double *mean_sum;
-    /* In bfloat16: the unit's q rows [KERN_FWD_BQ, ceil(d_k / 2)], a
+    /* In bfloat16: the block's q rows [KERN_FWD_BQ, ceil(d_k / 2)], a
      * strip's P [KERN_MR_MAX, KERN_BK / 2], and the tile's panel when
-     * units pack their own. */
+     * items pack their own. */
     uint32_t *qb, *pb, *panel_b;
     void *block;
 } fwd_worker;
@@ -58,34 +66,117 @@ typedef struct {
     const attn_kern *kern;
     const attn_kern_bf16 *kern_bf16; /* in bfloat16, else NULL */
     int64_t panel_words;             /* in bfloat16: words of one packed tile */
-    const float *kt; /* the packed panels; NULL when each unit packs its own */
-    const uint32_t *kv_b; /* in bfloat16, the same */
+    float *kt; /* the packed panels; NULL when no sequence shares its own */
+    uint32_t *kv_b; /* in bfloat16, the same */
+    /* Panels of the sequences before s: panel_at[s] ([seqs + 1], ragged),
+     * or s * H_kv * k_tiles (one sequence per batch entry). A sequence with
+     * none shared has panel_at[s + 1] == panel_at[s]. */
+    const int64_t *panel_at;
     float *out, *weights;
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
-    int64_t q_tiles, k_tiles;
+    int64_t k_tiles;            /* the most key tiles of a sequence */
+    int64_t q_tiles;            /* query blocks of a batch entry (head mean) */
+    /* The head mean of a ragged batch: the first unit of each sequence
+     * ([seqs + 1], one per query block of it); NULL otherwise. */
+    const int64_t *mean_at;
+    sdpa_work work;
+    sdpa_units units;
     fwd_worker *workers;
 } fwd_job;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* --------------------------------------------------------------- packing */
+static int64_t tiles(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
-/* The packed panel of keys j0.. of (batch, key/value head) pair `pair`: a
- * pair's panels hold d_k * n_k floats, as many as its keys. */
-static float *panel_at(const float *kt, const attn_sdpa_params *p, int64_t pair, int64_t j0)
+/* ------------------------------------------------------------- sequences */
+
+/*
+ * A sequence's panels are packed beforehand and shared when more than one
+ * item reads them: several query blocks, or several query heads over more
+ * than one key tile. Otherwise its items are one per key/value head, each
+ * taking the sequence's query rows for every query head of the group and
+ * packing the panel it reads itself (one panel, packed once, when the
+ * group has several heads).
+ */
+static bool seq_shared(const sdpa_call *c, int64_t q_tiles, int64_t k_tiles)
 {
-    return (float *)kt + (pair * p->n_k + j0) * p->d_k;
+    return q_tiles > 1 || (c->group > 1 && k_tiles > 1);
 }
 
-typedef struct {
-    const sdpa_call *call;
-    const attn_kern *kern;
-    const attn_kern_bf16 *kern_bf16;
-    float *kt;
-    uint32_t *kv_b;
-    int64_t k_tiles, panel_words;
-} pack_job;
+static int64_t first_panel(const fwd_job *job, int64_t s)
+{
+    return job->panel_at != NULL ? job->panel_at[s]
+                                 : s * job->call.p->heads_kv * job->k_tiles;
+}
+
+static int64_t fwd_items(const void *ctx, int64_t s)
+{
+    const fwd_job *job = ctx;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    if (q_tiles == 0)
+        return 0;
+    return seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK))
+               ? c.p->heads_q * q_tiles
+               : c.p->heads_kv;
+}
+
+/* Cost of one head's query block qt: the products over the keys it sees,
+ * and the per-row, per-tile and per-item steps around them (as many
+ * FLOPs as they take time, roughly). */
+static double block_cost(const sdpa_call *c, int64_t qt)
+{
+    const attn_sdpa_params *p = c->p;
+    const int64_t i0 = c->q_lo + qt * KERN_FWD_BQ, rows = min64(c->q_hi - i0, KERN_FWD_BQ);
+    int64_t begin, end;
+    sdpa_key_range(c, i0, rows, &begin, &end);
+    const double keys = (double)(end - begin), width = (double)(p->d_k + p->d_v);
+    return 2.0 * (double)rows * (keys + 16.0 * (double)tiles(end - begin, KERN_BK)) * width +
+           64.0 * width + 2e4;
+}
+
+static double fwd_cost(const void *ctx, int64_t s, int64_t i)
+{
+    const fwd_job *job = ctx;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    if (seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK)))
+        return block_cost(&c, i % q_tiles);
+    return (double)c.group * block_cost(&c, 0);
+}
+
+static double fwd_seq_cost(const void *ctx, int64_t s)
+{
+    const fwd_job *job = ctx;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    double cost = 0.0;
+    for (int64_t qt = 0; qt < tiles(c.q_hi - c.q_lo, KERN_FWD_BQ); qt++)
+        cost += block_cost(&c, qt);
+    return cost * (double)c.p->heads_q;
+}
+
+/* --------------------------------------------------------------- packing */
+
+/* The sequence whose panels include panel u: the last s with
+ * first_panel(s) <= u < first_panel(s + 1). */
+static int64_t panel_seq(const fwd_job *job, int64_t u)
+{
+    if (job->panel_at == NULL)
+        return u / (job->call.p->heads_kv * job->k_tiles);
+    int64_t lo = 0, hi = job->work.seqs; /* panel_at[lo] <= u < panel_at[hi] */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (job->panel_at[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
 /* The bfloat16 panel of keys j0 .. j0 + keys of head (b, h)'s key/value
  * head: kp [ceil(d_k / 2), KERN_BK], then vp [KERN_BK / 2, d_v]. */
@@ -100,25 +191,39 @@ static void pack_bf16(const attn_kern_bf16 *kb, const sdpa_call *c, int64_t b, i
                         p->d_v, vp, p->d_v, KERN_BK / 2, true);
 }
 
-/* Unit: one key tile of one (batch, key/value head). */
+/* The first panel of key/value head hk of sequence s (batch entry b); its
+ * tile kt is d_k * KERN_BK floats further. One sequence per batch entry:
+ * a head's panels hold d_k * n_k floats, the last tile only as wide as its
+ * keys. */
+static float *panels_of(const fwd_job *job, int64_t s, int64_t b, int64_t hk, int64_t k_tiles)
+{
+    const attn_sdpa_params *p = job->call.p;
+    if (job->panel_at == NULL)
+        return job->kt + (b * p->heads_kv + hk) * p->n_k * p->d_k;
+    return job->kt + (job->panel_at[s] + hk * k_tiles) * p->d_k * KERN_BK;
+}
+
+/* Unit: one key tile of one key/value head of a sequence. */
 static void pack_unit(void *ctx, int64_t u, int worker)
 {
     (void)worker;
-    const pack_job *j = ctx;
-    const attn_sdpa_params *p = j->call->p;
-    int64_t pair = u / j->k_tiles, tile = u % j->k_tiles;
-    int64_t j0 = tile * KERN_BK, keys = min64(KERN_BK, p->n_k - j0);
-    int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
-    if (j->kern_bf16 != NULL) {
+    const fwd_job *job = ctx;
+    const attn_sdpa_params *p = job->call.p;
+    int64_t b, s = panel_seq(job, u);
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK), at = u - first_panel(job, s);
+    const int64_t hk = at / k_tiles, j0 = c.k_lo + at % k_tiles * KERN_BK;
+    if (job->kern_bf16 != NULL) {
         /* Head hk * group of the query heads reads key/value head hk. */
-        pack_bf16(j->kern_bf16, j->call, b, hk * j->call->group, j0, keys,
-                  j->kv_b + u * j->panel_words);
+        pack_bf16(job->kern_bf16, &c, b, hk * c.group, j0, min64(KERN_BK, c.k_hi - j0),
+                  job->kv_b + u * job->panel_words);
         return;
     }
-    const float *k = j->call->k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) +
-                     j0 * j->call->ldk;
-    j->kern->pack_t(k, j->call->ldk, keys, p->d_k, panel_at(j->kt, p, pair, j0),
-                    kern_panel_ld(keys));
+    const float *k = c.k + sdpa_head_at(p, b, hk, p->heads_kv, p->n_k, p->d_k) + j0 * c.ldk;
+    const int64_t keys = min64(KERN_BK, c.k_hi - j0);
+    job->kern->pack_t(k, c.ldk, keys, p->d_k,
+                      panels_of(job, s, b, hk, k_tiles) + at % k_tiles * p->d_k * KERN_BK,
+                      kern_panel_ld(keys));
 }
 
 /* --------------------------------------------------------------- weights */
@@ -126,28 +231,29 @@ static void pack_unit(void *ctx, int64_t u, int worker)
 /* Each tile's P went to the weights relative to the row maximum of its
  * time (tile_max); now that the final maximum m and sum l are known, every
  * tile is rescaled by exp(tile_max - m) / l. */
-static void finish_weights(const fwd_job *job, const sdpa_tile *t, const fwd_worker *w,
-                           float *weights, int64_t k_first, int64_t k_end)
+static void finish_weights(const fwd_job *job, const sdpa_call *c, const sdpa_tile *t,
+                           const fwd_worker *w, float *weights, int64_t k_first, int64_t k_end)
 {
     const attn_sdpa_params *p = job->call.p;
     for (int64_t r = 0; r < t->rows; r++) {
         float *row = weights + r * p->n_k;
         for (int64_t j0 = k_first; j0 < k_end; j0 += KERN_BK) {
             int64_t cols = min64(k_end - j0, KERN_BK);
-            float m_t = w->tile_max[r * job->k_tiles + j0 / KERN_BK];
+            float m_t = w->tile_max[r * job->k_tiles + (j0 - c->k_lo) / KERN_BK];
             float f = 0.0f;
             if (w->l[r] > 0.0 && m_t != -INFINITY)
                 f = (float)(exp((double)m_t - w->m[r]) / w->l[r]);
             for (int64_t j = 0; j < cols; j++)
                 row[j0 + j] *= f;
         }
-        /* Keys outside the tiles visited (causal, window): weight 0. */
+        /* Keys outside the tiles visited (causal, window, the other
+         * sequences of a ragged batch): weight 0. */
         memset(row, 0, (size_t)k_first * sizeof *row);
         memset(row + k_end, 0, (size_t)(p->n_k - k_end) * sizeof *row);
     }
 }
 
-/* ------------------------------------------------------------------ units */
+/* ------------------------------------------------------------------ items */
 
 /* Rows [rows] of a forward unit's float output rows (since the last fold,
  * row stride ldo) into their double sums acc [rows, d_v], after a tile:
@@ -185,34 +291,37 @@ bool sdpa_finish_row(float *o, const double *acc, bool partial, double l, int64_
     return finite;
 }
 
-/* Query block qt of head (b, h), through all its key tiles; its weights,
- * when asked for, go to `weights` [rows, n_k]. */
-static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h, int64_t qt,
-                         float *weights)
+/* Where a block's key tiles come from: the sequence's shared panels of its
+ * key/value head (tile kt at panels + kt * d_k * KERN_BK), or, when
+ * panels is NULL, the worker's own panel, which holds tile *packed (-1:
+ * none yet) and is packed anew for any other. */
+typedef struct {
+    const float *panels;
+    const uint32_t *panels_b; /* in bfloat16: tile kt at panels_b + kt * panel_words */
+    int64_t *packed;
+} fwd_keys;
+
+/* Query rows t->i0 .. t->i0 + t->rows of head (t->b, t->h), within the
+ * sequence of c, through every key tile of the sequence they see; their
+ * weights, when asked for, go to `weights` [rows, n_k]. */
+static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c, sdpa_tile t,
+                          fwd_keys from, sdpa_stats_acc *stats, float *weights)
 {
-    const sdpa_call *c = &job->call;
     const attn_sdpa_params *p = c->p;
-    const int64_t bh = b * p->heads_q + h;
-    sdpa_tile t = {.b = b, .h = h, .i0 = qt * KERN_FWD_BQ};
-    t.rows = min64(p->n_q - t.i0, KERN_FWD_BQ);
+    const int64_t bh = t.b * p->heads_q + t.h;
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
         w->m[r] = w->m_tile[r] = -INFINITY;
         w->l[r] = 0.0;
     }
     memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
-    sdpa_stats_acc *stats = NULL;
-    if (job->unit_stats != NULL) {
-        stats = &job->unit_stats[bh * job->q_tiles + qt];
-        sdpa_stats_init(stats);
+    if (stats != NULL)
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
-    }
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
                          .weights = weights, .tile_max = w->tile_max,
                          .k_tiles = job->k_tiles, .stats = stats, .ent = w->ent,
                          .raw = w->raw, .x = w->x, .scale = p->scale,
                          .softcap = p->variants.softcap};
-    const int64_t pair = t.b * p->heads_kv + t.h / c->group;
     const attn_kern_bf16 *kb = job->kern_bf16;
     const float *v = kb == NULL ? sdpa_head_v(c, t.b, t.h) : NULL; /* bfloat16 reads panels */
     if (kb != NULL) {
@@ -224,10 +333,11 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
         st.pb = w->pb;
     }
     /* Key tiles wholly outside the causal diagonal and the window are
-     * skipped; the last one is cut where the block's last row stops. */
+     * skipped; the last one is cut where the block's last row stops. Tiles
+     * start at the sequence's first key. */
     int64_t k_begin, k_end;
     sdpa_key_range(c, t.i0, t.rows, &k_begin, &k_end);
-    const int64_t k_first = k_begin / KERN_BK * KERN_BK;
+    const int64_t k_first = c->k_lo + (k_begin - c->k_lo) / KERN_BK * KERN_BK;
     if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
@@ -241,31 +351,39 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
             sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, true);
             since_fold = 0;
         }
-        st.kt = t.j0 / KERN_BK;
+        st.kt = (t.j0 - c->k_lo) / KERN_BK;
         st.accumulate = since_fold++ > 0;
         t.cols = min64(k_end - t.j0, KERN_BK);
         /* The panel holds the tile's keys; the tile may stop short of its
          * end (causal), the panel's stride does not. */
         kern_keys keys = {.v = v != NULL ? v + t.j0 * c->ldv : NULL,
-                          .ld = kern_panel_ld(min64(p->n_k - t.j0, KERN_BK))};
+                          .ld = kern_panel_ld(min64(c->k_hi - t.j0, KERN_BK))};
         if (kb != NULL) {
-            const uint32_t *panel = job->kv_b;
+            const uint32_t *panel = from.panels_b;
             if (panel != NULL) {
-                panel += (pair * job->k_tiles + st.kt) * job->panel_words;
+                panel += st.kt * job->panel_words;
             } else {
-                pack_bf16(kb, c, t.b, t.h, t.j0, t.cols, w->panel_b);
+                /* (The heads of a group see the same keys and values of a tile.) */
+                if (*from.packed != st.kt) {
+                    pack_bf16(kb, c, t.b, t.h, t.j0, t.cols, w->panel_b);
+                    *from.packed = st.kt;
+                }
                 panel = w->panel_b;
             }
             keys.kp = panel;
             keys.vp = panel + (p->d_k + 1) / 2 * KERN_BK;
             kb->forward_tile(c, &t, &keys, &st);
         } else {
-            if (job->kt != NULL) {
-                keys.kt = panel_at(job->kt, p, pair, t.j0);
+            if (from.panels != NULL) {
+                keys.kt = from.panels + st.kt * p->d_k * KERN_BK;
             } else {
+                /* (The heads of a group see the same keys of a tile.) */
                 keys.ld = kern_panel_ld(t.cols);
-                job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols,
-                                  p->d_k, w->panel, keys.ld);
+                if (*from.packed != st.kt) {
+                    job->kern->pack_t(sdpa_head_k(c, t.b, t.h) + t.j0 * c->ldk, c->ldk, t.cols,
+                                      p->d_k, w->panel, keys.ld);
+                    *from.packed = st.kt;
+                }
                 keys.kt = w->panel;
             }
             job->kern->forward_tile(c, &t, &keys, &st);
@@ -273,7 +391,7 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
         sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, false);
     }
     if (weights != NULL)
-        finish_weights(job, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
+        finish_weights(job, c, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
@@ -298,44 +416,172 @@ static void forward_rows(const fwd_job *job, fwd_worker *w, int64_t b, int64_t h
     }
 }
 
-/* Causal query blocks grow in cost with their index: hand out the
- * expensive ones first so that the last units to finish are cheap. */
-static int64_t block_of(const fwd_job *job, int64_t u)
+/* What the items of one unit share: the worker and the unit's statistics. */
+typedef struct {
+    const fwd_job *job;
+    fwd_worker *w;
+    sdpa_stats_acc *stats;
+} fwd_unit;
+
+/* Asks the caches for rows [r0, r1) of head h of a tensor at `base` with
+ * `heads` heads of width d (row stride ld). */
+static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t h, int64_t heads,
+                          int64_t n, int64_t d, int64_t ld, int64_t r0, int64_t r1, bool write)
 {
-    int64_t qt = u % job->q_tiles;
-    return job->call.p->causal ? job->q_tiles - 1 - qt : qt;
+    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t f = 0; f < d; f += 64 / (int64_t)sizeof(float)) {
+            if (write)
+                __builtin_prefetch(row + r * ld + f, 1);
+            else
+                __builtin_prefetch(row + r * ld + f, 0);
+        }
 }
 
-/* Unit: one query block of one (batch, head). */
-static void forward_unit(void *ctx, int64_t u, int worker)
+/* Prefetches the rows of the item after item i of short sequence s (the
+ * next key/value head, or the next sequence's first) when that item is a
+ * short sequence's too. Only for a ragged batch (batch 0's heads). */
+static void prefetch_next(const fwd_job *job, int64_t s, int64_t i)
+{
+    const sdpa_call *call = &job->call;
+    const attn_sdpa_params *p = call->p;
+    if (p->ragged.seqs == 0)
+        return;
+    int64_t hk = i + 1;
+    if (hk == p->heads_kv) {
+        hk = 0;
+        if (++s == p->ragged.seqs)
+            return;
+    }
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(call, s, &b);
+    if (c.q_hi - c.q_lo > KERN_FWD_BQ || c.k_hi - c.k_lo > KERN_BK)
+        return;
+    for (int64_t h = hk * c.group; h < (hk + 1) * c.group; h++) {
+        prefetch_rows(p, c.q, h, p->heads_q, p->n_q, p->d_k, c.ldq, c.q_lo, c.q_hi, false);
+        prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi, true);
+    }
+    prefetch_rows(p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.ldk, c.k_lo, c.k_hi, false);
+    prefetch_rows(p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.ldv, c.k_lo, c.k_hi, false);
+}
+
+/* Where the weights of the rows of t go (NULL: not asked for). */
+static float *block_weights(const fwd_job *job, const sdpa_tile *t)
+{
+    const attn_sdpa_params *p = job->call.p;
+    if (job->weights == NULL)
+        return NULL;
+    return job->weights + ((t->b * p->heads_q + t->h) * p->n_q + t->i0) * p->n_k;
+}
+
+/* Item i of sequence s (fwd_items says which items a sequence has). */
+static void forward_item(void *ctx, int64_t s, int64_t i)
+{
+    const fwd_unit *u = ctx;
+    const fwd_job *job = u->job;
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
+    sdpa_tile t = {.b = b};
+    if (seq_shared(&c, q_tiles, k_tiles)) {
+        const int64_t qt = i % q_tiles;
+        t.h = i / q_tiles;
+        t.i0 = c.q_lo + qt * KERN_FWD_BQ;
+        t.rows = min64(c.q_hi - t.i0, KERN_FWD_BQ);
+        const int64_t hk = t.h / c.group;
+        int64_t none = -1;
+        fwd_keys from = {.panels = NULL, .packed = &none}; /* no keys: no tile is read */
+        if (k_tiles > 0 && job->kv_b != NULL)
+            from.panels_b = job->kv_b + (first_panel(job, s) + hk * k_tiles) * job->panel_words;
+        else if (k_tiles > 0)
+            from.panels = panels_of(job, s, b, hk, k_tiles);
+        forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
+        return;
+    }
+    /* One query block; the group's heads one after the other over the
+     * same panel. A short sequence's item is over in a microsecond, about
+     * the time its rows take to come from memory: the next item's rows
+     * are asked for now, to arrive while this one computes. */
+    prefetch_next(job, s, i);
+    int64_t packed = -1;
+    fwd_keys from = {.panels = NULL, .packed = &packed};
+    t.i0 = c.q_lo;
+    t.rows = c.q_hi - c.q_lo;
+    for (t.h = i * c.group; t.h < (i + 1) * c.group; t.h++)
+        forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
+}
+
+static void forward_unit(void *ctx, int64_t unit, int worker)
 {
     const fwd_job *job = ctx;
-    const attn_sdpa_params *p = job->call.p;
-    int64_t qt = block_of(job, u), bh = u / job->q_tiles;
-    float *weights = job->weights == NULL
-                         ? NULL
-                         : job->weights + (bh * p->n_q + qt * KERN_FWD_BQ) * p->n_k;
-    forward_rows(job, &job->workers[worker], bh / p->heads_q, bh % p->heads_q, qt, weights);
+    fwd_unit u = {.job = job, .w = &job->workers[worker]};
+    if (job->unit_stats != NULL) {
+        u.stats = &job->unit_stats[unit];
+        sdpa_stats_init(u.stats);
+    }
+    attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
 }
 
-/* Unit, for the head mean of the weights: one query block of one batch,
- * through every head in turn. Each head's weights land in the worker's
- * rows and are added (in double, so that thousands of heads average
- * exactly) to the block's sums; the unit alone writes its rows of the mean. */
+/* The sequence of head mean unit u of a ragged batch: the last s with
+ * mean_at[s] <= u < mean_at[s + 1]. */
+static int64_t mean_seq(const fwd_job *job, int64_t u)
+{
+    int64_t lo = 0, hi = job->work.seqs; /* mean_at[lo] <= u < mean_at[hi] */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (job->mean_at[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Unit, for the head mean of the weights: one query block of one sequence
+ * (a batch entry, or a sequence of a ragged batch), through every head in
+ * turn. Each head's weights land in the worker's rows and are added (in
+ * double, so that thousands of heads average exactly) to the block's
+ * sums; the unit alone writes its rows of the mean. */
 static void forward_mean_unit(void *ctx, int64_t u, int worker)
 {
     const fwd_job *job = ctx;
     const attn_sdpa_params *p = job->call.p;
     fwd_worker *w = &job->workers[worker];
-    int64_t qt = block_of(job, u), b = u / job->q_tiles;
-    const int64_t i0 = qt * KERN_FWD_BQ, count = min64(p->n_q - i0, KERN_FWD_BQ) * p->n_k;
+    int64_t seq = u / job->q_tiles, qt = u % job->q_tiles, b;
+    if (job->mean_at != NULL) {
+        seq = mean_seq(job, u);
+        qt = u - job->mean_at[seq];
+    }
+    const sdpa_call c = sdpa_call_seq(&job->call, seq, &b);
+    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
+    /* Whether the sequence's panels were packed beforehand. */
+    const bool packed_before = job->panel_at != NULL
+                                   ? job->panel_at[seq + 1] > job->panel_at[seq]
+                                   : job->kt != NULL || job->kv_b != NULL;
+    sdpa_stats_acc *stats = NULL;
+    if (job->unit_stats != NULL) {
+        stats = &job->unit_stats[u];
+        sdpa_stats_init(stats);
+    }
+    sdpa_tile t = {.b = b, .i0 = c.q_lo + qt * KERN_FWD_BQ};
+    t.rows = min64(c.q_hi - t.i0, KERN_FWD_BQ);
+    const int64_t count = t.rows * p->n_k;
     memset(w->mean_sum, 0, (size_t)count * sizeof *w->mean_sum);
-    for (int64_t h = 0; h < p->heads_q; h++) {
-        forward_rows(job, w, b, h, qt, w->head_weights);
+    for (t.h = 0; t.h < p->heads_q; t.h++) {
+        const int64_t hk = t.h / c.group;
+        int64_t packed = -1;
+        fwd_keys from = {.panels = NULL, .packed = &packed};
+        if (k_tiles > 0 && packed_before && job->kv_b != NULL)
+            from.panels_b =
+                job->kv_b + (first_panel(job, seq) + hk * k_tiles) * job->panel_words;
+        else if (k_tiles > 0 && packed_before)
+            from.panels = panels_of(job, seq, b, hk, k_tiles);
+        forward_block(job, w, &c, t, from, stats, w->head_weights);
         for (int64_t e = 0; e < count; e++)
             w->mean_sum[e] += w->head_weights[e];
     }
-    float *mean = job->weights + (b * p->n_q + i0) * p->n_k;
+    float *mean = job->weights + (b * p->n_q + t.i0) * p->n_k;
     const double inv = 1.0 / (double)p->heads_q;
     for (int64_t e = 0; e < count; e++)
         mean[e] = (float)(w->mean_sum[e] * inv);
@@ -497,35 +743,74 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         .call = sdpa_call_of(p, q, k, v),
         .kern = kernels->f32,
         .out = out, .rows = rows, .weights = weights,
-        .q_tiles = (p->n_q + KERN_FWD_BQ - 1) / KERN_FWD_BQ,
-        .k_tiles = (p->n_k + KERN_BK - 1) / KERN_BK,
     };
     if (job.call.bf16) {
         job.kern_bf16 = kernels->bf16;
         job.panel_words = (p->d_k + 1) / 2 * KERN_BK + KERN_BK / 2 * p->d_v;
     }
-    const int64_t units = p->batch * p->heads_q * job.q_tiles;
-    const int64_t panels = p->batch * p->heads_kv * job.k_tiles;
-    const bool mean = weights != NULL && p->weights_mean;
-    /* The head mean's units take every head of a block: fewer, larger. */
-    const int64_t run_units = mean ? p->batch * job.q_tiles : units;
-    int threads = sdpa_threads(p, run_units, attn_sdpa_flops(p));
-    /* A panel read by one unit only (one query block, no query heads
-     * sharing the key head) is packed by that unit, while it is in cache;
-     * otherwise once for all of them, before. */
-    const bool shared = job.q_tiles > 1 || job.call.group > 1;
+    const bool ragged = p->ragged.seqs > 0;
+    job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = fwd_items,
+                           .cost = fwd_cost, .seq_cost = fwd_seq_cost};
     _Alignas(64) char small[SMALL_WORKSPACE];
     fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
-    float *kt = shared && !job.call.bf16
-                    ? ws_alloc(&arena, p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float))
+    /* A panel read by one item only is packed by that item, while it is
+     * in cache; otherwise once for all of them, before. */
+    int64_t panels = 0, *panel_at = NULL;
+    if (ragged) {
+        panel_at = ws_alloc(&arena, job.work.seqs + 1, sizeof *panel_at);
+        if (panel_at == NULL)
+            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
+        panel_at[0] = 0;
+        for (int64_t seq = 0; seq < job.work.seqs; seq++) {
+            int64_t b;
+            const sdpa_call c = sdpa_call_seq(&job.call, seq, &b);
+            const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
+            job.k_tiles = k_tiles > job.k_tiles ? k_tiles : job.k_tiles;
+            bool shared = seq_shared(&c, tiles(c.q_hi - c.q_lo, KERN_FWD_BQ), k_tiles);
+            panel_at[seq + 1] = panel_at[seq] + (shared ? p->heads_kv * k_tiles : 0);
+        }
+        panels = panel_at[job.work.seqs];
+        job.panel_at = panel_at;
+    } else {
+        job.k_tiles = tiles(p->n_k, KERN_BK);
+        if (seq_shared(&job.call, tiles(p->n_q, KERN_FWD_BQ), job.k_tiles))
+            panels = p->batch * p->heads_kv * job.k_tiles;
+    }
+    attn_units_plan(&job.work, &job.units);
+    /* The head mean's units take every head of a block: fewer, larger. */
+    const bool mean = weights != NULL && p->weights_mean;
+    job.q_tiles = tiles(p->n_q, KERN_FWD_BQ);
+    int64_t run_units = mean ? p->batch * job.q_tiles : job.units.count, *mean_at = NULL;
+    if (mean && ragged) {
+        mean_at = ws_alloc(&arena, job.work.seqs + 1, sizeof *mean_at);
+        if (mean_at == NULL) {
+            ws_free(&arena, panel_at);
+            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
+        }
+        mean_at[0] = 0;
+        for (int64_t seq = 0; seq < job.work.seqs; seq++) {
+            int64_t b;
+            const sdpa_call c = sdpa_call_seq(&job.call, seq, &b);
+            mean_at[seq + 1] = mean_at[seq] + tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+        }
+        run_units = mean_at[job.work.seqs];
+        job.mean_at = mean_at;
+    }
+    int threads = sdpa_threads(p, run_units, attn_sdpa_flops(p));
+    /* Ragged: panels in whole tiles; otherwise as many floats as k. */
+    float *kt = panels > 0 && !job.call.bf16
+                    ? ws_alloc(&arena,
+                               ragged ? panels * p->d_k * KERN_BK
+                                      : p->batch * p->heads_kv * p->n_k * p->d_k,
+                               sizeof(float))
                     : NULL;
-    uint32_t *kv_b = shared && job.call.bf16
+    uint32_t *kv_b = panels > 0 && job.call.bf16
                          ? ws_alloc(&arena, panels * job.panel_words, sizeof(uint32_t))
                          : NULL;
     job.kt = kt;
     job.kv_b = kv_b;
     if (stats != NULL)
-        job.unit_stats = malloc((size_t)units * sizeof *job.unit_stats);
+        job.unit_stats = malloc((size_t)run_units * sizeof *job.unit_stats);
     job.workers = alloc_workers(&arena, threads, &job, stats != NULL);
     /* With RoPE the kernels read rotated copies of q and k. */
     const bool rope = p->variants.rope_base > 0.0f;
@@ -534,41 +819,34 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         q_rot = sdpa_alloc(p->batch * p->heads_q * p->n_q * p->d_k, sizeof(float));
         k_rot = sdpa_alloc(p->batch * p->heads_kv * p->n_k * p->d_k, sizeof(float));
     }
-    bool ok = (!shared || kt != NULL || kv_b != NULL) && job.workers != NULL &&
+    bool ok = (panels == 0 || kt != NULL || kv_b != NULL) && job.workers != NULL &&
               (stats == NULL || job.unit_stats != NULL) &&
               (!rope || (q_rot != NULL && k_rot != NULL));
     if (ok && rope) {
         ok = sdpa_rope_inputs(&job.call, threads, q_rot, k_rot) == ATTN_OK;
     }
-    if (!ok) {
-        ws_free(&arena, kt);
-        ws_free(&arena, kv_b);
-        free(q_rot);
-        free(k_rot);
-        free(job.unit_stats);
-        free_workers(&arena, job.workers, threads);
-        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
-    }
-    if (shared) {
-        pack_job pack = {.call = &job.call, .kern = job.kern, .kern_bf16 = job.kern_bf16,
-                         .kt = kt, .kv_b = kv_b, .k_tiles = job.k_tiles,
-                         .panel_words = job.panel_words};
-        attn_parallel_for_until(threads, panels, pack_unit, &pack, p->cancel);
-    }
-    attn_parallel_for_until(threads, run_units, mean ? forward_mean_unit : forward_unit, &job,
-                            p->cancel);
-    const bool cancelled = attn_cancelled(p->cancel);
-    if (stats != NULL && !cancelled) {
-        for (int64_t u = 1; u < units; u++)
-            sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
-        sdpa_stats_finish(&job.unit_stats[0], stats);
+    bool cancelled = false;
+    if (ok) {
+        attn_parallel_for_until(threads, panels, pack_unit, &job, p->cancel);
+        attn_parallel_for_until(threads, run_units, mean ? forward_mean_unit : forward_unit,
+                                &job, p->cancel);
+        cancelled = attn_cancelled(p->cancel);
+        if (stats != NULL && !cancelled) {
+            for (int64_t u = 1; u < run_units; u++)
+                sdpa_stats_merge(&job.unit_stats[0], &job.unit_stats[u]);
+            sdpa_stats_finish(&job.unit_stats[0], stats);
+        }
     }
     ws_free(&arena, kt);
     ws_free(&arena, kv_b);
+    ws_free(&arena, panel_at);
+    ws_free(&arena, mean_at);
     free(q_rot);
     free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
+    if (!ok)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
     if (cancelled)
         return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;

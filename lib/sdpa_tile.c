@@ -1,7 +1,9 @@
 /*
  * The pieces of a tile that every kernel shares: where a head's rows are,
- * which keys the causal mask leaves a block of rows, and the hooks through which a forward kernel feeds the optional outputs
- * (statistics, weights). The arithmetic itself is in the kernels (kern.h).
+ * which sequence of a ragged batch a unit works in, which keys the causal
+ * mask leaves a block of rows, and the hooks through which a forward
+ * kernel feeds the optional outputs (statistics, weights). The arithmetic
+ * itself is in the kernels (kern.h).
  */
 #include <math.h>
 #include <string.h>
@@ -35,8 +37,34 @@ sdpa_call sdpa_call_of(const attn_sdpa_params *p, const void *q, const void *k,
         .before = before, .after = after,
         .plain = p->mask.kind == ATTN_MASK_NONE && var->alibi_slopes == NULL &&
                  !(var->softcap > 0.0f),
+        .q_lo = 0, .q_hi = p->n_q, .k_lo = 0, .k_hi = p->n_k,
         .bf16 = p->precision == ATTN_PRECISION_BFLOAT16,
     };
+}
+
+int64_t sdpa_seq_count(const attn_sdpa_params *p)
+{
+    return p->ragged.seqs > 0 ? p->ragged.seqs : p->batch;
+}
+
+sdpa_call sdpa_call_seq(const sdpa_call *c, int64_t s, int64_t *b)
+{
+    sdpa_call in = *c;
+    const attn_ragged *r = &c->p->ragged;
+    if (r->seqs > 0) {
+        const int64_t *cu_k = r->cu_seqlens_k != NULL ? r->cu_seqlens_k : r->cu_seqlens_q;
+        in.q_lo = r->cu_seqlens_q[s];
+        in.q_hi = r->cu_seqlens_q[s + 1];
+        in.k_lo = cu_k[s];
+        in.k_hi = cu_k[s + 1];
+        /* Query row i of the sequence sits at position i + offset among
+         * the packed keys: bottom-right within its own sequence. */
+        in.offset = in.k_hi - in.q_hi;
+        *b = 0;
+    } else {
+        *b = s;
+    }
+    return in;
 }
 
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
@@ -47,10 +75,9 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
 void sdpa_key_range(const sdpa_call *c, int64_t i0, int64_t rows, int64_t *begin,
                     int64_t *end)
 {
-    const int64_t n_k = c->p->n_k;
     /* The first row sees the earliest keys, the last row the latest. */
-    *begin = clamp64(i0 + c->offset - c->before, 0, n_k);
-    *end = clamp64(i0 + rows - 1 + c->offset + c->after + 1, 0, n_k);
+    *begin = clamp64(i0 + c->offset - c->before, c->k_lo, c->k_hi);
+    *end = clamp64(i0 + rows - 1 + c->offset + c->after + 1, c->k_lo, c->k_hi);
     if (*end < *begin)
         *end = *begin;
 }
@@ -58,10 +85,9 @@ void sdpa_key_range(const sdpa_call *c, int64_t i0, int64_t rows, int64_t *begin
 void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *begin,
                       int64_t *end)
 {
-    const int64_t n_q = c->p->n_q;
     /* Row i sees key j iff j - after <= p_i <= j + before. */
-    *begin = clamp64(j0 - c->after - c->offset, 0, n_q);
-    *end = clamp64(j0 + cols - 1 + c->before - c->offset + 1, 0, n_q);
+    *begin = clamp64(j0 - c->after - c->offset, c->q_lo, c->q_hi);
+    *end = clamp64(j0 + cols - 1 + c->before - c->offset + 1, c->q_lo, c->q_hi);
     if (*end < *begin)
         *end = *begin;
 }
@@ -72,7 +98,7 @@ void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int
     const int64_t pos = i + c->offset;
     *lo = clamp64(pos - c->before - j0, 0, cols);
     *hi = clamp64(pos + c->after + 1 - j0, 0, cols);
-    if (*hi < *lo)
+    if (*hi < *lo || i < c->q_lo || i >= c->q_hi)
         *hi = *lo;
 }
 

@@ -30,6 +30,22 @@ static double workers(const attn_sdpa_params *p, double units)
     return units < t ? (units < 1 ? 1 : units) : t;
 }
 
+/* A ragged batch's sequences (0 for one sequence per batch entry). */
+static double seqs_of(const attn_sdpa_params *p)
+{
+    return p->ragged.seqs > 0 ? (double)p->ragged.seqs : 0;
+}
+
+/* What a ragged batch adds to either pass: the position table of RoPE,
+ * from the earliest query position (len_k - len_q >= -n_q) to the last
+ * key (< n_k), a cosine and a sine per frequency. */
+static double ragged_rope(const attn_sdpa_params *p)
+{
+    if (seqs_of(p) == 0 || !(p->variants.rope_base > 0.0f))
+        return 0;
+    return 8.0 * ((double)p->n_q + (double)p->n_k) * (double)(p->d_k / 2) * 2;
+}
+
 /* RoPE's rotated copies of q and k. */
 static double rope_copies(const attn_sdpa_params *p)
 {
@@ -50,14 +66,25 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
      * reads each (otherwise each unit packs its own, in its worker). */
     const bool shared = q_tiles > 1 || p->heads_q > p->heads_kv;
     double bytes = shared ? lines(B * hkv * n_k * d_k, 4) : 0;
+    /* A ragged batch: each sequence's panels in whole tiles (its key tiles
+     * round up once per sequence), and the first panel of each sequence. */
+    const double seqs = seqs_of(p);
+    if (seqs > 0)
+        bytes = lines(hkv * (k_tiles + seqs) * d_k * bk, 4) + lines(seqs + 1, 8) +
+                (weights && p->weights_mean ? lines(seqs + 1, 8) : 0);
     /* In bfloat16 the panels hold k and v in pairs, padded to whole tiles,
      * and each worker its rounded q rows, a strip of P and a panel. */
     const bool bf16 = p->precision == ATTN_PRECISION_BFLOAT16;
     const double panel_words = ceil(d_k / 2) * bk + bk / 2 * d_v;
     if (bf16)
         bytes = shared ? lines(B * hkv * k_tiles * panel_words, 4) : 0;
+    /* Statistics per unit: a ragged batch's units are planned by cost, at
+     * most SDPA_UNITS_MAX + 1; its head mean's are its sequences' query
+     * blocks. */
     if (stats)
-        bytes += B * hq * q_tiles * (double)sizeof(sdpa_stats_acc);
+        bytes += (seqs > 0 ? max_d(hq * q_tiles, SDPA_UNITS_MAX + 2 + q_tiles + seqs)
+                           : B * hq * q_tiles) *
+                 (double)sizeof(sdpa_stats_acc);
     double worker = lines(KERN_MR_MAX * bk, 4) + lines(bq, 4) + lines(bq, 8) +
                     lines(d_k * min_d(n_k, bk), 4) + lines(KERN_MR_MAX * d_v, 4) +
                     lines(bq * d_v, 8);
@@ -70,8 +97,11 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
     if (bf16)
         worker += lines(bq * ceil(d_k / 2), 4) + lines(KERN_MR_MAX * bk / 2, 4) +
                   lines(panel_words, 4);
-    const double units = B * (weights && p->weights_mean ? 1 : hq) * q_tiles;
-    return bytes + workers(p, units) * (worker + sizeof(void *) * 16) + rope_copies(p);
+    double units = B * (weights && p->weights_mean ? 1 : hq) * q_tiles;
+    if (seqs > 0)
+        units = SDPA_UNITS_MAX + 2; /* as many workers as the threads allow */
+    return bytes + workers(p, units) * (worker + sizeof(void *) * 16) + rope_copies(p) +
+           ragged_rope(p);
 }
 
 static double backward_bytes(const attn_sdpa_params *p)
@@ -80,8 +110,15 @@ static double backward_bytes(const attn_sdpa_params *p)
     const double d_k = (double)p->d_k, d_v = (double)p->d_v, n_k = (double)p->n_k;
     const double keys = min_d(n_k, KERN_BK), k_tiles = ceil(n_k / KERN_BK);
     const double pairs = (double)p->batch * p->heads_kv;
-    const double threads = workers(p, pairs * k_tiles);
-    const double splits = threads <= 1 || pairs >= 2 * threads ? 1 : min_d(threads, k_tiles);
+    const double seqs = seqs_of(p);
+    /* A ragged batch's (pair, key tile)s: each sequence rounds its key
+     * tiles up once. */
+    const double threads = workers(p, seqs > 0 ? p->heads_kv * (k_tiles + seqs) : pairs * k_tiles);
+    /* A ragged batch splits a long sequence's pairs however many pairs
+     * there are. */
+    const double splits = threads <= 1 || (seqs == 0 && pairs >= 2 * threads)
+                              ? 1
+                              : min_d(threads, k_tiles);
     const double panels = (d_k + d_v) * keys;
     double worker =
         lines(panels * 8 + (2 * panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK) * 4 + 8, 1);
@@ -96,7 +133,9 @@ static double backward_bytes(const attn_sdpa_params *p)
     }
     /* dq's double sums for each split, and a float copy for each but the first. */
     return lines(rows, 4) + splits * lines(rows * d_k, 8) + (splits - 1) * lines(rows * d_k, 4) +
-           threads * worker + rounded + rope_copies(p);
+           threads * worker + rounded + rope_copies(p) + ragged_rope(p) +
+           /* a ragged batch's per-sequence pair costs and splits */
+           2 * lines(max_d(seqs, 1), 8);
 }
 
 double attn_sdpa_workspace(const attn_sdpa_params *p, bool weights, bool stats,
@@ -126,6 +165,7 @@ double attn_mha_workspace(const attn_mha_params *p, bool has_w_o, bool weights, 
         .batch = p->batch, .heads_q = p->heads, .heads_kv = p->kv_heads, .n_q = p->n,
         .n_k = p->m, .d_k = p->d_k, .d_v = p->d_v, .threads = p->threads,
         .variants = p->variants, .weights_mean = p->weights_mean, .precision = p->precision,
+        .ragged = p->ragged,
     };
     double peak = held + forward_bytes(&inner, weights, stats);
     if (backward) {

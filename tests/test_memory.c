@@ -305,9 +305,21 @@ START_TEST(workspace_estimate_bounds_what_the_calls_hold)
         {.p = sdpa_shape(1, 8, 8, 300, 300, 16, 16), .weights = true},
         {.p = sdpa_shape(1, 2, 2, 2000, 3000, 32, 32), .backward = true},
         {.p = sdpa_shape(1, 1, 1, 5, 100000, 64, 64), .backward = true},
+        /* Ragged batches: one long sequence among short ones (split in the
+         * backward), causal, with RoPE's table, the weights and statistics;
+         * and the head mean of the weights. */
+        {.p = sdpa_shape(1, 4, 2, 3000, 3000, 64, 32), .weights = true, .stats = true,
+         .backward = true},
+        {.p = sdpa_shape(1, 16, 4, 3000, 3000, 32, 32), .weights = true, .stats = true},
     };
     cases[2].p.weights_mean = true;
     cases[3].p.variants.rope_base = 10000.0f;
+    static const int64_t cu[] = {0, 5, 2500, 2503, 2990, 3000};
+    cases[5].p.ragged = (attn_ragged){.seqs = 5, .cu_seqlens_q = cu};
+    cases[5].p.causal = true;
+    cases[5].p.variants.rope_base = 10000.0f;
+    cases[6].p.ragged = cases[5].p.ragged; /* and the head mean, sequence by sequence */
+    cases[6].p.weights_mean = true;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bound_call *bc = &cases[i];
         attn_sdpa_params *p = &bc->p;

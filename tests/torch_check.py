@@ -17,7 +17,8 @@ Where the contract (api/openapi.yaml) differs from PyTorch it wins:
   [d_in, d_out] multiplied on the right, head i = i-th block of columns.
 
 Each case prints one line; the run ends with "N passed, N failed" and a
-non-zero exit status when anything failed.  Standard library, numpy and
+non-zero exit status when anything failed.  TORCH_CHECK_ONLY=TEXT runs only
+the cases whose names hold TEXT (say "ragged "), and says how many it left out.  Standard library, numpy and
 torch only.
 """
 import base64
@@ -420,7 +421,14 @@ RESULTS = []
 MAXERR = {"forward": 0.0, "grad": 0.0, "f32_forward": 0.0, "f32_grad": 0.0}
 
 
+ONLY = os.environ.get("TORCH_CHECK_ONLY", "")
+LEFT_OUT = []
+
+
 def run_case(name, fn, *args, **kw):
+    if ONLY not in name:
+        LEFT_OUT.append(name)
+        return
     c = Case(name)
     try:
         fn(c, *args, **kw)
@@ -1218,6 +1226,225 @@ def random_variant_case(c, srv, seed):
                    out_encoding=encoding, lse=True, **variants)
 
 
+# ---- ragged batches (seq_lens): each sequence computed alone by torch
+
+
+def _blocks(lens):
+    """The [start, end) of each packed sequence."""
+    out, at = [], 0
+    for n in lens:
+        out.append((at, at + n))
+        at += n
+    return out
+
+
+def _stats_of(parts):
+    """return_stats over several attend() results together (the pairs of
+    every sequence's block), as score_stats() computes them for one."""
+    sr, sc, ent, mx = [], [], [], []
+    for r in parts:
+        a = r["s_raw"].detach().to(torch.float64)
+        b = r["s_capped"].detach().to(torch.float64)
+        sel = r["allowed"].expand(a.shape)
+        sr.append(a[sel])
+        sc.append(b[sel])
+        wd = r["w"].detach().to(torch.float64)
+        rows = ~r["full"].expand(wd.shape[:-1])
+        e = -(torch.where(wd > 0, wd * torch.log(torch.where(wd > 0, wd, torch.ones_like(wd))),
+                          torch.zeros_like(wd))).sum(-1)[rows]
+        ent.append(e)
+        mx.append(wd.max(dim=-1).values[rows])
+
+    def cat(xs):
+        return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.float64)
+    sr, sc, ent, mx = cat(sr), cat(sc), cat(ent), cat(mx)
+
+    def mv(x):
+        if x.numel() == 0:
+            return None, None
+        return float(x.mean()), float(((x - x.mean()) ** 2).mean())
+    sm, svar = mv(sr)
+    ssm, ssvar = mv(sc)
+    return {
+        "scores": {"mean": sm, "var": svar},
+        "scaled_scores": {"mean": ssm, "var": ssvar},
+        "entropy": ({"mean": float(ent.mean()), "min": float(ent.min()), "max": float(ent.max())}
+                    if ent.numel() else {"mean": None, "min": None, "max": None}),
+        "max_weight": {"mean": float(mx.mean()) if mx.numel() else None},
+    }
+
+
+def ragged_case(c, srv, hq, hk, lens_q, lens_k=None, d_k=16, d_v=8, causal=False, mask_p=None,
+                bias_mask=False, stats=True, encoding="nested", **variants):
+    """A packed batch (q [H_q, n_q, d_k], k and v [H_kv, n_k, .]) with
+    seq_lens (and seq_lens_k) against each sequence's slice computed alone
+    by torch in float64, with autograd: output, the whole weights matrix
+    (zeros outside the blocks), lse (null for rows without keys), stats over
+    the blocks, dq, dk, dv, and meta.flops over the blocks. mask_p: a packed
+    boolean mask [n_q, n_k] (or, bias_mask, a float one) sliced per
+    sequence for the reference."""
+    lk = list(lens_k) if lens_k is not None else list(lens_q)
+    nq, nk = sum(lens_q), sum(lk)
+    q, k, v = rnd(hq, nq, d_k), rnd(hk, nk, d_k), rnd(hk, nk, d_v)
+    go = rnd(hq, nq, d_v)
+    mask = None
+    if mask_p is not None:
+        mask = rnd(nq, nk, scale=2.0) if bias_mask else bool_mask((nq, nk), mask_p)
+    body = {"q": enc(q, encoding), "k": enc(k, encoding), "v": enc(v, encoding),
+            "grad_output": enc(go, encoding), "seq_lens": list(lens_q), "return_weights": True,
+            "return_lse": True}
+    if lens_k is not None:
+        body["seq_lens_k"] = lk
+    if causal:
+        body["causal"] = True
+    if stats:
+        body["return_stats"] = True
+    if mask is not None:
+        body["mask"] = enc(mask, encoding)
+    variant_fields(body, variants, encoding)
+    status, text, resp = srv.post("/v1/attention", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    o = np.zeros((hq, nq, d_v))
+    w = np.zeros((hq, nq, nk))
+    lse = np.full((hq, nq), -np.inf)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    o32 = np.zeros(o.shape, np.float32)
+    flops, parts = 0, []
+    for (q0, q1), (k0, k1) in zip(_blocks(lens_q), _blocks(lk)):
+        if q1 == q0 or k1 == k0:
+            continue  # rows without keys, keys without rows: zeros (and -inf lse)
+        ms = None if mask is None else mask[q0:q1, k0:k1]
+        args = (q[:, q0:q1], k[:, k0:k1], v[:, k0:k1])
+        r = ref_sdpa(*args, torch.float64, causal, ms, None, go[:, q0:q1], **variants)
+        o[:, q0:q1], w[:, q0:q1, k0:k1], lse[:, q0:q1] = r["o"], r["w"], r["lse"]
+        dq[:, q0:q1], dk[:, k0:k1], dv[:, k0:k1] = r["dq"], r["dk"], r["dv"]
+        o32[:, q0:q1] = ref_sdpa(*args, torch.float32, causal, ms, None, None, **variants)["o"]
+        flops += r["flops"]
+        if stats:
+            t = [_t(a, torch.float64) for a in args]
+            parts.append(attend(*t, 1.0 / math.sqrt(d_k), causal, ms, **variants))
+    c.close("output", dec(resp["output"]), o, o32)
+    c.close("weights (zeros outside the blocks)", dec(resp["weights"]), w)
+    lse_close(c, resp["lse"], lse)
+    g = resp.get("grad") or {}
+    for name, ref in (("q", dq), ("k", dk), ("v", dv)):
+        if name not in g:
+            c.fail("grad.%s missing" % name)
+        else:
+            c.close("grad." + name, dec(g[name]), ref, rel=GRAD_TOL)
+    if stats:
+        stats_close(c, resp.get("stats"), _stats_of(parts))
+    meta = resp.get("meta", {})
+    c.expect(meta.get("flops") == flops * 3.5, "meta.flops %r, expected %r (the blocks' pairs)"
+             % (meta.get("flops"), flops * 3.5))
+    c.expect(meta.get("shape", {}).get("sequences") == len(lens_q),
+             "meta.shape.sequences %r" % meta.get("shape", {}).get("sequences"))
+
+
+def ragged_mha_case(c, srv, lens, lens_ctx=None, d_model=8, d_ctx=6, h=2, h_kv=1, d_k=4, d_v=3,
+                    d_out=5, causal=False, **variants):
+    """A packed /v1/multihead batch (x [n, d_model], context [m, d_ctx] when
+    lens_ctx is given) against each sequence alone in torch float64: output,
+    per-head weights (zeros outside the blocks), lse, and the gradients of x,
+    context (per row) and of every weight and bias (the sum over the
+    sequences)."""
+    cross = lens_ctx is not None
+    lm = list(lens_ctx) if cross else list(lens)
+    n, m = sum(lens), sum(lm)
+    p = {"x": rnd(n, d_model)}
+    if cross:
+        p["context"] = rnd(m, d_ctx)
+    dc = d_ctx if cross else d_model
+    p["w_q"] = rnd(d_model, h * d_k, scale=d_model ** -0.5)
+    p["w_k"] = rnd(dc, h_kv * d_k, scale=dc ** -0.5)
+    p["w_v"] = rnd(dc, h_kv * d_v, scale=dc ** -0.5)
+    p["w_o"] = rnd(h * d_v, d_out, scale=(h * d_v) ** -0.5)
+    for b, size in (("b_q", h * d_k), ("b_k", h_kv * d_k), ("b_v", h_kv * d_v), ("b_o", d_out)):
+        p[b] = rnd(size)
+    go = rnd(n, d_out)
+    body = {name: enc(p[name]) for name in p}
+    body.update({"num_heads": h, "num_kv_heads": h_kv, "grad_output": enc(go),
+                 "return_weights": True, "return_lse": True, "seq_lens": list(lens)})
+    if cross:
+        body["seq_lens_context"] = lm
+    if causal:
+        body["causal"] = True
+    variant_fields(body, variants, "nested")
+    status, text, resp = srv.post("/v1/multihead", body)
+    if status != 200:
+        c.fail("status %d: %s" % (status, text[:300]))
+        return
+    o = np.zeros((n, d_out))
+    w = np.zeros((h, n, m))
+    lse = np.full((h, n), -np.inf)
+    grad = {name: np.zeros(p[name].shape) for name in p}
+    for (x0, x1), (c0, c1) in zip(_blocks(lens), _blocks(lm)):
+        if x1 == x0:
+            continue
+        if c1 == c0:
+            # no keys: the attention is 0, the output b_o, and only b_o has
+            # a gradient (the sum of grad_output's rows)
+            o[x0:x1] = p["b_o"]
+            grad["b_o"] += go[x0:x1].astype(np.float64).sum(0)
+            continue
+        ps = dict(p, x=p["x"][x0:x1])
+        if cross:
+            ps["context"] = p["context"][c0:c1]
+        r = ref_mha(ps, h, torch.float64, h_kv, causal, None, None, go[x0:x1], **variants)
+        o[x0:x1], w[:, x0:x1, c0:c1], lse[:, x0:x1] = r["o"], r["w"], r["lse"]
+        for name in p:
+            if name == "x":
+                grad["x"][x0:x1] = r["grad"]["x"]
+            elif name == "context":
+                grad["context"][c0:c1] = r["grad"]["context"]
+            else:
+                grad[name] += r["grad"][name]
+    c.close("output", dec(resp["output"]), o)
+    c.close("weights (zeros outside the blocks)", dec(resp["weights"]), w)
+    lse_close(c, resp["lse"], lse)
+    g = resp.get("grad") or {}
+    for name in p:
+        if name not in g:
+            c.fail("grad.%s missing" % name)
+        else:
+            c.close("grad." + name, dec(g[name]), grad[name], rel=GRAD_TOL)
+
+
+def random_ragged_case(c, srv, seed):
+    """Random lengths (empty ones included, some across the 64-key and
+    96-row tiles), heads, widths and variants."""
+    g = np.random.default_rng(seed)
+    seqs = int(g.integers(1, 9))
+    lens_q = [int(x) for x in g.choice([0, 1, 3, 16, 33, 64, 65, 97, 130], seqs)]
+    if sum(lens_q) == 0:
+        lens_q[0] = 5
+    cross = g.random() < 0.5
+    lens_k = [int(x) for x in g.choice([0, 1, 7, 64, 70, 129], seqs)] if cross else None
+    if cross and sum(lens_k) == 0:
+        lens_k[-1] = 3
+    hk = int(g.integers(1, 3))
+    hq = hk * int(g.integers(1, 3))
+    variants = {}
+    if g.random() < 0.4:
+        variants["window"] = (int(g.choice([-1, 0, 5, 40])), int(g.choice([-1, 0, 3])))
+    if g.random() < 0.4:
+        variants["alibi"] = alibi_slopes(hq)
+    if g.random() < 0.4:
+        variants["softcap"] = f32(g.choice([1.0, 5.0]))
+    if g.random() < 0.4:
+        variants["rope"] = f32(g.choice([100.0, 10000.0]))
+    causal = bool(g.random() < 0.5)
+    mask_p = 0.8 if g.random() < 0.3 else None
+    encoding = str(g.choice(["nested", "flat", "base64"]))
+    c.name += " h%d/%d q%s k%s%s%s %s" % (hq, hk, lens_q, lens_k, " causal" if causal else "",
+                                         " mask" if mask_p else "", ",".join(sorted(variants)) or "-")
+    ragged_case(c, srv, hq, hk, lens_q, lens_k, d_k=int(g.choice([8, 16])), d_v=int(g.choice([4, 8])),
+                causal=causal, mask_p=mask_p, bias_mask=bool(g.random() < 0.5), encoding=encoding,
+                **variants)
+
+
 # ---- errors
 
 
@@ -1357,6 +1584,8 @@ def main():
           "vs float32 torch: forward %.2e, grad %.2e; %.1f s"
           % (MAXERR["forward"], MAXERR["grad"], MAXERR["f32_forward"], MAXERR["f32_grad"],
              time.time() - started))
+    if LEFT_OUT:
+        print("%d cases left out: their names do not hold TORCH_CHECK_ONLY=%r" % (len(LEFT_OUT), ONLY))
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
@@ -1588,6 +1817,36 @@ def cases(srv):
             print("SKIPPED %s round trip: this build's /openapi.yaml has no %s dtype; "
                   "not counted" % (dtype, dtype))
 
+    R = "ragged "
+    mixed_q, mixed_k = [0, 3, 70, 0, 1, 97, 16], [2, 5, 66, 4, 0, 97, 16]
+    run_case(R + "lengths across the tiles", ragged_case, srv, 2, 2, mixed_q)
+    run_case(R + "causal", ragged_case, srv, 2, 1, mixed_q, causal=True)
+    run_case(R + "cross lengths, empty sides, causal", ragged_case, srv, 4, 2, mixed_q, mixed_k,
+             causal=True)
+    run_case(R + "window [5,2]", ragged_case, srv, 2, 2, mixed_q, mixed_k, window=(5, 2))
+    run_case(R + "alibi + causal", ragged_case, srv, 4, 1, mixed_q, mixed_k, causal=True,
+             alibi=alibi_slopes(4))
+    run_case(R + "softcap", ragged_case, srv, 2, 2, mixed_q, softcap=2.0)
+    run_case(R + "rope per sequence", ragged_case, srv, 2, 1, mixed_q, mixed_k, rope=10000.0)
+    run_case(R + "bool mask [n_q,n_k] + causal", ragged_case, srv, 2, 2, mixed_q, mixed_k,
+             causal=True, mask_p=0.7)
+    run_case(R + "float mask, base64", ragged_case, srv, 2, 2, mixed_q, mask_p=1.0, bias_mask=True,
+             encoding="base64")
+    run_case(R + "all variants, GQA", ragged_case, srv, 4, 2, mixed_q, mixed_k, causal=True,
+             window=(40, 0), alibi=alibi_slopes(4), softcap=5.0, rope=500.0, mask_p=0.9)
+    run_case(R + "500 sequences of 1-8", ragged_case, srv, 2, 1,
+             [int(x) for x in RNG.integers(1, 9, 500)], d_k=8, d_v=4, causal=True, stats=False)
+    for seed in range(int(os.environ.get("TORCH_CHECK_RANDOM", "16")) // 2):
+        run_case(R + "random#%d" % seed, random_ragged_case, srv, 12000 + seed)
+    run_case(R + "multihead self", ragged_mha_case, srv, [3, 0, 70, 1], causal=True)
+    run_case(R + "multihead cross, empty sides", ragged_mha_case, srv, [2, 5, 0, 66, 3],
+             [4, 0, 3, 70, 1], h=4, h_kv=2, window=(3, 1), rope=100.0)
+    run_case(R + "error seq_lens sum -> 422", error_case, srv, "/v1/attention",
+             {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]], "seq_lens": [1, 2]},
+             422, "shape_mismatch", "seq_lens")
+    run_case(R + "error seq_lens_k alone -> 422", error_case, srv, "/v1/attention",
+             {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]], "seq_lens_k": [2]},
+             422, "invalid_value", "seq_lens_k")
     P = "bfloat16 "
     run_case(P + "plain n_q!=n_k, odd d", bf16_attention_case, srv, (2, 70, 33), (2, 150, 33), (2, 150, 17))
     run_case(P + "causal d=64", bf16_attention_case, srv, (4, 128, 64), (4, 128, 64), (4, 128, 64),

@@ -664,6 +664,7 @@ function playgroundBody() {
   tensor('v', 'V', ', ');
   if (f.mask.value.trim()) body.page(', "mask": ').typed('mask', f.mask, 'the mask');
   if (f.causal.checked) body.page(', "causal": true');
+  if (f.ragged.checked) body.page(', "seq_lens": [').typed('seq_lens', f.seq_lens, 'the lengths').page(']');
   const scale = Number(f.scale.value);
   if (f.scale.value.trim() && Number.isFinite(scale)) body.page(`, "scale": ${scale}`);
   body.page(', "return_weights": true, "return_lse": true, "output_encoding": "base64"}');
@@ -684,6 +685,8 @@ function drawPlayground(answer) {
   const maps = [];
   for (let h = 0; h < heads; h++)
     maps.push(heatmap(flatW.slice(h), { name: `weights-h${h}`, title: heads > 1 ? `weights, head ${h}` : 'weights A', rowTitle: 'query', colTitle: 'key', noKey: blind[h % blind.length] }));
+  const seqs = answer.meta.shape.sequences;
+  if (seqs) for (const map of maps) markBlocks(map, pgForm.elements.seq_lens.value);
   showMaps(document.getElementById('pg-weights'), maps);
   const o = answer.output;
   const dv = o.shape.at(-1);
@@ -694,9 +697,27 @@ function drawPlayground(answer) {
   showMaps(document.getElementById('pg-output'), outs);
   const f = pgForm.elements;
   pg.querySelector('.meta').replaceChildren(...[
-    metaLine(answer, `, ${heads} head${heads > 1 ? 's' : ''}, n_q=${nq}, n_k=${nk}`),
+    metaLine(answer, `, ${heads} head${heads > 1 ? 's' : ''}, n_q=${nq}, n_k=${nk}${seqs ? `, ${seqs} sequences` : ''}`),
     noKeyNote(blind, { nq, nk, causal: f.causal.checked, hasMask: Boolean(f.mask.value.trim()) }),
   ].filter(Boolean));
+}
+
+/**
+ * A ragged batch's weights heatmap: each row and cell marked with its
+ * sequence (data-seq), and the cells outside the sequences' blocks, which
+ * the server never computed, set apart. `lengths` is the text the server
+ * accepted, so it parses.
+ */
+function markBlocks(map, lengths) {
+  const seqOf = [];
+  JSON.parse(`[${lengths}]`).forEach((n, s) => { for (let i = 0; i < n; i++) seqOf.push(s); });
+  map.querySelectorAll('tbody tr').forEach((tr, i) => {
+    tr.dataset.seq = seqOf[i];
+    tr.querySelectorAll('td').forEach((td, j) => {
+      if (seqOf[j] === seqOf[i]) td.dataset.seq = seqOf[i];
+      else td.classList.add('outside');
+    });
+  });
 }
 
 const playground = {

@@ -202,6 +202,7 @@ async function randomInputs(page, { nq, nk, dk = 4, dv = 3, heads = 1, seed = 1,
     Object.assign(f.d_k, { value: dk }); Object.assign(f.d_v, { value: dv });
     Object.assign(f.heads, { value: heads }); Object.assign(f.seed, { value: seed });
     f.causal.checked = causal;
+    f.ragged.checked = false;
     f.mask.value = mask;
     f.scale.value = '';
   }, { nq, nk, dk, dv, heads, seed, causal, mask });
@@ -213,12 +214,17 @@ async function randomInputs(page, { nq, nk, dk = 4, dv = 3, heads = 1, seed = 1,
 }
 
 /**
- * Fills a form's textareas (fields: name -> text) and causal box, presses
- * its Compute button and waits for the section's answer or error.
+ * Fills a form's textareas (fields: name -> text), causal box and (in the
+ * playground) ragged lengths (none: one sequence), presses its Compute
+ * button and waits for the section's answer or error.
  */
-async function computeTyped(page, fields, { causal = false, form = '#pg-form', section = '#playground' } = {}) {
+async function computeTyped(page, fields, { causal = false, ragged = '', form = '#pg-form', section = '#playground' } = {}) {
   for (const [name, value] of Object.entries(fields)) await page.fill(`${form} textarea[name="${name}"]`, value);
   await page.setChecked(`${form} input[name="causal"]`, causal);
+  if (form === '#pg-form') {
+    await page.setChecked(`${form} input[name="ragged"]`, Boolean(ragged));
+    if (ragged) await page.fill(`${form} input[name="seq_lens"]`, ragged);
+  }
   await page.evaluate((s) => { document.querySelector(s).dataset.state = 'sent'; }, section);
   await page.click(`${form} button[type="submit"]`);
   await until(page, `an answer in ${section}`, (s) => ['ready', 'error'].includes(document.querySelector(s).dataset.state), section);
@@ -605,6 +611,64 @@ test('a JSON mistake is traced from the body to the field, line and column typed
   await computeTyped(page, { grad_output: '[[1, 0, 0, 0],\n [0, 0, 0, 0],\n [0, 0, 0, -1]]' }, { form: '#gr-form', section: '#gradients' });
   assert.equal((await errorBox(page, '#gradients')).hidden, true);
 });
+
+test('the playground\'s ragged batch draws block-diagonal weights, each block its sequence alone', async () => {
+  const { page, problems, computes } = await desktopPage();
+  await randomInputs(page, { nq: 6, nk: 6, heads: 2, seed: 3 });
+  const before = problems.length;
+  await computeTyped(page, {}, { ragged: '2, 3, 1' });
+  await until(page, 'the ragged answer', () => /3 sequences/.test(document.querySelector('#playground .timing')?.textContent ?? ''));
+  assert.deepEqual(problems.slice(before), []);
+  // (The shared page sent bodies that are not JSON before: the error cases.)
+  const lengths = (c) => { try { return JSON.parse(c.body).seq_lens; } catch { return undefined; } };
+  const sent = computes.filter((c) => c.url.endsWith('/v1/attention') && lengths(c)).at(-1);
+  assert.ok(sent, 'the playground sent seq_lens');
+  const req = JSON.parse(sent.body);
+  assert.deepEqual(req.seq_lens, [2, 3, 1]);
+  const api = await again(sent.body, { output_encoding: 'flat' });
+  const W = decode(api.weights);
+  const [H, n] = [W.shape[0], W.shape.at(-1)];
+  assert.deepEqual(W.shape, [2, 6, 6]);
+  const blocks = [[0, 2], [2, 5], [5, 6]];
+  const seqOf = (i) => blocks.findIndex(([a, b]) => i >= a && i < b);
+  for (let h = 0; h < H; h++) {
+    const got = await drawn(page, `weights-h${h}`);
+    sameFloats(got, W.data.subarray(h * n * n, (h + 1) * n * n), `ragged weights head ${h}`);
+    const [q, k, v] = [req.q[h], req.k[h], req.v[h]];
+    for (const [a, b] of blocks) {
+      // The block is its sequence computed alone, and the rest of its rows 0.
+      const ref = sdpaReference({ q: q.slice(a, b).flat(), k: k.slice(a, b).flat(), v: v.slice(a, b).flat(),
+        nq: b - a, nk: b - a, d: q[0].length, dv: v[0].length });
+      const block = [];
+      for (let i = a; i < b; i++)
+        for (let j = 0; j < n; j++) {
+          if (j >= a && j < b) block.push(got[i * n + j]);
+          else assert.equal(got[i * n + j], 0, `head ${h}: weight (${i}, ${j}) outside the blocks`);
+        }
+      assert.ok(maxRelErr(block, ref.weights) < 1e-5, `head ${h}, sequence [${a}, ${b}) vs its reference`);
+    }
+    // The cells outside the blocks are set apart, those inside carry their sequence.
+    const marks = await page.$$eval(`table.heatmap[data-name="weights-h${h}"] td`, (tds) =>
+      tds.map((td) => (td.classList.contains('outside') ? -1 : Number(td.dataset.seq))));
+    marks.forEach((m, c) => {
+      const i = Math.floor(c / n), j = c % n;
+      assert.equal(m, seqOf(i) === seqOf(j) ? seqOf(i) : -1, `head ${h}: cell (${i}, ${j}) marked ${m}`);
+    });
+  }
+  await shot(page, 'page-ragged.png', '#playground');
+
+  // Lengths that do not add up to the rows: the API's 422, the field marked.
+  await computeTyped(page, {}, { ragged: '2, 3' });
+  const box = await errorBox(page, '#playground');
+  assert.deepEqual([box.code, box.field], ['shape_mismatch', 'seq_lens']);
+  assert.match(await page.getAttribute('#pg-form [data-field="seq_lens"]', 'class'), /\binvalid\b/);
+
+  // Unchecked, the same inputs are one sequence again.
+  await computeTyped(page, {});
+  assert.equal((await errorBox(page, '#playground')).hidden, true);
+  assert.equal(lengths(computes.at(-1)), undefined);
+});
+
 
 test('"Random Q, K, V" computes the new inputs at once: the old heatmaps and error go', async () => {
   const { page } = await desktopPage();
