@@ -229,14 +229,16 @@ check: $(TESTS) $(BUILD)/attnd
 # operations) run in the plain pass only; their micro-kernels and row steps,
 # which test_kernels and test_lib call by name for every kernel, run under
 # the sanitizers too.
+# make test builds on every core (a make -jN of its own passes its jobs on).
+BUILD_JOBS = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 2))
 TEST_KERNELS = $(or $(ATTN_KERNELS),avx512 avx2 generic)
 SAN_KERNELS = $(firstword $(TEST_KERNELS))
 test: $(DEPS_STAMP)
 	@sh tools/deps.sh test
-	@$(MAKE) --no-print-directory build/attnd $(TEST_SRC:tests/%.c=build/%)
+	@$(MAKE) --no-print-directory $(BUILD_JOBS) build/attnd $(TEST_SRC:tests/%.c=build/%)
 	@ATTN_KERNELS="$(TEST_KERNELS)" sh tests/run-suites.sh build \
 	    $(TEST_SRC:tests/%.c=build/%) $(TEST_SCRIPTS)
-	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 \
+	@$(MAKE) --no-print-directory $(BUILD_JOBS) BUILD=build/san SAN=1 OPT=-O1 \
 	    build/san/attnd $(TEST_SRC:tests/%.c=build/san/%)
 	@# No fork under the sanitizers: each suite is one process, so LeakSanitizer
 	@# checks everything it allocated when it exits (and fails the suite).
