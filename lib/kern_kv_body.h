@@ -190,57 +190,6 @@ static inline bool KF(kv_strip_sees_all)(const sdpa_call *c, const sdpa_tile *t,
 }
 
 /*
- * kern_body.h's strip_plain for a strip of ROWS rows (a group of 4 query
- * heads decoding is 4): the rows' maxima, exponentials and sums phase by
- * phase, so that one row's latency hides behind the others'. The
- * operations, and their order, are score_row's and exp_sum's for a row
- * that sees the whole tile, so the bits are the row path's. False, with
- * the strip untouched, when a score overflowed.
- */
-static inline __attribute__((always_inline)) bool
-KF(kv_strip_plain)(const int ROWS, float *s, float scale, const float *m_old, float *m_new,
-                   float *sum)
-{
-    const vf vs = vset1(scale);
-    vf m[KMR];
-    vmask bad = vmask_first(0);
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; r++) {
-        m[r] = vset1(-INFINITY);
-#pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++) {
-            vf x = vmul(vload(s + r * KERN_BK + v * VW), vs);
-            m[r] = vmax(m[r], x);
-            bad |= vbad(x);
-        }
-    }
-    if (!vmask_none(bad))
-        return false;
-    vf shift[KMR], acc[KMR];
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; r++) {
-        float tile = vhmax(m[r]);
-        m_new[r] = tile > m_old[r] ? tile : m_old[r];
-        shift[r] = vset1(m_new[r]);
-        acc[r] = vzero();
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; r++) {
-#pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++) {
-            float *x = s + r * KERN_BK + v * VW;
-            vf e = vexp(vsub(vmul(vload(x), vs), shift[r]));
-            vstore(x, e);
-            acc[r] = vadd(acc[r], e);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; r++)
-        sum[r] = vhsum(acc[r]);
-    return true;
-}
-
-/*
  * One strip of ROWS rows (rows r0 .. of head g's group) against one page
  * of head g, as forward_tile folds a key tile into a strip of one head's
  * rows: scores, the row steps of the online softmax (the whole strip at
@@ -265,7 +214,7 @@ KF(kv_strip)(const attn_kv_dtype dtype, const int ROWS, const kv_call *kc, int64
                             ATTN_KV_PAGE * (int64_t)cache->elem);
     float m_new[KMR], sum[KMR];
     if (KF(kv_strip_sees_all)(c, t, r0, ROWS) &&
-        KF(kv_strip_plain)(ROWS, s, p->scale, st->m + r0, m_new, sum)) {
+        KF(strip_plain_rows)(ROWS, s, p->scale, st->m + r0, m_new, sum)) {
         for (int r = 0; r < ROWS; r++)
             KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, d_v);
     } else {

@@ -284,14 +284,15 @@ static inline void KF(fold_row)(sdpa_fwd_state *st, int64_t row, float m_old, fl
  * those of the row-by-row path. False, with the strip untouched, when a
  * score overflowed (the row-by-row path then marks that row for double).
  */
-KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_old,
-                                        float *m_new, float *sum)
+static inline __attribute__((always_inline)) bool
+KF(strip_plain_rows)(const int ROWS, float *s, float scale, const float *m_old, float *m_new,
+                     float *sum)
 {
     const vf vs = vset1(scale);
     vf m[KMR];
     vmask bad = vmask_first(0);
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < ROWS; r++) {
         m[r] = vset1(-INFINITY);
 #pragma GCC unroll 8
         for (int v = 0; v < KERN_BV; v++) {
@@ -304,14 +305,14 @@ KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_ol
         return false;
     vf shift[KMR], acc[KMR];
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < ROWS; r++) {
         float tile = vhmax(m[r]);
         m_new[r] = tile > m_old[r] ? tile : m_old[r];
         shift[r] = vset1(m_new[r]);
         acc[r] = vzero();
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < ROWS; r++) {
 #pragma GCC unroll 8
         for (int v = 0; v < KERN_BV; v++) {
             float *x = s + r * KERN_BK + v * VW;
@@ -321,9 +322,17 @@ KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_ol
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++)
+    for (int r = 0; r < ROWS; r++)
         sum[r] = vhsum(acc[r]);
     return true;
+}
+
+/* A strip of KMR rows: the tile's usual case. A KV cache's decode step
+ * calls strip_plain_rows with the rows of its group (4 query heads: 4). */
+KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_old,
+                                        float *m_new, float *sum)
+{
+    return KF(strip_plain_rows)(KMR, s, scale, m_old, m_new, sum);
 }
 
 /* Do all KMR rows of the strip from row i see all KERN_BK keys of the
