@@ -19,7 +19,7 @@
  * nice value): a call is helped only by threads of its caller's class, and
  * a crew's threads are started by a caller of that class and inherit it, as
  * threads started for the call would. A server's compute workers
- * (SCHED_IDLE, or SCHED_BATCH at a higher nice value, to yield to its I/O
+ * (SCHED_BATCH at a higher nice value, to yield to its I/O
  * threads) never get helpers that would outrank their I/O threads, and the
  * other way round.
  *

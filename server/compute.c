@@ -177,30 +177,26 @@ static void run(srv_request *r, int others, double wait)
         metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
 }
 
-/* How much lower than the I/O threads a compute worker runs (nice), where
- * SCHED_IDLE is refused and SCHED_BATCH serves instead. */
+/* How much lower than the I/O threads a compute worker runs (nice). */
 #define WORKER_NICE 10
 
 /*
  * A compute worker (and the helper threads libattn keeps for it, which take
- * its class) yields to the I/O threads: SCHED_IDLE, so that a waking I/O
- * thread preempts it at once and the scheduler places a waking thread on a
- * core that runs only compute as if that core were idle. Otherwise a request
- * to refuse, a probe or a tiny request waits out the computation's time
- * slice (milliseconds under SCHED_BATCH: the fair scheduler lets a running
- * task finish its slice), in which an overloaded server cannot even say so.
- * Alone on a core, a computation runs as fast as at normal priority. The
- * weight is the attnd process's own affair: in a container or a systemd
- * service the cgroup, not the thread, shares the machine with others.
- * Lowering one's own priority needs no privilege; where it fails nothing
- * else changes.
+ * its class) yields to the I/O threads: SCHED_BATCH at nice +10, so that a
+ * request to refuse, a probe or a tiny request gets a core soon after it
+ * wakes instead of after the computation's time slice, and so that an
+ * overloaded server can still say so. Not SCHED_IDLE: a SCHED_IDLE thread
+ * runs only when nothing else in its cgroup wants the core, so any busy
+ * neighbour (a load generator beside attnd, 32 threads reconnecting in a
+ * loop) starves the computations outright, and a drain that should take
+ * milliseconds takes the neighbour's whole run. Alone on a core, a
+ * computation runs as fast as at normal priority. Lowering one's own
+ * priority needs no privilege; where it fails nothing else changes.
  */
 static void yield_to_io_threads(void)
 {
 #ifdef __linux__ /* per-thread policy and nice are Linux's */
     struct sched_param none = {0};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) == 0)
-        return;
     (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &none);
     id_t self = (id_t)gettid();
     errno = 0;
