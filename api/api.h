@@ -163,6 +163,11 @@ void api_call_free(api_call *call);
  * when absent) says, binary tensors after it. The same call as /v1's, with
  * the same checks and costs; api_execute answers it in the protocol's form
  * and its errors are {"error": "message"} (api_error_json_oip).
+ *
+ * Unlike api_prepare, it may keep pointing into the body: binary FP32 and
+ * BOOL inputs are read where they lie (no copy of a large tensor), so the
+ * body must stay alive and unchanged until the call is executed or freed.
+ * An FP32 input not aligned for a float is copied.
  */
 api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *json_length,
                           const api_limits *lim, api_cost *cost, api_response *res);

@@ -141,9 +141,9 @@ void compute_release(srv_request *r)
 static api_call *prepare_call(srv_request *r, const api_limits *lim, api_cost *cost)
 {
     if (r->route->oip)
-        return api_prepare_oip(r->route->op, r->connection->body, r->body_len,
-                               r->json_length, lim, cost, &r->res);
-    return api_prepare(r->route->op, r->connection->body, r->body_len, lim, cost, &r->res);
+        return api_prepare_oip(r->route->op, body_of(r), r->body_len, r->json_length, lim,
+                               cost, &r->res);
+    return api_prepare(r->route->op, body_of(r), r->body_len, lim, cost, &r->res);
 }
 
 /* Decodes and costs r's body into r->call; false when the answer is known

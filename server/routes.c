@@ -381,7 +381,7 @@ static void handle_cache_create(srv_request *r)
 {
     api_limits lim = compute_limits(r, 1);
     lim.cache_id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, CACHE_ID_HEADER);
-    api_cache_create(r->connection->body, r->body_len, &lim, &r->res);
+    api_cache_create(body_of(r), r->body_len, &lim, &r->res);
     reply_api(r);
 }
 

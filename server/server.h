@@ -72,7 +72,9 @@ struct srv_request {
     char owner[1025];        /* its API key (the KV caches' owner) */
     bool preflight;          /* a CORS preflight (cors_is_preflight) */
 
-    size_t body_len;         /* bytes in connection->body */
+    size_t body_len;         /* bytes of the body, at connection->body + body_at */
+    size_t body_at;          /* where it starts in the buffer (body.c: a binary
+                              * /v2 body's tensors start 64-byte aligned) */
     size_t body_expected;    /* the Content-Length announced, 0 without one */
     size_t bytes_in;         /* body bytes received, kept or not */
     bool too_large;
@@ -240,6 +242,8 @@ void request_id_set(srv_request *r, const char *given);
 bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has_length);
 /* Keeps n more bytes of the body (or counts them past --max-body). */
 void body_take(srv_request *r, const char *data, size_t n);
+/* The body's r->body_len bytes, or NULL when none were kept. */
+char *body_of(const srv_request *r);
 /* Between requests: a large buffer is not kept for an idle connection. */
 void body_trim(srv_connection *cx);
 /* The connection is closing: its body buffer goes, and its bytes return to
