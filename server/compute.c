@@ -112,7 +112,9 @@ static void release_memory(srv_request *r)
  * what computing it held is released. */
 static void settle(srv_request *r)
 {
-    double held = r->res.body ? (double)r->res.body_cap : 0;
+    double held = r->res.body ? (double)(r->res.body_cap + api_response_bytes(&r->res) -
+                                         r->res.body_len)
+                              : 0;
     srv_compute *q = &r->srv->compute;
     pthread_mutex_lock(&q->lock);
     q->response_pending += held - r->reserved;

@@ -356,6 +356,10 @@ void routes_compute_done(srv_request *r)
         extra[n_extra++] = header_len;
     }
     extra[n_extra] = NULL;
+    if (res->n_blocks) {
+        http_reply_blocks(r, res->status, "application/octet-stream", res, extra);
+        return;
+    }
     char *body = res->body;
     res->body = NULL; /* MHD frees it once sent */
     http_reply_owned(r, res->status,

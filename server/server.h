@@ -213,6 +213,11 @@ void http_reply_stock(srv_request *r, stock_error e);
 /* Takes ownership of body (malloc'd). extra: NULL-terminated name/value pairs. */
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
+/* The API's answer *res with binary blocks after its body (res->n_blocks >
+ * 0), sent as they lie: takes over the body and the blocks (res is left
+ * holding neither). */
+void http_reply_blocks(srv_request *r, int status, const char *content_type,
+                       api_response *res, const char *const *extra);
 /* An error answer built for this request alone (api_error_json of it). */
 void http_reply_error(srv_request *r, int status, const char *code, const char *message);
 /* A refused connection (conn_limit.c): its one answer, a 503 saying
