@@ -233,6 +233,8 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
      * --max-work 1, without computing anything). */
     if (lim->max_memory > 0 && memory > lim->max_memory) {
         /* Name the largest part: what to change. */
+        if (c->op->workspace_what)
+            c->op->workspace_what(c, terms.workspace_what, sizeof terms.workspace_what);
         const char *why = terms.workspace_what;
         double part = terms.workspace;
         if (results > part) {

@@ -406,6 +406,10 @@ struct api_operation {
     bool (*validate)(api_call *c, api_error *err);
     /* The cost terms of the validated call. */
     void (*cost)(const api_call *c, api_cost_terms *terms);
+    /* The terms' workspace named for the memory_limit message, written only
+     * when that message is (formatting it for every request was a tenth of
+     * a small request's decoding); NULL: cost wrote workspace_what itself. */
+    void (*workspace_what)(const api_call *c, char *buf, size_t cap);
     /* An upper bound of |scaled score + bias|, and what to blame when it
      * is beyond float32 (api_check_score_bound). */
     double (*score_bound)(const api_call *c, const char **blame);
