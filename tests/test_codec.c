@@ -2236,12 +2236,14 @@ END_TEST
 static void ref_classify(const char *p, codec_row_block *b)
 {
     *b = (codec_row_block){0};
-    for (unsigned i = 0; i < 64 && p[i] != 0 && strchr("0123456789.-, \n\r\t", p[i]); i++)
+    unsigned i = 0;
+    for (; i < 64 && p[i] != 0 && strchr("0123456789.-, \n\r\t", p[i]); i++)
         if (p[i] == ',')
             b->len = i + 1;
-    for (unsigned i = 0; i < b->len; i++) {
-        char c = p[i];
-        uint64_t bit = UINT64_C(1) << i;
+    b->stop = i;
+    for (unsigned k = 0; k < b->len; k++) {
+        char c = p[k];
+        uint64_t bit = UINT64_C(1) << k;
         b->digit |= c >= '0' && c <= '9' ? bit : 0;
         b->zero |= c == '0' ? bit : 0;
         b->point |= c == '.' ? bit : 0;
@@ -2419,9 +2421,9 @@ START_TEST(row_scan_paths_classify_every_byte_and_sign_alike)
             codec_row_scan_with(text, &got, (codec_simd)path);
             CHECK(want.digit == got.digit && want.zero == got.zero && want.point == got.point &&
                       want.minus == got.minus && want.comma == got.comma &&
-                      want.space == got.space && want.len == got.len,
-                  "path %s: %.64s: len %u, want %u", codec_simd_name((codec_simd)path), text,
-                  got.len, want.len);
+                      want.space == got.space && want.len == got.len && want.stop == got.stop,
+                  "path %s: %.64s: len %u stop %u, want %u and %u",
+                  codec_simd_name((codec_simd)path), text, got.len, got.stop, want.len, want.stop);
             /* the points and minus signs a noted block's reader finds are the
              * classifier's (which cuts them to the block) */
             uint64_t keep = want.len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << want.len) - 1;
@@ -2612,6 +2614,120 @@ START_TEST(doc_tensor_reads_rows_from_the_notes_as_from_the_text)
     /* the notes were there to be used */
     ck_assert_uint_gt(noted, 10000);
     free(body);
+}
+END_TEST
+
+/* A block ends at the first byte that is no part of a plain number (an
+ * exponent's 'e', the row's ']'), and the one-number code goes past that
+ * byte before the next block is tried: the rest of the row is still noted
+ * in blocks, still checked byte by byte and read as strtod reads it. */
+START_TEST(blocks_resume_after_the_byte_that_ended_one)
+{
+    for (int bad = -1; bad < 25; bad++) {
+        /* {"q": [n, n, 1.5e-3, n x 25]}: the first block (64 bytes from the
+         * first number) ends at the 'e'; number `bad` of the tail has a
+         * leading zero (not JSON) */
+        char body[2048];
+        size_t w = (size_t)sprintf(body, "{\"q\": [");
+        const char *value = body + 6;
+        float want[28];
+        size_t bad_at = 0;
+        for (int i = 0; i < 28; i++) {
+            char num[32];
+            bool at_fault = i >= 3 && i - 3 == bad;
+            if (i == 2)
+                snprintf(num, sizeof num, "1.5e-3");
+            else
+                snprintf(num, sizeof num, "%s%d.%016d", i % 2 ? "-" : "",
+                         at_fault ? 0 : i % 10, 1234567 * (i + 1));
+            if (at_fault) { /* "-00.…" or "00.…": the second 0 is at fault */
+                memmove(num + (i % 2) + 1, num + (i % 2), strlen(num + (i % 2)) + 1);
+                bad_at = w + 2 + (size_t)(i % 2) + 1;
+            }
+            w += (size_t)sprintf(body + w, "%s%s", i ? ", " : "", num);
+            want[i] = (float)strtod(num, NULL);
+        }
+        const char *value_end = body + w + 1;
+        w += (size_t)sprintf(body + w, "]}");
+        codec_doc doc;
+        codec_error e;
+        bool ok = codec_doc_validate(&doc, body, w, NULL, 0, &e);
+        if (bad >= 0) {
+            CHECK(!ok && e.kind == CODEC_ERR_SYNTAX && e.offset == bad_at,
+                  "%s: %s at %zu, want a syntax error at %zu", body, ok ? "valid" : e.message,
+                  ok ? 0 : e.offset, bad_at);
+            codec_doc_free(&doc);
+            continue;
+        }
+        ck_assert_msg(ok, "%s", e.message);
+        /* a block before the exponent, and blocks again after it */
+        CHECK(doc.n_blocks >= 3, "%s: %zu blocks noted", body, doc.n_blocks);
+        codec_tensor t;
+        ck_assert(codec_doc_tensor(&doc, value, value_end, "q", false, &t, &e));
+        ck_assert_int_eq(t.count, 28);
+        for (int i = 0; i < 28; i++)
+            CHECK(same_bits(t.f32[i], want[i]), "element %d", i);
+        codec_tensor_free(&t);
+        codec_doc_free(&doc);
+        expect_doc_reads_alike(body, w, value, value_end);
+    }
+}
+END_TEST
+
+/* Rows of a few long numbers, longer than a block (a client's float32s
+ * printed as doubles, 4 to a row): the number after the first block is the
+ * row's last and is checked alone; a fault in any number is still found at
+ * its byte, and the rows read as strtod reads them. */
+START_TEST(short_rows_of_long_numbers_checked_in_every_number)
+{
+    uint64_t seed = 21;
+    for (int bad = -1; bad < 16; bad++) {
+        char body[2048];
+        size_t w = (size_t)sprintf(body, "{\"q\": [");
+        const char *value = body + 6;
+        float want[16];
+        size_t bad_at = 0;
+        for (int i = 0; i < 16; i++) {
+            if (i % 4 == 0)
+                w += (size_t)sprintf(body + w, "%s[", i ? ", " : "");
+            else
+                w += (size_t)sprintf(body + w, ", ");
+            char num[40];
+            float x = (float)((double)(rng_next(&seed) >> 11) * 0x1p-53 * 4 - 2);
+            int n = snprintf(num, sizeof num, "%.17g", (double)x);
+            if (i == bad) { /* a leading zero: the digit after it is at fault */
+                int at = num[0] == '-';
+                memmove(num + at + 1, num + at, (size_t)(n - at) + 1);
+                num[at] = '0';
+                bad_at = w + (size_t)at + 1;
+            }
+            w += (size_t)sprintf(body + w, "%s", num);
+            want[i] = (float)strtod(num, NULL);
+            if (i % 4 == 3)
+                w += (size_t)sprintf(body + w, "]");
+        }
+        const char *value_end = body + w + 1;
+        w += (size_t)sprintf(body + w, "], \"k\": [1, 2]}");
+        codec_doc doc;
+        codec_error e;
+        bool ok = codec_doc_validate(&doc, body, w, NULL, 0, &e);
+        if (bad >= 0) {
+            CHECK(!ok && e.kind == CODEC_ERR_SYNTAX && e.offset == bad_at,
+                  "%s: %s at %zu, want a syntax error at %zu", body, ok ? "valid" : e.message,
+                  ok ? 0 : e.offset, bad_at);
+            codec_doc_free(&doc);
+            continue;
+        }
+        ck_assert_msg(ok, "%s", e.message);
+        codec_tensor t;
+        ck_assert(codec_doc_tensor(&doc, value, value_end, "q", false, &t, &e));
+        ck_assert_int_eq(t.count, 16);
+        for (int i = 0; i < 16; i++)
+            CHECK(same_bits(t.f32[i], want[i]), "element %d", i);
+        codec_tensor_free(&t);
+        codec_doc_free(&doc);
+        expect_doc_reads_alike(body, w, value, value_end);
+    }
 }
 END_TEST
 
@@ -2858,6 +2974,8 @@ Suite *codec_suite(void)
     tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
     tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
     tcase_add_test(tc, doc_tensor_reads_rows_from_the_notes_as_from_the_text);
+    tcase_add_test(tc, blocks_resume_after_the_byte_that_ended_one);
+    tcase_add_test(tc, short_rows_of_long_numbers_checked_in_every_number);
     tc = tcase(s, "robustness", true);
     tcase_add_test(tc, mutated_documents_never_crash);
     tc = tcase(s, "library", false);

@@ -67,10 +67,13 @@ char *codec_buf_reserve(codec_buf *b, size_t n);
 
 /* 64 bytes of a tensor row as bit masks (bit i: byte i), cut to the block
  * [0, len): the bytes up to and including the last comma that comes before
- * any byte of none of these classes. len is 0 when there is no such comma. */
+ * any byte of none of these classes. len is 0 when there is no such comma.
+ * stop is where that first byte of no class is (a ']', an exponent's 'e'),
+ * 64 when every byte has a class: from len to stop there is no comma, so a
+ * block tried anywhere in between would be empty. */
 typedef struct {
     uint64_t digit, zero, point, minus, comma, space; /* space: ' ', \n, \r, \t */
-    unsigned len;
+    unsigned len, stop;
 } codec_row_block;
 
 /* Classifies the 64 bytes at p (all of them readable) into b, at the width

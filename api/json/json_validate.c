@@ -208,6 +208,7 @@ static state check_number_row(walk *w)
     /* where a block (row_scan.c) did not apply, the one-number code goes
      * past it before the next block is tried */
     cursor blocks_from = p;
+    bool first_block = true;
     for (;;) {
         if (p >= blocks_from && end - p >= 64) {
             codec_row_block b;
@@ -215,11 +216,30 @@ static state check_number_row(walk *w)
             if (b.len && codec_row_grammar(&b)) {
                 if (w->doc && b.len >= CODEC_NOTE_MIN_LEN)
                     codec_doc_note(w->doc, p, codec_row_numbers(&b));
+                /* From the last comma to the byte that ended the block
+                 * (the row's ']', an exponent) there is no comma: a block
+                 * tried there would be empty (the last number of every
+                 * row), so the one-number code goes past that byte first. */
+                if (b.stop < 64)
+                    blocks_from = p + b.stop;
                 /* whole numbers and their commas: what follows the last
                  * comma is the next element */
                 p = codec_skip_ws(p + b.len, end);
-                if (p < end && codec_starts_number(*p))
+                if (p < end && codec_starts_number(*p)) {
+                    /* After the first block of a row, the next number is
+                     * often the row's last (a row of a few long numbers,
+                     * longer than a block): when no comma follows it, it
+                     * is checked alone rather than classified (once a
+                     * row, so a long one pays nothing to speak of). */
+                    if (first_block && end - p >= 64) {
+                        cursor after = check_usual_number(p);
+                        cursor next = after ? codec_skip_ws(after, end) : NULL;
+                        if (next && (next == end || *next != ','))
+                            blocks_from = next;
+                    }
+                    first_block = false;
                     continue;
+                }
                 w->p = p;
                 return VALUE;
             }

@@ -584,7 +584,7 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
              * are read one by one up to the next note); without, one
              * classified now. */
             uint64_t numbers = 0, points = 0, minus = 0;
-            const char *comma = NULL;
+            const char *comma = NULL, *block_stop = NULL;
             if (notes) {
                 if (next_note(notes, p) == p) {
                     numbers = notes->numbers[notes->i++];
@@ -602,6 +602,10 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
                     points = b.point;
                     minus = b.minus;
                     comma = p + b.len - 1;
+                    /* no comma from there to the byte that ended the
+                     * block: no block to try before it (json_validate.c) */
+                    if (b.stop < 64)
+                        block_stop = p + b.stop;
                 } else
                     blocks_from = p + 64;
             }
@@ -615,6 +619,8 @@ size_t codec_parse_float_row(const char *p, const char *end, float *out, size_t 
                     n += parse_block(p, numbers, points, minus, out + n, count, stop, bad);
                     if (*bad)
                         return n;
+                    if (block_stop)
+                        blocks_from = block_stop;
                     /* on the comma, as after ", <number>" below */
                     *stop = comma;
                     p = codec_skip_ws(comma + 1, end);

@@ -217,6 +217,7 @@ void codec_row_scan_with(const char *p, codec_row_block *b, codec_simd simd)
     uint64_t before = other ? (other & -other) - 1 : ~UINT64_C(0);
     uint64_t commas = b->comma & before;
     b->len = commas ? 64 - (unsigned)__builtin_clzll(commas) : 0;
+    b->stop = other ? (unsigned)__builtin_ctzll(other) : 64;
     uint64_t keep = b->len == 64 ? ~UINT64_C(0) : (UINT64_C(1) << b->len) - 1;
     b->digit &= keep;
     b->zero &= keep;
