@@ -517,11 +517,15 @@ bool api_read_fields(const codec_doc *doc, const api_field *schema, size_t n_fie
 
 void api_values_free(api_value *values, size_t n_fields)
 {
+    /* (every field of the table, twice a request, most of them absent:
+     * free(NULL) is a call each, so only what is there is freed) */
     for (size_t f = 0; f < n_fields; f++) {
         if (values[f].tensor.f32 || values[f].tensor.b8 || values[f].tensor.bf16)
             codec_tensor_free(&values[f].tensor);
-        free(values[f].lengths);
-        values[f].lengths = NULL;
+        if (values[f].lengths) {
+            free(values[f].lengths);
+            values[f].lengths = NULL;
+        }
         values[f].present = false;
     }
 }

@@ -709,10 +709,13 @@ bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err)
 
 void codec_tensor_free(codec_tensor *t)
 {
-    if (!t->borrowed) {
-        free(t->f32);
-        free(t->b8);
-        free(t->bf16);
+    if (!t->borrowed) { /* mostly one of the three is held: no call for the others */
+        if (t->f32)
+            free(t->f32);
+        if (t->b8)
+            free(t->b8);
+        if (t->bf16)
+            free(t->bf16);
     }
     t->borrowed = false;
     t->f32 = NULL;
