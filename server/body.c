@@ -10,6 +10,8 @@
  * connection's buffer counts against --max-body-memory; a body whose
  * buffer cannot grow within it is refused (503, Retry-After) and its
  * buffer freed at once, so that stalled uploads cannot add up to more.
+ * Buffers come from the server's pool (pool.c), which keeps a large one's
+ * pages for the next large body when it is freed.
  */
 #include "server.h"
 
@@ -67,7 +69,8 @@ static bool grow(srv_request *r, size_t need)
         r->bodies_full = true;
         return false;
     }
-    char *p = realloc(cx->body, need);
+    /* From the pool: a large body's pages stay mapped for the next one. */
+    char *p = pool_realloc(srv->pool, cx->body, need);
     if (!p) {
         atomic_fetch_sub(&srv->body_memory, more);
         r->out_of_memory = true;
@@ -81,7 +84,7 @@ static bool grow(srv_request *r, size_t need)
 void body_free(srv_connection *cx)
 {
     atomic_fetch_sub(&cx->srv->body_memory, (long long)cx->body_cap);
-    free(cx->body);
+    pool_free(cx->srv->pool, cx->body);
     cx->body = NULL;
     cx->body_cap = 0;
 }
