@@ -1,0 +1,249 @@
+/*
+ * The server's memory pool (server/pool.c): large blocks freed by one
+ * request are kept mapped and handed to the next, within a bound on what
+ * it keeps idle, and unmapped once idle for long.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i += 4096)
+        p[i] = (unsigned char)(seed + i / 4096);
+    if (n)
+        p[n - 1] = (unsigned char)(seed ^ 0x5a);
+}
+
+static bool holds(const unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i += 4096)
+        if (p[i] != (unsigned char)(seed + i / 4096))
+            return false;
+    return !n || p[n - 1] == (unsigned char)(seed ^ 0x5a);
+}
+
+START_TEST(large_block_freed_is_handed_to_the_next_request_of_its_size)
+{
+    srv_pool *p = pool_new(64 * MiB);
+    void *a = pool_alloc(p, 8 * MiB);
+    ck_assert_ptr_nonnull(a);
+    fill(a, 8 * MiB, 1);
+    pool_free(p, a);
+    pool_stats s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 1);
+    ck_assert_uint_eq(s.busy_bytes, 0);
+    void *b = pool_alloc(p, 8 * MiB - 100);
+    ck_assert_ptr_eq(a, b);
+    /* its pages are still the ones written: mapped all along */
+    const unsigned char *x = b;
+    for (size_t i = 0; i < 8 * MiB - 100; i += 4096)
+        ck_assert_uint_eq(x[i], (unsigned char)(1 + i / 4096));
+    s = pool_get_stats(p);
+    ck_assert_uint_eq(s.maps, 1);
+    ck_assert_uint_eq(s.reuses, 1);
+    ck_assert_uint_eq(s.idle_bytes, 0);
+    pool_free(p, b);
+    pool_destroy(p);
+}
+END_TEST
+
+START_TEST(blocks_are_aligned_for_kernels_and_huge_pages)
+{
+    srv_pool *p = pool_new(64 * MiB);
+    size_t sizes[] = {1, 100, 4096, POOL_MIN_BLOCK - 1, POOL_MIN_BLOCK, 3 * MiB + 5, 16 * MiB};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *x = pool_alloc(p, sizes[i]);
+        ck_assert_ptr_nonnull(x);
+        ck_assert_uint_eq((uintptr_t)x % 64, 0);
+        if (sizes[i] >= 2 * MiB)
+            ck_assert_uint_eq((uintptr_t)x % (2 * MiB), 0);
+        memset(x, 0xab, sizes[i]); /* every byte asked for is there */
+        pool_free(p, x);
+    }
+    pool_destroy(p);
+}
+END_TEST
+
+START_TEST(a_small_request_does_not_take_a_much_larger_block)
+{
+    srv_pool *p = pool_new(256 * MiB);
+    void *big = pool_alloc(p, 64 * MiB);
+    pool_free(p, big);
+    void *small = pool_alloc(p, POOL_MIN_BLOCK);
+    ck_assert_ptr_ne(small, big);
+    pool_stats s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 1); /* the large one waits for a large request */
+    /* the best fit of two that suit */
+    void *a = pool_alloc(p, 12 * MiB), *b = pool_alloc(p, 10 * MiB);
+    pool_free(p, a);
+    pool_free(p, b);
+    ck_assert_ptr_eq(pool_alloc(p, 9 * MiB), b);
+    pool_free(p, b);
+    pool_free(p, small);
+    pool_destroy(p);
+}
+END_TEST
+
+START_TEST(idle_bytes_stay_within_the_limit_oldest_going_first)
+{
+    srv_pool *p = pool_new(20 * MiB);
+    void *a = pool_alloc(p, 8 * MiB), *b = pool_alloc(p, 8 * MiB), *c = pool_alloc(p, 8 * MiB);
+    pool_free(p, a); /* the oldest */
+    pool_free(p, b);
+    pool_free(p, c); /* three would be over 20 MiB: a goes */
+    pool_stats s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 2);
+    ck_assert_uint_le(s.idle_bytes, 20 * MiB);
+    /* A block larger than the limit is never kept. */
+    void *huge = pool_alloc(p, 32 * MiB);
+    pool_free(p, huge);
+    s = pool_get_stats(p);
+    ck_assert_uint_le(s.idle_bytes, 20 * MiB);
+    ck_assert_uint_eq(s.idle_blocks, 2);
+    /* A lower limit (a request reserved the room) unmaps at once, the
+     * oldest first: c, the newest, stays. */
+    pool_set_limit(p, 10 * MiB);
+    s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 1);
+    ck_assert_ptr_eq(pool_alloc(p, 8 * MiB), c);
+    pool_free(p, c);
+    pool_set_limit(p, 0);
+    s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 0);
+    ck_assert_uint_eq(s.idle_bytes, 0);
+    pool_destroy(p);
+}
+END_TEST
+
+START_TEST(blocks_idle_for_long_are_unmapped)
+{
+    srv_pool *p = pool_new(64 * MiB);
+    void *a = pool_alloc(p, 4 * MiB), *b = pool_alloc(p, 4 * MiB);
+    pool_free(p, a);
+    nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
+    pool_free(p, b);
+    pool_reap(p, 60); /* nothing is that old */
+    ck_assert_uint_eq(pool_get_stats(p).idle_blocks, 2);
+    pool_reap(p, 0.1); /* a is, b is not */
+    pool_stats s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 1);
+    ck_assert_ptr_eq(pool_alloc(p, 4 * MiB), b);
+    pool_free(p, b);
+    nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
+    pool_reap(p, 0.01);
+    s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 0);
+    ck_assert_uint_eq(s.idle_bytes, 0);
+    pool_destroy(p);
+}
+END_TEST
+
+START_TEST(realloc_keeps_the_bytes_across_sizes)
+{
+    srv_pool *p = pool_new(64 * MiB);
+    /* small, growing past the threshold, then large, then in place */
+    size_t steps[] = {100, 16384, POOL_MIN_BLOCK + 1, 3 * MiB, 3 * MiB + 10, 9 * MiB, 1000};
+    unsigned char *x = NULL;
+    size_t have = 0;
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        unsigned char *y = pool_realloc(p, x, steps[i]);
+        ck_assert_ptr_nonnull(y);
+        size_t kept = have < steps[i] ? have : steps[i];
+        for (size_t j = 0; j < kept; j++)
+            ck_assert_msg(y[j] == (unsigned char)(j * 7 + 3), "byte %zu of step %zu", j, i);
+        for (size_t j = kept; j < steps[i]; j++)
+            y[j] = (unsigned char)(j * 7 + 3);
+        if (i == 4) /* 3 MiB + 10 fits the 4 MiB block of 3 MiB */
+            ck_assert_ptr_eq(y, x);
+        x = y;
+        have = steps[i];
+    }
+    pool_free(p, x);
+    ck_assert_uint_eq(pool_get_stats(p).busy_bytes, 0);
+    pool_destroy(p);
+}
+END_TEST
+
+typedef struct {
+    srv_pool *p;
+    unsigned seed;
+    bool ok;
+} worker_arg;
+
+static void *worker(void *arg)
+{
+    worker_arg *w = arg;
+    unsigned r = w->seed;
+    w->ok = true;
+    for (int i = 0; i < 200; i++) {
+        r = r * 1103515245u + 12345u;
+        size_t n = (size_t)(r >> 8) % (6 * MiB) + 1;
+        unsigned char *x = pool_alloc(w->p, n);
+        if (!x) {
+            w->ok = false;
+            break;
+        }
+        fill(x, n, r);
+        sched_yield();
+        if (!holds(x, n, r)) /* nobody else wrote into it */
+            w->ok = false;
+        pool_free(w->p, x);
+        if (i % 50 == 0)
+            pool_reap(w->p, 0.001);
+    }
+    return NULL;
+}
+
+START_TEST(threads_share_the_pool_without_sharing_blocks)
+{
+    srv_pool *p = pool_new(24 * MiB);
+    pthread_t t[4];
+    worker_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (worker_arg){.p = p, .seed = (unsigned)(i + 1) * 7919u};
+        ck_assert_int_eq(pthread_create(&t[i], NULL, worker, &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        ck_assert_msg(a[i].ok, "worker %d saw its block changed or failed", i);
+    }
+    pool_stats s = pool_get_stats(p);
+    ck_assert_uint_eq(s.busy_bytes, 0);
+    ck_assert_uint_le(s.idle_bytes, 24 * MiB);
+    ck_assert_uint_gt(s.reuses, 0);
+    pool_destroy(p);
+}
+END_TEST
+
+static Suite *pool_suite(void)
+{
+    Suite *s = suite_create("pool");
+    TCase *tc = tcase_create("pool");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, large_block_freed_is_handed_to_the_next_request_of_its_size);
+    tcase_add_test(tc, blocks_are_aligned_for_kernels_and_huge_pages);
+    tcase_add_test(tc, a_small_request_does_not_take_a_much_larger_block);
+    tcase_add_test(tc, idle_bytes_stay_within_the_limit_oldest_going_first);
+    tcase_add_test(tc, blocks_idle_for_long_are_unmapped);
+    tcase_add_test(tc, realloc_keeps_the_bytes_across_sizes);
+    tcase_add_test(tc, threads_share_the_pool_without_sharing_blocks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(pool_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
