@@ -188,6 +188,18 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
 
 void api_response_free(api_response *res);
 
+/* Where the large blocks of a computation come from: libattn's workspaces
+ * (attn_set_allocator) and the results they are written into. By default
+ * malloc and free. alloc returns `bytes` bytes aligned to 64, or NULL;
+ * free takes what alloc gave, or NULL; both thread-safe. Set once, before
+ * the first request, and kept (NULL: the default again). */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void *ctx;
+} api_allocator;
+void api_set_allocator(const api_allocator *a);
+
 /*
  * The cache routes other than attention, cheap enough to answer at once:
  *   POST /v1/caches          201 and the cache's object, Location set

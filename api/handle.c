@@ -155,7 +155,7 @@ void api_call_free(api_call *c)
         c->op->release(c);
     api_values_free(c->f, c->op->n_fields);
     for (int i = 0; i < c->n_results; i++)
-        free(c->results[i].data);
+        api_free_floats(c->results[i].data);
     api_oip_free(c->oip);
     free(c); /* and its state, in the same block */
 }
@@ -386,7 +386,7 @@ static void emit(codec_buf *b, api_result *r, codec_encoding enc, bool first)
     codec_buf_puts(b, r->name);
     codec_buf_append(b, "\":", 2);
     codec_tensor_encode(b, r->data, r->rank, r->shape, enc);
-    free(r->data);
+    api_free_floats(r->data);
     r->data = NULL;
 }
 

@@ -176,7 +176,7 @@ void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
         }
         api_result *r = &c->results[o->result];
         codec_buf_raw(b, x->dtype, r->data, (size_t)r->count);
-        free(r->data);
+        api_free_floats(r->data);
         r->data = NULL;
     }
     codec_buf_free(&stats);

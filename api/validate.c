@@ -96,11 +96,32 @@ bool api_fail_attn(api_error *err, const attn_error *ae)
                     ae->message[0] ? ae->message : "the library refused these inputs");
 }
 
+/* Set once, before any request (api.h); alloc NULL: malloc and free. */
+static api_allocator results;
+
+void api_set_allocator(const api_allocator *a)
+{
+    results = a && a->alloc && a->free ? *a : (api_allocator){0};
+    attn_set_allocator(results.alloc ? &(attn_allocator){.alloc = results.alloc,
+                                                         .free = results.free,
+                                                         .ctx = results.ctx}
+                                     : NULL);
+}
+
 float *api_alloc_floats(int64_t count)
 {
     if (count < 0 || (uint64_t)count > SIZE_MAX / sizeof(float) - 1)
         return NULL;
-    return malloc((count ? (size_t)count : 1) * sizeof(float));
+    size_t bytes = (count ? (size_t)count : 1) * sizeof(float);
+    return results.alloc ? results.alloc(results.ctx, bytes) : malloc(bytes);
+}
+
+void api_free_floats(float *x)
+{
+    if (results.free)
+        results.free(results.ctx, x);
+    else
+        free(x);
 }
 
 bool api_check_output(const float *x, int64_t count, const char *what, codec_encoding enc,

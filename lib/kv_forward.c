@@ -349,21 +349,21 @@ static attn_status forward_bf16(const attn_kv_cache *cache, const attn_sdpa_para
     s = attn_kv_read(cache, 0, n_k, k, v, err);
     if (s == ATTN_OK)
         s = attn_sdpa_forward(&p, q_rot != NULL ? q_rot : q, k, v, out, rows, NULL, NULL, err);
-    free(k);
-    free(v);
-    free(q_rot);
+    sdpa_free(k);
+    sdpa_free(v);
+    sdpa_free(q_rot);
     return s;
 nomem:
-    free(k);
-    free(v);
-    free(q_rot);
+    sdpa_free(k);
+    sdpa_free(v);
+    sdpa_free(q_rot);
     return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the cache read out as float32");
 }
 
 static void free_workers(kv_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
-        free(w[i].strip);
+        sdpa_free(w[i].strip);
     free(w);
 }
 
@@ -429,7 +429,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
         if (q_rot == NULL || sdpa_rope_at(kp->variants.rope_base, sp.d_k, 1, q, q_rot,
                                           kp->heads_q, kp->n_q,
                                           cache->length - kp->n_q) != ATTN_OK) {
-            free(q_rot);
+            sdpa_free(q_rot);
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated queries");
         }
     }
@@ -441,7 +441,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
     int threads;
     if (decode) {
         if (!plan_decode(&job, sdpa_threads(&sp, INT64_MAX, flops))) {
-            free(q_rot);
+            sdpa_free(q_rot);
             memset(out, 0, (size_t)(n_rows * d_v) * sizeof *out);
             for (int64_t r = 0; rows != NULL && r < n_rows; r++)
                 rows[r] = (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
@@ -468,11 +468,11 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
     } else if (ok) {
         attn_parallel_for(threads, sp.heads_q * job.q_tiles, prefill_unit, &job);
     }
-    free(job.m);
-    free(job.l);
-    free(job.partial);
+    sdpa_free(job.m);
+    sdpa_free(job.l);
+    sdpa_free(job.partial);
     free_workers(job.workers, threads);
-    free(q_rot);
+    sdpa_free(q_rot);
     return ok ? ATTN_OK
               : attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
 }
