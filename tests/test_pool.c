@@ -5,11 +5,13 @@
  */
 #include <check.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "attn.h"
 #include "server.h"
 
 #define MiB ((size_t)1 << 20)
@@ -223,6 +225,98 @@ START_TEST(threads_share_the_pool_without_sharing_blocks)
 }
 END_TEST
 
+/* An allocator for libattn that counts what it gives and takes back. */
+typedef struct {
+    srv_pool *pool;
+    atomic_long allocs, frees;
+    atomic_llong bytes; /* given out in all */
+} counting;
+
+static void *counting_alloc(void *ctx, size_t n)
+{
+    counting *c = ctx;
+    void *p = pool_alloc(c->pool, n);
+    if (p) {
+        atomic_fetch_add(&c->allocs, 1);
+        atomic_fetch_add(&c->bytes, (long long)n);
+    }
+    return p;
+}
+
+static void counting_free(void *ctx, void *p)
+{
+    counting *c = ctx;
+    if (p)
+        atomic_fetch_add(&c->frees, 1);
+    pool_free(c->pool, p);
+}
+
+static void random_floats(float *x, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((seed >> 9) & 0xffff) / 32768.0f - 1.0f;
+    }
+}
+
+START_TEST(libattn_workspaces_come_from_the_allocator_it_is_given_and_all_go_back)
+{
+    /* B=1, H=2, n=512, d=64 on two threads: the shared packed keys (more
+     * than one query tile) and each worker's buffers; then the backward. */
+    attn_sdpa_params p = {.batch = 1, .heads_q = 2, .heads_kv = 2, .n_q = 512, .n_k = 512,
+                          .d_k = 64, .d_v = 64, .scale = attn_default_scale(64), .threads = 2};
+    size_t n = 2 * 512 * 64;
+    float *q = malloc(n * sizeof *q), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    float *dout = malloc(n * sizeof *dout);
+    float *out[2], *dq[2], *dk[2], *dv[2];
+    attn_softmax_row *rows[2];
+    ck_assert_ptr_nonnull(q);
+    random_floats(q, n, 1);
+    random_floats(k, n, 2);
+    random_floats(v, n, 3);
+    random_floats(dout, n, 4);
+    counting c = {.pool = pool_new(64 * MiB)};
+    for (int run = 0; run < 2; run++) {
+        /* run 0 on the default allocator, run 1 on the counting one */
+        attn_set_allocator(run ? &(attn_allocator){.alloc = counting_alloc,
+                                                   .free = counting_free, .ctx = &c}
+                               : NULL);
+        out[run] = malloc(n * sizeof(float));
+        dq[run] = malloc(n * sizeof(float));
+        dk[run] = malloc(n * sizeof(float));
+        dv[run] = malloc(n * sizeof(float));
+        rows[run] = malloc(2 * 512 * sizeof(attn_softmax_row));
+        attn_error err = {0};
+        ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, out[run], rows[run], NULL, NULL, &err),
+                         ATTN_OK);
+        ck_assert_int_eq(attn_sdpa_backward(&p, q, k, v, out[run], rows[run], dout, dq[run],
+                                            dk[run], dv[run], &err),
+                         ATTN_OK);
+    }
+    attn_set_allocator(NULL);
+    ck_assert_int_gt(atomic_load(&c.allocs), 0);
+    ck_assert_int_eq(atomic_load(&c.allocs), atomic_load(&c.frees));
+    ck_assert_uint_eq(pool_get_stats(c.pool).busy_bytes, 0);
+    /* where the memory came from changes no number */
+    ck_assert_mem_eq(out[0], out[1], n * sizeof(float));
+    ck_assert_mem_eq(dq[0], dq[1], n * sizeof(float));
+    ck_assert_mem_eq(dk[0], dk[1], n * sizeof(float));
+    ck_assert_mem_eq(dv[0], dv[1], n * sizeof(float));
+    for (int run = 0; run < 2; run++) {
+        free(out[run]);
+        free(dq[run]);
+        free(dk[run]);
+        free(dv[run]);
+        free(rows[run]);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    pool_destroy(c.pool);
+}
+END_TEST
+
 static Suite *pool_suite(void)
 {
     Suite *s = suite_create("pool");
@@ -235,6 +329,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, blocks_idle_for_long_are_unmapped);
     tcase_add_test(tc, realloc_keeps_the_bytes_across_sizes);
     tcase_add_test(tc, threads_share_the_pool_without_sharing_blocks);
+    tcase_add_test(tc, libattn_workspaces_come_from_the_allocator_it_is_given_and_all_go_back);
     suite_add_tcase(s, tc);
     return s;
 }
