@@ -188,13 +188,15 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
 
 void api_response_free(api_response *res);
 
-/* Where the large blocks of a computation come from: libattn's workspaces
- * (attn_set_allocator) and the results they are written into. By default
- * malloc and free. alloc returns `bytes` bytes aligned to 64, or NULL;
- * free takes what alloc gave, or NULL; both thread-safe. Set once, before
- * the first request, and kept (NULL: the default again). */
+/* Where the large blocks of a computation come from: the decoded tensors
+ * (codec_set_allocator), libattn's workspaces (attn_set_allocator) and the
+ * results they are written into. By default malloc, realloc and free.
+ * alloc returns `bytes` bytes aligned to 64, or NULL; realloc is realloc's
+ * equal; free takes what they gave, or NULL; all thread-safe. Set once,
+ * before the first request, and kept (NULL: the default again). */
 typedef struct {
     void *(*alloc)(void *ctx, size_t bytes);
+    void *(*realloc)(void *ctx, void *p, size_t bytes);
     void (*free)(void *ctx, void *p);
     void *ctx;
 } api_allocator;

@@ -101,7 +101,12 @@ static api_allocator results;
 
 void api_set_allocator(const api_allocator *a)
 {
-    results = a && a->alloc && a->free ? *a : (api_allocator){0};
+    results = a && a->alloc && a->realloc && a->free ? *a : (api_allocator){0};
+    codec_set_allocator(results.alloc ? &(codec_allocator){.alloc = results.alloc,
+                                                           .realloc = results.realloc,
+                                                           .free = results.free,
+                                                           .ctx = results.ctx}
+                                      : NULL);
     attn_set_allocator(results.alloc ? &(attn_allocator){.alloc = results.alloc,
                                                          .free = results.free,
                                                          .ctx = results.ctx}

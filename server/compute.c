@@ -82,8 +82,10 @@ static void pool_fit(srv_server *srv)
     pool_set_limit(srv->pool, room > 0 ? (size_t)room : 0);
 }
 
-/* libattn's workspaces and the results come from the pool too. */
+/* The decoded tensors, libattn's workspaces and the results come from the
+ * pool too. */
 static void *pool_give(void *pool, size_t bytes) { return pool_alloc(pool, bytes); }
+static void *pool_regive(void *pool, void *p, size_t bytes) { return pool_realloc(pool, p, bytes); }
 static void pool_take(void *pool, void *p) { pool_free(pool, p); }
 
 /* Reserves the room of an answer in the response budget and the request's
@@ -280,7 +282,8 @@ bool compute_start(srv_server *srv)
     if (!(srv->pool = pool_shared()))
         return false;
     pool_fit(srv);
-    api_set_allocator(&(api_allocator){.alloc = pool_give, .free = pool_take, .ctx = srv->pool});
+    api_set_allocator(&(api_allocator){
+        .alloc = pool_give, .realloc = pool_regive, .free = pool_take, .ctx = srv->pool});
     q->workers = calloc((size_t)q->slots, sizeof *q->workers);
     if (!q->workers)
         return false;

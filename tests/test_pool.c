@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -317,6 +318,99 @@ START_TEST(libattn_workspaces_come_from_the_allocator_it_is_given_and_all_go_bac
 }
 END_TEST
 
+static void *give(void *ctx, size_t n) { return counting_alloc(ctx, n); }
+static void *regive(void *ctx, void *p, size_t n)
+{
+    counting *c = ctx;
+    if (!p)
+        atomic_fetch_add(&c->allocs, 1);
+    return pool_realloc(c->pool, p, n);
+}
+static void take(void *ctx, void *p) { counting_free(ctx, p); }
+
+static void append_b64_tensor(char **text, size_t *len, size_t *cap, const char *name,
+                              const float *x, size_t n, int h, int rows, int d)
+{
+    static const char abc[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t bytes = n * sizeof(float), need = *len + bytes / 3 * 4 + 200;
+    if (need > *cap) {
+        *cap = need * 2;
+        *text = realloc(*text, *cap);
+        ck_assert_ptr_nonnull(*text);
+    }
+    *len += (size_t)sprintf(*text + *len,
+                            "%s\"%s\":{\"shape\":[%d,%d,%d],\"dtype\":\"float32\",\"base64\":\"",
+                            *len > 1 ? "," : "", name, h, rows, d);
+    const unsigned char *b = (const unsigned char *)x; /* little-endian floats */
+    for (size_t i = 0; i + 2 < bytes; i += 3) {
+        unsigned v = (unsigned)b[i] << 16 | (unsigned)b[i + 1] << 8 | b[i + 2];
+        for (int k = 3; k >= 0; k--)
+            (*text)[*len + (size_t)(3 - k)] = abc[(v >> (6 * k)) & 63];
+        *len += 4;
+    }
+    ck_assert_uint_eq(bytes % 3, 1); /* n*4 bytes: one left, two '=' */
+    unsigned v = (unsigned)b[bytes - 1] << 16;
+    (*text)[(*len)++] = abc[(v >> 18) & 63];
+    (*text)[(*len)++] = abc[(v >> 12) & 63];
+    *len += (size_t)sprintf(*text + *len, "==\"}");
+}
+
+/* The answer up to its meta object (which holds timings). */
+static size_t answer_part(const api_response *res)
+{
+    const char *meta = strstr(res->body, "\"meta\"");
+    ck_assert_ptr_nonnull(meta);
+    return (size_t)(meta - res->body);
+}
+
+START_TEST(a_request_through_the_api_takes_its_tensors_from_the_allocator_and_gives_all_back)
+{
+    /* q, k, v [2, 512, 64] as base64: 256 KiB each, past POOL_MIN_BLOCK,
+     * so mapped blocks are reused from one request to the next */
+    int h = 2, rows = 512, d = 64;
+    size_t n = (size_t)h * rows * d;
+    float *x = malloc(3 * n * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    random_floats(x, 3 * n, 9);
+    size_t len = 0, cap = 0;
+    char *body = NULL;
+    cap = 64;
+    body = malloc(cap);
+    len = (size_t)sprintf(body, "{");
+    append_b64_tensor(&body, &len, &cap, "q", x, n, h, rows, d);
+    append_b64_tensor(&body, &len, &cap, "k", x + n, n, h, rows, d);
+    append_b64_tensor(&body, &len, &cap, "v", x + 2 * n, n, h, rows, d);
+    len += (size_t)sprintf(body + len, ",\"output_encoding\":\"base64\"}");
+    api_limits lim = {.threads = 2, .max_threads = 2};
+    api_response plain, pooled[2];
+    api_handle(API_OP_ATTENTION, body, len, &lim, &plain);
+    ck_assert_msg(plain.status == 200, "%s", plain.body);
+    counting c = {.pool = pool_new(64 * MiB)};
+    api_set_allocator(&(api_allocator){.alloc = give, .realloc = regive, .free = take, .ctx = &c});
+    for (int i = 0; i < 2; i++) {
+        api_handle(API_OP_ATTENTION, body, len, &lim, &pooled[i]);
+        ck_assert_msg(pooled[i].status == 200, "%s", pooled[i].body);
+    }
+    api_set_allocator(NULL);
+    pool_stats s = pool_get_stats(c.pool);
+    ck_assert_int_gt(atomic_load(&c.allocs), 0);
+    ck_assert_int_eq(atomic_load(&c.allocs), atomic_load(&c.frees));
+    ck_assert_uint_eq(s.busy_bytes, 0);
+    ck_assert_uint_gt(s.reuses, 0); /* the second request took the first's blocks */
+    for (int i = 0; i < 2; i++) {
+        size_t m = answer_part(&plain);
+        ck_assert_uint_eq(answer_part(&pooled[i]), m);
+        ck_assert_mem_eq(pooled[i].body, plain.body, m);
+        api_response_free(&pooled[i]);
+    }
+    api_response_free(&plain);
+    free(body);
+    free(x);
+    pool_destroy(c.pool);
+}
+END_TEST
+
 static Suite *pool_suite(void)
 {
     Suite *s = suite_create("pool");
@@ -330,6 +424,8 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, realloc_keeps_the_bytes_across_sizes);
     tcase_add_test(tc, threads_share_the_pool_without_sharing_blocks);
     tcase_add_test(tc, libattn_workspaces_come_from_the_allocator_it_is_given_and_all_go_back);
+    tcase_add_test(tc,
+                   a_request_through_the_api_takes_its_tensors_from_the_allocator_and_gives_all_back);
     suite_add_tcase(s, tc);
     return s;
 }
