@@ -115,7 +115,10 @@ typedef struct {
 
 typedef struct {
     int status;       /* 200, or the error's status */
-    char *body;       /* malloc'd JSON (the answer or the error object) */
+    char *body;       /* JSON (the answer or the error object): malloc'd, or, with
+                       * body_elements, the allocator's of api_set_allocator
+                       * (api_body_free); api_response_free knows which */
+    bool body_elements;
     size_t body_len;
     size_t body_cap;  /* bytes the body holds in memory (>= body_len + 1) */
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
@@ -187,6 +190,8 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
                 api_response *res);
 
 void api_response_free(api_response *res);
+/* Frees a body taken over from an api_response with body_elements set. */
+void api_body_free(void *body);
 
 /* Where the large blocks of a computation come from: the decoded tensors
  * (codec_set_allocator), libattn's workspaces (attn_set_allocator) and the

@@ -433,7 +433,9 @@ void api_execute(api_call *c, int threads, api_response *res)
         c->op->release(c);
     api_values_free(c->f, c->op->n_fields);
     api_lap(&c->t, &c->t.compute_ms);
-    codec_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
+    /* The answer comes from the allocator of the tensors (api_set_allocator):
+     * its size follows theirs. */
+    codec_buf out = {.data = ok ? codec_tensor_alloc(FIRST_BLOCK) : NULL, .elements = true};
     size_t header_len = 0;
     if (out.data) {
         out.cap = FIRST_BLOCK;
@@ -460,7 +462,7 @@ void api_execute(api_call *c, int threads, api_response *res)
      * answer may wait a while for a slow client, so hand back the rest
      * (a few hundred bytes of the first block are not worth a realloc). */
     if (out.cap > out.len + out.len / 8 && out.cap - out.len > FIRST_BLOCK) {
-        char *fit = realloc(out.data, out.len);
+        char *fit = codec_tensor_realloc(out.data, out.len);
         if (fit) {
             out.data = fit;
             out.cap = out.len;
@@ -470,6 +472,7 @@ void api_execute(api_call *c, int threads, api_response *res)
     res->body = out.data;
     res->body_len = out.len - 1;
     res->body_cap = out.cap;
+    res->body_elements = true;
 }
 
 void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
@@ -480,12 +483,21 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
         api_execute(c, lim->threads, res);
 }
 
+void api_body_free(void *body)
+{
+    codec_tensor_release(body);
+}
+
 void api_response_free(api_response *res)
 {
     if (!res)
         return;
-    free(res->body);
+    if (res->body_elements)
+        api_body_free(res->body);
+    else
+        free(res->body);
     res->body = NULL;
     res->body_len = 0;
     res->body_cap = 0;
+    res->body_elements = false;
 }

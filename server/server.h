@@ -211,6 +211,9 @@ void http_reply_stock(srv_request *r, stock_error e);
 /* Takes ownership of body (malloc'd). extra: NULL-terminated name/value pairs. */
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
+/* The same for a body that release (not free) frees once it is sent. */
+void http_reply_released(srv_request *r, int status, const char *content_type, char *body,
+                         size_t len, const char *const *extra, void (*release)(void *));
 /* An error answer built for this request alone (api_error_json of it). */
 void http_reply_error(srv_request *r, int status, const char *code, const char *message);
 /* A refused connection (conn_limit.c): its one answer, a 503 saying

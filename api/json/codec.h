@@ -309,11 +309,15 @@ const char *codec_dtype_name(codec_dtype dtype);
 /* A growing text; after an allocation failure `failed` is set and further
  * appends do nothing, so that a writer checks once at the end. The bytes
  * are kept NUL-terminated. {0} is an empty buffer; data is malloc'd (a
- * caller may take it over and free it). */
+ * caller may take it over and free it), or, with `elements` set, comes
+ * from codec_tensor_alloc (taken over, it is freed with
+ * codec_tensor_release): an answer that carries tensors is as large as
+ * they are, and reused the same way. */
 typedef struct {
     char *data;
     size_t len, cap;
     bool failed;
+    bool elements;
 } codec_buf;
 
 void codec_buf_append(codec_buf *b, const char *s, size_t n);
