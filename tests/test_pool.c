@@ -382,16 +382,31 @@ START_TEST(a_request_through_the_api_takes_its_tensors_from_the_allocator_and_gi
     append_b64_tensor(&body, &len, &cap, "k", x + n, n, h, rows, d);
     append_b64_tensor(&body, &len, &cap, "v", x + 2 * n, n, h, rows, d);
     len += (size_t)sprintf(body + len, ",\"output_encoding\":\"base64\"}");
+    /* and a multi-head request with an output projection and gradients:
+     * the projections and their gradients are libattn's workspaces */
+    const char *mh = "{\"x\":[[1,0],[0,1],[1,1]],\"context\":[[1,2],[0,1]],"
+                     "\"w_q\":[[1,0],[0,1]],\"w_k\":[[1,0],[0,1]],\"w_v\":[[1,0],[0,1]],"
+                     "\"w_o\":[[1],[1]],\"num_heads\":2,\"grad_output\":[[1],[1],[1]]}";
     api_limits lim = {.threads = 2, .max_threads = 2};
-    api_response plain, pooled[2];
+    api_response plain, pooled[2], mh_plain, mh_pooled;
     api_handle(API_OP_ATTENTION, body, len, &lim, &plain);
     ck_assert_msg(plain.status == 200, "%s", plain.body);
+    api_handle(API_OP_MULTIHEAD, mh, strlen(mh), &lim, &mh_plain);
+    ck_assert_msg(mh_plain.status == 200, "%s", mh_plain.body);
     counting c = {.pool = pool_new(64 * MiB)};
     api_set_allocator(&(api_allocator){.alloc = give, .realloc = regive, .free = take, .ctx = &c});
     for (int i = 0; i < 2; i++) {
         api_handle(API_OP_ATTENTION, body, len, &lim, &pooled[i]);
         ck_assert_msg(pooled[i].status == 200, "%s", pooled[i].body);
     }
+    long before_mh = atomic_load(&c.allocs);
+    api_handle(API_OP_MULTIHEAD, mh, strlen(mh), &lim, &mh_pooled);
+    ck_assert_msg(mh_pooled.status == 200, "%s", mh_pooled.body);
+    ck_assert_int_gt(atomic_load(&c.allocs), before_mh);
+    size_t mh_len = answer_part(&mh_plain);
+    ck_assert_uint_eq(answer_part(&mh_pooled), mh_len);
+    ck_assert_mem_eq(mh_pooled.body, mh_plain.body, mh_len);
+    api_response_free(&mh_pooled);
     for (int i = 0; i < 2; i++) {
         /* the answers are the allocator's too, until they are freed */
         ck_assert(pooled[i].body_elements);
@@ -401,6 +416,7 @@ START_TEST(a_request_through_the_api_takes_its_tensors_from_the_allocator_and_gi
         api_response_free(&pooled[i]);
     }
     api_set_allocator(NULL);
+    api_response_free(&mh_plain); /* malloc's, as it was made */
     pool_stats s = pool_get_stats(c.pool);
     ck_assert_int_gt(atomic_load(&c.allocs), 0);
     ck_assert_int_eq(atomic_load(&c.allocs), atomic_load(&c.frees));
