@@ -31,6 +31,25 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* Under AddressSanitizer an idle block is poisoned, so that a use after
+ * pool_free is caught as it would be after free (ASan does not see into
+ * the pool's own mappings otherwise). */
+#if defined(__SANITIZE_ADDRESS__)
+#define POOL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define POOL_ASAN 1
+#endif
+#endif
+#ifdef POOL_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define HUGE_PAGE ((size_t)2 << 20)
 /* A mapped block's header has a page of its own in front of the data, so
  * that the data can start on a 2 MiB boundary. */
@@ -99,6 +118,7 @@ static void unmap_list(pool_block *b)
 {
     while (b) {
         pool_block *next = b->next;
+        UNPOISON((char *)b + MAPPED_HEADER, b->cap); /* the addresses may be mapped again */
         munmap(b, b->map_len);
         b = next;
     }
@@ -212,6 +232,7 @@ void *pool_alloc(srv_pool *p, size_t n)
     }
     b->next = NULL;
     b->size = n;
+    UNPOISON(data_of(b), b->cap);
     return data_of(b);
 }
 
@@ -229,6 +250,7 @@ void pool_free(srv_pool *p, void *ptr)
     p->busy_bytes -= b->map_len;
     pool_block *drop = NULL;
     if (b->map_len <= p->limit) {
+        POISON(ptr, b->cap);
         drop = evict(p, b->map_len);
         b->idle_since = srv_now();
         b->next = p->idle;
