@@ -5,7 +5,8 @@ against the same attention in-process, and the page faults a request costs.
 
 URL is attnd's /v1/attention, PID its process, KERNEL bench/kernel.c's
 binary (its `child` mode runs one libattn task on request and answers with
-the mean seconds of a run: the in-process figure, with its buffers warm).
+the mean seconds of a run: the in-process figure, with its buffers warm; it
+runs in the scheduling class of attnd's compute workers).
 
 Two shapes, each the q, k, v of one forward as base64 float32 with base64
 answers:
@@ -24,6 +25,7 @@ Prints "key value" lines for bench/run.sh.
 import base64
 import http.client
 import json
+import os
 import subprocess
 import sys
 import urllib.parse
@@ -68,10 +70,25 @@ class Server:
         return json.loads(text)["meta"]["timing_ms"]["compute"]
 
 
+# attnd computes on workers that yield to its I/O threads: SCHED_BATCH at
+# nice +10 (server/compute.c). The in-process side runs in the same class,
+# so that what else runs on the machine slows both alike: on a quiet machine
+# the class changes nothing, on a busy one a nice +10 thread gets a fraction
+# of a core that a nice 0 one would not share.
+WORKER_NICE = 10
+
+
+def worker_class():
+    os.nice(WORKER_NICE)
+    if hasattr(os, "sched_setscheduler"):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
 class InProcess:
     def __init__(self, kernel):
         self.p = subprocess.Popen([kernel, "child"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=worker_class)
         if not self.p.stdout.readline().startswith("ready"):
             raise RuntimeError("the kernel child did not start")
 
