@@ -353,6 +353,12 @@ api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *j
  * about 450 bytes) fits it without growing; larger tensors reserve their
  * room in one step when they are written. */
 #define FIRST_BLOCK 1024
+/* An answer that could be larger than this gets its whole room at once, the
+ * cost's bound on its size: grown by doubling, a 45 MB answer went through
+ * blocks of 256 KiB to 64 MiB, each copied into the next, and with the
+ * allocator's pool keeping them all for the next answer. Untouched pages of
+ * an over-estimate cost address space only. */
+#define WHOLE_ROOM (64 * 1024)
 
 static bool compute(api_call *c, int threads, api_error *err)
 {
@@ -435,10 +441,13 @@ void api_execute(api_call *c, int threads, api_response *res)
     api_lap(&c->t, &c->t.compute_ms);
     /* The answer comes from the allocator of the tensors (api_set_allocator):
      * its size follows theirs. */
-    codec_buf out = {.data = ok ? codec_tensor_alloc(FIRST_BLOCK) : NULL, .elements = true};
+    size_t room = FIRST_BLOCK;
+    if (c->cost.response_bytes > WHOLE_ROOM && c->cost.response_bytes < (double)(SIZE_MAX / 2))
+        room = (size_t)c->cost.response_bytes + 1;
+    codec_buf out = {.data = ok ? codec_tensor_alloc(room) : NULL, .elements = true};
     size_t header_len = 0;
     if (out.data) {
-        out.cap = FIRST_BLOCK;
+        out.cap = room;
         out.data[0] = '\0';
         if (c->oip)
             api_oip_encode(c, &out, &header_len);

@@ -55,11 +55,41 @@ static bool is_octet_stream(const char *content_type)
 /* The first buffer of a body: most bodies fit it. */
 #define FIRST_BODY_BUFFER 16384
 
-/* Grows cx's buffer to `need` bytes within --max-body-memory. */
-static bool grow(srv_request *r, size_t need)
+/* A body announced whole (`whole` bytes) takes an idle block of the pool
+ * that holds it all, when there is one and the budget has room: its pages
+ * are in already, whereas growing by doubling would copy the body at each
+ * size and leave a block of each size in the pool, resident. The block is
+ * counted whole against --max-body-memory. No new memory is mapped for an
+ * announced length, so a client that announces much and sends little
+ * still holds only what the pool held idle anyway. */
+static bool take_whole(srv_request *r, size_t whole)
+{
+    srv_connection *cx = r->connection;
+    srv_server *srv = cx->srv;
+    long long more = (long long)(whole - cx->body_cap);
+    long long held = atomic_fetch_add(&srv->body_memory, more) + more;
+    char *p = held <= srv->cfg->max_body_memory
+                  ? pool_realloc_idle(srv->pool, cx->body, whole)
+                  : NULL;
+    if (!p) {
+        atomic_fetch_sub(&srv->body_memory, more);
+        return false;
+    }
+    size_t got = pool_block_size(p);
+    atomic_fetch_add(&srv->body_memory, (long long)(got - whole));
+    cx->body = p;
+    cx->body_cap = got;
+    return true;
+}
+
+/* Grows cx's buffer to `need` bytes within --max-body-memory, or at once to
+ * the `whole` body (0: not announced) when the pool has a block for it. */
+static bool grow(srv_request *r, size_t need, size_t whole)
 {
     srv_connection *cx = r->connection;
     if (need <= cx->body_cap)
+        return true;
+    if (whole > need && whole >= POOL_MIN_BLOCK && take_whole(r, whole))
         return true;
     srv_server *srv = cx->srv;
     long long more = (long long)(need - cx->body_cap);
@@ -69,8 +99,11 @@ static bool grow(srv_request *r, size_t need)
         r->bodies_full = true;
         return false;
     }
-    /* From the pool: a large body's pages stay mapped for the next one. */
-    char *p = pool_realloc(srv->pool, cx->body, need);
+    /* From the pool: a large body's pages stay mapped for the next one. An
+     * announced body's smaller sizes go at once: the next body announced
+     * whole takes the largest (take_whole). */
+    char *p = whole ? pool_grow(srv->pool, cx->body, need)
+                    : pool_realloc(srv->pool, cx->body, need);
     if (!p) {
         atomic_fetch_sub(&srv->body_memory, more);
         r->out_of_memory = true;
@@ -131,7 +164,10 @@ void body_take(srv_request *r, const char *data, size_t n)
             cap = r->body_expected;
         if (cap > max_body)
             cap = max_body;
-        if (!grow(r, cap)) {
+        size_t whole = r->body_expected >= r->body_len + n && r->body_expected <= max_body
+                           ? r->body_expected
+                           : 0;
+        if (!grow(r, cap, whole)) {
             if (r->bodies_full) /* what it held goes back to the others */
                 body_free(cx);
             return;

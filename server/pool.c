@@ -264,6 +264,35 @@ void pool_free(srv_pool *p, void *ptr)
     unmap_list(drop);
 }
 
+/* Unmaps a mapped block at once instead of keeping it idle; frees a small
+ * one. */
+static void drop(srv_pool *p, void *ptr)
+{
+    pool_block *b = header_of(ptr);
+    if (b->magic == MAGIC_SMALL) {
+        pool_free(p, ptr);
+        return;
+    }
+    pthread_mutex_lock(&p->lock);
+    p->busy_bytes -= b->map_len;
+    pthread_mutex_unlock(&p->lock);
+    b->next = NULL;
+    unmap_list(b);
+}
+
+void *pool_grow(srv_pool *p, void *ptr, size_t n)
+{
+    pool_block *b = ptr ? header_of(ptr) : NULL;
+    if (!b || n <= b->cap)
+        return pool_realloc(p, ptr, n);
+    void *moved = pool_alloc(p, n);
+    if (!moved)
+        return NULL;
+    memcpy(moved, ptr, b->size < n ? b->size : n);
+    drop(p, ptr);
+    return moved;
+}
+
 void *pool_realloc(srv_pool *p, void *ptr, size_t n)
 {
     if (!ptr)
@@ -281,6 +310,40 @@ void *pool_realloc(srv_pool *p, void *ptr, size_t n)
     memcpy(moved, ptr, b->size < n ? b->size : n);
     pool_free(p, ptr);
     return moved;
+}
+
+void *pool_realloc_idle(srv_pool *p, void *ptr, size_t n)
+{
+    pthread_mutex_lock(&p->lock);
+    pool_block **best = NULL;
+    for (pool_block **at = &p->idle; *at; at = &(*at)->next)
+        if (suits((*at)->cap, n) && (!best || (*at)->cap < (*best)->cap))
+            best = at;
+    pool_block *b = NULL;
+    if (best) {
+        b = *best;
+        *best = b->next;
+        p->idle_bytes -= b->map_len;
+        p->busy_bytes += b->map_len;
+        p->reuses++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (!b)
+        return NULL;
+    b->next = NULL;
+    b->size = n;
+    UNPOISON(data_of(b), b->cap);
+    if (ptr) {
+        pool_block *old = header_of(ptr);
+        memcpy(data_of(b), ptr, old->size < n ? old->size : n);
+        pool_free(p, ptr);
+    }
+    return data_of(b);
+}
+
+size_t pool_block_size(void *ptr)
+{
+    return header_of(ptr)->cap;
 }
 
 void pool_set_limit(srv_pool *p, size_t limit)

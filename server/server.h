@@ -370,6 +370,15 @@ void *pool_alloc(srv_pool *p, size_t n);
 void pool_free(srv_pool *p, void *ptr); /* ptr from this pool, or NULL */
 /* As realloc: the first min(old, n) bytes kept, perhaps in place. */
 void *pool_realloc(srv_pool *p, void *ptr, size_t n);
+/* As pool_realloc, but a block that moves is unmapped, not kept idle: for a
+ * buffer growing by doubling, whose smaller sizes the next one of its kind
+ * will not need. */
+void *pool_grow(srv_pool *p, void *ptr, size_t n);
+/* As pool_realloc to n bytes, but only into an idle block (one whose pages
+ * are in already): NULL, ptr untouched, when none suits n. */
+void *pool_realloc_idle(srv_pool *p, void *ptr, size_t n);
+/* The bytes a block of the pool holds (>= what was asked for). */
+size_t pool_block_size(void *ptr);
 /* At most `limit` bytes idle from now on (the oldest beyond it unmapped). */
 void pool_set_limit(srv_pool *p, size_t limit);
 /* Unmaps the blocks idle for more than idle_seconds. */

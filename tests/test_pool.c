@@ -175,6 +175,42 @@ START_TEST(realloc_keeps_the_bytes_across_sizes)
 }
 END_TEST
 
+START_TEST(a_growing_buffer_takes_a_whole_idle_block_and_leaves_no_sizes_behind)
+{
+    srv_pool *p = pool_new(256 * MiB);
+    /* No idle block yet: nothing is mapped for the whole, the buffer stays. */
+    unsigned char *x = pool_alloc(p, 300 << 10);
+    fill(x, 300 << 10, 5);
+    ck_assert_ptr_null(pool_realloc_idle(p, x, 40 * MiB));
+    ck_assert_uint_eq(pool_get_stats(p).maps, 1);
+    ck_assert(holds(x, 300 << 10, 5));
+    /* Growing by doubling: each smaller block is unmapped, none kept. */
+    size_t n = 300 << 10;
+    while (n < 40 * MiB) {
+        n = n * 2 < 40 * MiB ? n * 2 : 40 * MiB;
+        x = pool_grow(p, x, n);
+        ck_assert_ptr_nonnull(x);
+    }
+    ck_assert(holds(x, 300 << 10, 5));
+    ck_assert_uint_eq(pool_get_stats(p).idle_blocks, 0);
+    ck_assert_uint_ge(pool_block_size(x), 40 * MiB);
+    pool_free(p, x); /* the whole one is kept */
+    ck_assert_uint_eq(pool_get_stats(p).idle_blocks, 1);
+    /* The next buffer of that size takes it at once, its start copied over. */
+    unsigned char *y = pool_alloc(p, 16384);
+    memset(y, 7, 16384);
+    unsigned char *z = pool_realloc_idle(p, y, 40 * MiB);
+    ck_assert_ptr_eq(z, x);
+    for (size_t i = 0; i < 16384; i++)
+        ck_assert_uint_eq(z[i], 7);
+    pool_stats s = pool_get_stats(p);
+    ck_assert_uint_eq(s.idle_blocks, 0);
+    ck_assert_uint_eq(s.reuses, 1);
+    pool_free(p, z);
+    pool_destroy(p);
+}
+END_TEST
+
 typedef struct {
     srv_pool *p;
     unsigned seed;
@@ -440,6 +476,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, idle_bytes_stay_within_the_limit_oldest_going_first);
     tcase_add_test(tc, blocks_idle_for_long_are_unmapped);
     tcase_add_test(tc, realloc_keeps_the_bytes_across_sizes);
+    tcase_add_test(tc, a_growing_buffer_takes_a_whole_idle_block_and_leaves_no_sizes_behind);
     tcase_add_test(tc, threads_share_the_pool_without_sharing_blocks);
     tcase_add_test(tc, libattn_workspaces_come_from_the_allocator_it_is_given_and_all_go_back);
     tcase_add_test(tc,
