@@ -55,42 +55,35 @@ static bool is_octet_stream(const char *content_type)
 /* The first buffer of a body: most bodies fit it. */
 #define FIRST_BODY_BUFFER 16384
 
-/* A body announced whole (`whole` bytes) takes an idle block of the pool
- * that holds it all, when there is one and the budget has room: its pages
- * are in already, whereas growing by doubling would copy the body at each
- * size and leave a block of each size in the pool, resident. The block is
- * counted whole against --max-body-memory. No new memory is mapped for an
- * announced length, so a client that announces much and sends little
- * still holds only what the pool held idle anyway. */
+/* A body announced whole (`whole` bytes) moves into an idle block of the
+ * pool that holds it all, when there is one: its pages are in already,
+ * whereas growing by doubling would map and fault a block at each size. It
+ * is charged against --max-body-memory as its bytes arrive, like any body
+ * (a client that announces much and sends little is charged for what it
+ * sent); the rest of the block stays counted by the pool against
+ * --max-memory, as it was while idle, and no memory is mapped for an
+ * announced length. */
 static bool take_whole(srv_request *r, size_t whole)
 {
     srv_connection *cx = r->connection;
-    srv_server *srv = cx->srv;
-    long long more = (long long)(whole - cx->body_cap);
-    long long held = atomic_fetch_add(&srv->body_memory, more) + more;
-    char *p = held <= srv->cfg->max_body_memory
-                  ? pool_realloc_idle(srv->pool, cx->body, whole)
-                  : NULL;
-    if (!p) {
-        atomic_fetch_sub(&srv->body_memory, more);
+    char *p = pool_realloc_idle(cx->srv->pool, cx->body, whole);
+    if (!p)
         return false;
-    }
-    size_t got = pool_block_size(p);
-    atomic_fetch_add(&srv->body_memory, (long long)(got - whole));
-    cx->body = p;
-    cx->body_cap = got;
+    cx->body = p; /* body_cap, what is charged, is unchanged */
     return true;
 }
 
-/* Grows cx's buffer to `need` bytes within --max-body-memory, or at once to
- * the `whole` body (0: not announced) when the pool has a block for it. */
+/* Grows cx's buffer to `need` bytes within --max-body-memory; an announced
+ * body (`whole` bytes, 0: not announced) first into a block of the pool
+ * that holds it all, when there is one. */
 static bool grow(srv_request *r, size_t need, size_t whole)
 {
     srv_connection *cx = r->connection;
     if (need <= cx->body_cap)
         return true;
-    if (whole > need && whole >= POOL_MIN_BLOCK && take_whole(r, whole))
-        return true;
+    if (whole > need && whole >= POOL_MIN_BLOCK &&
+        (!cx->body || pool_block_size(cx->body) < whole))
+        (void)take_whole(r, whole); /* then the growth below is in place */
     srv_server *srv = cx->srv;
     long long more = (long long)(need - cx->body_cap);
     long long held = atomic_fetch_add(&srv->body_memory, more) + more;

@@ -69,6 +69,7 @@ struct pool_block {
     size_t size;         /* bytes asked for (what a move must copy) */
     size_t map_len;      /* the whole mapping, header page included */
     double idle_since;   /* on the idle list: when it came back */
+    bool lent;           /* taken by pool_realloc_idle: counted in lent_bytes */
     pool_block *next;    /* on the idle list: the next older one */
 };
 _Static_assert(sizeof(pool_block) <= SMALL_HEADER, "a header fits one cache line");
@@ -78,7 +79,8 @@ struct srv_pool {
     pool_block *idle;      /* most recently freed first */
     size_t idle_bytes;     /* the idle blocks' whole mappings */
     size_t busy_bytes;     /* the mappings handed out */
-    size_t limit;          /* idle_bytes stays within this */
+    size_t lent_bytes;     /* ... of them, those pool_realloc_idle handed out */
+    size_t limit;          /* idle_bytes + lent_bytes stays within this */
     unsigned long maps, reuses;
 };
 
@@ -124,12 +126,12 @@ static void unmap_list(pool_block *b)
     }
 }
 
-/* Takes idle blocks off, oldest first, until idle_bytes + room <= limit;
- * returns them for unmap_list. Lock held. */
+/* Takes idle blocks off, oldest first, until idle_bytes + lent_bytes +
+ * room <= limit; returns them for unmap_list. Lock held. */
 static pool_block *evict(srv_pool *p, size_t room)
 {
     pool_block *out = NULL;
-    while (p->idle && p->idle_bytes + room > p->limit) {
+    while (p->idle && p->idle_bytes + p->lent_bytes + room > p->limit) {
         /* the oldest is at the tail */
         pool_block **at = &p->idle;
         while ((*at)->next)
@@ -248,8 +250,12 @@ void pool_free(srv_pool *p, void *ptr)
     }
     pthread_mutex_lock(&p->lock);
     p->busy_bytes -= b->map_len;
+    if (b->lent) {
+        p->lent_bytes -= b->map_len;
+        b->lent = false;
+    }
     pool_block *drop = NULL;
-    if (b->map_len <= p->limit) {
+    if (b->map_len + p->lent_bytes <= p->limit) {
         POISON(ptr, b->cap);
         drop = evict(p, b->map_len);
         b->idle_since = srv_now();
@@ -275,6 +281,8 @@ static void drop(srv_pool *p, void *ptr)
     }
     pthread_mutex_lock(&p->lock);
     p->busy_bytes -= b->map_len;
+    if (b->lent)
+        p->lent_bytes -= b->map_len;
     pthread_mutex_unlock(&p->lock);
     b->next = NULL;
     unmap_list(b);
@@ -325,6 +333,8 @@ void *pool_realloc_idle(srv_pool *p, void *ptr, size_t n)
         *best = b->next;
         p->idle_bytes -= b->map_len;
         p->busy_bytes += b->map_len;
+        p->lent_bytes += b->map_len;
+        b->lent = true;
         p->reuses++;
     }
     pthread_mutex_unlock(&p->lock);
@@ -376,7 +386,8 @@ pool_stats pool_get_stats(srv_pool *p)
 {
     pthread_mutex_lock(&p->lock);
     pool_stats s = {.idle_bytes = p->idle_bytes, .busy_bytes = p->busy_bytes,
-                    .limit = p->limit, .maps = p->maps, .reuses = p->reuses};
+                    .lent_bytes = p->lent_bytes, .limit = p->limit, .maps = p->maps,
+                    .reuses = p->reuses};
     for (pool_block *b = p->idle; b; b = b->next)
         s.idle_blocks++;
     pthread_mutex_unlock(&p->lock);

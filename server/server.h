@@ -356,6 +356,7 @@ typedef struct srv_pool srv_pool;
 
 typedef struct {
     size_t idle_bytes, busy_bytes, limit; /* mapped bytes, headers included */
+    size_t lent_bytes;                    /* busy ones pool_realloc_idle gave */
     unsigned long idle_blocks;
     unsigned long maps, reuses;           /* blocks mapped anew, taken from idle */
 } pool_stats;
@@ -375,7 +376,9 @@ void *pool_realloc(srv_pool *p, void *ptr, size_t n);
  * will not need. */
 void *pool_grow(srv_pool *p, void *ptr, size_t n);
 /* As pool_realloc to n bytes, but only into an idle block (one whose pages
- * are in already): NULL, ptr untouched, when none suits n. */
+ * are in already): NULL, ptr untouched, when none suits n. The block stays
+ * counted against the pool's limit, as if it were idle, until it is freed:
+ * its holder may be charged for less of it than it holds. */
 void *pool_realloc_idle(srv_pool *p, void *ptr, size_t n);
 /* The bytes a block of the pool holds (>= what was asked for). */
 size_t pool_block_size(void *ptr);

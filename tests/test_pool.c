@@ -206,7 +206,17 @@ START_TEST(a_growing_buffer_takes_a_whole_idle_block_and_leaves_no_sizes_behind)
     pool_stats s = pool_get_stats(p);
     ck_assert_uint_eq(s.idle_blocks, 0);
     ck_assert_uint_eq(s.reuses, 1);
+    /* Lent, it still counts against the limit: with 64 MiB left of 100, a
+     * freed block of 70 MiB is not kept. */
+    ck_assert_uint_ge(s.lent_bytes, 40 * MiB);
+    pool_set_limit(p, 100 * MiB);
+    void *big = pool_alloc(p, 70 * MiB);
+    pool_free(p, big);
+    ck_assert_uint_eq(pool_get_stats(p).idle_blocks, 0);
     pool_free(p, z);
+    s = pool_get_stats(p);
+    ck_assert_uint_eq(s.lent_bytes, 0);
+    ck_assert_uint_eq(s.idle_blocks, 1);
     pool_destroy(p);
 }
 END_TEST
