@@ -613,8 +613,10 @@ typedef struct {
      * memory, and attn_sdpa_forward runs over them). */
     attn_precision precision;
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
-                               * checked before the work with float32, at
-                               * attn_sdpa_forward's units with bfloat16 */
+                               * checked before the work and then at every
+                               * unit (a run of pages when decoding, each
+                               * page when prefilling; attn_sdpa_forward's
+                               * units with bfloat16) */
 } attn_kv_params;
 
 /*

@@ -270,6 +270,10 @@ static void prefill_unit(void *ctx, int64_t u, int worker)
     const attn_kv_dtype dtype = cache->config.dtype;
     int64_t since_fold = 0; /* tiles in the float rows, as the forward counts them */
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left unfinished (the call's outputs are
+         * unspecified then), as attn_sdpa_forward leaves them. */
+        if (attn_cancelled(p->cancel))
+            return;
         if (since_fold == SDPA_FOLD_TILES) {
             sdpa_fold_rows(w->acc, w->m_tile, w->m, out, p->d_v, t.rows, p->d_v, true);
             since_fold = 0;
@@ -461,18 +465,24 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
             job.partial = sdpa_alloc(job.runs * n_rows * d_v, sizeof *job.partial);
         ok = job.m != NULL && job.l != NULL && (job.runs == 1 || job.partial != NULL);
     }
+    /* A cancelled call starts no unit more (and no merge): a decode unit
+     * is a run of pages, a prefill unit looks again at every page. */
     if (ok && decode) {
-        attn_parallel_for(threads, job.runs * job.parts, decode_unit, &job);
-        if (job.runs > 1)
-            attn_parallel_for(threads, sp.heads_kv, merge_head, &job);
+        attn_parallel_for_until(threads, job.runs * job.parts, decode_unit, &job, kp->cancel);
+        if (job.runs > 1 && !attn_cancelled(kp->cancel))
+            attn_parallel_for_until(threads, sp.heads_kv, merge_head, &job, kp->cancel);
     } else if (ok) {
-        attn_parallel_for(threads, sp.heads_q * job.q_tiles, prefill_unit, &job);
+        attn_parallel_for_until(threads, sp.heads_q * job.q_tiles, prefill_unit, &job,
+                                kp->cancel);
     }
     free(job.m);
     free(job.l);
     free(job.partial);
     free_workers(job.workers, threads);
     free(q_rot);
-    return ok ? ATTN_OK
-              : attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
+    if (!ok)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
+    if (attn_cancelled(kp->cancel))
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
+    return ATTN_OK;
 }
