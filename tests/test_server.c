@@ -4757,6 +4757,57 @@ START_TEST(abandoned_requests_are_dropped_queued_or_running)
 }
 END_TEST
 
+/* An attention over a KV cache whose client has gone stops midway, as
+ * every computation does: one of about 8 s on the only compute thread,
+ * abandoned once it computes, does not hold a small request from another
+ * client for its time, and is logged as 499. The cache's values are wide
+ * and its keys narrow, so that the body is small and the work long. */
+START_TEST(cache_attention_abandoned_stops_midway)
+{
+    server s = start_server("--threads", "1");
+    char id[23];
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
+    char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
+    reply r = cache_call(s.port, "POST", id, fill_body, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    free(fill_body);
+    /* Sized from a probe: the work grows with the query rows. */
+    char *probe = zeros_body(0, 8, 1024, 1, 256);
+    r = cache_call(s.port, "POST", id, probe, NULL);
+    ck_assert_int_eq(r.status, 200);
+    json_t *doc = json_loadb(r.body, r.body_len, 0, NULL);
+    double took = json_number_value(json_object_get(
+        json_object_get(json_object_get(doc, "meta"), "timing_ms"), "compute"));
+    json_decref(doc);
+    reply_free(&r);
+    free(probe);
+    double rows = took > 0 ? 256 * 8000 / took : 65536;
+    char *heavy = zeros_body(0, 8, 1024, 1, rows < 256 ? 256 : rows > 262144 ? 262144 : (int)rows);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/caches/%s/attention", id);
+    int fd = post_to("127.0.0.1", s.port, path, heavy);
+    free(heavy);
+    ck_assert(wait_computing(s.port, 1));
+    struct linger reset = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    close(fd);
+    double t0 = now_s();
+    r = post_json(s.port, "/v1/attention", tiny_attention);
+    double waited = now_s() - t0;
+    long status = r.status;
+    reply_free(&r);
+    ck_assert_int_eq(status, 200);
+    ck_assert_msg(waited < 2, "a small request waited %.2f s behind an abandoned cache "
+                  "attention (the probe took %.1f ms)", waited, took);
+    const char *gone = "attnd_requests_total{route=\"/v1/caches/{id}/attention\",status=\"499\"}";
+    ck_assert_msg(metric_reaching(s.port, gone, 1) == 1, "%g abandoned logged 499",
+                  metric(s.port, gone));
+    ck_assert(metric(s.port, "attnd_computing_requests") == 0);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 /* After SIGTERM, bodies still arriving (by Content-Length or chunked) are
  * dropped at once and headers that never end do not hold the exit either:
  * attnd exits 0 within a second or two, not after --timeout. */
@@ -5557,6 +5608,7 @@ static Suite *server_suite(void)
     tcase_add_test(slots, full_server_sheds_the_idlest_for_a_new_client);
     tcase_add_test(slots, every_connection_busy_means_503_for_a_newcomer_not_silence);
     tcase_add_test(slots, abandoned_requests_are_dropped_queued_or_running);
+    tcase_add_test(slots, cache_attention_abandoned_stops_midway);
     tcase_add_test(slots, drain_drops_bodies_still_arriving_at_once);
     tcase_add_test(slots, drain_timeout_bounds_computations_in_flight);
     suite_add_tcase(s, slots);
