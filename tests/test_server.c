@@ -4449,6 +4449,50 @@ static char *zeros_body(int n, int d_k, int d_v, int heads, int n_q)
     return body;
 }
 
+/* The memory of an attention over a cache is judged with the cache's
+ * length: decoding 64 query rows over 8192 positions of values 1024 wide
+ * reads them in 8 runs of pages, whose partial outputs (2 MiB) do not fit
+ * --max-request-memory 2MiB beside the answer: a 422 memory_limit that
+ * names them, before anything is computed. Truncated to one run, the same
+ * request fits. */
+START_TEST(cache_attention_workspace_counts_against_the_request_memory)
+{
+    server s = start_server("--max-request-memory", "2MiB");
+    char id[23];
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
+    char *piece = zeros_body(128, 8, 1024, 0, 0); /* about 1.2 MiB held: fits */
+    for (int i = 0; i < 64; i++) {
+        reply r = cache_call(s.port, "POST", id, piece, NULL);
+        ck_assert_msg(r.status == 200, "append %d: %ld %s", i, r.status, r.body ? r.body : "");
+        reply_free(&r);
+    }
+    free(piece);
+    char *step = zeros_body(0, 8, 1024, 64, 1);
+    reply r = cache_call(s.port, "POST", id, step, NULL);
+    ck_assert_error(r, 422, "memory_limit");
+    ck_assert_msg(strstr(r.body, "partial outputs") != NULL, "%s", r.body);
+    reply_free(&r);
+    r = cache_call(s.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&r, NULL, "length"), 8192); /* nothing changed */
+    reply_free(&r);
+    /* Truncated to 1024 positions: one run, no partial outputs. */
+    free(step);
+    step = zeros_body(0, 8, 1024, 64, 1);
+    step[strlen(step) - 1] = '\0';
+    char *truncated = NULL;
+    size_t len = 0;
+    append(&truncated, &len, step, strlen(step));
+    append(&truncated, &len, ", \"truncate\": 1024}", 19);
+    r = cache_call(s.port, "POST", id, truncated, NULL);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body ? r.body : "");
+    ck_assert_int_eq(body_integer(&r, "cache", "length"), 1024);
+    reply_free(&r);
+    free(step);
+    free(truncated);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 /* A cache in use is never evicted: while a long attention runs over one
  * that holds most of --cache-memory, another cache's append that needs its
  * room is a 503 cache_memory_full with Retry-After; once the attention is
@@ -5577,6 +5621,7 @@ static Suite *server_suite(void)
     tcase_add_test(caches, cache_idle_one_expires_with_404_and_is_counted);
     tcase_add_test(caches, cache_memory_evicts_the_least_recently_used_idle_cache);
     tcase_add_test(caches, cache_memory_full_only_while_the_caches_to_evict_are_in_use);
+    tcase_add_test(caches, cache_attention_workspace_counts_against_the_request_memory);
     tcase_add_test(caches, cache_belongs_to_the_key_that_made_it);
     tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
     tcase_add_test(caches, cache_work_limit_counts_the_positions_cached);
