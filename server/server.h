@@ -78,6 +78,7 @@ struct srv_request {
     bool too_large;
     bool out_of_memory;      /* the body could not be stored */
     bool bodies_full;        /* no room in --max-body-memory for the body: 503 */
+    bool drain_discard;      /* arrived while draining: body read unkept, then 503 */
 
     bool responded;          /* a response has been queued */
     int status;
@@ -492,6 +493,10 @@ void cors_options(srv_request *r, const char *allow);
 /* Seconds a refused connection has to send its request's headers. */
 #define REFUSED_TIMEOUT 2
 #define CONN_LIMIT_BUCKETS 1024
+/* While draining: a body that has not moved for this many seconds is
+ * dropped, and every body still arriving this long into the drain. */
+#define DRAIN_BODY_STALL_S 0.25
+#define DRAIN_BODY_GRACE_S 0.75
 
 typedef struct srv_client srv_client; /* one client address and its count */
 
@@ -515,6 +520,7 @@ typedef struct {
     int *holding;            /* holding[k]: addresses that hold k connections */
     int holding_cap;         /* ... for k < holding_cap */
     conn_list waiting, reading, computing, refused;
+    double drain_began;      /* srv_now() at the first sweep that drained; 0 before */
     atomic_ulong refusals[N_REFUSE];  /* by reason (REFUSE_NONE unused) */
     atomic_ulong sheds[N_SHED];       /* by reason */
 } srv_conn_limit;
