@@ -42,9 +42,9 @@ done
 if [ -n "$missing" ]; then
     [ "$(id -u)" = 0 ] || skip "needs root to install$missing (sudo apt-get install -y$missing)"
     echo "installing Debian packages:$missing"
-    apt-get update -qq >"$tmp/apt.log" 2>&1 || skip "apt-get update failed: Debian's archive is out of reach"
+    apt-get update -qq -o DPkg::Lock::Timeout=300 >"$tmp/apt.log" 2>&1 || skip "apt-get update failed: Debian's archive is out of reach"
     # The archive answers: a package it cannot install is a failure, not a skip.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends $missing \
         >>"$tmp/apt.log" 2>&1 || { tail -5 "$tmp/apt.log"; echo "FAILED apt-get install$missing"; exit 1; }
 fi
 [ "$(id -u)" = 0 ] || skip "rootless podman is not set up here; run as root"
