@@ -96,37 +96,30 @@ bool api_fail_attn(api_error *err, const attn_error *ae)
                     ae->message[0] ? ae->message : "the library refused these inputs");
 }
 
-/* Set once, before any request (api.h); alloc NULL: malloc and free. */
-static api_allocator results;
-
+/* The API's allocator is the codec's: a result may leave as a block of the
+ * answer, which is freed as the answer's text is (codec_tensor_release).
+ * Set once, before any request (api.h). */
 void api_set_allocator(const api_allocator *a)
 {
-    results = a && a->alloc && a->realloc && a->free ? *a : (api_allocator){0};
-    codec_set_allocator(results.alloc ? &(codec_allocator){.alloc = results.alloc,
-                                                           .realloc = results.realloc,
-                                                           .free = results.free,
-                                                           .ctx = results.ctx}
-                                      : NULL);
-    attn_set_allocator(results.alloc ? &(attn_allocator){.alloc = results.alloc,
-                                                         .free = results.free,
-                                                         .ctx = results.ctx}
-                                     : NULL);
+    bool set = a && a->alloc && a->realloc && a->free;
+    codec_set_allocator(set ? &(codec_allocator){.alloc = a->alloc, .realloc = a->realloc,
+                                                 .free = a->free, .ctx = a->ctx}
+                            : NULL);
+    attn_set_allocator(set ? &(attn_allocator){.alloc = a->alloc, .free = a->free,
+                                               .ctx = a->ctx}
+                           : NULL);
 }
 
 float *api_alloc_floats(int64_t count)
 {
     if (count < 0 || (uint64_t)count > SIZE_MAX / sizeof(float) - 1)
         return NULL;
-    size_t bytes = (count ? (size_t)count : 1) * sizeof(float);
-    return results.alloc ? results.alloc(results.ctx, bytes) : malloc(bytes);
+    return codec_tensor_alloc((count ? (size_t)count : 1) * sizeof(float));
 }
 
 void api_free_floats(float *x)
 {
-    if (results.free)
-        results.free(results.ctx, x);
-    else
-        free(x);
+    codec_tensor_release(x);
 }
 
 /* Elements checked at once before the first non-finite one is looked for. */
@@ -180,13 +173,57 @@ bool api_check_output(const float *x, int64_t count, const char *what, codec_enc
     return true;
 }
 
+/* Interleaved partial sums below: one running sum waits out each
+ * addition's latency, eight keep the adder busy (and vector code fits
+ * them). The order of the additions moves a sum by ulps of a double, far
+ * below anything a bound on float32 scores can notice. */
+#define SUM_LANES 8
+
+/* The sum of squares of x[0..n), in double. */
+static double sum_squares(const float *x, int64_t n)
+{
+    double s[SUM_LANES] = {0};
+    int64_t t = 0;
+    for (; t + SUM_LANES <= n; t += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++)
+            s[j] += (double)x[t + j] * x[t + j];
+    for (; t < n; t++)
+        s[0] += (double)x[t] * x[t];
+    double sum = 0;
+    for (int j = 0; j < SUM_LANES; j++)
+        sum += s[j];
+    return sum;
+}
+
+/* The same of n bfloat16 words (the high halves of float32s). */
+static double sum_squares_bf16(const uint16_t *x, int64_t n)
+{
+    double s[SUM_LANES] = {0};
+    int64_t t = 0;
+    for (; t + SUM_LANES <= n; t += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) {
+            const uint32_t bits = (uint32_t)x[t + j] << 16;
+            float v;
+            memcpy(&v, &bits, sizeof v);
+            s[j] += (double)v * v;
+        }
+    for (; t < n; t++) {
+        const uint32_t bits = (uint32_t)x[t] << 16;
+        float v;
+        memcpy(&v, &bits, sizeof v);
+        s[0] += (double)v * v;
+    }
+    double sum = 0;
+    for (int j = 0; j < SUM_LANES; j++)
+        sum += s[j];
+    return sum;
+}
+
 double api_max_row_norm(const float *x, int64_t rows, int64_t cols)
 {
     double best = 0;
     for (int64_t i = 0; i < rows; i++) {
-        double sum = 0;
-        for (int64_t t = 0; t < cols; t++)
-            sum += (double)x[i * cols + t] * x[i * cols + t];
+        double sum = sum_squares(x + i * cols, cols);
         if (sum > best)
             best = sum;
     }
@@ -199,13 +236,7 @@ double api_operand_max_row_norm(const codec_tensor *t, int64_t rows, int64_t col
         return api_max_row_norm(t->f32, rows, cols);
     double worst = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-        double s = 0.0;
-        for (int64_t c = 0; c < cols; c++) {
-            const uint32_t bits = (uint32_t)t->bf16[r * cols + c] << 16;
-            float x;
-            memcpy(&x, &bits, sizeof x);
-            s += (double)x * (double)x;
-        }
+        double s = sum_squares_bf16(t->bf16 + r * cols, cols);
         worst = s > worst ? s : worst;
     }
     return sqrt(worst);

@@ -72,7 +72,9 @@ struct srv_request {
     char owner[1025];        /* its API key (the KV caches' owner) */
     bool preflight;          /* a CORS preflight (cors_is_preflight) */
 
-    size_t body_len;         /* bytes in connection->body */
+    size_t body_len;         /* bytes of the body, at connection->body + body_at */
+    size_t body_at;          /* where it starts in the buffer (body.c: a binary
+                              * /v2 body's tensors start 64-byte aligned) */
     size_t body_expected;    /* the Content-Length announced, 0 without one */
     size_t bytes_in;         /* body bytes received, kept or not */
     bool too_large;
@@ -215,6 +217,11 @@ void http_reply_owned(srv_request *r, int status, const char *content_type,
 /* The same for a body that release (not free) frees once it is sent. */
 void http_reply_released(srv_request *r, int status, const char *content_type, char *body,
                          size_t len, const char *const *extra, void (*release)(void *));
+/* The API's answer *res with binary blocks after its body (res->n_blocks >
+ * 0), sent as they lie: takes over the body and the blocks (res is left
+ * holding neither). */
+void http_reply_blocks(srv_request *r, int status, const char *content_type,
+                       api_response *res, const char *const *extra);
 /* An error answer built for this request alone (api_error_json of it). */
 void http_reply_error(srv_request *r, int status, const char *code, const char *message);
 /* A refused connection (conn_limit.c): its one answer, a 503 saying
@@ -244,6 +251,8 @@ void request_id_set(srv_request *r, const char *given);
 bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has_length);
 /* Keeps n more bytes of the body (or counts them past --max-body). */
 void body_take(srv_request *r, const char *data, size_t n);
+/* The body's r->body_len bytes, or NULL when none were kept. */
+char *body_of(const srv_request *r);
 /* Between requests: a large buffer is not kept for an idle connection. */
 void body_trim(srv_connection *cx);
 /* The connection is closing: its body buffer goes, and its bytes return to

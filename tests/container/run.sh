@@ -34,7 +34,9 @@ skip() { echo "SKIPPED make container-test: $1"; exit 0; }
 step() { echo "-- $1"; }
 
 # ------------------------------------------------------------ tools
-need="podman runc podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq python3-yaml"
+# catatonit: the pause process of a pod (podman kube play), only recommended
+# by podman, so --no-install-recommends leaves it out.
+need="podman runc catatonit podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq python3-yaml"
 missing=""
 for p in $need; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
