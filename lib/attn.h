@@ -608,13 +608,16 @@ typedef struct {
     attn_variants variants;
     int threads; /* >= 1 */
     /* ATTN_PRECISION_FLOAT32 (0): the paged kernels below. BFLOAT16: the
-     * products of attn_sdpa_forward's ATTN_PRECISION_BFLOAT16, bit for bit
-     * (the cached keys and values are read out as float32 first, O(length)
-     * memory, and attn_sdpa_forward runs over them). */
+     * products of attn_sdpa_forward's ATTN_PRECISION_BFLOAT16 over the
+     * cached keys and values, bit for bit, at any length and thread count:
+     * each page is joined into the bfloat16 kernel's words as it is read
+     * (a bfloat16 cache's words as stored, no float32 copy; O(page) memory
+     * per thread), and attn_sdpa_forward's blocks of query rows run over
+     * the pages. */
     attn_precision precision;
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
                                * checked before the work with float32, at
-                               * attn_sdpa_forward's units with bfloat16 */
+                               * every page of a unit with bfloat16 */
 } attn_kv_params;
 
 /*
