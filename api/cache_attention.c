@@ -232,7 +232,7 @@ static int64_t length_after(const cache_state *st, int64_t length)
 /* The attention over `n_k` cached positions as attn_sdpa_forward's
  * parameters, whose cost is the same: the products, the rows and the
  * variants' terms (but for RoPE's keys, rotated once when appended). */
-static void terms_at(const cache_state *st, int64_t n_k, int threads, api_cost_terms *t)
+static void terms_at(const cache_state *st, int64_t n_k, api_cost_terms *t)
 {
     if (st->attend) {
         attn_sdpa_params p = {
@@ -247,22 +247,13 @@ static void terms_at(const cache_state *st, int64_t n_k, int threads, api_cost_t
         t->scores = t->rows * (double)n_k;
         api_variant_cost(&p, t);
         if (st->p.precision == ATTN_PRECISION_BFLOAT16) {
-            /* as /v1/attention's; the cache read out as float32 first is
-             * priced as the append of what it holds */
+            /* as /v1/attention's: the queries rounded once, each page
+             * joined into words once per block of 96 query rows (libattn
+             * reads the pages where they are: no copy of the cache) */
             t->bf16_flops = t->flops;
             t->rounded = (double)p.heads_q * (double)p.n_q * (double)p.d_k +
-                         (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v);
-            t->flops += (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
-                        PRICE_APPENDED;
-            /* Memory: the cache read out as float32, and attn_sdpa_forward's
-             * workspaces over it for the most threads the request may get. */
-            p.precision = ATTN_PRECISION_BFLOAT16;
-            p.threads = threads;
-            t->workspace = 4.0 * (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) +
-                           attn_sdpa_workspace(&p, false, false, false);
-            snprintf(t->workspace_what, sizeof t->workspace_what,
-                     "the cache read out as float32 for bfloat16 products (%lld positions)",
-                     (long long)n_k);
+                         (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
+                             ceil((double)p.n_q / 96.0);
         }
     }
     double h_kv = (double)st->config.num_kv_heads, d_k = (double)st->config.head_dim;
@@ -280,7 +271,7 @@ static void terms_at(const cache_state *st, int64_t n_k, int threads, api_cost_t
 static void cost(const api_call *c, api_cost_terms *t)
 {
     const cache_state *st = state(c);
-    terms_at(st, length_after(st, st->length_seen), api_max_threads(&c->lim), t);
+    terms_at(st, length_after(st, st->length_seen), t);
 }
 
 /* Judged in the turn, where the keys are known (compute). */
@@ -295,7 +286,8 @@ static double score_bound(const api_call *c, const char **blame)
 
 /* Everything that depends on the length, judged before the cache changes
  * (the cache's turn is held): the truncate, the rope base, the work, the
- * scores' bound. */
+ * scores' bound. (Attending takes memory in the threads and the pages of a
+ * unit, not in the length: either precision reads the pages in place.) */
 static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
 {
     cache_state *st = state(c);
@@ -316,14 +308,7 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
                               "none: %g)",
                         (double)info->rope_base, (double)(info->rope_base > 0 ? info->rope_base : base));
     api_cost_terms t = {0};
-    terms_at(st, length_after(st, info->length), api_max_threads(&c->lim), &t);
-    if (c->lim.max_memory > 0 && t.workspace > c->lim.max_memory)
-        return api_fail(err, 422, "memory_limit", "",
-                        "attending over the %lld positions cached now needs about %.0f MiB "
-                        "for %s, more than this server's limit of %.0f MiB for one request "
-                        "(--max-request-memory); truncate the cache or use float32 precision",
-                        (long long)length_after(st, info->length), t.workspace / 1048576.0,
-                        t.workspace_what, c->lim.max_memory / 1048576.0);
+    terms_at(st, length_after(st, info->length), &t);
     double work_limit = c->lim.max_work;
     if (work_limit > 0) {
         double work = api_compute_work(&t, false, false);

@@ -107,6 +107,7 @@ static int64_t q_position(const attn_sdpa_params *p, int64_t i) { return i + p->
  * (round_slack of that error); v rounded. [B, H, n, d] as the case's. */
 typedef struct {
     double *q, *k, *v, *sq, *sk;
+    double *sv; /* v's slack, where v itself is computed (NULL: v is exact) */
 } operands;
 
 static void rotate_row(const attn_sdpa_params *p, const double *x, int64_t pos, double *y,
@@ -135,7 +136,7 @@ static operands operands_of(const sdpa_case *c)
     const attn_sdpa_params *p = &c->ref;
     operands o = {xcalloc(c->n_qel, sizeof(double)), xcalloc(c->n_kel, sizeof(double)),
                   xcalloc(c->n_vel, sizeof(double)), xcalloc(c->n_qel, sizeof(double)),
-                  xcalloc(c->n_kel, sizeof(double))};
+                  xcalloc(c->n_kel, sizeof(double)), NULL};
     double *y = xcalloc((size_t)p->d_k, sizeof *y), *e = xcalloc((size_t)p->d_k, sizeof *e);
     for (size_t r = 0; r < c->n_qel / (size_t)p->d_k; r++) {
         rotate_row(p, c->qd + r * (size_t)p->d_k, q_position(p, (int64_t)r % p->n_q), y, e);
@@ -165,6 +166,7 @@ static void operands_free(operands *o)
     free(o->v);
     free(o->sq);
     free(o->sk);
+    free(o->sv);
 }
 
 /*
@@ -240,6 +242,8 @@ typedef struct {
  * Rescaling: each block that raises the maximum multiplies the sums so far
  * by expf(m_old - m_new), a float within 2^-22 + 2 dm + U32 |m_old - m_new|
  * of exact; over the blocks, rho = blocks (2^-22 + 2 dm) + U32 (m - m(0)).
+ * Where v carries slack sv (computed, then rounded), each term moves by
+ * up to (w + slack) sv more.
  * Sums: a block's weights summed in float32 (gamma_64, each weight <= 1);
  * the products with v a chain of fused multiply-adds through every key and
  * rescaling (gamma_{n_k + blocks}). Then out / l^ (1/l^ in float, a
@@ -308,10 +312,13 @@ static row_ref forward_row(const attn_sdpa_params *p, const operands *o, int64_t
         for (int64_t j = 0; j < n_k; j++) {
             if (x[j] == -INFINITY)
                 continue;
-            double vj = o->v[(size_t)(((b * p->heads_kv + g) * n_k + j) * d_v + c)];
+            const size_t at = (size_t)(((b * p->heads_kv + g) * n_k + j) * d_v + c);
+            double vj = o->v[at];
             acc += pr[j] * vj;
             mag += fabs(pr[j] * vj);
             moved += sl[j] * fabs(vj);
+            if (o->sv != NULL) /* the weight times how far v's rounding may fall */
+                moved += (pr[j] + sl[j]) * o->sv[at];
         }
         out[c] = acc / l;
         tol[c] = ((g_sum + rho) * mag + moved + fabs(out[c]) * dl) / (l - dl) +
@@ -1387,6 +1394,145 @@ START_TEST(multihead_projects_in_float32_and_attends_in_bf16)
 }
 END_TEST
 
+/* x [rows, kdim] w [kdim, cols] + bias in double (y), and how far a
+ * float32 product of them (any order of its sums, the bias among them,
+ * then rounded) may be from it (e): gamma_{kdim+1} of the sum of
+ * magnitudes, and the last rounding. */
+static void project(const float *x, int64_t rows, int64_t kdim, const float *w, int64_t cols,
+                    const float *bias, double *y, double *e)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            double acc = bias != NULL ? bias[c] : 0.0;
+            double mag = fabs(acc);
+            for (int64_t t = 0; t < kdim; t++) {
+                acc += (double)x[r * kdim + t] * w[t * cols + c];
+                mag += fabs((double)x[r * kdim + t] * w[t * cols + c]);
+            }
+            y[r * cols + c] = acc;
+            e[r * cols + c] = gamma32((double)(kdim + 1)) * mag + U32 * fabs(acc);
+        }
+}
+
+/* Heads of a projection y [B, n, H, d] as operands [B, H, n, d]: bf16 of
+ * each, and its slack (round_slack within the projection's error e). */
+static void heads_of(const double *y, const double *e, int64_t B, int64_t n, int64_t H,
+                     int64_t d, double *val, double *slack)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t t = 0; t < d; t++) {
+                    size_t from = (size_t)(((b * n + i) * H + h) * d + t);
+                    size_t to = (size_t)(((b * H + h) * n + i) * d + t);
+                    val[to] = bf16(y[from]);
+                    slack[to] = round_slack(y[from], e[from]);
+                }
+}
+
+/* Multi-head attention in bfloat16 against the double reference: the
+ * projections x W + b in double, of which the library's float32 ones
+ * (OpenBLAS) lie within project()'s bound, so that each rounded operand
+ * (q, k and v) lies within its round_slack of the reference's; the
+ * attention between them as attn.h states it (forward_row, with v's slack
+ * too); then the output projection in double, the attention's bound
+ * carried through it (sum_c tol_c |W_O|) beside its own float32 sums.
+ * Cross-attention (m != n), grouped-query heads, causal, odd widths,
+ * biases. The projections are float32 whatever the precision: what the
+ * bound allows them is float32's rounding, not bfloat16's. */
+START_TEST(multihead_matches_the_bf16_reference)
+{
+    const int64_t B = 2, n = 37, m = 75, dm = 24, dc = 16, h = 4, hkv = 2, dk = 7, dv = 5,
+                  d_out = 6;
+    uint64_t s = 17;
+    float *x = xcalloc((size_t)(B * n * dm), sizeof(float));
+    float *ctx = xcalloc((size_t)(B * m * dc), sizeof(float));
+    float *wq = xcalloc((size_t)(dm * h * dk), sizeof(float));
+    float *wk = xcalloc((size_t)(dc * hkv * dk), sizeof(float));
+    float *wv = xcalloc((size_t)(dc * hkv * dv), sizeof(float));
+    float *wo = xcalloc((size_t)(h * dv * d_out), sizeof(float));
+    float *bq = xcalloc((size_t)(h * dk), sizeof(float)), *bk = xcalloc((size_t)(hkv * dk), sizeof(float));
+    float *bv = xcalloc((size_t)(hkv * dv), sizeof(float)), *bo = xcalloc((size_t)d_out, sizeof(float));
+    fill(x, (size_t)(B * n * dm), &s, 1.0);
+    fill(ctx, (size_t)(B * m * dc), &s, 1.0);
+    fill(wq, (size_t)(dm * h * dk), &s, 0.5);
+    fill(wk, (size_t)(dc * hkv * dk), &s, 0.5);
+    fill(wv, (size_t)(dc * hkv * dv), &s, 0.5);
+    fill(wo, (size_t)(h * dv * d_out), &s, 0.5);
+    fill(bq, (size_t)(h * dk), &s, 0.2);
+    fill(bk, (size_t)(hkv * dk), &s, 0.2);
+    fill(bv, (size_t)(hkv * dv), &s, 0.2);
+    fill(bo, (size_t)d_out, &s, 0.2);
+    attn_mha_params mp = {.batch = B, .n = n, .m = m, .d_model = dm, .d_ctx = dc, .heads = h,
+                          .kv_heads = hkv, .d_k = dk, .d_v = dv, .d_out = d_out,
+                          .scale = attn_default_scale(dk), .causal = true, .threads = 2,
+                          .precision = ATTN_PRECISION_BFLOAT16};
+    attn_mha_inputs in = {.x = x, .context = ctx, .w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo,
+                          .b_q = bq, .b_k = bk, .b_v = bv, .b_o = bo};
+    const size_t n_out = (size_t)(B * n * d_out);
+    float *out = nan_floats(n_out);
+    attn_error err = {0};
+    ck_assert_int_eq(attn_mha_forward(&mp, &in, out, NULL, NULL, NULL, &err), ATTN_OK);
+
+    const size_t nq = (size_t)(B * n * h * dk), nk = (size_t)(B * m * hkv * dk),
+                 nv = (size_t)(B * m * hkv * dv);
+    double *y = xcalloc(nq + nk + nv, sizeof *y), *e = xcalloc(nq + nk + nv, sizeof *e);
+    project(x, B * n, dm, wq, h * dk, bq, y, e);
+    project(ctx, B * m, dc, wk, hkv * dk, bk, y + nq, e + nq);
+    project(ctx, B * m, dc, wv, hkv * dv, bv, y + nq + nk, e + nq + nk);
+    operands o = {xcalloc(nq, sizeof(double)), xcalloc(nk, sizeof(double)),
+                  xcalloc(nv, sizeof(double)), xcalloc(nq, sizeof(double)),
+                  xcalloc(nk, sizeof(double)), xcalloc(nv, sizeof(double))};
+    heads_of(y, e, B, n, h, dk, o.q, o.sq);
+    heads_of(y + nq, e + nq, B, m, hkv, dk, o.k, o.sk);
+    heads_of(y + nq + nk, e + nq + nk, B, m, hkv, dv, o.v, o.sv);
+    attn_sdpa_params ref = sdpa_shape(B, h, hkv, n, m, dk, dv);
+    ref.scale = mp.scale;
+    ref.causal = true;
+    ref.precision = ATTN_PRECISION_BFLOAT16;
+    const size_t n_o = (size_t)(B * h * n * dv);
+    double *O = xcalloc(n_o, sizeof *O), *Ot = xcalloc(n_o, sizeof *Ot);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hh = 0; hh < h; hh++)
+            for (int64_t i = 0; i < n; i++) {
+                const size_t row = (size_t)((b * h + hh) * n + i);
+                forward_row(&ref, &o, b, hh, i, O + row * (size_t)dv, Ot + row * (size_t)dv,
+                            NULL, NULL);
+            }
+    ref_t want = ref_alloc(n_out);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t col = 0; col < d_out; col++) {
+                double acc = bo[col], mag = fabs((double)bo[col]), moved = 0.0;
+                for (int64_t hh = 0; hh < h; hh++)
+                    for (int64_t c = 0; c < dv; c++) {
+                        const size_t at = (size_t)(((b * h + hh) * n + i) * dv + c);
+                        const double w = wo[(hh * dv + c) * d_out + col];
+                        acc += O[at] * w;
+                        mag += fabs(O[at] * w);
+                        moved += Ot[at] * fabs(w);
+                    }
+                const size_t at = (size_t)((b * n + i) * d_out + col);
+                want.val[at] = acc;
+                want.tol[at] = moved + gamma32((double)(h * dv + 1)) * (mag + moved) +
+                               U32 * fabs(acc);
+            }
+    assert_within("multihead bf16 out", out, &want, n_out);
+    /* Not float32's answer: the same call in float32 falls outside. */
+    mp.precision = ATTN_PRECISION_FLOAT32;
+    float *f32 = nan_floats(n_out);
+    ck_assert_int_eq(attn_mha_forward(&mp, &in, f32, NULL, NULL, NULL, &err), ATTN_OK);
+    size_t at;
+    ck_assert_msg(worst_ratio(f32, &want, n_out, &at) > 1.0,
+                  "float32 multi-head attention passes the bfloat16 bound");
+    ref_free(&want);
+    operands_free(&o);
+    free(y), free(e), free(O), free(Ot), free(out), free(f32);
+    free(x), free(ctx), free(wq), free(wk), free(wv), free(wo), free(bq), free(bk), free(bv),
+        free(bo);
+}
+END_TEST
+
 /* Statistics in bfloat16 are those of its scores and weights: near the
  * float32 ones (the rounding moves them by about 2^-8), finite, counted
  * alike. */
@@ -1645,6 +1791,7 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, overflowing_scores_are_redone_from_rounded_operands);
     tcase_add_test(t, overflow_in_a_plain_strip_is_redone_from_rounded_operands);
     tcase_add_test(t, multihead_projects_in_float32_and_attends_in_bf16);
+    tcase_add_test(t, multihead_matches_the_bf16_reference);
     tcase_add_test(t, statistics_follow_the_bf16_scores);
     tcase_add_test(t, each_input_may_be_words_or_floats);
     tcase_add_test(t, overflowing_rows_from_words_are_redone_as_from_floats);
