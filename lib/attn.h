@@ -688,22 +688,24 @@ const char *attn_kernel_forced(void);
 
 /*
  * How this process runs the products of ATTN_PRECISION_BFLOAT16, chosen
- * once, after the kernel: with the AVX512_BF16 instruction vdpbf16ps where
- * the avx512 kernel runs on a CPU that has it, otherwise emulated (each
- * vdpbf16ps step as two float32 fused multiply-adds, subnormals flushed)
- * by the kernel in use. The results are the same bits either way.
- * ATTN_BF16=emulated|avx512_bf16 forces one (when this kernel on this CPU
- * can run it; otherwise the choice stays the default and
- * attn_bf16_forced() says what was asked for). Intel's AMX tiles are not
- * used by this version.
+ * once, after the kernel: with Intel's AMX tiles (tdpbf16ps) where the
+ * avx512 kernel runs on a CPU that has AMX-BF16 and AVX512_BF16 and Linux
+ * grants the tile state; else with the AVX512_BF16 instruction vdpbf16ps
+ * where the avx512 kernel runs on a CPU that has it; otherwise emulated
+ * (each vdpbf16ps step as two float32 fused multiply-adds, subnormals
+ * flushed) by the kernel in use. The results are the same bits every way.
+ * ATTN_BF16=emulated|avx512_bf16|amx forces one (when this kernel on this
+ * CPU can run it; otherwise the choice stays the default and
+ * attn_bf16_forced() says what was asked for).
  */
 typedef enum {
     ATTN_BF16_EMULATED = 0,    /* float32 FMAs of the kernel in use */
     ATTN_BF16_AVX512_BF16 = 1, /* vdpbf16ps (AVX512_BF16) */
+    ATTN_BF16_AMX = 2,         /* tdpbf16ps (AMX-BF16 tiles) */
 } attn_bf16_kind;
 
 attn_bf16_kind attn_bf16(void);               /* the path in use */
-const char *attn_bf16_name(void);             /* "emulated" or "avx512_bf16" */
+const char *attn_bf16_name(void);             /* "emulated", "avx512_bf16" or "amx" */
 const char *attn_bf16_kind_name(attn_bf16_kind kind);
 bool attn_bf16_supported(attn_bf16_kind kind);/* with this process's kernel, on this CPU */
 bool attn_bf16_parse(const char *name, attn_bf16_kind *kind);

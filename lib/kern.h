@@ -157,6 +157,7 @@ extern const attn_kern_bf16 attn_kern_bf16_generic;
 extern const attn_kern_bf16 attn_kern_bf16_avx2;
 extern const attn_kern_bf16 attn_kern_bf16_avx512;     /* emulated */
 extern const attn_kern_bf16 attn_kern_bf16_avx512bf16; /* vdpbf16ps */
+extern const attn_kern_bf16 attn_kern_bf16_amx;        /* tdpbf16ps tiles */
 #endif
 
 /* kb's rows, row_pairs and pack_t of src: from its floats by kb, or from

@@ -34,6 +34,11 @@
 
 /* ------------------------------------------------------------- products */
 
+/* A file whose products are not vdot2 steps in registers (AMX tiles)
+ * defines KERN_BF16_OWN_GEMM2 and its own KF(gemm2), with the same
+ * arguments and the same sums, before including this. */
+#ifndef KERN_BF16_OWN_GEMM2
+
 /*
  * The register block: C[r][0 .. nv*VW) (+)= sum_p dot2(A(r, p), B[p][..])
  * for r < rows <= R (R = KMR2, or 1 for a strip of one row: a decode's
@@ -170,6 +175,7 @@ static void KF(gemm2)(int rows, int64_t cols, int64_t kdim, const uint32_t *a, i
     }
     KERN_BF16_END;
 }
+#endif /* KERN_BF16_OWN_GEMM2 */
 
 /* ---------------------------------------------------------- conversions */
 

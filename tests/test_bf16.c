@@ -962,6 +962,26 @@ static float model_dot2(float acc, uint32_t a, uint32_t b)
     return model_step(acc, word_half(a, false), word_half(b, false));
 }
 
+/* One of AMX-BF16's tdpbf16ps steps, as the tiles compute it: each of the
+ * word's two products (exact in float32 unless it leaves float32's range)
+ * flushed to zero when subnormal, the two added together and rounded once
+ * (a subnormal sum flushed), then that sum added to the accumulator
+ * (rounded, flushed): the association differs from vdpbf16ps's two steps,
+ * and so does the flushing of a subnormal product. Subnormal inputs read
+ * as zero. */
+static float model_tdp(float acc, uint32_t a, uint32_t b)
+{
+    float p[2];
+    for (int half = 0; half < 2; half++) {
+        float x = word_half(a, half == 0), y = word_half(b, half == 0);
+        x = fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x;
+        y = fabsf(y) < FLT_MIN ? copysignf(0.0f, y) : y;
+        p[half] = x * y;
+        p[half] = fabsf(p[half]) < FLT_MIN ? copysignf(0.0f, p[half]) : p[half];
+    }
+    return model_step(acc, model_step(p[0], p[1], 1.0f), 1.0f);
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f,avx512bf16"))) static void instr_dot2(float *acc,
                                                                        const uint32_t *a,
@@ -1035,6 +1055,46 @@ static bool same_bits(float x, float y)
     return memcmp(&x, &y, sizeof x) == 0;
 }
 
+/* The tile kernel's step against model_tdp: the same bits for finite
+ * operands, except that a zero's sign is the tiles' own (no input of the
+ * attention is infinite or NaN, and a score that overflows sends its row
+ * to the double path). False only for a real difference. */
+static bool same_tdp(float got, float want, float acc, uint32_t a, uint32_t b)
+{
+    const float parts[5] = {acc, word_half(a, true), word_half(a, false), word_half(b, true),
+                            word_half(b, false)};
+    for (int i = 0; i < 5; i++)
+        if (!isfinite(parts[i]))
+            return true; /* not compared */
+    if (got == 0.0f && want == 0.0f)
+        return true;
+    return same_bits(got, want);
+}
+
+/* A chain of tdpbf16ps steps: C = acc + sum_p dot(a_p, b_p). How a tile
+ * associates the sums of several words is its own (no chain of float32
+ * roundings reproduces it), so the chain is held to what any association
+ * of float32 sums allows: within (2n + 1) U32 of the sum of the terms'
+ * magnitudes of the exact value (n words), plus one FLT_MIN per flushed
+ * product. Compared where the exact value is finite. */
+static bool within_tdp_chain(float got, float acc, const uint32_t *a, int64_t a_cs,
+                             const uint32_t *b, int64_t ldb, int64_t n)
+{
+    long double exact = acc, mag = fabsf(acc);
+    for (int64_t p = 0; p < n; p++)
+        for (int half = 0; half < 2; half++) {
+            float x = word_half(a[p * a_cs], half == 0), y = word_half(b[p * ldb], half == 0);
+            x = fabsf(x) < FLT_MIN ? 0.0f : x;
+            y = fabsf(y) < FLT_MIN ? 0.0f : y;
+            exact += (long double)x * (long double)y;
+            mag += fabsl((long double)x * (long double)y);
+        }
+    if (!isfinite((double)exact) || !(fabsl(exact) < (long double)FLT_MAX) || !isfinite((double)mag))
+        return true;
+    const long double bound = (2 * n + 1) * (0x1p-24L * mag + (long double)FLT_MIN);
+    return fabsl((long double)got - exact) <= bound;
+}
+
 /* Every kernel's bfloat16 product (one step of its register block: C += A
  * B with kpairs = 1, a 16-column row) against the pseudocode's model and,
  * where the CPU has it, against vdpbf16ps itself. Then the region where
@@ -1043,11 +1103,11 @@ START_TEST(products_match_vdpbf16ps_bit_for_bit)
 {
     enum { COLS = 16, ROUNDS = 60000 };
     const attn_kernel_kind kinds[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
-    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16};
+    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16, ATTN_BF16_AMX};
     const bool instr = cpu_has_bf16();
     uint64_t s = 2024;
     uint32_t a[COLS], b[COLS];
-    float acc[COLS], want[COLS], got[COLS], hw[COLS];
+    float acc[COLS], want[COLS], want_tdp[COLS], got[COLS], hw[COLS];
     long compared = 0, wrong = 0;
     char first[200] = "";
     for (int round = 0; round < ROUNDS + 1500; round++) {
@@ -1083,7 +1143,7 @@ START_TEST(products_match_vdpbf16ps_bit_for_bit)
         }
 #endif
         for (size_t kd = 0; kd < 3; kd++)
-            for (size_t pa = 0; pa < 2; pa++) {
+            for (size_t pa = 0; pa < sizeof paths / sizeof *paths; pa++) {
                 const attn_kern_bf16 *kb = attn_kern_bf16_of(kinds[kd], paths[pa]);
                 if (kb == NULL)
                     continue;
@@ -1093,14 +1153,23 @@ START_TEST(products_match_vdpbf16ps_bit_for_bit)
                 for (int c = 0; c < COLS; c++)
                     kb->gemm(1, 1, 1, &a[c], 1, 1, &b[c], 1, &got[c], 1, true);
                 for (int c = 0; c < COLS; c++)
-                    if (!same_bits(got[c], want[c]) && wrong++ == 0)
+                    if (paths[pa] == ATTN_BF16_AMX)
+                        want_tdp[c] = model_tdp(acc[c], a[c], b[c]);
+                const float *w = paths[pa] == ATTN_BF16_AMX ? want_tdp : want;
+                for (int c = 0; c < COLS; c++)
+                    if (!(paths[pa] == ATTN_BF16_AMX ? same_tdp(got[c], w[c], acc[c], a[c], b[c])
+                                                     : same_bits(got[c], w[c])) &&
+                        wrong++ == 0)
                         snprintf(first, sizeof first, "%s %s: dot2(%a, %08x, %08x) = %a, the "
                                  "model %a", attn_kernel_kind_name(kinds[kd]),
                                  attn_bf16_kind_name(paths[pa]), (double)acc[c], a[c], b[c],
-                                 (double)got[c], (double)want[c]);
+                                 (double)got[c], (double)w[c]);
                 compared += COLS;
             }
     }
+    if (attn_kern_bf16_of(ATTN_KERNEL_AVX512, ATTN_BF16_AMX) == NULL)
+        fprintf(stderr, "  (skipped the AMX tiles' products: no AMX-BF16 on this CPU, or no "
+                        "permission for its tiles)\n");
     ck_assert_msg(wrong == 0, "%ld of %ld lanes differ, the first: %s", wrong, compared, first);
     ck_assert(compared > ROUNDS * COLS);
 }
@@ -1108,11 +1177,13 @@ END_TEST
 
 /* A whole register block: C [rows, cols] += A B over many pairs, A
  * broadcast by rows or transposed, every kernel's product against the
- * model of chained steps (the order the instruction fixes). */
+ * model of chained steps (the order the instruction fixes); the AMX tiles'
+ * (whose association over words is their own) within float32's bound for
+ * any order. */
 START_TEST(block_products_chain_steps_in_order)
 {
     const attn_kernel_kind kinds[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
-    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16};
+    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16, ATTN_BF16_AMX};
     const int64_t widths[] = {1, 7, 16, 17, 33, 64, 70};
     const int64_t depths[] = {0, 1, 5, 32};
     enum { LD = 80, ROWS = 6 };
@@ -1126,7 +1197,7 @@ START_TEST(block_products_chain_steps_in_order)
     for (int i = 0; i < ROWS * LD; i++)
         c0[i] = (float)rng_uniform(&s);
     for (size_t kd = 0; kd < 3; kd++)
-        for (size_t pa = 0; pa < 2; pa++) {
+        for (size_t pa = 0; pa < sizeof paths / sizeof *paths; pa++) {
             const attn_kern_bf16 *kb = attn_kern_bf16_of(kinds[kd], paths[pa]);
             if (kb == NULL)
                 continue;
@@ -1149,10 +1220,20 @@ START_TEST(block_products_chain_steps_in_order)
                                         if (r < rows && j < cols) {
                                             w = accumulate ? w : 0.0f;
                                             for (int64_t p = 0; p < kd2; p++)
-                                                w = model_dot2(w, a[r * a_rs + p * a_cs],
-                                                               b[p * LD + j]);
+                                                w = paths[pa] == ATTN_BF16_AMX
+                                                        ? model_tdp(w, a[r * a_rs + p * a_cs],
+                                                                    b[p * LD + j])
+                                                        : model_dot2(w, a[r * a_rs + p * a_cs],
+                                                                     b[p * LD + j]);
                                         }
-                                        if (bad_r < 0 && !same_bits(c[r * LD + j], w))
+                                        const bool same =
+                                            paths[pa] == ATTN_BF16_AMX && r < rows && j < cols
+                                                ? within_tdp_chain(
+                                                      c[r * LD + j],
+                                                      accumulate ? c0[r * LD + j] : 0.0f,
+                                                      a + r * a_rs, a_cs, b + j, LD, kd2)
+                                                : same_bits(c[r * LD + j], w);
+                                        if (bad_r < 0 && !same)
                                             bad_r = r, bad_j = j, bad_w = w;
                                     }
                                 ck_assert_msg(bad_r < 0,
@@ -1177,22 +1258,50 @@ static void assert_same_floats(const char *what, const float *x, const float *y,
     size_t i = 0;
     while (i < n && same_bits(x[i], y[i]))
         i++;
-    ck_assert_msg(i == n, "%s: element %zu is %a with vdpbf16ps, %a emulated", what, i,
+    ck_assert_msg(i == n, "%s: element %zu is %a with the instruction, %a emulated", what, i,
                   (double)x[i < n ? i : 0], (double)y[i < n ? i : 0]);
 }
 
 /* On a CPU with AVX512_BF16, the vdpbf16ps kernel and the AVX-512
  * emulation give the same bits for whole calls: outputs, rows, weights,
- * statistics and gradients, every variant, both layouts. */
+ * statistics and gradients, every variant, both layouts; on a CPU with
+ * AMX-BF16 (and the permission for its tiles), the tile kernel too. Each
+ * that the CPU lacks is skipped with a line saying so. */
+static void agree_with_emulation(const attn_kern_bf16 *hw, const attn_kern_bf16 *em);
+
 START_TEST(avx512_bf16_and_emulation_agree_bit_for_bit)
 {
-    const attn_kern_bf16 *hw = attn_kern_bf16_of(ATTN_KERNEL_AVX512, ATTN_BF16_AVX512_BF16);
     const attn_kern_bf16 *em = attn_kern_bf16_of(ATTN_KERNEL_AVX512, ATTN_BF16_EMULATED);
-    if (hw == NULL) {
-        fprintf(stderr, "  (no AVX512_BF16 on this CPU: the emulations were compared with the "
-                        "model of the instruction instead)\n");
-        return;
+    const attn_bf16_kind hw_paths[] = {ATTN_BF16_AVX512_BF16, ATTN_BF16_AMX};
+    for (size_t path = 0; path < sizeof hw_paths / sizeof *hw_paths; path++) {
+        const attn_kern_bf16 *hw = attn_kern_bf16_of(ATTN_KERNEL_AVX512, hw_paths[path]);
+        if (hw == NULL) {
+            fprintf(stderr, "  (skipped: no %s on this CPU, or no permission for it: the "
+                            "emulations were compared with the model of the instruction "
+                            "instead)\n",
+                    hw_paths[path] == ATTN_BF16_AMX ? "AMX-BF16 tiles" : "AVX512_BF16");
+            continue;
+        }
+        if (hw_paths[path] == ATTN_BF16_AMX) {
+            /* Its steps round each word's pair once (model_tdp): not the
+             * emulation's bits; whole calls are checked against the double
+             * reference instead (the cases tagged "kernel", on the path
+             * attn_bf16() picks, which is AMX where it runs). */
+            ck_assert_int_eq(attn_bf16(), getenv("ATTN_BF16") != NULL &&
+                                              *getenv("ATTN_BF16") != '\0'
+                                          ? attn_bf16()
+                                          : ATTN_BF16_AMX);
+            continue;
+        }
+        agree_with_emulation(hw, em);
     }
+}
+END_TEST
+
+/* Whole calls with the hardware products hw and with the emulation em:
+ * the same bits. */
+static void agree_with_emulation(const attn_kern_bf16 *hw, const attn_kern_bf16 *em)
+{
     const sdpa_kernels with_hw = {attn_kern_of(ATTN_KERNEL_AVX512), hw};
     const sdpa_kernels with_em = {attn_kern_of(ATTN_KERNEL_AVX512), em};
     for (int h = 0; h < 8; h++)
@@ -1238,7 +1347,7 @@ START_TEST(avx512_bf16_and_emulation_agree_bit_for_bit)
                 case_free(&c);
             }
 }
-END_TEST
+
 
 /* ------------------------------------------------------------- edges */
 

@@ -1,0 +1,155 @@
+/*
+ * libattn's bfloat16 kernel with Intel's AMX tiles (AMX-TILE, AMX-BF16:
+ * Sapphire Rapids and later), run only where the avx512 kernel runs, the
+ * CPU has AVX512_BF16, AVX512BW and the tiles, and Linux granted this
+ * process the tile state (cpu_amx_request; attn_kern_bf16_of checks all
+ * of it). Its vectors, row steps and conversions are the vdpbf16ps
+ * kernel's (kern_avx512_ops.h, kern_body_bf16.h); only the products,
+ * gemm2, are tiles:
+ *
+ *   C [rows, cols] (+)= A [rows, kdim words] B [kdim words, cols]
+ *   rows <= KMR <= 16; tile 0 C [rows, 16 floats], 1 A [rows, 16 words],
+ *   2 B [16 words, 16 columns]; one tdpbf16ps per 16 words of the sum.
+ *
+ * The numbers are not the other kernels' bits: tdpbf16ps flushes a
+ * subnormal product, adds a word's two products together and rounds that
+ * once before it meets the accumulator,
+ *   acc = fl(acc + fl(ftz(a_lo b_lo) + ftz(a_hi b_hi)))   (one word)
+ * where vdpbf16ps adds them to the accumulator one after the other, and
+ * over the 16 words of one instruction the tile associates its sums its
+ * own way. Those are differences of summation order within float32
+ * rounding: tests/test_bf16.c checks one word's step bit for bit against
+ * that model, a chain within float32's bound for any order, and whole
+ * calls against the double reference (which allows any order); where the
+ * CPU has no AMX, it says it skipped them.
+ *
+ * Compiled with -mamx-tile -mamx-bf16 besides the vdpbf16ps kernel's
+ * flags (see Makefile); nothing here runs unless the checks above pass.
+ *
+ * Defines (names pasted by KF): attn_kern_bf16_amx, and its gemm2_amx,
+ * bf16_rows_amx, bf16_row_pairs_amx, bf16_pack_t_amx,
+ * forward_tile_bf16_amx, backward_tile_bf16_amx.
+ */
+#if defined(__x86_64__)
+
+#define KF(name) name##_amx
+#define KERN_KIND ATTN_KERNEL_AVX512
+#define KMR 6
+#define VW 16
+
+#include "kern_avx512_ops.h"
+
+#define KERN_BF16_PATH ATTN_BF16_AMX
+#define KMR2 6
+#define KNV2 4
+/* Tiles neither read nor set the MXCSR. */
+#define KERN_BF16_BEGIN ((void)0)
+#define KERN_BF16_END ((void)0)
+
+/* As in kern_avx512_bf16.c: weights rounded by vcvtne2ps2bf16. */
+static inline vpair vbf16_weights2(vf *lo, vf *hi)
+{
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                           9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                           17, 1, 16, 0);
+    __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(*hi, *lo));
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *hi = _mm512_castsi512_ps(_mm512_and_si512(w, vi(BF16_HIGH)));
+    return w;
+}
+
+/* The tile configuration's memory form (palette 1). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+_Static_assert(sizeof(amx_config) == 64, "the tile configuration is 64 bytes");
+_Static_assert(KMR <= 16, "a tile holds at most 16 rows");
+
+/* dst [rows, 16] (row stride 16) = words t0 .. t0 + 15 of each row of src
+ * (element (r, t) at src[r * rs + t * cs]), zero past n of them: a tile's
+ * rows where they cannot be read in place. */
+static inline void KF(tile_words)(const uint32_t *src, int64_t rs, int64_t cs, int rows,
+                                  int64_t t0, int n, uint32_t *dst)
+{
+    const __mmask16 m = (__mmask16)((1u << n) - 1u);
+    const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7,
+                                                             6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)cs));
+    for (int r = 0; r < rows; r++) {
+        const uint32_t *row = src + r * rs + t0 * cs;
+        __m512i x = cs == 1 ? _mm512_maskz_loadu_epi32(m, row)
+                            : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, step, row, 4);
+        _mm512_store_si512(dst + r * 16, x);
+    }
+}
+
+/*
+ * C [rows, cols] (+)= A B on words, as kern_body_bf16.h's gemm2: A's
+ * element (r, p) at a[r * a_rs + p * a_cs], B [kdim, cols] (row stride
+ * ldb), C row stride ldc. Per block of 16 columns: C's tile (zero, or the
+ * block of C), then per 16 words of the sum a tile of A and one of B, and
+ * one tdpbf16ps; the block written back. Whole tiles are read and written
+ * in place; a tile cut short (the sum's last words, C's last columns, A
+ * transposed) goes through a copy padded with zero words (a zero pair
+ * adds 0 to the sum).
+ */
+static void KF(gemm2)(int rows, int64_t cols, int64_t kdim, const uint32_t *a, int64_t a_rs,
+                      int64_t a_cs, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
+                      bool accumulate)
+{
+    _Alignas(64) amx_config cfg = {.palette = 1};
+    cfg.rows[0] = cfg.rows[1] = (uint8_t)rows;
+    cfg.rows[2] = 16;
+    cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[2] = 64;
+    _Alignas(64) uint32_t at[KMR * 16], bt[16 * 16];
+    _Alignas(64) float ct[KMR * 16];
+    _tile_loadconfig(&cfg);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+        const int w = cols - c0 < 16 ? (int)(cols - c0) : 16;
+        const __mmask16 cm = (__mmask16)((1u << w) - 1u);
+        if (!accumulate) {
+            _tile_zero(0);
+        } else if (w == 16) {
+            _tile_loadd(0, c + c0, ldc * 4);
+        } else {
+            for (int r = 0; r < rows; r++)
+                _mm512_store_ps(ct + r * 16, _mm512_maskz_loadu_ps(cm, c + r * ldc + c0));
+            _tile_loadd(0, ct, 64);
+        }
+        for (int64_t p0 = 0; p0 < kdim; p0 += 16) {
+            const int n = kdim - p0 < 16 ? (int)(kdim - p0) : 16;
+            if (n == 16 && a_cs == 1) {
+                _tile_loadd(1, a + p0, a_rs * 4);
+            } else {
+                KF(tile_words)(a, a_rs, a_cs, rows, p0, n, at);
+                _tile_loadd(1, at, 64);
+            }
+            if (n == 16 && w == 16) {
+                _tile_loadd(2, b + p0 * ldb + c0, ldb * 4);
+            } else {
+                /* B's rows past the sum's end are zero too. */
+                KF(tile_words)(b + p0 * ldb + c0, ldb, 1, n, 0, w, bt);
+                for (int t = n; t < 16; t++)
+                    _mm512_store_si512(bt + t * 16, _mm512_setzero_si512());
+                _tile_loadd(2, bt, 64);
+            }
+            _tile_dpbf16ps(0, 1, 2);
+        }
+        if (w == 16) {
+            _tile_stored(0, c + c0, ldc * 4);
+        } else {
+            _tile_stored(0, ct, 64);
+            for (int r = 0; r < rows; r++)
+                _mm512_mask_storeu_ps(c + r * ldc + c0, cm, _mm512_load_ps(ct + r * 16));
+        }
+    }
+    _tile_release();
+}
+
+#define KERN_BF16_OWN_GEMM2
+#include "kern_body_bf16.h"
+
+#endif /* __x86_64__ */
