@@ -8,8 +8,9 @@
  * gemm2, are tiles:
  *
  *   C [rows, cols] (+)= A [rows, kdim words] B [kdim words, cols]
- *   rows <= KMR <= 16; tile 0 C [rows, 16 floats], 1 A [rows, 16 words],
- *   2 B [16 words, 16 columns]; one tdpbf16ps per 16 words of the sum.
+ *   rows <= KMR <= 16; tiles 0 .. 3 C [rows, 16 floats] (four blocks of
+ *   columns at once), 4 A [rows, 16 words], 5 and 6 B [16 words, 16
+ *   columns]; one tdpbf16ps per block and 16 words of the sum.
  *
  * The numbers are not the other kernels' bits: tdpbf16ps flushes a
  * subnormal product, adds a word's two products together and rounds that
@@ -86,67 +87,119 @@ static inline void KF(tile_words)(const uint32_t *src, int64_t rs, int64_t cs, i
     }
 }
 
+/* The rows the calling thread's tile configuration has (0: none yet).
+ * Loading a configuration stalls the tiles, so a thread keeps its own
+ * across calls and loads another only when a call has other rows; nothing
+ * else in libattn configures tiles, and Linux keeps a thread's across
+ * switches. */
+static _Thread_local int KF(configured_rows);
+
+static void KF(configure)(int rows)
+{
+    if (KF(configured_rows) == rows)
+        return;
+    _Alignas(64) amx_config cfg = {.palette = 1};
+    for (int t = 0; t < 5; t++) { /* C blocks 0 .. 3, A */
+        cfg.rows[t] = (uint8_t)rows;
+        cfg.colsb[t] = 64;
+    }
+    for (int t = 5; t < 7; t++) { /* B, two to alternate */
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    KF(configured_rows) = rows;
+}
+
 /*
  * C [rows, cols] (+)= A B on words, as kern_body_bf16.h's gemm2: A's
  * element (r, p) at a[r * a_rs + p * a_cs], B [kdim, cols] (row stride
- * ldb), C row stride ldc. Per block of 16 columns: C's tile (zero, or the
- * block of C), then per 16 words of the sum a tile of A and one of B, and
- * one tdpbf16ps; the block written back. Whole tiles are read and written
- * in place; a tile cut short (the sum's last words, C's last columns, A
- * transposed) goes through a copy padded with zero words (a zero pair
- * adds 0 to the sum).
+ * ldb), C row stride ldc. Up to four blocks of 16 columns at a time, each
+ * its own C tile (tiles 0 .. 3: four independent sums, so that one
+ * tdpbf16ps need not wait for the last); per 16 words of the sum, one tile
+ * of A (4) for all of them and one of B per block (5 and 6 in turn). Whole
+ * tiles are read and written in place; a tile cut short (the sum's last
+ * words, C's last columns, A transposed) goes through a copy padded with
+ * zero words (a zero pair adds 0 to the sum).
  */
 static void KF(gemm2)(int rows, int64_t cols, int64_t kdim, const uint32_t *a, int64_t a_rs,
                       int64_t a_cs, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                       bool accumulate)
 {
-    _Alignas(64) amx_config cfg = {.palette = 1};
-    cfg.rows[0] = cfg.rows[1] = (uint8_t)rows;
-    cfg.rows[2] = 16;
-    cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[2] = 64;
-    _Alignas(64) uint32_t at[KMR * 16], bt[16 * 16];
-    _Alignas(64) float ct[KMR * 16];
-    _tile_loadconfig(&cfg);
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-        const int w = cols - c0 < 16 ? (int)(cols - c0) : 16;
-        const __mmask16 cm = (__mmask16)((1u << w) - 1u);
-        if (!accumulate) {
-            _tile_zero(0);
-        } else if (w == 16) {
-            _tile_loadd(0, c + c0, ldc * 4);
-        } else {
-            for (int r = 0; r < rows; r++)
-                _mm512_store_ps(ct + r * 16, _mm512_maskz_loadu_ps(cm, c + r * ldc + c0));
-            _tile_loadd(0, ct, 64);
+    _Alignas(64) uint32_t at[KMR * 16], bt[2][16 * 16];
+    _Alignas(64) float ct[4][KMR * 16];
+    KF(configure)(rows);
+    for (int64_t g0 = 0; g0 < cols; g0 += 64) {
+        int w[4] = {0, 0, 0, 0};
+        for (int j = 0; j < 4; j++) {
+            const int64_t left = cols - g0 - 16 * j;
+            w[j] = left <= 0 ? 0 : left < 16 ? (int)left : 16;
         }
+#define AMX_C_LOAD(j)                                                                      \
+    if (w[j] > 0) {                                                                        \
+        float *cj = c + g0 + 16 * (j);                                                     \
+        if (!accumulate) {                                                                 \
+            _tile_zero(j);                                                                 \
+        } else if (w[j] == 16) {                                                           \
+            _tile_loadd(j, cj, ldc * 4);                                                   \
+        } else {                                                                           \
+            const __mmask16 cm = (__mmask16)((1u << w[j]) - 1u);                           \
+            for (int r = 0; r < rows; r++)                                                 \
+                _mm512_store_ps(ct[j] + r * 16, _mm512_maskz_loadu_ps(cm, cj + r * ldc));  \
+            _tile_loadd(j, ct[j], 64);                                                     \
+        }                                                                                  \
+    }
+        AMX_C_LOAD(0)
+        AMX_C_LOAD(1)
+        AMX_C_LOAD(2)
+        AMX_C_LOAD(3)
+#undef AMX_C_LOAD
         for (int64_t p0 = 0; p0 < kdim; p0 += 16) {
             const int n = kdim - p0 < 16 ? (int)(kdim - p0) : 16;
             if (n == 16 && a_cs == 1) {
-                _tile_loadd(1, a + p0, a_rs * 4);
+                _tile_loadd(4, a + p0, a_rs * 4);
             } else {
                 KF(tile_words)(a, a_rs, a_cs, rows, p0, n, at);
-                _tile_loadd(1, at, 64);
+                _tile_loadd(4, at, 64);
             }
-            if (n == 16 && w == 16) {
-                _tile_loadd(2, b + p0 * ldb + c0, ldb * 4);
-            } else {
-                /* B's rows past the sum's end are zero too. */
-                KF(tile_words)(b + p0 * ldb + c0, ldb, 1, n, 0, w, bt);
-                for (int t = n; t < 16; t++)
-                    _mm512_store_si512(bt + t * 16, _mm512_setzero_si512());
-                _tile_loadd(2, bt, 64);
-            }
-            _tile_dpbf16ps(0, 1, 2);
-        }
-        if (w == 16) {
-            _tile_stored(0, c + c0, ldc * 4);
-        } else {
-            _tile_stored(0, ct, 64);
-            for (int r = 0; r < rows; r++)
-                _mm512_mask_storeu_ps(c + r * ldc + c0, cm, _mm512_load_ps(ct + r * 16));
-        }
+#define AMX_STEP(j, tb)                                                                    \
+    if (w[j] > 0) {                                                                        \
+        const uint32_t *bj = b + p0 * ldb + g0 + 16 * (j);                                 \
+        if (n == 16 && w[j] == 16) {                                                       \
+            _tile_loadd(tb, bj, ldb * 4);                                                  \
+        } else {                                                                           \
+            uint32_t *buf = bt[(j) & 1];                                                   \
+            KF(tile_words)(bj, ldb, 1, n, 0, w[j], buf);                                   \
+            for (int t = n; t < 16; t++) /* B's rows past the sum's end are zero too */    \
+                _mm512_store_si512(buf + t * 16, _mm512_setzero_si512());                  \
+            _tile_loadd(tb, buf, 64);                                                      \
+        }                                                                                  \
+        _tile_dpbf16ps(j, 4, tb);                                                          \
     }
-    _tile_release();
+            AMX_STEP(0, 5)
+            AMX_STEP(1, 6)
+            AMX_STEP(2, 5)
+            AMX_STEP(3, 6)
+#undef AMX_STEP
+        }
+#define AMX_C_STORE(j)                                                                     \
+    if (w[j] > 0) {                                                                        \
+        float *cj = c + g0 + 16 * (j);                                                     \
+        if (w[j] == 16) {                                                                  \
+            _tile_stored(j, cj, ldc * 4);                                                  \
+        } else {                                                                           \
+            const __mmask16 cm = (__mmask16)((1u << w[j]) - 1u);                           \
+            _tile_stored(j, ct[j], 64);                                                    \
+            for (int r = 0; r < rows; r++)                                                 \
+                _mm512_mask_storeu_ps(cj + r * ldc, cm, _mm512_load_ps(ct[j] + r * 16));   \
+        }                                                                                  \
+    }
+        AMX_C_STORE(0)
+        AMX_C_STORE(1)
+        AMX_C_STORE(2)
+        AMX_C_STORE(3)
+#undef AMX_C_STORE
+    }
 }
 
 #define KERN_BF16_OWN_GEMM2
