@@ -232,7 +232,7 @@ static int64_t length_after(const cache_state *st, int64_t length)
 /* The attention over `n_k` cached positions as attn_sdpa_forward's
  * parameters, whose cost is the same: the products, the rows and the
  * variants' terms (but for RoPE's keys, rotated once when appended). */
-static void terms_at(const cache_state *st, int64_t n_k, api_cost_terms *t)
+static void terms_at(const cache_state *st, int64_t n_k, int threads, api_cost_terms *t)
 {
     if (st->attend) {
         attn_sdpa_params p = {
@@ -255,6 +255,17 @@ static void terms_at(const cache_state *st, int64_t n_k, api_cost_terms *t)
                          (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
                              ceil((double)p.n_q / 96.0);
         }
+        /* Memory: libattn's workspaces over the cache as it will be, for
+         * the most threads the request may get (with bfloat16 products each
+         * worker's page panel and rows; with float32, when decoding, each
+         * run of pages' partial outputs), and the softmax rows for the lse. */
+        attn_kv_params at_most = st->p;
+        at_most.threads = threads;
+        t->workspace = attn_kv_forward_workspace(&st->config, n_k, &at_most) +
+                       (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0);
+        snprintf(t->workspace_what, sizeof t->workspace_what,
+                 "the attention's partial outputs and tiles over %lld cached positions",
+                 (long long)n_k);
     }
     double h_kv = (double)st->config.num_kv_heads, d_k = (double)st->config.head_dim;
     if (st->p.variants.rope_base > 0) {
@@ -271,7 +282,7 @@ static void terms_at(const cache_state *st, int64_t n_k, api_cost_terms *t)
 static void cost(const api_call *c, api_cost_terms *t)
 {
     const cache_state *st = state(c);
-    terms_at(st, length_after(st, st->length_seen), t);
+    terms_at(st, length_after(st, st->length_seen), api_max_threads(&c->lim), t);
 }
 
 /* Judged in the turn, where the keys are known (compute). */
@@ -286,8 +297,7 @@ static double score_bound(const api_call *c, const char **blame)
 
 /* Everything that depends on the length, judged before the cache changes
  * (the cache's turn is held): the truncate, the rope base, the work, the
- * scores' bound. (Attending takes memory in the threads and the pages of a
- * unit, not in the length: either precision reads the pages in place.) */
+ * scores' bound. */
 static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
 {
     cache_state *st = state(c);
@@ -308,7 +318,15 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
                               "none: %g)",
                         (double)info->rope_base, (double)(info->rope_base > 0 ? info->rope_base : base));
     api_cost_terms t = {0};
-    terms_at(st, length_after(st, info->length), &t);
+    terms_at(st, length_after(st, info->length), api_max_threads(&c->lim), &t);
+    if (c->lim.max_memory > 0 && t.workspace > c->lim.max_memory)
+        return api_fail(err, 422, "memory_limit", "",
+                        "attending over the %lld positions cached now needs about %.0f MiB "
+                        "for %s, more than this server's limit of %.0f MiB for one request "
+                        "(--max-request-memory); truncate the cache or send fewer query rows "
+                        "at once",
+                        (long long)length_after(st, info->length), t.workspace / 1048576.0,
+                        t.workspace_what, c->lim.max_memory / 1048576.0);
     double work_limit = c->lim.max_work;
     if (work_limit > 0) {
         double work = api_compute_work(&t, false, false);

@@ -616,8 +616,9 @@ typedef struct {
      * the pages. */
     attn_precision precision;
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
-                               * checked before the work with float32, at
-                               * every page of a unit with bfloat16 */
+                               * checked before the work and then at every
+                               * unit (a run of pages when decoding, each
+                               * page when prefilling or with bfloat16) */
 } attn_kv_params;
 
 /*
@@ -662,6 +663,16 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *p,
 /* Nominal FLOPs of attn_kv_forward, counted as attn_sdpa_flops counts them
  * (the window's band only); 0 for parameters it would refuse. */
 double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *p);
+
+/* An upper bound of the bytes attn_kv_forward allocates (beyond the
+ * caller's q, out and rows) when a cache of `config` holds `length`
+ * positions, for p->threads threads: with few rows, each run's partial
+ * outputs (up to 64 runs of [H_q, n_q, value_dim]); with many, each
+ * worker's tiles; with bfloat16 products, each worker's page panel and
+ * the states of its rows. Known before the call, as
+ * attn_sdpa_workspace is (0 for an empty cache or nonsense). */
+double attn_kv_forward_workspace(const attn_kv_config *config, int64_t length,
+                                 const attn_kv_params *p);
 
 /* ------------------------------------------------------------- kernels */
 

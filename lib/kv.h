@@ -175,6 +175,10 @@ attn_status kv_forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *
                             const float *q, float *out, attn_softmax_row *rows,
                             attn_error *err);
 
+/* An upper bound of what kv_forward_bf16 allocates besides the rotated
+ * queries, for sp->threads threads. */
+double kv_forward_bf16_workspace(const attn_sdpa_params *sp);
+
 /* ----------------------------------------------------- double precision */
 
 /* Query row `row` of the call (head h, query i; its rotated q row at

@@ -154,43 +154,62 @@ static void free_workers(b16_worker *w, int n)
     free(w);
 }
 
-/* Each worker's workspaces in one block, each part on whole cache lines. */
+/* The bytes of one worker's block for units of at most `heads` query
+ * heads, each part on whole cache lines (64 bytes), at the offsets `at`
+ * (panel, strip, pb, qb, m, m_tile, l, acc) when not NULL. */
+static int64_t worker_bytes(const attn_sdpa_params *p, int64_t heads, int64_t *at)
+{
+#define LINES(count, size) (((int64_t)(count) * (int64_t)(size) + 63) / 64 * 64)
+    const int64_t dk2 = (p->d_k + 1) / 2, rows = heads * KERN_FWD_BQ;
+    const int64_t part[8] = {
+        LINES(dk2 * KERN_BK + KERN_BK / 2 * p->d_v, 4), /* panel */
+        LINES(KERN_MR_MAX * KERN_BK, 4),                /* strip */
+        LINES(KERN_MR_MAX * KERN_BK / 2, 4),            /* pb */
+        LINES(rows * dk2, 4),                           /* qb */
+        LINES(rows, 4), LINES(rows, 4),                 /* m, m_tile */
+        LINES(rows, 8), LINES(rows * p->d_v, 8),        /* l, acc */
+    };
+#undef LINES
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) {
+        if (at != NULL)
+            at[i] = total;
+        total += part[i];
+    }
+    return total;
+}
+
 static b16_worker *alloc_workers(int n, const b16_job *job)
 {
     b16_worker *w = calloc((size_t)n, sizeof *w);
     if (w == NULL)
         return NULL;
-    const attn_sdpa_params *p = job->kc.call.p;
-    const int64_t dk2 = (p->d_k + 1) / 2, rows = job->heads * KERN_FWD_BQ;
-#define LINES(count, size) (((int64_t)(count) * (int64_t)(size) + 63) / 64 * 64)
-    const int64_t panel = LINES(dk2 * KERN_BK + KERN_BK / 2 * p->d_v, 4);
-    const int64_t strip = LINES(KERN_MR_MAX * KERN_BK, 4), pb = LINES(KERN_MR_MAX * KERN_BK / 2, 4);
-    const int64_t qb = LINES(rows * dk2, 4), m = LINES(rows, 4), l = LINES(rows, 8);
-    const int64_t acc = LINES(rows * p->d_v, 8);
-#undef LINES
+    int64_t at[8];
+    const int64_t bytes = worker_bytes(job->kc.call.p, job->heads, at);
     for (int i = 0; i < n; i++) {
-        char *b = sdpa_alloc(panel + strip + pb + qb + 2 * m + l + acc, 1);
+        char *b = sdpa_alloc(bytes, 1);
         if (b == NULL) {
             free_workers(w, n);
             return NULL;
         }
-        w[i].panel = (uint32_t *)(void *)b;
-        b += panel;
-        w[i].strip = (float *)(void *)b;
-        b += strip;
-        w[i].pb = (uint32_t *)(void *)b;
-        b += pb;
-        w[i].qb = (uint32_t *)(void *)b;
-        b += qb;
-        w[i].m = (float *)(void *)b;
-        b += m;
-        w[i].m_tile = (float *)(void *)b;
-        b += m;
-        w[i].l = (double *)(void *)b;
-        b += l;
-        w[i].acc = (double *)(void *)b;
+        w[i] = (b16_worker){
+            .panel = (uint32_t *)(void *)(b + at[0]), .strip = (float *)(void *)(b + at[1]),
+            .pb = (uint32_t *)(void *)(b + at[2]), .qb = (uint32_t *)(void *)(b + at[3]),
+            .m = (float *)(void *)(b + at[4]), .m_tile = (float *)(void *)(b + at[5]),
+            .l = (double *)(void *)(b + at[6]), .acc = (double *)(void *)(b + at[7]),
+        };
     }
     return w;
+}
+
+double kv_forward_bf16_workspace(const attn_sdpa_params *sp)
+{
+    /* At most every query head of a group in a unit, one worker a thread. */
+    const int64_t threads = sp->threads < 1 ? 1
+                            : sp->threads < SDPA_MAX_THREADS ? sp->threads
+                                                             : SDPA_MAX_THREADS;
+    return (double)threads * ((double)sizeof(b16_worker) +
+                              (double)worker_bytes(sp, sp->heads_q / sp->heads_kv, NULL));
 }
 
 attn_status kv_forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *sp,
