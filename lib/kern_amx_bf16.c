@@ -19,7 +19,8 @@
  * where vdpbf16ps adds them to the accumulator one after the other, and
  * over the 16 words of one instruction the tile associates its sums its
  * own way. Those are differences of summation order within float32
- * rounding: tests/test_bf16.c checks one word's step bit for bit against
+ * rounding. (A product of one row, a decode's query, runs on vdpbf16ps
+ * instead, with its bits: a tile would do a sixteenth of its work.) tests/test_bf16.c checks one word's step bit for bit against
  * that model, a chain within float32's bound for any order, and whole
  * calls against the double reference (which allows any order); where the
  * CPU has no AMX, it says it skipped them.
@@ -122,10 +123,43 @@ static void KF(configure)(int rows)
  * words, C's last columns, A transposed) goes through a copy padded with
  * zero words (a zero pair adds 0 to the sum).
  */
+/* One row (a decode's query): a tile would do 1/16 of its work, so the row
+ * runs on vdpbf16ps, as the vdpbf16ps kernel's one-row block does, with
+ * its bits. */
+static void KF(gemm2_row)(int64_t cols, int64_t kdim, const uint32_t *a, int64_t a_cs,
+                          const uint32_t *b, int64_t ldb, float *c, bool accumulate)
+{
+    for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+        __m512 acc[4];
+        __mmask16 m[4];
+        for (int v = 0; v < 4; v++) {
+            const int64_t left = cols - c0 - 16 * v;
+            m[v] = left <= 0 ? 0 : left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+            acc[v] = accumulate ? _mm512_maskz_loadu_ps(m[v], c + c0 + 16 * v)
+                                : _mm512_setzero_ps();
+        }
+        for (int64_t p = 0; p < kdim; p++) {
+            const __m512i x = _mm512_set1_epi32((int)a[p * a_cs]);
+            for (int v = 0; v < 4; v++)
+                if (m[v] != 0)
+                    acc[v] = _mm512_dpbf16_ps(
+                        acc[v], (__m512bh)x,
+                        (__m512bh)_mm512_maskz_loadu_epi32(m[v], b + p * ldb + c0 + 16 * v));
+        }
+        for (int v = 0; v < 4; v++)
+            if (m[v] != 0)
+                _mm512_mask_storeu_ps(c + c0 + 16 * v, m[v], acc[v]);
+    }
+}
+
 static void KF(gemm2)(int rows, int64_t cols, int64_t kdim, const uint32_t *a, int64_t a_rs,
                       int64_t a_cs, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                       bool accumulate)
 {
+    if (rows == 1) {
+        KF(gemm2_row)(cols, kdim, a, a_cs, b, ldb, c, accumulate);
+        return;
+    }
     _Alignas(64) uint32_t at[KMR * 16], bt[2][16 * 16];
     _Alignas(64) float ct[4][KMR * 16];
     KF(configure)(rows);

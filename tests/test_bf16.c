@@ -1150,11 +1150,18 @@ START_TEST(products_match_vdpbf16ps_bit_for_bit)
                 memcpy(got, acc, sizeof got);
                 /* One row, one pair: C[0][c] += dot2(a[c], b[c]) needs A
                  * broadcast, so each column is its own call. */
-                for (int c = 0; c < COLS; c++)
-                    kb->gemm(1, 1, 1, &a[c], 1, 1, &b[c], 1, &got[c], 1, true);
-                for (int c = 0; c < COLS; c++)
-                    if (paths[pa] == ATTN_BF16_AMX)
+                for (int c = 0; c < COLS; c++) {
+                    if (paths[pa] == ATTN_BF16_AMX) {
+                        /* Two rows, the same A (stride 0): the tiles (one
+                         * row runs on vdpbf16ps, checked below). */
+                        float two[2] = {acc[c], acc[c]};
+                        kb->gemm(2, 1, 1, &a[c], 0, 1, &b[c], 1, two, 1, true);
+                        got[c] = two[1];
                         want_tdp[c] = model_tdp(acc[c], a[c], b[c]);
+                    } else {
+                        kb->gemm(1, 1, 1, &a[c], 1, 1, &b[c], 1, &got[c], 1, true);
+                    }
+                }
                 const float *w = paths[pa] == ATTN_BF16_AMX ? want_tdp : want;
                 for (int c = 0; c < COLS; c++)
                     if (!(paths[pa] == ATTN_BF16_AMX ? same_tdp(got[c], w[c], acc[c], a[c], b[c])
@@ -1220,14 +1227,15 @@ START_TEST(block_products_chain_steps_in_order)
                                         if (r < rows && j < cols) {
                                             w = accumulate ? w : 0.0f;
                                             for (int64_t p = 0; p < kd2; p++)
-                                                w = paths[pa] == ATTN_BF16_AMX
+                                                w = paths[pa] == ATTN_BF16_AMX && rows > 1
                                                         ? model_tdp(w, a[r * a_rs + p * a_cs],
                                                                     b[p * LD + j])
                                                         : model_dot2(w, a[r * a_rs + p * a_cs],
                                                                      b[p * LD + j]);
                                         }
                                         const bool same =
-                                            paths[pa] == ATTN_BF16_AMX && r < rows && j < cols
+                                            paths[pa] == ATTN_BF16_AMX && rows > 1 && r < rows &&
+                                                    j < cols
                                                 ? within_tdp_chain(
                                                       c[r * LD + j],
                                                       accumulate ? c0[r * LD + j] : 0.0f,
