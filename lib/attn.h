@@ -674,6 +674,29 @@ double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *p
 double attn_kv_forward_workspace(const attn_kv_config *config, int64_t length,
                                  const attn_kv_params *p);
 
+/* ----------------------------------------------------------- workspaces */
+
+/*
+ * Where a call's workspaces come from (attn_sdpa_workspace says how much):
+ * by default aligned_alloc and free. A server that wants the memory of one
+ * request to serve the next (kept mapped, its pages already in) gives its
+ * own. alloc returns `bytes` bytes aligned to 64, or NULL (the call then
+ * fails with ATTN_ERR_NOMEM); free takes what alloc gave, or NULL. Both are
+ * called from the calling thread and from libattn's helper threads, at
+ * once: they must be thread-safe. The caller's tensors and a KV cache's
+ * pages are never allocated through them.
+ */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void *ctx;
+} attn_allocator;
+
+/* Sets the allocator (NULL: the default again). Not while a call runs: set
+ * it once, before the first call, and keep it while workspaces it gave may
+ * still be freed. */
+void attn_set_allocator(const attn_allocator *a);
+
 /* ------------------------------------------------------------- kernels */
 
 /*

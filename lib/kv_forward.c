@@ -340,7 +340,7 @@ double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *k
 static void free_workers(kv_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
-        free(w[i].strip);
+        sdpa_free(w[i].strip);
     free(w);
 }
 
@@ -415,7 +415,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
         if (q_rot == NULL || sdpa_rope_at(kp->variants.rope_base, sp.d_k, 1, q, q_rot,
                                           kp->heads_q, kp->n_q,
                                           cache->length - kp->n_q) != ATTN_OK) {
-            free(q_rot);
+            sdpa_free(q_rot);
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated queries");
         }
     }
@@ -427,7 +427,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
     int threads;
     if (decode) {
         if (!plan_decode(&job, sdpa_threads(&sp, INT64_MAX, flops))) {
-            free(q_rot);
+            sdpa_free(q_rot);
             memset(out, 0, (size_t)(n_rows * d_v) * sizeof *out);
             for (int64_t r = 0; rows != NULL && r < n_rows; r++)
                 rows[r] = (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
@@ -457,11 +457,11 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
         attn_parallel_for_until(threads, sp.heads_q * job.q_tiles, prefill_unit, &job,
                                 kp->cancel);
     }
-    free(job.m);
-    free(job.l);
-    free(job.partial);
+    sdpa_free(job.m);
+    sdpa_free(job.l);
+    sdpa_free(job.partial);
     free_workers(job.workers, threads);
-    free(q_rot);
+    sdpa_free(q_rot);
     if (!ok)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
     if (attn_cancelled(kp->cancel))

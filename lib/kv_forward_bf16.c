@@ -150,7 +150,7 @@ static void b16_unit(void *ctx, int64_t u, int worker)
 static void free_workers(b16_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
-        free(w[i].panel);
+        sdpa_free(w[i].panel);
     free(w);
 }
 
@@ -227,7 +227,7 @@ attn_status kv_forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *
         if (q_rot == NULL || sdpa_rope_at(sp->variants.rope_base, sp->d_k, 1, q, q_rot,
                                           sp->heads_q, sp->n_q,
                                           cache->length - sp->n_q) != ATTN_OK) {
-            free(q_rot);
+            sdpa_free(q_rot);
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated queries");
         }
     }
@@ -249,12 +249,12 @@ attn_status kv_forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *
     const int threads = sdpa_threads(&p, units, flops);
     job.workers = alloc_workers(threads, &job);
     if (job.workers == NULL) {
-        free(q_rot);
+        sdpa_free(q_rot);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
     }
     attn_parallel_for_until(threads, units, b16_unit, &job, p.cancel);
     free_workers(job.workers, threads);
-    free(q_rot);
+    sdpa_free(q_rot);
     if (attn_cancelled(p.cancel))
         return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
     return ATTN_OK;

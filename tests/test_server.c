@@ -4947,7 +4947,9 @@ START_TEST(drain_timeout_bounds_computations_in_flight)
     close(fd);
     free(slow);
     ck_assert_msg(exited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
-    ck_assert_msg(took > 0.8 && took < 3, "exited %.2f s after SIGTERM, --drain-timeout 1",
+    /* Well before the computation's 20 s, with room for a loaded machine
+     * (the exit itself measured 3.1 s at a load average of 7.5 on 2 cores). */
+    ck_assert_msg(took > 0.8 && took < 8, "exited %.2f s after SIGTERM, --drain-timeout 1",
                   took);
     if (!log_says(&s, "drain timeout (--drain-timeout)", 1)) {
         char cmd[400];
