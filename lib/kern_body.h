@@ -221,4 +221,6 @@ const attn_kern KF(attn_kern) = {
     .exp_sum = KF(exp_sum),
     .max = KF(max),
     .scale_finite = KF(scale_finite),
+    .scale_wide = KF(scale_wide),
+    .fold_partial = KF(fold_partial),
 };

@@ -24,6 +24,8 @@
  *   vbad(x)         the lanes of x that are +inf or nan
  *   vabs vdiv vge(a, b) (a mask) vblend(m, a, b) (a in m, b elsewhere)
  *   vcopysign(x, s) viota() (lane l holds l)
+ *   vmul_d(x, f)    lanes (float)((0.0 + (double)x) * f): scaled in double
+ *   vfold_d(acc, part)  acc [VW] += part [VW] in double, part [VW] = 0
  *   vbf16_weight(x) x rounded to bfloat16, for x of 0 or in [2^-126, 1] (the
  *                   weights, where no subnormal or overflow can arise)
  *
@@ -138,6 +140,41 @@ KERN_SHARED static bool KF(scale_finite)(float *x, int64_t n, float f)
         bad |= vnonfinite(y) & tail;
     }
     return vmask_none(bad);
+}
+
+/* x[0..n) = (float)((0.0 + (double)x[j]) * f): an output row that no
+ * double sum was folded into, divided by its softmax sum in double as
+ * sdpa_finish_row divides it (the same bits); false when a result is not
+ * finite. */
+KERN_SHARED static bool KF(scale_wide)(float *x, int64_t n, double f)
+{
+    vmask bad = vmask_first(0);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf y = vmul_d(vload(x + j), f);
+        vstore(x + j, y);
+        bad |= vnonfinite(y);
+    }
+    bool finite = vmask_none(bad);
+    for (; j < n; j++) {
+        x[j] = (float)((0.0 + (double)x[j]) * f);
+        finite &= isfinite(x[j]);
+    }
+    return finite;
+}
+
+/* acc [n] += part [n] in double, and part [n] = 0: a float partial sum
+ * folded into its double sum (blocked summation), lane by lane the scalar
+ * acc[j] += part[j]. */
+KERN_SHARED static void KF(fold_partial)(double *acc, float *part, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vfold_d(acc + j, part + j);
+    for (; j < n; j++) {
+        acc[j] += part[j];
+        part[j] = 0.0f;
+    }
 }
 
 /* The largest of x[0..n); NaN when one is NaN or +inf (scores that

@@ -85,14 +85,13 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t tiles(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 /* acc += part and part back to 0, for n rows of `width` (strides lda,
- * ldp): a float partial folded into its double sum. */
-static void fold(double *acc, int64_t lda, float *part, int64_t ldp, int64_t n, int64_t width)
+ * ldp): a float partial folded into its double sum (the kernel's vectors,
+ * the bits of acc += part one by one). */
+static void fold(const attn_kern *kern, double *acc, int64_t lda, float *part, int64_t ldp,
+                 int64_t n, int64_t width)
 {
     for (int64_t r = 0; r < n; r++)
-        for (int64_t e = 0; e < width; e++) {
-            acc[r * lda + e] += part[r * ldp + e];
-            part[r * ldp + e] = 0.0f;
-        }
+        kern->fold_partial(acc + r * lda, part + r * ldp, width);
 }
 
 /* Folds the float partials of dq of every query head of key/value head hk
@@ -103,7 +102,7 @@ static void fold_dq(const bwd_job *job, const sdpa_call *c, int64_t split, int64
     const attn_sdpa_params *p = c->p;
     for (int64_t h = hk * c->group; h < (hk + 1) * c->group; h++) {
         const int64_t q_at = sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k) + c->q_lo * c->ldq;
-        fold(job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq,
+        fold(job->kern, job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq,
              c->q_hi - c->q_lo, p->d_k);
     }
 }
@@ -216,6 +215,14 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             job->kern->pack_t(k.f32, c->ldk, t.cols, p->d_k, w->kt, ld);
             job->kern->pack_t(v.f32, c->ldv, t.cols, p->d_v, w->vt, ld);
         }
+        /* A full partial is folded before the next tile adds to it, never
+         * after the last: the end adds the partials to the sums anyway
+         * (here for dk and dv, in reduce_block for dq). */
+        if (key_tiles == SDPA_FOLD_TILES) {
+            fold_dq(job, c, split, b, hk);
+            key_tiles = 0;
+        }
+        key_tiles++;
         int64_t query_tiles = 0; /* since dk and dv were last folded */
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
@@ -223,6 +230,12 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
+                if (query_tiles == SDPA_FOLD_TILES) {
+                    fold(job->kern, w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
+                    fold(job->kern, w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
+                    query_tiles = 0;
+                }
+                query_tiles++;
                 const int64_t row = bh * p->n_q + t.i0;
                 sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
@@ -246,11 +259,6 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
                 } else {
                     job->kern->backward_tile(c, &t, &keys, &st);
                 }
-                if (++query_tiles == SDPA_FOLD_TILES) {
-                    fold(w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
-                    fold(w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
-                    query_tiles = 0;
-                }
             }
         }
         for (int64_t j = 0; j < t.cols; j++) {
@@ -258,10 +266,6 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
                 dk[j * c->ldk + e] = (float)(w->dk_sum[j * p->d_k + e] + dk[j * c->ldk + e]);
             for (int64_t e = 0; e < p->d_v; e++)
                 dv[j * c->ldv + e] = (float)(w->dv_sum[j * p->d_v + e] + dv[j * c->ldv + e]);
-        }
-        if (++key_tiles == SDPA_FOLD_TILES) {
-            fold_dq(job, c, split, b, hk);
-            key_tiles = 0;
         }
     }
 }

@@ -311,10 +311,9 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
     const int64_t bh = t.b * p->heads_q + t.h;
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
-        w->m[r] = w->m_tile[r] = -INFINITY;
+        w->m[r] = -INFINITY;
         w->l[r] = 0.0;
     }
-    memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
     if (stats != NULL)
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
@@ -341,13 +340,22 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
     if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
+    /* The double sums start at the first fold: a row of up to
+     * SDPA_FOLD_TILES tiles (every row of a short sequence) never touches
+     * them, and is finished from its float rows alone. */
     int64_t since_fold = 0; /* tiles in the float rows */
+    bool folded = false;
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
         /* Cancelled: the rows are left as they are (the call's outputs
          * are unspecified then), rather than finished from partial sums. */
         if (attn_cancelled(p->cancel))
             return;
         if (since_fold == SDPA_FOLD_TILES) {
+            if (!folded) {
+                memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
+                memcpy(w->m_tile, w->m, (size_t)t.rows * sizeof *w->m);
+                folded = true;
+            }
             sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, true);
             since_fold = 0;
         }
@@ -388,14 +396,19 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
             }
             job->kern->forward_tile(c, &t, &keys, &st);
         }
-        sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, false);
+        if (folded)
+            sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, false);
     }
     if (weights != NULL)
         finish_weights(job, c, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
-        bool finite = sdpa_finish_row(o, w->acc + r * p->d_v, since_fold > 0, l, p->d_v);
+        /* (the kernel's vectors for the float rows alone, the same bits) */
+        bool finite = folded || since_fold == 0
+                          ? sdpa_finish_row(o, folded ? w->acc + r * p->d_v : NULL,
+                                            since_fold > 0, l, p->d_v)
+                          : job->kern->scale_wide(o, p->d_v, l > 0.0 ? 1.0 / l : 0.0);
         attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
         bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
         if (!sm_finite || !finite) {
