@@ -49,8 +49,10 @@
 /* ------------------------------------------------------------- packing */
 
 /* dst [cols, ldd] = src^T for src [rows, cols] (row stride lds): whole
- * VW x VW blocks by the register transpose, the edges one by one, and
- * columns rows .. ldd of dst zero. */
+ * VW x VW blocks by the register transpose, the last rows (fewer than VW:
+ * all of a short sequence's keys) by the same transpose of a block padded
+ * with zero rows, the last columns one by one, and columns rows .. ldd of
+ * dst zero. */
 KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols,
                                    float *dst, int64_t ldd)
 {
@@ -58,9 +60,23 @@ KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, 
     for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
         for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
             vtranspose(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+    if (rows_v < rows && cols_v > 0) {
+        const int tail = (int)(rows - rows_v);
+        const vmask keep = vmask_first(tail);
+        float block[VW * VW], block_t[VW * VW];
+        for (int r = tail; r < VW; r++)
+            vstore(block + r * VW, vzero());
+        for (int64_t c0 = 0; c0 < cols_v; c0 += VW) {
+            for (int r = 0; r < tail; r++)
+                vstore(block + r * VW, vload(src + (rows_v + r) * lds + c0));
+            vtranspose(block, VW, block_t, VW);
+            for (int c = 0; c < VW; c++)
+                vstore_m(dst + (c0 + c) * ldd + rows_v, vload(block_t + c * VW), keep);
+        }
+    }
     for (int64_t c = 0; c < cols; c++) {
         float *d = dst + c * ldd;
-        for (int64_t r = c < cols_v ? rows_v : 0; r < rows; r++)
+        for (int64_t r = c < cols_v ? rows : 0; r < rows; r++)
             d[r] = src[r * lds + c];
         for (int64_t r = rows; r < ldd; r++)
             d[r] = 0.0f;
