@@ -388,6 +388,77 @@ KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_ol
     return KF(strip_plain_rows)(KMR, s, scale, m_old, m_new, sum);
 }
 
+/*
+ * strip_plain for a tile narrower than KERN_BK (cols keys, the last
+ * vector masked: a short sequence's whole tile) and any rows <= KMR: the
+ * same phases, row by row inside each, with the arithmetic of score_row's
+ * and exp_sum's tails (the lanes past cols -inf for the maximum, left out
+ * of the sum, not stored), so the bits are the row-by-row path's. False,
+ * with the strip untouched, when a score overflowed or a row is all -inf.
+ */
+KERN_SHARED static bool KF(strip_plain_narrow)(float *s, int rows, int64_t cols, float scale,
+                                               const float *m_old, float *m_new, float *sum)
+{
+    const vf vs = vset1(scale);
+    const int64_t full = cols / VW * VW;
+    const vmask tail = vmask_first((int)(cols - full));
+    vmask bad = vmask_first(0);
+    vf m[KMR];
+    for (int r = 0; r < rows; r++) {
+        const float *x = s + r * KERN_BK;
+        m[r] = vset1(-INFINITY);
+        for (int64_t j = 0; j < full; j += VW) {
+            vf y = vmul(vload(x + j), vs);
+            m[r] = vmax(m[r], y);
+            bad |= vbad(y);
+        }
+        if (full < cols) {
+            vf y = vkeep_range(vmul(vload_m(x + full, tail), vs), 0, cols - full);
+            m[r] = vmax(m[r], y);
+            bad |= vbad(y);
+        }
+    }
+    if (!vmask_none(bad))
+        return false;
+    for (int r = 0; r < rows; r++) {
+        float tile = vhmax(m[r]);
+        m_new[r] = tile > m_old[r] ? tile : m_old[r];
+        if (m_new[r] == -INFINITY)
+            return false;
+    }
+    for (int r = 0; r < rows; r++) {
+        float *x = s + r * KERN_BK;
+        const vf shift = vset1(m_new[r]);
+        vf acc = vzero();
+        for (int64_t j = 0; j < full; j += VW) {
+            vf e = vexp(vsub(vmul(vload(x + j), vs), shift));
+            vstore(x + j, e);
+            acc = vadd(acc, e);
+        }
+        if (full < cols) {
+            vf e = vexp(vsub(vmul(vload_m(x + full, tail), vs), shift));
+            vstore_m(x + full, e, tail);
+            acc = vadd(acc, vmasked(e, tail));
+        }
+        sum[r] = vhsum(acc);
+    }
+    return true;
+}
+
+/* Do rows i .. i + rows of tile t all see all its keys, with nothing but
+ * the scale on their scores (the narrow strip's condition)? */
+static inline bool KF(rows_see_all)(const sdpa_call *c, const sdpa_tile *t, int64_t i, int rows)
+{
+    if (!c->plain)
+        return false;
+    int64_t lo, hi;
+    sdpa_row_range(c, i, t->j0, t->cols, &lo, &hi);
+    if (hi < t->cols || lo > 0)
+        return false;
+    sdpa_row_range(c, i + rows - 1, t->j0, t->cols, &lo, &hi);
+    return lo == 0 && hi == t->cols;
+}
+
 /* Do all KMR rows of the strip from row i see all KERN_BK keys of the
  * tile, with nothing but the scale on their scores? */
 static inline bool KF(strip_sees_all)(const sdpa_call *c, const sdpa_tile *t, int64_t i,

@@ -445,6 +445,14 @@ START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
         {2, 2, 1, 130, 130, 32, 48, true, 2.0},
         {1, 1, 1, 96, 64, 16, 16, false, 1e19}, /* scores past float32's range */
         {1, 3, 3, 7, 640, 64, 64, false, 3.0},
+        /* Tiles narrower than 64 keys (a short sequence's, the last of a
+         * row): a masked vector alone, whole vectors and a tail, whole
+         * vectors only, after full tiles, and past float32's range. */
+        {8, 2, 2, 13, 9, 64, 64, false, 1.0},
+        {2, 2, 1, 50, 37, 40, 24, false, 2.0},
+        {1, 2, 2, 20, 32, 16, 16, false, 1.0},
+        {1, 1, 1, 96, 200, 16, 16, false, 3.0},
+        {1, 1, 1, 10, 20, 16, 16, false, 1e19},
     };
     uint64_t seed = 77;
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
