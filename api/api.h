@@ -113,6 +113,15 @@ typedef struct {
     double memory;
 } api_cost;
 
+/* The most blocks an answer has: one per output. */
+#define API_MAX_BLOCKS 24
+
+/* A block of an answer's bytes beyond its body (api_response.blocks). */
+typedef struct {
+    void *data;       /* malloc'd; the response owns it */
+    size_t len;
+} api_block;
+
 typedef struct {
     int status;       /* 200, or the error's status */
     char *body;       /* malloc'd JSON (the answer or the error object) */
@@ -123,10 +132,16 @@ typedef struct {
     char error_code[40]; /* the error's code when status is not 200, else "" */
     char location[96];   /* a Location header to send ("" for none): a 201's */
     int retry_after;     /* seconds for a Retry-After header (0: none) */
-    /* The Open Inference Protocol's binary outputs: the body is header_len
-     * bytes of JSON text, then raw tensor bytes (the value of the
-     * Inference-Header-Content-Length header). 0: the body is all JSON. */
+    /* The Open Inference Protocol's binary outputs: the answer is header_len
+     * bytes of JSON text (the value of the Inference-Header-Content-Length
+     * header), then raw tensor bytes. 0: the answer is all JSON. The body
+     * holds the JSON text; the raw bytes follow in `blocks`, one per binary
+     * output in the order of the outputs, each sent as it lies (a float32
+     * result is the very array it was computed into: no copy of megabytes
+     * into fresh pages to send it). */
     size_t header_len;
+    api_block *blocks;   /* malloc'd [n_blocks], or NULL */
+    int n_blocks;
 } api_response;
 
 /*
@@ -163,6 +178,11 @@ void api_call_free(api_call *call);
  * when absent) says, binary tensors after it. The same call as /v1's, with
  * the same checks and costs; api_execute answers it in the protocol's form
  * and its errors are {"error": "message"} (api_error_json_oip).
+ *
+ * Unlike api_prepare, it may keep pointing into the body: binary FP32 and
+ * BOOL inputs are read where they lie (no copy of a large tensor), so the
+ * body must stay alive and unchanged until the call is executed or freed.
+ * An FP32 input not aligned for a float is copied.
  */
 api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *json_length,
                           const api_limits *lim, api_cost *cost, api_response *res);
@@ -187,6 +207,9 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
                 api_response *res);
 
 void api_response_free(api_response *res);
+
+/* The bytes of the answer: body_len and every block's. */
+size_t api_response_bytes(const api_response *res);
 
 /*
  * The cache routes other than attention, cheap enough to answer at once:

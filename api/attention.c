@@ -145,16 +145,20 @@ static void cost(const api_call *c, api_cost_terms *t)
                    (rows ? t->rows * (double)sizeof(attn_softmax_row) : 0) +
                    /* a ragged batch's offsets of the rows and of the keys */
                    2.0 * (double)(st->ragged.seqs + 1) * (double)sizeof(int64_t);
-    snprintf(t->workspace_what, sizeof t->workspace_what,
-             "libattn's tiles and packed keys for %lld head%s of %lld x %lld",
-             (long long)(p->batch * p->heads_q), p->batch * p->heads_q == 1 ? "" : "s",
-             (long long)p->n_q, (long long)p->n_k);
     if (p->precision == ATTN_PRECISION_BFLOAT16) {
         t->bf16_flops = t->flops;
         t->rounded = (double)p->batch * ((double)p->heads_q * (double)p->n_q * (double)p->d_k +
                                          (double)p->heads_kv * (double)p->n_k *
                                              (double)(p->d_k + p->d_v));
     }
+}
+
+static void workspace_what(const api_call *c, char *buf, size_t cap)
+{
+    const attn_sdpa_params *p = &state(c)->p;
+    snprintf(buf, cap, "libattn's tiles and packed keys for %lld head%s of %lld x %lld",
+             (long long)(p->batch * p->heads_q), p->batch * p->heads_q == 1 ? "" : "s",
+             (long long)p->n_q, (long long)p->n_k);
 }
 
 /* Cauchy-Schwarz: |scale q.k + bias| <= max(scale, 1) |q_i| |k_j| + max|bias|,
@@ -334,6 +338,7 @@ const api_operation api_attention_op = {
     .state_size = sizeof(attention_state),
     .validate = validate,
     .cost = cost,
+    .workspace_what = workspace_what,
     .score_bound = score_bound,
     .compute = compute,
     .dims = meta_dims,

@@ -233,6 +233,8 @@ static bool check_cost(api_call *c, size_t body_len, api_error *err)
      * --max-work 1, without computing anything). */
     if (lim->max_memory > 0 && memory > lim->max_memory) {
         /* Name the largest part: what to change. */
+        if (c->op->workspace_what)
+            c->op->workspace_what(c, terms.workspace_what, sizeof terms.workspace_what);
         const char *why = terms.workspace_what;
         double part = terms.workspace;
         if (results > part) {
@@ -434,17 +436,17 @@ void api_execute(api_call *c, int threads, api_response *res)
     api_values_free(c->f, c->op->n_fields);
     api_lap(&c->t, &c->t.compute_ms);
     codec_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
-    size_t header_len = 0;
+    bool blocks_ok = true;
     if (out.data) {
         out.cap = FIRST_BLOCK;
         out.data[0] = '\0';
         if (c->oip)
-            api_oip_encode(c, &out, &header_len);
+            blocks_ok = api_oip_encode(c, &out, res);
         else
             encode(c, &out);
         codec_buf_append(&out, "", 1); /* a NUL after the body, for callers that want a C string */
     }
-    if (ok && (!out.data || out.failed))
+    if (ok && (!out.data || out.failed || !blocks_ok))
         ok = api_fail(&err, 500, "out_of_memory", "",
                       "out of memory while writing the response");
     timings(res, &c->t);
@@ -452,10 +454,10 @@ void api_execute(api_call *c, int threads, api_response *res)
     api_call_free(c);
     if (!ok) {
         codec_buf_free(&out);
+        api_response_free(res); /* the binary outputs, if any were handed over */
         respond_error(res, &err, oip);
         return;
     }
-    res->header_len = header_len;
     /* The doubling growth may have left up to half the buffer unused; the
      * answer may wait a while for a slow client, so hand back the rest
      * (a few hundred bytes of the first block are not worth a realloc). */
@@ -488,4 +490,18 @@ void api_response_free(api_response *res)
     res->body = NULL;
     res->body_len = 0;
     res->body_cap = 0;
+    for (int i = 0; i < res->n_blocks; i++)
+        free(res->blocks[i].data);
+    free(res->blocks);
+    res->blocks = NULL;
+    res->n_blocks = 0;
+    res->header_len = 0;
+}
+
+size_t api_response_bytes(const api_response *res)
+{
+    size_t n = res->body_len;
+    for (int i = 0; i < res->n_blocks; i++)
+        n += res->blocks[i].len;
+    return n;
 }

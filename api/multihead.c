@@ -294,12 +294,6 @@ static void cost(const api_call *c, api_cost_terms *t)
                    (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0) +
                    /* a ragged batch's offsets of the rows and of the context's */
                    2.0 * (double)(st->ragged.seqs + 1) * (double)sizeof(int64_t);
-    snprintf(t->workspace_what, sizeof t->workspace_what,
-             "the projections of %lld head%s (q [%lld, %lld, %lld], k and v [%lld, %lld, "
-             "%lld]) and the attention's tiles",
-             (long long)p->heads, p->heads == 1 ? "" : "s", (long long)p->batch,
-             (long long)p->n, (long long)(p->heads * p->d_k), (long long)p->batch,
-             (long long)p->m, (long long)(p->kv_heads * p->d_k));
     /* The projections stay float32 (OpenBLAS): only the attention's
      * products are bfloat16. */
     if (p->precision == ATTN_PRECISION_BFLOAT16) {
@@ -307,6 +301,17 @@ static void cost(const api_call *c, api_cost_terms *t)
         t->rounded = B * ((double)p->heads * (double)p->n * (double)p->d_k +
                           (double)p->kv_heads * (double)p->m * (double)(p->d_k + p->d_v));
     }
+}
+
+static void workspace_what(const api_call *c, char *buf, size_t cap)
+{
+    const attn_mha_params *p = &state(c)->p;
+    snprintf(buf, cap,
+             "the projections of %lld head%s (q [%lld, %lld, %lld], k and v [%lld, %lld, "
+             "%lld]) and the attention's tiles",
+             (long long)p->heads, p->heads == 1 ? "" : "s", (long long)p->batch,
+             (long long)p->n, (long long)(p->heads * p->d_k), (long long)p->batch,
+             (long long)p->m, (long long)(p->kv_heads * p->d_k));
 }
 
 static bool validate(api_call *c, api_error *err)
@@ -469,6 +474,7 @@ const api_operation api_multihead_op = {
     .state_size = sizeof(multihead_state),
     .validate = validate,
     .cost = cost,
+    .workspace_what = workspace_what,
     .score_bound = score_bound,
     .compute = compute,
     .dims = meta_dims,

@@ -104,7 +104,78 @@ static void put_shape(codec_buf *b, int rank, const int64_t *shape)
     codec_buf_puts(b, "]");
 }
 
-void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
+_Static_assert(OIP_MAX_OUTPUTS <= API_MAX_BLOCKS, "raise API_MAX_BLOCKS");
+
+/* A float32 result is sent as the array it was computed into when that
+ * array already holds the bytes to send: little-endian float32. */
+static bool sent_as_computed(codec_dtype d)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return d == CODEC_F32;
+#else
+    (void)d;
+    return false;
+#endif
+}
+
+/* The binary outputs, in the order of the outputs, as res's blocks after
+ * the JSON text of json_len bytes: the statistics as a BYTES element (a
+ * 4-byte little-endian length, then the text), a result in its output
+ * dtype (handed over as it is, or written into a block of its own). */
+static bool binary_blocks(api_call *c, const char *stats_json, size_t stats_len,
+                          size_t json_len, api_response *res)
+{
+    api_oip *x = c->oip;
+    api_block *blocks = calloc((size_t)x->n_outputs, sizeof *blocks);
+    if (!blocks)
+        return false;
+    int n = 0;
+    bool ok = true;
+    for (int i = 0; ok && i < x->n_outputs; i++) {
+        const oip_output *o = &x->outputs[i];
+        if (!o->binary)
+            continue;
+        api_block *blk = &blocks[n++];
+        if (o->result == OIP_STATS) {
+            blk->len = 4 + stats_len;
+            uint8_t *p = malloc(blk->len);
+            if (!(blk->data = p)) {
+                ok = false;
+                break;
+            }
+            for (int k = 0; k < 4; k++)
+                p[k] = (uint8_t)(stats_len >> (8 * k));
+            memcpy(p + 4, stats_json, stats_len);
+            continue;
+        }
+        api_result *r = &c->results[o->result];
+        blk->len = (size_t)r->count * codec_dtype_size(x->dtype);
+        if (sent_as_computed(x->dtype)) {
+            blk->data = r->data; /* the call lets go of it */
+            r->data = NULL;
+            continue;
+        }
+        if (!(blk->data = malloc(blk->len ? blk->len : 1))) {
+            ok = false;
+            break;
+        }
+        codec_tensor_to_bytes(x->dtype, r->data, blk->data, (size_t)r->count);
+        free(r->data);
+        r->data = NULL;
+    }
+    if (!ok) {
+        for (int i = 0; i < n; i++)
+            free(blocks[i].data);
+        free(blocks);
+        return false;
+    }
+    res->header_len = json_len;
+    res->blocks = blocks;
+    res->n_blocks = n;
+    return true;
+}
+
+bool api_oip_encode(api_call *c, codec_buf *b, api_response *res)
 {
     api_oip *x = c->oip;
     codec_buf stats = {0};
@@ -162,25 +233,10 @@ void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len)
         codec_buf_puts(b, "}");
     }
     codec_buf_puts(b, "]}");
-    *header_len = any_binary ? b->len : 0;
-    for (int i = 0; any_binary && i < x->n_outputs; i++) {
-        const oip_output *o = &x->outputs[i];
-        if (!o->binary)
-            continue;
-        if (o->result == OIP_STATS) {
-            uint8_t n[4] = {(uint8_t)stats_len, (uint8_t)(stats_len >> 8),
-                            (uint8_t)(stats_len >> 16), (uint8_t)(stats_len >> 24)};
-            codec_buf_append(b, (const char *)n, 4);
-            codec_buf_append(b, stats_json, stats_len);
-            continue;
-        }
-        api_result *r = &c->results[o->result];
-        codec_buf_raw(b, x->dtype, r->data, (size_t)r->count);
-        free(r->data);
-        r->data = NULL;
-    }
+    bool ok = !any_binary || binary_blocks(c, stats_json, stats_len, b->len, res);
     codec_buf_free(&stats);
     api_lap(&c->t, &c->t.encode_ms);
+    return ok;
 }
 
 /* ------------------------------------------------------------- metadata */

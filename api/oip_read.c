@@ -313,12 +313,15 @@ static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_
 }
 
 /* The decoded tensor of a binary input at bytes[0..in->size): the codec's,
- * as /v1's base64 bytes are read (finite numbers, bools 0 or 1). */
+ * as /v1's base64 bytes are read (finite numbers, bools 0 or 1). FP32 and
+ * BOOL inputs are read where they lie in the body (codec_tensor_view_raw):
+ * the body outlives the call, and copying tens of megabytes into fresh
+ * pages cost more than all of the rest of the decoding. */
 static bool decode_binary(const api_operation *o, const oip_input *in, const uint8_t *bytes,
                           codec_tensor *t, api_error *err)
 {
     codec_error ce;
-    return codec_tensor_from_raw(bytes, in->dtype, in->rank, in->shape,
+    return codec_tensor_view_raw(bytes, in->dtype, in->rank, in->shape,
                                  o->fields[in->field].name, t, &ce) ||
            api_fail_codec(err, &ce);
 }

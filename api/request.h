@@ -406,6 +406,10 @@ struct api_operation {
     bool (*validate)(api_call *c, api_error *err);
     /* The cost terms of the validated call. */
     void (*cost)(const api_call *c, api_cost_terms *terms);
+    /* The terms' workspace named for the memory_limit message, written only
+     * when that message is (formatting it for every request was a tenth of
+     * a small request's decoding); NULL: cost wrote workspace_what itself. */
+    void (*workspace_what)(const api_call *c, char *buf, size_t cap);
     /* An upper bound of |scaled score + bias|, and what to blame when it
      * is beyond float32 (api_check_score_bound). */
     double (*score_bound)(const api_call *c, const char **blame);
@@ -445,14 +449,16 @@ void api_respond_error(api_response *res, api_error *err);
  * Inference-Header-Content-Length value, NULL when absent) says; the
  * skeleton then validates the call as it does a /v1 body's. api_oip_plan,
  * after the operation's validate, matches the outputs asked for to the
- * planned results and sets c->enc; api_oip_encode writes the answer (JSON
- * text, then the binary outputs; *header_len is the JSON text's length when
- * binary data follows it, else 0) and closes the encode step.
+ * planned results and sets c->enc; api_oip_encode writes the answer's JSON
+ * text into b and hands its binary outputs to res (header_len, blocks: see
+ * api_response; the results it sends as they are leave the call), and
+ * closes the encode step. False when out of memory for a block (res then
+ * holds none).
  */
 bool api_oip_read(api_call *c, const char *body, size_t len, const char *json_length,
                   api_error *err);
 bool api_oip_plan(api_call *c, api_error *err);
-void api_oip_encode(api_call *c, codec_buf *b, size_t *header_len);
+bool api_oip_encode(api_call *c, codec_buf *b, api_response *res);
 void api_oip_free(api_oip *o);
 
 #endif /* API_REQUEST_H */

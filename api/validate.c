@@ -125,13 +125,57 @@ bool api_check_output(const float *x, int64_t count, const char *what, codec_enc
     return true;
 }
 
+/* Interleaved partial sums below: one running sum waits out each
+ * addition's latency, eight keep the adder busy (and vector code fits
+ * them). The order of the additions moves a sum by ulps of a double, far
+ * below anything a bound on float32 scores can notice. */
+#define SUM_LANES 8
+
+/* The sum of squares of x[0..n), in double. */
+static double sum_squares(const float *x, int64_t n)
+{
+    double s[SUM_LANES] = {0};
+    int64_t t = 0;
+    for (; t + SUM_LANES <= n; t += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++)
+            s[j] += (double)x[t + j] * x[t + j];
+    for (; t < n; t++)
+        s[0] += (double)x[t] * x[t];
+    double sum = 0;
+    for (int j = 0; j < SUM_LANES; j++)
+        sum += s[j];
+    return sum;
+}
+
+/* The same of n bfloat16 words (the high halves of float32s). */
+static double sum_squares_bf16(const uint16_t *x, int64_t n)
+{
+    double s[SUM_LANES] = {0};
+    int64_t t = 0;
+    for (; t + SUM_LANES <= n; t += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) {
+            const uint32_t bits = (uint32_t)x[t + j] << 16;
+            float v;
+            memcpy(&v, &bits, sizeof v);
+            s[j] += (double)v * v;
+        }
+    for (; t < n; t++) {
+        const uint32_t bits = (uint32_t)x[t] << 16;
+        float v;
+        memcpy(&v, &bits, sizeof v);
+        s[0] += (double)v * v;
+    }
+    double sum = 0;
+    for (int j = 0; j < SUM_LANES; j++)
+        sum += s[j];
+    return sum;
+}
+
 double api_max_row_norm(const float *x, int64_t rows, int64_t cols)
 {
     double best = 0;
     for (int64_t i = 0; i < rows; i++) {
-        double sum = 0;
-        for (int64_t t = 0; t < cols; t++)
-            sum += (double)x[i * cols + t] * x[i * cols + t];
+        double sum = sum_squares(x + i * cols, cols);
         if (sum > best)
             best = sum;
     }
@@ -144,13 +188,7 @@ double api_operand_max_row_norm(const codec_tensor *t, int64_t rows, int64_t col
         return api_max_row_norm(t->f32, rows, cols);
     double worst = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-        double s = 0.0;
-        for (int64_t c = 0; c < cols; c++) {
-            const uint32_t bits = (uint32_t)t->bf16[r * cols + c] << 16;
-            float x;
-            memcpy(&x, &bits, sizeof x);
-            s += (double)x * (double)x;
-        }
+        double s = sum_squares_bf16(t->bf16 + r * cols, cols);
         worst = s > worst ? s : worst;
     }
     return sqrt(worst);

@@ -13,6 +13,7 @@
  */
 #include "server.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -48,6 +49,35 @@ static bool is_octet_stream(const char *content_type)
         p++;
     size_t n = strcspn(p, "; \t");
     return n == 24 && !strncasecmp(p, "application/octet-stream", n);
+}
+
+/* The alignment of a binary /v2 body's first tensor in the buffer:
+ * malloc's (and realloc keeps a buffer's contents at the same offset). */
+#define TENSOR_ALIGN _Alignof(max_align_t)
+
+/* Where a body starts in its buffer. The API reads a binary /v2 body's
+ * float32 tensors where they lie, which takes at least a float's
+ * alignment: so the JSON text that precedes them (Inference-Header-Content-
+ * Length bytes, known from the headers) is placed to end on a TENSOR_ALIGN
+ * boundary, whatever its length. Any other body starts at 0; so does one
+ * whose header is no byte count (the API refuses it). */
+static size_t binary_offset(const srv_request *r)
+{
+    const char *p = r->json_length;
+    if (!r->route->oip || !p || !*p)
+        return 0;
+    size_t v = 0;
+    for (int i = 0; p[i]; i++) {
+        if (p[i] < '0' || p[i] > '9' || i == 19)
+            return 0;
+        v = v * 10 + (size_t)(p[i] - '0');
+    }
+    return (TENSOR_ALIGN - v % TENSOR_ALIGN) % TENSOR_ALIGN;
+}
+
+char *body_of(const srv_request *r)
+{
+    return r->connection->body ? r->connection->body + r->body_at : NULL;
 }
 
 /* The first buffer of a body: most bodies fit it. */
@@ -102,6 +132,7 @@ bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has
         return false;
     }
     r->body_expected = has_length ? (size_t)length : 0;
+    r->body_at = binary_offset(r);
     return true;
 }
 
@@ -117,24 +148,25 @@ void body_take(srv_request *r, const char *data, size_t n)
         r->too_large = true;
         return;
     }
-    if (r->body_len + n > cx->body_cap) {
+    size_t at = r->body_at, need = at + r->body_len + n;
+    if (need > cx->body_cap) {
         size_t cap = cx->body_cap * 2;
-        if (cap < r->body_len + n)
-            cap = r->body_len + n;
+        if (cap < need)
+            cap = need;
         if (cap < FIRST_BODY_BUFFER)
             cap = FIRST_BODY_BUFFER;
         /* Never past what was announced, nor past the limit. */
-        if (r->body_expected >= r->body_len + n && cap > r->body_expected)
-            cap = r->body_expected;
-        if (cap > max_body)
-            cap = max_body;
+        if (r->body_expected >= r->body_len + n && cap > at + r->body_expected)
+            cap = at + r->body_expected;
+        if (cap > at + max_body)
+            cap = at + max_body;
         if (!grow(r, cap)) {
             if (r->bodies_full) /* what it held goes back to the others */
                 body_free(cx);
             return;
         }
     }
-    memcpy(cx->body + r->body_len, data, n);
+    memcpy(cx->body + at + r->body_len, data, n);
     r->body_len += n;
 }
 

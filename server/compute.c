@@ -112,7 +112,9 @@ static void release_memory(srv_request *r)
  * what computing it held is released. */
 static void settle(srv_request *r)
 {
-    double held = r->res.body ? (double)r->res.body_cap : 0;
+    double held = r->res.body ? (double)(r->res.body_cap + api_response_bytes(&r->res) -
+                                         r->res.body_len)
+                              : 0;
     srv_compute *q = &r->srv->compute;
     pthread_mutex_lock(&q->lock);
     q->response_pending += held - r->reserved;
@@ -141,9 +143,9 @@ void compute_release(srv_request *r)
 static api_call *prepare_call(srv_request *r, const api_limits *lim, api_cost *cost)
 {
     if (r->route->oip)
-        return api_prepare_oip(r->route->op, r->connection->body, r->body_len,
-                               r->json_length, lim, cost, &r->res);
-    return api_prepare(r->route->op, r->connection->body, r->body_len, lim, cost, &r->res);
+        return api_prepare_oip(r->route->op, body_of(r), r->body_len, r->json_length, lim,
+                               cost, &r->res);
+    return api_prepare(r->route->op, body_of(r), r->body_len, lim, cost, &r->res);
 }
 
 /* Decodes and costs r's body into r->call; false when the answer is known

@@ -35,8 +35,12 @@
  * A refused connection has REFUSED_TIMEOUT seconds to ask.
  *
  * The drain. Once draining, a connection whose request's body is still
- * arriving is shed at once: that request was never going to be computed,
- * and a client trickling its body must not hold the exit.
+ * arriving is shed as soon as its body has not moved for
+ * DRAIN_BODY_STALL_S, and every one DRAIN_BODY_GRACE_S into the drain: a
+ * client trickling its body must not hold the exit. Not at once: a body
+ * sent whole a moment before the signal may still sit in the socket's
+ * buffer, unread by a busy I/O thread, and shedding it would lose a
+ * request its client had every right to see answered (503 or computed).
  *
  * Flooders. An address with REFUSED_SLACK refused connections still waiting
  * for their 503 gets its further connections that would be refused closed at
@@ -391,8 +395,13 @@ void conn_limit_sweep(srv_conn_limit *cl, double now, bool draining)
         shed(cl, cl->waiting.head, SHED_HEADER_TIMEOUT);
     while (cl->refused.head && now - cl->refused.head->since >= REFUSED_TIMEOUT)
         shed(cl, cl->refused.head, -1);
-    while (draining && cl->reading.head)
-        shed(cl, cl->reading.head, SHED_DRAIN);
+    if (draining && cl->drain_began == 0)
+        cl->drain_began = now;
+    for (srv_connection *cx = cl->reading.head, *next; draining && cx; cx = next) {
+        next = cx->next;
+        if (now - cx->since >= DRAIN_BODY_STALL_S || now - cl->drain_began >= DRAIN_BODY_GRACE_S)
+            shed(cl, cx, SHED_DRAIN);
+    }
     pthread_mutex_unlock(&cl->lock);
 }
 

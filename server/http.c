@@ -83,8 +83,8 @@ void request_end(srv_request *r)
 /* ------------------------------------------------------------- callbacks */
 
 /* The first call for a request: only the headers are known. A request
- * whose headers already doom it (its framing, too large, not JSON,
- * draining) is answered now, which makes libmicrohttpd skip its body and
+ * whose headers already doom it (its framing, too large, not JSON) is
+ * answered now, which makes libmicrohttpd skip its body and
  * close the connection. Everything else is answered on the last call, after the body:
  * an answer queued this early would cost the client its keep-alive. */
 static void on_headers(srv_request *r, const srv_headers *h)
@@ -115,10 +115,13 @@ static void on_headers(srv_request *r, const srv_headers *h)
         r->has_owner = auth_key_of(&r->srv->auth, h->authorization, r->owner,
                                    sizeof r->owner);
     }
-    /* Draining: no body is read any more (a client trickling one would hold
-     * the exit); the client is told to go elsewhere at once. */
+    /* Draining: the body is read but not kept, and the client is told to go
+     * elsewhere once it is in. Answering before it would close the
+     * connection with the body unread, and a socket closed with unread
+     * bytes is reset, which can destroy the answer on its way. A client
+     * trickling its body is dropped by the drain's sweep (conn_limit.c). */
     if (http_draining(r->srv) && ((has_length && length > 0) || h->n_encoding)) {
-        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+        r->drain_discard = true;
         return;
     }
     if (r->route && r->route->has_body)
@@ -128,7 +131,9 @@ static void on_headers(srv_request *r, const srv_headers *h)
 /* The last call: the whole body is in (or was discarded). */
 static void on_body_done(srv_request *r)
 {
-    if (r->preflight) {
+    if (r->drain_discard) {
+        http_reply_stock(r, STOCK_SHUTTING_DOWN);
+    } else if (r->preflight) {
         cors_preflight(r);
     } else if (!r->route) {
         const char *allow = routes_allow(r->srv, r->path);
@@ -185,7 +190,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n = *upload_size;
         *upload_size = 0;
         conn_progress(r->connection);
-        if (r->route && r->route->has_body && !r->responded) {
+        if (r->route && r->route->has_body && !r->responded && !r->drain_discard) {
             body_take(r, upload, n);
         } else {
             r->bytes_in += n; /* a body nobody reads */

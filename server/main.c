@@ -148,8 +148,9 @@ int main(int argc, char **argv)
               sig == SIGINT ? "SIGINT" : "SIGTERM", http_in_flight(&srv), cfg.drain_timeout);
     double deadline = srv_now() + cfg.drain_timeout;
     http_quiesce(&srv);
-    /* A request whose body is still arriving is dropped now: it was never
-     * going to be computed, and its client must not hold the exit. */
+    /* A request whose body is stalled is dropped now, the others still
+     * arriving within DRAIN_BODY_GRACE_S: none was going to be computed,
+     * and a client trickling one must not hold the exit. */
     conn_limit_sweep(&srv.conn_limit, srv_now(), true);
     /* Every answer from now on says Connection: close, so each open
      * connection closes after its next request. A request may already be on

@@ -173,6 +173,46 @@ void http_reply_owned(srv_request *r, int status, const char *content_type,
     MHD_destroy_response(resp);
 }
 
+static void free_answer(void *cls)
+{
+    api_response *held = cls;
+    api_response_free(held);
+    free(held);
+}
+
+void http_reply_blocks(srv_request *r, int status, const char *content_type,
+                       api_response *res, const char *const *extra)
+{
+    struct MHD_IoVec iov[1 + API_MAX_BLOCKS];
+    api_response *held = res->n_blocks <= API_MAX_BLOCKS ? malloc(sizeof *held) : NULL;
+    if (!held) {
+        api_response_free(res);
+        http_reply_stock(r, STOCK_OUT_OF_MEMORY);
+        return;
+    }
+    *held = *res;
+    res->body = NULL;
+    res->blocks = NULL;
+    res->n_blocks = 0;
+    unsigned n = 0;
+    iov[n++] = (struct MHD_IoVec){held->body, held->body_len};
+    for (int i = 0; i < held->n_blocks; i++)
+        if (held->blocks[i].len) /* an empty tensor's block sends nothing */
+            iov[n++] = (struct MHD_IoVec){held->blocks[i].data, held->blocks[i].len};
+    struct MHD_Response *resp = MHD_create_response_from_iovec(iov, n, free_answer, held);
+    if (!resp) {
+        free_answer(held);
+        http_reply_stock(r, STOCK_OUT_OF_MEMORY);
+        return;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    for (; extra && extra[0]; extra += 2)
+        MHD_add_response_header(resp, extra[0], extra[1]);
+    http_add_request_headers(r, resp);
+    queue(r, status, resp, api_response_bytes(held));
+    MHD_destroy_response(resp);
+}
+
 static void reply_error(srv_request *r, int status, const char *code, const char *message,
                         bool close)
 {

@@ -72,12 +72,15 @@ struct srv_request {
     char owner[1025];        /* its API key (the KV caches' owner) */
     bool preflight;          /* a CORS preflight (cors_is_preflight) */
 
-    size_t body_len;         /* bytes in connection->body */
+    size_t body_len;         /* bytes of the body, at connection->body + body_at */
+    size_t body_at;          /* where it starts in the buffer (body.c: a binary
+                              * /v2 body's tensors start 64-byte aligned) */
     size_t body_expected;    /* the Content-Length announced, 0 without one */
     size_t bytes_in;         /* body bytes received, kept or not */
     bool too_large;
     bool out_of_memory;      /* the body could not be stored */
     bool bodies_full;        /* no room in --max-body-memory for the body: 503 */
+    bool drain_discard;      /* arrived while draining: body read unkept, then 503 */
 
     bool responded;          /* a response has been queued */
     int status;
@@ -211,6 +214,11 @@ void http_reply_stock(srv_request *r, stock_error e);
 /* Takes ownership of body (malloc'd). extra: NULL-terminated name/value pairs. */
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
+/* The API's answer *res with binary blocks after its body (res->n_blocks >
+ * 0), sent as they lie: takes over the body and the blocks (res is left
+ * holding neither). */
+void http_reply_blocks(srv_request *r, int status, const char *content_type,
+                       api_response *res, const char *const *extra);
 /* An error answer built for this request alone (api_error_json of it). */
 void http_reply_error(srv_request *r, int status, const char *code, const char *message);
 /* A refused connection (conn_limit.c): its one answer, a 503 saying
@@ -240,6 +248,8 @@ void request_id_set(srv_request *r, const char *given);
 bool body_expect(srv_request *r, const srv_headers *h, uint64_t length, bool has_length);
 /* Keeps n more bytes of the body (or counts them past --max-body). */
 void body_take(srv_request *r, const char *data, size_t n);
+/* The body's r->body_len bytes, or NULL when none were kept. */
+char *body_of(const srv_request *r);
 /* Between requests: a large buffer is not kept for an idle connection. */
 void body_trim(srv_connection *cx);
 /* The connection is closing: its body buffer goes, and its bytes return to
@@ -492,6 +502,10 @@ void cors_options(srv_request *r, const char *allow);
 /* Seconds a refused connection has to send its request's headers. */
 #define REFUSED_TIMEOUT 2
 #define CONN_LIMIT_BUCKETS 1024
+/* While draining: a body that has not moved for this many seconds is
+ * dropped, and every body still arriving this long into the drain. */
+#define DRAIN_BODY_STALL_S 0.25
+#define DRAIN_BODY_GRACE_S 0.75
 
 typedef struct srv_client srv_client; /* one client address and its count */
 
@@ -515,6 +529,7 @@ typedef struct {
     int *holding;            /* holding[k]: addresses that hold k connections */
     int holding_cap;         /* ... for k < holding_cap */
     conn_list waiting, reading, computing, refused;
+    double drain_began;      /* srv_now() at the first sweep that drained; 0 before */
     atomic_ulong refusals[N_REFUSE];  /* by reason (REFUSE_NONE unused) */
     atomic_ulong sheds[N_SHED];       /* by reason */
 } srv_conn_limit;

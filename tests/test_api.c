@@ -3492,6 +3492,39 @@ START_TEST(multihead_lse_null_for_rows_a_window_empties)
 }
 END_TEST
 
+/* A request over --max-request-memory whose largest part is the
+ * operation's workspace: the message names it, with the shapes that make it
+ * (the text is written only for this message, not for every request). */
+START_TEST(memory_limit_names_the_workspace_and_its_shapes)
+{
+    enum { N = 2048, D = 64 };
+    float *x = malloc(sizeof(float) * N * D), *w = malloc(sizeof(float) * D * D);
+    for (int i = 0; i < N * D; i++)
+        x[i] = 0.01f * (float)(i % 7);
+    for (int i = 0; i < D * D; i++)
+        w[i] = 0.01f * (float)(i % 5);
+    const int64_t sx[] = {1, N, D}, sw[] = {D, D};
+    sbuf b = {0};
+    sb_printf(&b, "{");
+    put_field(&b, "x", x, 3, sx, ENC_BASE64);
+    put_field(&b, "w_q", w, 2, sw, ENC_BASE64);
+    put_field(&b, "w_k", w, 2, sw, ENC_BASE64);
+    put_field(&b, "w_v", w, 2, sw, ENC_BASE64);
+    sb_printf(&b, ",\"num_heads\":8,\"output_encoding\":\"base64\"}");
+    api_limits lim = LIM;
+    lim.max_memory = 1024.0 * 1024.0;
+    json_t *j = call(API_OP_MULTIHEAD, b.s, b.len, &lim, 422);
+    json_t *e = json_object_get(j, "error");
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), "memory_limit");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    ck_assert_msg(strstr(msg, "the largest part is the projections of 8 heads (q [1, 2048, 64], "
+                             "k and v [1, 2048, 64]) and the attention's tiles"),
+                  "%s", msg);
+    json_decref(j);
+    free(x), free(w), free(b.s);
+}
+END_TEST
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -3543,6 +3576,7 @@ static Suite *api_suite(void)
     TCase *er = tcase_create("errors");
     tcase_set_timeout(er, 120);
     tcase_add_test(er, error_invalid_json_is_400);
+    tcase_add_test(er, memory_limit_names_the_workspace_and_its_shapes);
     tcase_add_test(er, invalid_json_hint_is_at_the_place_of_the_fault);
     tcase_add_test(er, error_body_not_an_object);
     tcase_add_test(er, error_duplicate_key);

@@ -2003,6 +2003,88 @@ START_TEST(raw_bytes_read_as_base64_bytes_are)
 }
 END_TEST
 
+/* codec_tensor_view_raw: float32 and bool bytes become the tensor where
+ * they lie (and stay the caller's), anything else is copied; either way a
+ * non-finite element anywhere (the first of a block, its last, the tail
+ * after the last whole block) is refused and named. */
+START_TEST(raw_bytes_viewed_in_place_and_checked_everywhere)
+{
+    enum { N = 1000 }; /* 15 blocks of 64 and a tail of 40 */
+    static float x[N];
+    static uint16_t h[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(i % 37) - 18.5f;
+        h[i] = 0x3c00; /* 1 in float16, 1.0078125 in bfloat16: finite in both */
+    }
+    int64_t shape[] = {N / 8, 8};
+    codec_tensor t;
+    codec_error e;
+    ck_assert(codec_tensor_view_raw((const uint8_t *)x, CODEC_F32, 2, shape, "q", &t, &e));
+    ck_assert(t.borrowed && t.f32 == x && t.count == N && t.rank == 2 && t.shape[0] == N / 8);
+    codec_tensor_free(&t); /* x is static: freeing it would abort */
+    ck_assert(!t.borrowed && t.f32 == NULL);
+    /* not aligned for a float: a copy of its own, the same numbers */
+    _Alignas(16) static uint8_t shifted[4 * 16 + 1];
+    memcpy(shifted + 1, x, 4 * 16);
+    int64_t shape16[] = {16};
+    ck_assert(codec_tensor_view_raw(shifted + 1, CODEC_F32, 1, shape16, "q", &t, &e));
+    ck_assert(!t.borrowed && (const void *)t.f32 != (const void *)(shifted + 1));
+    for (int i = 0; i < 16; i++)
+        ck_assert(same_bits(t.f32[i], x[i]));
+    codec_tensor_free(&t);
+    /* bools, in place */
+    static uint8_t b[N];
+    for (int i = 0; i < N; i++)
+        b[i] = (uint8_t)(i % 3 == 0);
+    ck_assert(codec_tensor_view_raw(b, CODEC_BOOL, 2, shape, "mask", &t, &e));
+    ck_assert(t.borrowed && t.b8 == b && t.dtype == CODEC_BOOL);
+    codec_tensor_free(&t);
+    b[999] = 2;
+    ck_assert(!codec_tensor_view_raw(b, CODEC_BOOL, 2, shape, "mask", &t, &e));
+    ck_assert_msg(strstr(e.message, "byte 999 is 2"), "%s", e.message);
+
+    const int at[] = {0, 63, 64, 127, 500, 959, 960, 999};
+    const float special[] = {INFINITY, -INFINITY, NAN};
+    for (size_t a = 0; a < sizeof at / sizeof *at; a++) {
+        char want[40];
+        snprintf(want, sizeof want, "element %d is", at[a]);
+        for (int s = 0; s < 3; s++) {
+            float keep = x[at[a]];
+            x[at[a]] = special[s];
+            ck_assert(!codec_tensor_view_raw((const uint8_t *)x, CODEC_F32, 2, shape, "q", &t,
+                                             &e));
+            ck_assert_msg(e.kind == CODEC_ERR_NOT_FINITE && strstr(e.message, want), "%s",
+                          e.message);
+            ck_assert_ptr_null(t.f32);
+            ck_assert(!codec_tensor_from_raw((const uint8_t *)x, CODEC_F32, 2, shape, "q", &t,
+                                             &e));
+            ck_assert_msg(strstr(e.message, want), "%s", e.message);
+            x[at[a]] = keep;
+        }
+        for (int bf = 0; bf <= 1; bf++) {
+            const uint16_t bad[2] = {bf ? 0x7f80 : 0x7c00, bf ? 0xffc1 : 0xfe00};
+            for (int k = 0; k < 2; k++) {
+                h[at[a]] = bad[k];
+                ck_assert(!codec_tensor_view_raw((const uint8_t *)h,
+                                                 bf ? CODEC_BF16 : CODEC_F16, 2, shape, "k",
+                                                 &t, &e));
+                ck_assert_msg(e.kind == CODEC_ERR_NOT_FINITE && strstr(e.message, want),
+                              "%s", e.message);
+                h[at[a]] = 0x3c00;
+            }
+        }
+    }
+    /* and, with every special element gone, read again */
+    for (int bf = 0; bf <= 1; bf++) {
+        ck_assert(codec_tensor_view_raw((const uint8_t *)h, bf ? CODEC_BF16 : CODEC_F16, 2,
+                                        shape, "k", &t, &e));
+        ck_assert(!t.borrowed && t.dtype == CODEC_F32);
+        ck_assert(same_bits(t.f32[N - 1], ref_from_half(0x3c00, bf)));
+        codec_tensor_free(&t);
+    }
+}
+END_TEST
+
 START_TEST(encode_half_base64_rounds_to_nearest_even)
 {
     const float x[] = {1.0f, -2.0f, 0.1f, 65504.0f, 1e-8f, -0.0f, 3.14159265f, 1.0009765625f};
@@ -2754,6 +2836,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, half_narrowing_rounds_to_nearest_even_on_every_path);
     tcase_add_test(tc, decode_half_base64_tensors);
     tcase_add_test(tc, raw_bytes_read_as_base64_bytes_are);
+    tcase_add_test(tc, raw_bytes_viewed_in_place_and_checked_everywhere);
     tcase_add_test(tc, encode_half_base64_rounds_to_nearest_even);
     tc = tcase(s, "numbers", false);
     tcase_add_test(tc, parse_number_edge_cases);

@@ -2,7 +2,8 @@
 # Makes sure the Debian packages that a make target needs are installed.
 #   tools/deps.sh build|test|bench|fuzz|reliability
 # As root it installs what is missing with apt-get; otherwise it prints the
-# one command that would, and fails.
+# one command that would, and fails. It waits for another apt-get holding
+# the lock (a second make target installing at the same time) for 5 min.
 set -u
 need="libmicrohttpd-dev libopenblas-dev pkg-config"
 # jansson: the tests' (and the codec benchmark's) reference JSON parser;
@@ -23,7 +24,7 @@ done
 if [ "$(id -u)" = 0 ]; then
     echo "installing Debian packages:$missing"
     export DEBIAN_FRONTEND=noninteractive
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing; } >/tmp/attnd-apt.log 2>&1 \
+    { apt-get update -qq -o DPkg::Lock::Timeout=300 && apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends $missing; } >/tmp/attnd-apt.log 2>&1 \
         || { tail -20 /tmp/attnd-apt.log; echo "apt-get failed (log: /tmp/attnd-apt.log)" >&2; exit 1; }
 else
     echo "missing Debian packages:$missing" >&2

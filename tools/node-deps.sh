@@ -26,12 +26,12 @@ if [ -n "$missing" ]; then
     fi
     echo "installing Debian packages:$missing"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/tmp/attnd-apt-node.log 2>&1 || {
+    apt-get update -qq -o DPkg::Lock::Timeout=300 >/tmp/attnd-apt-node.log 2>&1 || {
         tail -5 /tmp/attnd-apt-node.log
         echo "apt-get update failed: Debian's archive is out of reach (log: /tmp/attnd-apt-node.log)"
         exit 3
     }
-    apt-get install -y -qq --no-install-recommends $missing >>/tmp/attnd-apt-node.log 2>&1 || {
+    apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends $missing >>/tmp/attnd-apt-node.log 2>&1 || {
         tail -5 /tmp/attnd-apt-node.log
         echo "apt-get could not install$missing (log: /tmp/attnd-apt-node.log)"
         exit 1

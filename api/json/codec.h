@@ -231,6 +231,8 @@ typedef struct {
     float *f32;     /* CODEC_F32: `count` floats (malloc'd; NULL when count == 0) */
     uint8_t *b8;    /* CODEC_BOOL: `count` bytes, each 0 or 1 (malloc'd) */
     uint16_t *bf16; /* CODEC_BF16: `count` bfloat16 words as sent (malloc'd) */
+    bool borrowed;  /* the elements are the caller's bytes (codec_tensor_view_raw):
+                     * codec_tensor_free leaves them */
 } codec_tensor;
 
 /*
@@ -351,6 +353,16 @@ void codec_tensor_round(codec_dtype dtype, float *x, size_t count);
 void codec_buf_raw(codec_buf *b, codec_dtype dtype, const float *x, size_t count);
 
 bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
+                           const int64_t *shape, const char *field, codec_tensor *t,
+                           codec_error *err);
+
+/* codec_tensor_from_raw, but without a copy where the bytes already are
+ * the tensor's elements: CODEC_F32 on a little-endian machine at an
+ * address aligned for a float, and CODEC_BOOL. Such a tensor is
+ * `borrowed`: it points into bytes, which must outlive it unchanged (a
+ * large binary body is then read once, by the checks, instead of copied
+ * into fresh pages). Other dtypes are widened into memory of their own. */
+bool codec_tensor_view_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
                            const int64_t *shape, const char *field, codec_tensor *t,
                            codec_error *err);
 

@@ -34,7 +34,9 @@ skip() { echo "SKIPPED make container-test: $1"; exit 0; }
 step() { echo "-- $1"; }
 
 # ------------------------------------------------------------ tools
-need="podman runc podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq python3-yaml"
+# catatonit: the pause process of a pod (podman kube play), only recommended
+# by podman, so --no-install-recommends leaves it out.
+need="podman runc catatonit podman-compose debootstrap golang-github-containernetworking-plugin-dnsname curl jq python3-yaml"
 missing=""
 for p in $need; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
@@ -42,9 +44,9 @@ done
 if [ -n "$missing" ]; then
     [ "$(id -u)" = 0 ] || skip "needs root to install$missing (sudo apt-get install -y$missing)"
     echo "installing Debian packages:$missing"
-    apt-get update -qq >"$tmp/apt.log" 2>&1 || skip "apt-get update failed: Debian's archive is out of reach"
+    apt-get update -qq -o DPkg::Lock::Timeout=300 >"$tmp/apt.log" 2>&1 || skip "apt-get update failed: Debian's archive is out of reach"
     # The archive answers: a package it cannot install is a failure, not a skip.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends $missing \
         >>"$tmp/apt.log" 2>&1 || { tail -5 "$tmp/apt.log"; echo "FAILED apt-get install$missing"; exit 1; }
 fi
 [ "$(id -u)" = 0 ] || skip "rootless podman is not set up here; run as root"

@@ -25,7 +25,7 @@
   clients.py drain PORT --pid PID [--drain-timeout S]
       A body trickled a byte every 5 s (by Content-Length and chunked),
       headers trickled, and a computation in flight; then SIGTERM to PID. The
-      bodies must be dropped at once, the computation answered, and attnd
+      bodies must be dropped within 1 s, the computation answered, and attnd
       must exit well within --drain-timeout.
 
   clients.py abandon PORT [--requests N] [--ms MS]

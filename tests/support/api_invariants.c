@@ -626,9 +626,12 @@ static bool check_oip_answer(const api_response *res, const char *model, char *w
                 binary += json_number_value(size);
             }
         }
-        if (ok && binary != (double)(res->body_len - json_len))
+        if (ok && binary != (double)(api_response_bytes(res) - json_len))
             ok = fail(why, cap, "the outputs announce %.0f binary bytes, %zu follow the JSON",
-                      binary, res->body_len - json_len);
+                      binary, api_response_bytes(res) - json_len);
+        for (int i = 0; ok && i < res->n_blocks; i++)
+            if (!res->blocks[i].data)
+                ok = fail(why, cap, "binary block %d has no bytes", i);
     }
     json_decref(doc);
     return ok;
