@@ -118,13 +118,17 @@ typedef struct {
 
 /* A block of an answer's bytes beyond its body (api_response.blocks). */
 typedef struct {
-    void *data;       /* malloc'd; the response owns it */
+    void *data;       /* the allocator's of api_set_allocator (api_body_free); the
+                       * response owns it */
     size_t len;
 } api_block;
 
 typedef struct {
     int status;       /* 200, or the error's status */
-    char *body;       /* malloc'd JSON (the answer or the error object) */
+    char *body;       /* JSON (the answer or the error object): malloc'd, or, with
+                       * body_elements, the allocator's of api_set_allocator
+                       * (api_body_free); api_response_free knows which */
+    bool body_elements;
     size_t body_len;
     size_t body_cap;  /* bytes the body holds in memory (>= body_len + 1) */
     double decode_ms, compute_ms, encode_ms; /* 0 for the steps not reached */
@@ -207,6 +211,22 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
                 api_response *res);
 
 void api_response_free(api_response *res);
+/* Frees a body taken over from an api_response with body_elements set. */
+void api_body_free(void *body);
+
+/* Where the large blocks of a computation come from: the decoded tensors
+ * (codec_set_allocator), libattn's workspaces (attn_set_allocator) and the
+ * results they are written into. By default malloc, realloc and free.
+ * alloc returns `bytes` bytes aligned to 64, or NULL; realloc is realloc's
+ * equal; free takes what they gave, or NULL; all thread-safe. Set once,
+ * before the first request, and kept (NULL: the default again). */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void *(*realloc)(void *ctx, void *p, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void *ctx;
+} api_allocator;
+void api_set_allocator(const api_allocator *a);
 
 /* The bytes of the answer: body_len and every block's. */
 size_t api_response_bytes(const api_response *res);

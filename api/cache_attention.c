@@ -254,16 +254,23 @@ static void terms_at(const cache_state *st, int64_t n_k, int threads, api_cost_t
                          (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v);
             t->flops += (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
                         PRICE_APPENDED;
-            /* Memory: the cache read out as float32, and attn_sdpa_forward's
-             * workspaces over it for the most threads the request may get. */
-            p.precision = ATTN_PRECISION_BFLOAT16;
-            p.threads = threads;
-            t->workspace = 4.0 * (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) +
-                           attn_sdpa_workspace(&p, false, false, false);
+        }
+        /* Memory: libattn's workspaces over the cache as it will be, for
+         * the most threads the request may get (with bfloat16 products the
+         * cache read out as float32; with float32, when decoding, each run
+         * of pages' partial outputs), and the softmax rows for the lse. */
+        attn_kv_params at_most = st->p;
+        at_most.threads = threads;
+        t->workspace = attn_kv_forward_workspace(&st->config, n_k, &at_most) +
+                       (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0);
+        if (st->p.precision == ATTN_PRECISION_BFLOAT16)
             snprintf(t->workspace_what, sizeof t->workspace_what,
                      "the cache read out as float32 for bfloat16 products (%lld positions)",
                      (long long)n_k);
-        }
+        else
+            snprintf(t->workspace_what, sizeof t->workspace_what,
+                     "the attention's partial outputs and tiles over %lld cached positions",
+                     (long long)n_k);
     }
     double h_kv = (double)st->config.num_kv_heads, d_k = (double)st->config.head_dim;
     if (st->p.variants.rope_base > 0) {
@@ -321,9 +328,12 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
         return api_fail(err, 422, "memory_limit", "",
                         "attending over the %lld positions cached now needs about %.0f MiB "
                         "for %s, more than this server's limit of %.0f MiB for one request "
-                        "(--max-request-memory); truncate the cache or use float32 precision",
+                        "(--max-request-memory); truncate the cache or %s",
                         (long long)length_after(st, info->length), t.workspace / 1048576.0,
-                        t.workspace_what, c->lim.max_memory / 1048576.0);
+                        t.workspace_what, c->lim.max_memory / 1048576.0,
+                        st->p.precision == ATTN_PRECISION_BFLOAT16
+                            ? "use float32 precision"
+                            : "send fewer query rows at once");
     double work_limit = c->lim.max_work;
     if (work_limit > 0) {
         double work = api_compute_work(&t, false, false);

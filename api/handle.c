@@ -155,7 +155,7 @@ void api_call_free(api_call *c)
         c->op->release(c);
     api_values_free(c->f, c->op->n_fields);
     for (int i = 0; i < c->n_results; i++)
-        free(c->results[i].data);
+        api_free_floats(c->results[i].data);
     api_oip_free(c->oip);
     free(c); /* and its state, in the same block */
 }
@@ -355,6 +355,12 @@ api_call *api_prepare_oip(api_op op, const char *body, size_t len, const char *j
  * about 450 bytes) fits it without growing; larger tensors reserve their
  * room in one step when they are written. */
 #define FIRST_BLOCK 1024
+/* An answer that could be larger than this gets its whole room at once, the
+ * cost's bound on its size: grown by doubling, a 45 MB answer went through
+ * blocks of 256 KiB to 64 MiB, each copied into the next, and with the
+ * allocator's pool keeping them all for the next answer. Untouched pages of
+ * an over-estimate cost address space only. */
+#define WHOLE_ROOM (64 * 1024)
 
 static bool compute(api_call *c, int threads, api_error *err)
 {
@@ -388,7 +394,7 @@ static void emit(codec_buf *b, api_result *r, codec_encoding enc, bool first)
     codec_buf_puts(b, r->name);
     codec_buf_append(b, "\":", 2);
     codec_tensor_encode(b, r->data, r->rank, r->shape, enc);
-    free(r->data);
+    api_free_floats(r->data);
     r->data = NULL;
 }
 
@@ -435,10 +441,15 @@ void api_execute(api_call *c, int threads, api_response *res)
         c->op->release(c);
     api_values_free(c->f, c->op->n_fields);
     api_lap(&c->t, &c->t.compute_ms);
-    codec_buf out = {.data = ok ? malloc(FIRST_BLOCK) : NULL};
+    /* The answer comes from the allocator of the tensors (api_set_allocator):
+     * its size follows theirs. */
+    size_t room = FIRST_BLOCK;
+    if (c->cost.response_bytes > WHOLE_ROOM && c->cost.response_bytes < (double)(SIZE_MAX / 2))
+        room = (size_t)c->cost.response_bytes + 1;
+    codec_buf out = {.data = ok ? codec_tensor_alloc(room) : NULL, .elements = true};
     bool blocks_ok = true;
     if (out.data) {
-        out.cap = FIRST_BLOCK;
+        out.cap = room;
         out.data[0] = '\0';
         if (c->oip)
             blocks_ok = api_oip_encode(c, &out, res);
@@ -462,7 +473,7 @@ void api_execute(api_call *c, int threads, api_response *res)
      * answer may wait a while for a slow client, so hand back the rest
      * (a few hundred bytes of the first block are not worth a realloc). */
     if (out.cap > out.len + out.len / 8 && out.cap - out.len > FIRST_BLOCK) {
-        char *fit = realloc(out.data, out.len);
+        char *fit = codec_tensor_realloc(out.data, out.len);
         if (fit) {
             out.data = fit;
             out.cap = out.len;
@@ -472,6 +483,7 @@ void api_execute(api_call *c, int threads, api_response *res)
     res->body = out.data;
     res->body_len = out.len - 1;
     res->body_cap = out.cap;
+    res->body_elements = true;
 }
 
 void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
@@ -482,16 +494,25 @@ void api_handle(api_op op, const char *body, size_t len, const api_limits *lim,
         api_execute(c, lim->threads, res);
 }
 
+void api_body_free(void *body)
+{
+    codec_tensor_release(body);
+}
+
 void api_response_free(api_response *res)
 {
     if (!res)
         return;
-    free(res->body);
+    if (res->body_elements)
+        api_body_free(res->body);
+    else
+        free(res->body);
     res->body = NULL;
     res->body_len = 0;
     res->body_cap = 0;
+    res->body_elements = false;
     for (int i = 0; i < res->n_blocks; i++)
-        free(res->blocks[i].data);
+        codec_tensor_release(res->blocks[i].data);
     free(res->blocks);
     res->blocks = NULL;
     res->n_blocks = 0;

@@ -138,7 +138,7 @@ static bool binary_blocks(api_call *c, const char *stats_json, size_t stats_len,
         api_block *blk = &blocks[n++];
         if (o->result == OIP_STATS) {
             blk->len = 4 + stats_len;
-            uint8_t *p = malloc(blk->len);
+            uint8_t *p = codec_tensor_alloc(blk->len);
             if (!(blk->data = p)) {
                 ok = false;
                 break;
@@ -155,17 +155,17 @@ static bool binary_blocks(api_call *c, const char *stats_json, size_t stats_len,
             r->data = NULL;
             continue;
         }
-        if (!(blk->data = malloc(blk->len ? blk->len : 1))) {
+        if (!(blk->data = codec_tensor_alloc(blk->len ? blk->len : 1))) {
             ok = false;
             break;
         }
         codec_tensor_to_bytes(x->dtype, r->data, blk->data, (size_t)r->count);
-        free(r->data);
+        api_free_floats(r->data);
         r->data = NULL;
     }
     if (!ok) {
         for (int i = 0; i < n; i++)
-            free(blocks[i].data);
+            codec_tensor_release(blocks[i].data);
         free(blocks);
         return false;
     }

@@ -299,8 +299,8 @@ static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_
     }
     if (in->dtype == CODEC_BOOL && t->count == 0) {
         /* [] holds no booleans to say so: an empty mask all the same */
-        free(t->f32);
-        *t = (codec_tensor){.dtype = CODEC_BOOL, .b8 = malloc(1)};
+        codec_tensor_release(t->f32);
+        *t = (codec_tensor){.dtype = CODEC_BOOL, .b8 = codec_tensor_alloc(1)};
         if (!t->b8)
             return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
     }

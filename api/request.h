@@ -138,9 +138,12 @@ bool api_mask_setup(const codec_tensor *t, int score_rank,
  * out_of_memory, anything else -> 422 invalid_value with lib's message. */
 bool api_fail_attn(api_error *err, const attn_error *ae);
 
-/* malloc of `count` floats, NULL on overflow or failure (count 0 gives a
- * valid 1-float block so that NULL always means failure). */
+/* `count` floats for a result, from the allocator of api_set_allocator
+ * (codec_tensor_alloc), NULL on overflow or failure (count 0 gives a valid
+ * 1-float block so that NULL always means failure). Freed with
+ * api_free_floats. */
 float *api_alloc_floats(int64_t count);
+void api_free_floats(float *x);
 
 /* 422 numerical_overflow when any of the `count` floats of an output is
  * not finite, or would not be in the encoding's dtype (float16 past 65504). */

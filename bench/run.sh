@@ -15,7 +15,9 @@
 #      decoding over a KV cache against the memory's read bandwidth, and
 #      1-token appends at 1k and 32k positions, taking turns (bench/decode.c)
 #   2. the library's peak RSS growth at n=32768 (bench/memory.c)
-#   3. attnd's peak RSS growth serving that request, base64 in and out
+#   3. attnd's peak RSS growth serving that request, base64 in and out;
+#      attnd's compute time against in-process for the n=4096 forward and
+#      the short batch, and its page faults per request (bench/server.py)
 #   4. the tensor codec against jansson (bench/codec.c)
 #   4b. the fixed cost of one attn_parallel_for call (bench/parallel.c)
 #   5. HTTP under wrk: attnd against nginx (../shared/peers/nginx.conf) and the
@@ -215,6 +217,30 @@ assert all(len(base64.b64decode(t["base64"])) == 32768 * 64 * 4 for t in ts)
     fi
     stop_pid "$pid"
     rm -f "$TMP/big.out"
+fi
+
+# ------------------------------------------------------------------ 3b. attnd's compute
+# The n=4096 forward and the short batch through a running attnd (its own
+# meta.timing_ms.compute) against the same calls in-process (bench/kernel.c's
+# child, its buffers warm), taking turns; and attnd's minor page faults per
+# repeated n=4096 request (bench/server.py).
+if [ -x "$ATTND" ] && [ $have_kernel = 1 ] && want server; then
+    note "attnd compute: n=4096 and the short batch, server against in-process; page faults"
+    port=$(free_port)
+    "$ATTND" --port "$port" --threads $THREADS --max-body 400000000 --max-work 1e13 \
+        --timeout 600 > "$TMP/attnd-compute.log" 2>&1 &
+    pid=$!; PIDS="$PIDS $pid"
+    if wait_http "http://127.0.0.1:$port/healthz"; then
+        if /usr/bin/python3 bench/server.py "http://127.0.0.1:$port/v1/attention" "$pid" \
+                "$OUT/kernel" $THREADS > "$TMP/server" 2> "$TMP/server.err"; then
+            while read -r k v; do put "srvc_$k" "$v"; done < "$TMP/server"
+        else
+            note "bench/server.py failed: $(tail -1 "$TMP/server.err")"
+        fi
+    else
+        note "attnd did not start: $(tail -3 "$TMP/attnd-compute.log")"
+    fi
+    stop_pid "$pid"
 fi
 
 # ------------------------------------------------------------------ 4. codec
@@ -647,6 +673,18 @@ row "attnd peak RSS growth (MiB) serving that request, base64 in and out" \
     "$([ -n "$g" ] && calc %.1f "$g / 1024")" \
     "$([ -n "$s" ] && [ "$s" != 200 ] && echo "attnd answered $s; ")VmHWM $(scaled "$(get srv_hwm_before_kb)" 1024 %.0f) -> $(scaled "$(get srv_hwm_after_kb)" 1024 %.0f) MiB; body $(scaled "$(get srv_body_in)" 1e6 %.1f) MB in, $(scaled "$(get srv_body_out)" 1e6 %.1f) MB out; $(s=$(get srv_seconds); echo "${s:-?}") s" \
     "<=" 400
+# srvc_detail SHAPE: "server 250.1 GFLOP/s (137.4 ms), in-process 260.2 (132.1 ms)"
+srvc_detail() {
+    echo "server $(get "srvc_${1}_server_gflops") GFLOP/s ($(get "srvc_${1}_server_ms") ms, meta.timing_ms.compute), in-process $(get "srvc_${1}_inproc_gflops") GFLOP/s ($(get "srvc_${1}_inproc_ms") ms); best of 3 rounds taking turns, base64 in and out"
+}
+row "attnd / in-process GFLOP/s, B=1, H=8, n=4096, d=64 forward ($THREADS threads)" \
+    "$(get srvc_n4096_ratio)" "$(srvc_detail n4096)" ">=" 0.95
+row "attnd / in-process GFLOP/s, short sequences B=64, H=8, n=64, d=64 forward" \
+    "$(get srvc_batch_ratio)" "$(srvc_detail batch)" ">=" 0.9
+row "attnd minor page faults per repeated n=4096 request, after warm-up" \
+    "$(get srvc_faults_per_request)" \
+    "/proc/PID/stat minflt before and after $(get srvc_faults_requests) requests, every thread of attnd" \
+    "<=" 499
 
 SECTION=codec
 row "tensor codec: jansson time / ours (decode+encode), 1M float32" \
@@ -699,7 +737,7 @@ else
 fi
 row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
     "$(get http_dec_overhead_us)" \
-    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; one kept-alive connection, bench/decode_http.py" \
+    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; one kept-alive connection, bench/decode_http.py" \
     "<=" 150
 row "decode step at 4096 positions (float32): re-sending K and V to /v1/attention / through a KV cache (time)" \
     "$(get http_resend_ratio)" \

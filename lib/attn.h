@@ -613,8 +613,10 @@ typedef struct {
      * memory, and attn_sdpa_forward runs over them). */
     attn_precision precision;
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
-                               * checked before the work with float32, at
-                               * attn_sdpa_forward's units with bfloat16 */
+                               * checked before the work and then at every
+                               * unit (a run of pages when decoding, each
+                               * page when prefilling; attn_sdpa_forward's
+                               * units with bfloat16) */
 } attn_kv_params;
 
 /*
@@ -659,6 +661,39 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *p,
 /* Nominal FLOPs of attn_kv_forward, counted as attn_sdpa_flops counts them
  * (the window's band only); 0 for parameters it would refuse. */
 double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *p);
+
+/* An upper bound of the bytes attn_kv_forward allocates (beyond the
+ * caller's q, out and rows) when a cache of `config` holds `length`
+ * positions, for p->threads threads: with few rows, each run's partial
+ * outputs (up to 64 runs of [H_q, n_q, value_dim]); with many, each
+ * worker's tiles; with bfloat16 products, the cache read out as float32
+ * and attn_sdpa_workspace over it. Known before the call, as
+ * attn_sdpa_workspace is (0 for an empty cache or nonsense). */
+double attn_kv_forward_workspace(const attn_kv_config *config, int64_t length,
+                                 const attn_kv_params *p);
+
+/* ----------------------------------------------------------- workspaces */
+
+/*
+ * Where a call's workspaces come from (attn_sdpa_workspace says how much):
+ * by default aligned_alloc and free. A server that wants the memory of one
+ * request to serve the next (kept mapped, its pages already in) gives its
+ * own. alloc returns `bytes` bytes aligned to 64, or NULL (the call then
+ * fails with ATTN_ERR_NOMEM); free takes what alloc gave, or NULL. Both are
+ * called from the calling thread and from libattn's helper threads, at
+ * once: they must be thread-safe. The caller's tensors and a KV cache's
+ * pages are never allocated through them.
+ */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void *ctx;
+} attn_allocator;
+
+/* Sets the allocator (NULL: the default again). Not while a call runs: set
+ * it once, before the first call, and keep it while workspaces it gave may
+ * still be freed. */
+void attn_set_allocator(const attn_allocator *a);
 
 /* ------------------------------------------------------------- kernels */
 

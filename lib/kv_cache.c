@@ -357,7 +357,7 @@ attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, cons
         else
             s = attn_fail(err, s, "out of memory for the rotation's table");
         if (s != ATTN_OK) {
-            free(k_rot);
+            sdpa_free(k_rot);
             return s;
         }
         k = k_rot;
@@ -388,7 +388,7 @@ attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, cons
             free(table[p]);
         if (table != c->page)
             free(table);
-        free(k_rot);
+        sdpa_free(k_rot);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %lld new pages of %zu bytes",
                          (long long)(pages - c->pages), c->page_bytes);
     }
@@ -411,7 +411,7 @@ attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, cons
     if (c->length == 0)
         c->rope_base = rope_base;
     c->length += n_new;
-    free(k_rot);
+    sdpa_free(k_rot);
     return ATTN_OK;
 }
 

@@ -270,6 +270,10 @@ static void prefill_unit(void *ctx, int64_t u, int worker)
     const attn_kv_dtype dtype = cache->config.dtype;
     int64_t since_fold = 0; /* tiles in the float rows, as the forward counts them */
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
+        /* Cancelled: the rows are left unfinished (the call's outputs are
+         * unspecified then), as attn_sdpa_forward leaves them. */
+        if (attn_cancelled(p->cancel))
+            return;
         if (since_fold == SDPA_FOLD_TILES) {
             sdpa_fold_rows(w->acc, w->m_tile, w->m, out, p->d_v, t.rows, p->d_v, true);
             since_fold = 0;
@@ -302,17 +306,23 @@ static void prefill_unit(void *ctx, int64_t u, int worker)
 
 /* The sdpa parameters of attention over the cache, for the checks, the
  * flops and the kernels. */
-static attn_sdpa_params sdpa_params_of(const attn_kv_cache *cache, const attn_kv_params *kp)
+static attn_sdpa_params sdpa_params_at(const attn_kv_config *config, int64_t length,
+                                       const attn_kv_params *kp)
 {
     attn_sdpa_params sp = {
-        .batch = 1, .heads_q = kp->heads_q, .heads_kv = cache->config.num_kv_heads,
-        .n_q = kp->n_q, .n_k = cache->length > 0 ? cache->length : 1,
-        .d_k = cache->config.head_dim, .d_v = cache->config.value_dim, .scale = kp->scale,
+        .batch = 1, .heads_q = kp->heads_q, .heads_kv = config->num_kv_heads,
+        .n_q = kp->n_q, .n_k = length > 0 ? length : 1,
+        .d_k = config->head_dim, .d_v = config->value_dim, .scale = kp->scale,
         .causal = kp->causal, .mask = {.kind = ATTN_MASK_NONE}, .threads = kp->threads,
         .layout = ATTN_LAYOUT_BHND, .variants = kp->variants, .cancel = kp->cancel,
     };
     sp.variants.alibi_batch_stride = 0;
     return sp;
+}
+
+static attn_sdpa_params sdpa_params_of(const attn_kv_cache *cache, const attn_kv_params *kp)
+{
+    return sdpa_params_at(&cache->config, cache->length, kp);
 }
 
 double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *kp)
@@ -349,22 +359,31 @@ static attn_status forward_bf16(const attn_kv_cache *cache, const attn_sdpa_para
     s = attn_kv_read(cache, 0, n_k, k, v, err);
     if (s == ATTN_OK)
         s = attn_sdpa_forward(&p, q_rot != NULL ? q_rot : q, k, v, out, rows, NULL, NULL, err);
-    free(k);
-    free(v);
-    free(q_rot);
+    sdpa_free(k);
+    sdpa_free(v);
+    sdpa_free(q_rot);
     return s;
 nomem:
-    free(k);
-    free(v);
-    free(q_rot);
+    sdpa_free(k);
+    sdpa_free(v);
+    sdpa_free(q_rot);
     return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the cache read out as float32");
 }
 
 static void free_workers(kv_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
-        free(w[i].strip);
+        sdpa_free(w[i].strip);
     free(w);
+}
+
+/* Floats of one worker's block (alloc_workers lays it out). */
+static int64_t worker_floats(const attn_sdpa_params *p, bool prefill, bool widen)
+{
+    const int64_t strip = KERN_MR_MAX * KERN_BK, rows = prefill ? KERN_FWD_BQ : 0;
+    const int64_t kt = widen ? p->d_k * KERN_BK : 0, v = widen ? KERN_BK * p->d_v : 0;
+    return (strip + 15) / 16 * 16 + (rows + 15) / 16 * 16 + (2 * rows + 15) / 16 * 16 +
+           (rows + 15) / 16 * 16 + (2 * rows * p->d_v + 15) / 16 * 16 + (kt + 15) / 16 * 16 + v;
 }
 
 /* Each worker's workspaces in one block. */
@@ -374,14 +393,14 @@ static kv_worker *alloc_workers(int n, const attn_sdpa_params *p, bool prefill, 
     if (w == NULL)
         return NULL;
     const int64_t strip = KERN_MR_MAX * KERN_BK, rows = prefill ? KERN_FWD_BQ : 0;
-    const int64_t kt = widen ? p->d_k * KERN_BK : 0, v = widen ? KERN_BK * p->d_v : 0;
+    const int64_t kt = widen ? p->d_k * KERN_BK : 0;
     /* Floats, each part rounded up to whole cache lines (16 floats). */
     const int64_t at_m = (strip + 15) / 16 * 16, at_l = at_m + (rows + 15) / 16 * 16;
     const int64_t at_mt = at_l + (2 * rows + 15) / 16 * 16, at_acc = at_mt + (rows + 15) / 16 * 16;
     const int64_t at_kt = at_acc + (2 * rows * p->d_v + 15) / 16 * 16;
     const int64_t at_v = at_kt + (kt + 15) / 16 * 16;
     for (int i = 0; i < n; i++) {
-        float *b = sdpa_alloc(at_v + v, sizeof(float));
+        float *b = sdpa_alloc(worker_floats(p, prefill, widen), sizeof(float));
         if (b == NULL) {
             free_workers(w, n);
             return NULL;
@@ -429,7 +448,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
         if (q_rot == NULL || sdpa_rope_at(kp->variants.rope_base, sp.d_k, 1, q, q_rot,
                                           kp->heads_q, kp->n_q,
                                           cache->length - kp->n_q) != ATTN_OK) {
-            free(q_rot);
+            sdpa_free(q_rot);
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated queries");
         }
     }
@@ -441,7 +460,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
     int threads;
     if (decode) {
         if (!plan_decode(&job, sdpa_threads(&sp, INT64_MAX, flops))) {
-            free(q_rot);
+            sdpa_free(q_rot);
             memset(out, 0, (size_t)(n_rows * d_v) * sizeof *out);
             for (int64_t r = 0; rows != NULL && r < n_rows; r++)
                 rows[r] = (attn_softmax_row){.max = -INFINITY, .sum = 0.0f};
@@ -461,18 +480,72 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
             job.partial = sdpa_alloc(job.runs * n_rows * d_v, sizeof *job.partial);
         ok = job.m != NULL && job.l != NULL && (job.runs == 1 || job.partial != NULL);
     }
+    /* A cancelled call starts no unit more (and no merge): a decode unit
+     * is a run of pages, a prefill unit looks again at every page. */
     if (ok && decode) {
-        attn_parallel_for(threads, job.runs * job.parts, decode_unit, &job);
-        if (job.runs > 1)
-            attn_parallel_for(threads, sp.heads_kv, merge_head, &job);
+        attn_parallel_for_until(threads, job.runs * job.parts, decode_unit, &job, kp->cancel);
+        if (job.runs > 1 && !attn_cancelled(kp->cancel))
+            attn_parallel_for_until(threads, sp.heads_kv, merge_head, &job, kp->cancel);
     } else if (ok) {
-        attn_parallel_for(threads, sp.heads_q * job.q_tiles, prefill_unit, &job);
+        attn_parallel_for_until(threads, sp.heads_q * job.q_tiles, prefill_unit, &job,
+                                kp->cancel);
     }
-    free(job.m);
-    free(job.l);
-    free(job.partial);
+    sdpa_free(job.m);
+    sdpa_free(job.l);
+    sdpa_free(job.partial);
     free_workers(job.workers, threads);
-    free(q_rot);
-    return ok ? ATTN_OK
-              : attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
+    sdpa_free(q_rot);
+    if (!ok)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the attention's workspaces");
+    if (attn_cancelled(kp->cancel))
+        return attn_fail(err, ATTN_ERR_CANCELLED, "the call was cancelled");
+    return ATTN_OK;
+}
+
+/* ------------------------------------------------------------ its memory */
+
+/* Bytes of n items of `size`, as sdpa_alloc takes them: whole cache lines. */
+static double lines(double n, double size)
+{
+    return ceil(n * size / 64.0) * 64.0;
+}
+
+/* The allocations of attn_kv_forward above, term by term, each at its
+ * largest: every thread `threads` allows, the most runs `length` can be
+ * cut into (whatever the rows see of it), every buffer the variants ask
+ * for. */
+double attn_kv_forward_workspace(const attn_kv_config *config, int64_t length,
+                                 const attn_kv_params *kp)
+{
+    if (config == NULL || kp == NULL || length <= 0 || kp->heads_q < 1 || kp->n_q < 1 ||
+        config->num_kv_heads < 1)
+        return 0.0;
+    const attn_sdpa_params sp = sdpa_params_at(config, length, kp);
+    const double n_rows = (double)kp->heads_q * (double)kp->n_q;
+    const double q_rot = kp->variants.rope_base > 0.0f ? lines(n_rows * (double)sp.d_k, 4) : 0;
+    if (kp->precision == ATTN_PRECISION_BFLOAT16) {
+        /* forward_bf16: the cache read out, and attn_sdpa_forward over it. */
+        attn_sdpa_params p = sp;
+        p.precision = ATTN_PRECISION_BFLOAT16;
+        p.variants.rope_base = 0.0f;
+        return lines((double)sp.heads_kv * (double)length * (double)sp.d_k, 4) +
+               lines((double)sp.heads_kv * (double)length * (double)sp.d_v, 4) + q_rot +
+               attn_sdpa_workspace(&p, false, false, false);
+    }
+    const int64_t group = kp->heads_q / config->num_kv_heads;
+    const bool decode = group * kp->n_q <= ATTN_KV_DECODE_ROWS;
+    const double threads = kp->threads < 1 ? 1
+                           : kp->threads < SDPA_MAX_THREADS ? kp->threads
+                                                            : SDPA_MAX_THREADS;
+    const bool widen = !decode && config->dtype != ATTN_KV_FLOAT32;
+    double bytes = q_rot + threads * ((double)sizeof(kv_worker) +
+                                      lines((double)worker_floats(&sp, !decode, widen), 4));
+    if (decode) {
+        const int64_t pages = (length + ATTN_KV_PAGE - 1) / ATTN_KV_PAGE;
+        const int64_t runs_all = (pages + KV_RUN_PAGES - 1) / KV_RUN_PAGES;
+        const double runs = (double)(runs_all < KV_MAX_RUNS ? runs_all : KV_MAX_RUNS);
+        bytes += lines(runs * n_rows, 4) + lines(runs * n_rows, 8) +
+                 (runs > 1 ? lines(runs * n_rows * (double)sp.d_v, 4) : 0);
+    }
+    return bytes;
 }

@@ -280,9 +280,10 @@ attn_status mha_prepare(const attn_mha_params *p, const attn_mha_inputs *in,
     return ATTN_OK;
 }
 
+/* The projections are workspaces too: from the caller's allocator. */
 static float *alloc_floats(int64_t a, int64_t b, int64_t c)
 {
-    return malloc((size_t)(a * b * c) * sizeof(float));
+    return sdpa_alloc(a * b * c, sizeof(float));
 }
 
 attn_status mha_attend(const attn_mha_params *p, const attn_mha_inputs *in,
@@ -337,11 +338,11 @@ attn_status mha_finish(const attn_mha_params *p, attn_status s, attn_error *err)
 
 void mha_state_free(mha_state *st)
 {
-    free(st->q);
-    free(st->k);
-    free(st->v);
+    sdpa_free(st->q);
+    sdpa_free(st->k);
+    sdpa_free(st->v);
     if (st->o_owned)
-        free(st->o);
+        sdpa_free(st->o);
     if (st->rows_owned)
         free(st->rows);
     st->q = st->k = st->v = st->o = NULL;

@@ -16,6 +16,7 @@
 
 #include "internal.h"
 #include "mha.h"
+#include "sdpa.h"
 
 static attn_status check_grads(const attn_mha_inputs *in, const float *dout,
                                const attn_mha_grads *g, attn_error *err)
@@ -64,9 +65,9 @@ static attn_status backward_inner(const attn_mha_params *p, const attn_mha_input
 {
     const int64_t rows_q = p->batch * p->n, rows_k = p->batch * p->m;
     const int64_t wq = p->heads * p->d_k, wk = p->kv_heads * p->d_k, wv = p->kv_heads * p->d_v;
-    float *dq = malloc((size_t)(rows_q * wq) * sizeof *dq);
-    float *dk = malloc((size_t)(rows_k * wk) * sizeof *dk);
-    float *dv = malloc((size_t)(rows_k * wv) * sizeof *dv);
+    float *dq = sdpa_alloc(rows_q * wq, sizeof *dq);
+    float *dk = sdpa_alloc(rows_k * wk, sizeof *dk);
+    float *dv = sdpa_alloc(rows_k * wv, sizeof *dv);
     attn_status s = ATTN_OK;
     if (!dq || !dk || !dv)
         s = attn_fail(err, ATTN_ERR_NOMEM,
@@ -100,9 +101,9 @@ static attn_status backward_inner(const attn_mha_params *p, const attn_mha_input
             input_grad(st, rows_k, p->d_ctx, wv, dv, in->w_v, true, g->context);
         }
     }
-    free(dq);
-    free(dk);
-    free(dv);
+    sdpa_free(dq);
+    sdpa_free(dk);
+    sdpa_free(dv);
     return s;
 }
 
@@ -123,13 +124,13 @@ attn_status mha_backward_from(const attn_mha_params *p, const attn_mha_inputs *i
         return ATTN_OK;
     if (in->w_o == NULL)
         return backward_inner(p, in, st, dout, g, err);
-    float *d_o = malloc((size_t)(rows * cat) * sizeof *d_o);
+    float *d_o = sdpa_alloc(rows * cat, sizeof *d_o);
     if (d_o == NULL)
         return attn_fail(err, ATTN_ERR_NOMEM,
                          "out of memory for the gradients of multi-head attention");
     input_grad(st, rows, cat, p->d_out, dout, in->w_o, false, d_o);
     s = backward_inner(p, in, st, d_o, g, err);
-    free(d_o);
+    sdpa_free(d_o);
     return s;
 }
 

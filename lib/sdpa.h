@@ -311,7 +311,9 @@ bool sdpa_dtypes_float32(const attn_sdpa_params *p);
 /* Threads worth starting for `units` units of `flops` total work. */
 int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops);
 
-/* 64-byte aligned allocation of n items of `size` bytes (free with free). */
+/* 64-byte aligned allocation of n items of `size` bytes, from the
+ * allocator of attn_set_allocator: free it with sdpa_free, never free. */
 void *sdpa_alloc(int64_t n, size_t size);
+void sdpa_free(void *p);
 
 #endif /* ATTN_SDPA_H */

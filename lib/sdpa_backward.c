@@ -438,7 +438,7 @@ static void plan_splits(bwd_job *job, int64_t entries, int threads, double total
 static void free_workers(bwd_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
-        free(w[i].block);
+        sdpa_free(w[i].block);
     free(w);
 }
 
@@ -615,21 +615,21 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         if (rope)
             ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     }
-    free(q_rot);
-    free(k_rot);
-    free(h->qb);
-    free(h->dob);
-    free(h->qr);
-    free(h->dor);
+    sdpa_free(q_rot);
+    sdpa_free(k_rot);
+    sdpa_free(h->qb);
+    sdpa_free(h->dob);
+    sdpa_free(h->qr);
+    sdpa_free(h->dor);
     free(h->pair_at);
     for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
-        free(job.dq_split[i]);
+        sdpa_free(job.dq_split[i]);
     for (int64_t i = 0; job.dq_sum != NULL && i < job.splits; i++)
-        free(job.dq_sum[i]);
+        sdpa_free(job.dq_sum[i]);
     free(job.dq_split);
     free(job.dq_sum);
     free_workers(job.workers, threads);
-    free(delta);
+    sdpa_free(delta);
     free(job.pair_cost);
     free(job.seq_splits);
     if (!ok)

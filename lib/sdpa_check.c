@@ -247,6 +247,15 @@ int sdpa_threads(const attn_sdpa_params *p, int64_t units, double flops)
     return (int)(units < threads ? units : threads);
 }
 
+/* The allocator of attn_set_allocator; a.alloc NULL: the default. Set
+ * before any call runs (attn.h), read by every call after. */
+static attn_allocator workspaces;
+
+void attn_set_allocator(const attn_allocator *a)
+{
+    workspaces = a && a->alloc && a->free ? *a : (attn_allocator){0};
+}
+
 void *sdpa_alloc(int64_t n, size_t size)
 {
     /* Rounded up to whole cache lines, as aligned_alloc requires. */
@@ -255,6 +264,8 @@ void *sdpa_alloc(int64_t n, size_t size)
     if ((uint64_t)n > SIZE_MAX / size - 64)
         return NULL;
     size_t bytes = ((size_t)n * size + 63) / 64 * 64;
+    if (workspaces.alloc)
+        return workspaces.alloc(workspaces.ctx, bytes);
     void *p = aligned_alloc(64, bytes);
 #ifdef MADV_HUGEPAGE
     /* A large workspace (the packed keys of a long or ragged batch, dq's
@@ -270,4 +281,12 @@ void *sdpa_alloc(int64_t n, size_t size)
     }
 #endif
     return p;
+}
+
+void sdpa_free(void *p)
+{
+    if (workspaces.free)
+        workspaces.free(workspaces.ctx, p);
+    else
+        free(p);
 }

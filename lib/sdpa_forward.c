@@ -683,7 +683,7 @@ static void ws_free(const fwd_arena *a, void *p)
 {
     uintptr_t u = (uintptr_t)p;
     if (u < (uintptr_t)a->base || u >= (uintptr_t)a->end)
-        free(p);
+        sdpa_free(p);
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -907,8 +907,8 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     ws_free(&arena, kv_b);
     ws_free(&arena, panel_at);
     ws_free(&arena, mean_at);
-    free(q_rot);
-    free(k_rot);
+    sdpa_free(q_rot);
+    sdpa_free(k_rot);
     free(job.unit_stats);
     free_workers(&arena, job.workers, threads);
     if (!ok)

@@ -10,6 +10,8 @@
  * connection's buffer counts against --max-body-memory; a body whose
  * buffer cannot grow within it is refused (503, Retry-After) and its
  * buffer freed at once, so that stalled uploads cannot add up to more.
+ * Buffers come from the server's pool (pool.c), which keeps a large one's
+ * pages for the next large body when it is freed.
  */
 #include "server.h"
 
@@ -83,12 +85,35 @@ char *body_of(const srv_request *r)
 /* The first buffer of a body: most bodies fit it. */
 #define FIRST_BODY_BUFFER 16384
 
-/* Grows cx's buffer to `need` bytes within --max-body-memory. */
-static bool grow(srv_request *r, size_t need)
+/* A body announced whole (`whole` bytes) moves into an idle block of the
+ * pool that holds it all, when there is one: its pages are in already,
+ * whereas growing by doubling would map and fault a block at each size. It
+ * is charged against --max-body-memory as its bytes arrive, like any body
+ * (a client that announces much and sends little is charged for what it
+ * sent); the rest of the block stays counted by the pool against
+ * --max-memory, as it was while idle, and no memory is mapped for an
+ * announced length. */
+static bool take_whole(srv_request *r, size_t whole)
+{
+    srv_connection *cx = r->connection;
+    char *p = pool_realloc_idle(cx->srv->pool, cx->body, whole);
+    if (!p)
+        return false;
+    cx->body = p; /* body_cap, what is charged, is unchanged */
+    return true;
+}
+
+/* Grows cx's buffer to `need` bytes within --max-body-memory; an announced
+ * body (`whole` bytes, 0: not announced) first into a block of the pool
+ * that holds it all, when there is one. */
+static bool grow(srv_request *r, size_t need, size_t whole)
 {
     srv_connection *cx = r->connection;
     if (need <= cx->body_cap)
         return true;
+    if (whole > need && whole >= POOL_MIN_BLOCK &&
+        (!cx->body || pool_block_size(cx->body) < whole))
+        (void)take_whole(r, whole); /* then the growth below is in place */
     srv_server *srv = cx->srv;
     long long more = (long long)(need - cx->body_cap);
     long long held = atomic_fetch_add(&srv->body_memory, more) + more;
@@ -97,7 +122,11 @@ static bool grow(srv_request *r, size_t need)
         r->bodies_full = true;
         return false;
     }
-    char *p = realloc(cx->body, need);
+    /* From the pool: a large body's pages stay mapped for the next one. An
+     * announced body's smaller sizes go at once: the next body announced
+     * whole takes the largest (take_whole). */
+    char *p = whole ? pool_grow(srv->pool, cx->body, need)
+                    : pool_realloc(srv->pool, cx->body, need);
     if (!p) {
         atomic_fetch_sub(&srv->body_memory, more);
         r->out_of_memory = true;
@@ -111,7 +140,7 @@ static bool grow(srv_request *r, size_t need)
 void body_free(srv_connection *cx)
 {
     atomic_fetch_sub(&cx->srv->body_memory, (long long)cx->body_cap);
-    free(cx->body);
+    pool_free(cx->srv->pool, cx->body);
     cx->body = NULL;
     cx->body_cap = 0;
 }
@@ -160,7 +189,10 @@ void body_take(srv_request *r, const char *data, size_t n)
             cap = at + r->body_expected;
         if (cap > at + max_body)
             cap = at + max_body;
-        if (!grow(r, cap)) {
+        size_t whole = r->body_expected >= r->body_len + n && r->body_expected <= max_body
+                           ? at + r->body_expected
+                           : 0;
+        if (!grow(r, cap, whole)) {
             if (r->bodies_full) /* what it held goes back to the others */
                 body_free(cx);
             return;

@@ -70,6 +70,24 @@ api_limits compute_limits(const srv_request *r, int threads)
                         .cancel = &r->cancel};
 }
 
+/* The pool (pool.c) may keep idle what the memory budget leaves beside the
+ * reservations of the requests queued or computing: its idle blocks count
+ * against --max-memory like a request's, and a request admitted into the
+ * room they held makes them go. Under q->lock, so that the limits follow
+ * one another in the order of the reservations. */
+static void pool_fit(srv_server *srv)
+{
+    srv_compute *q = &srv->compute;
+    double room = q->memory_budget - q->memory_pending;
+    pool_set_limit(srv->pool, room > 0 ? (size_t)room : 0);
+}
+
+/* The decoded tensors, libattn's workspaces and the results come from the
+ * pool too. */
+static void *pool_give(void *pool, size_t bytes) { return pool_alloc(pool, bytes); }
+static void *pool_regive(void *pool, void *p, size_t bytes) { return pool_realloc(pool, p, bytes); }
+static void pool_take(void *pool, void *p) { pool_free(pool, p); }
+
 /* Reserves the room of an answer in the response budget and the request's
  * peak memory in the memory budget, both or neither: false, with the
  * refusal in r->refusal, when one is spent. A request alone in the memory
@@ -85,6 +103,7 @@ static bool reserve(srv_request *r, const api_cost *cost)
     if (answer && memory) {
         q->response_pending += cost->response_bytes;
         q->memory_pending += cost->memory;
+        pool_fit(r->srv);
     }
     pthread_mutex_unlock(&q->lock);
     if (!answer || !memory) {
@@ -104,6 +123,7 @@ static void release_memory(srv_request *r)
     srv_compute *q = &r->srv->compute;
     pthread_mutex_lock(&q->lock);
     q->memory_pending -= r->memory_reserved;
+    pool_fit(r->srv);
     pthread_mutex_unlock(&q->lock);
     r->memory_reserved = 0;
 }
@@ -261,6 +281,11 @@ bool compute_start(srv_server *srv)
     q->response_pending = 0;
     q->memory_budget = (double)srv->cfg->max_memory;
     q->memory_pending = 0;
+    if (!(srv->pool = pool_shared()))
+        return false;
+    pool_fit(srv);
+    api_set_allocator(&(api_allocator){
+        .alloc = pool_give, .realloc = pool_regive, .free = pool_take, .ctx = srv->pool});
     q->workers = calloc((size_t)q->slots, sizeof *q->workers);
     if (!q->workers)
         return false;
@@ -404,4 +429,5 @@ void compute_stop(srv_server *srv)
     free(q->workers);
     q->workers = NULL;
     q->n_workers = 0;
+    pool_set_limit(srv->pool, 0); /* nothing more to serve: unmapped */
 }

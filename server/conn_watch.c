@@ -15,6 +15,9 @@
  *     looks before it starts a request (compute.c), so a request whose
  *     client left while it queued is never started.
  * Either way the request ends as nginx's 499 in the log and the metrics.
+ *   - Idle memory: the pool's blocks that no request has taken for
+ *     POOL_IDLE_SECONDS are unmapped (pool.c), so that a server that has
+ *     served a burst of large requests gives their memory back.
  */
 #include "server.h"
 
@@ -59,6 +62,7 @@ static void *watch_main(void *arg)
         pthread_mutex_unlock(&w->lock);
         conn_limit_sweep(&srv->conn_limit, srv_now(), http_draining(srv));
         conn_limit_check_computing(&srv->conn_limit, client_gone, NULL);
+        pool_reap(srv->pool, POOL_IDLE_SECONDS);
         pthread_mutex_lock(&w->lock);
     }
     pthread_mutex_unlock(&w->lock);

@@ -158,10 +158,21 @@ void http_refuse_connection(srv_request *r)
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra)
 {
+    http_reply_released(r, status, content_type, body, len, extra, NULL);
+}
+
+void http_reply_released(srv_request *r, int status, const char *content_type, char *body,
+                         size_t len, const char *const *extra, void (*release)(void *))
+{
     struct MHD_Response *resp =
-        body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE) : NULL;
+        !body      ? NULL
+        : !release ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
+                   : MHD_create_response_from_buffer_with_free_callback(len, body, release);
     if (!resp) {
-        free(body);
+        if (release)
+            release(body);
+        else
+            free(body);
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
         return;
     }

@@ -369,10 +369,10 @@ void routes_compute_done(srv_request *r)
         return;
     }
     char *body = res->body;
-    res->body = NULL; /* MHD frees it once sent */
-    http_reply_owned(r, res->status,
-                     res->header_len ? "application/octet-stream" : "application/json", body,
-                     res->body_len, extra);
+    res->body = NULL; /* MHD frees it once sent (an answer's: back to the pool) */
+    http_reply_released(r, res->status,
+                        res->header_len ? "application/octet-stream" : "application/json", body,
+                        res->body_len, extra, res->body_elements ? api_body_free : NULL);
 }
 
 /* An answer of the API computed on this thread: a cache's life cycle. */

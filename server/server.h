@@ -214,6 +214,9 @@ void http_reply_stock(srv_request *r, stock_error e);
 /* Takes ownership of body (malloc'd). extra: NULL-terminated name/value pairs. */
 void http_reply_owned(srv_request *r, int status, const char *content_type,
                       char *body, size_t len, const char *const *extra);
+/* The same for a body that release (not free) frees once it is sent. */
+void http_reply_released(srv_request *r, int status, const char *content_type, char *body,
+                         size_t len, const char *const *extra, void (*release)(void *));
 /* The API's answer *res with binary blocks after its body (res->n_blocks >
  * 0), sent as they lie: takes over the body and the blocks (res is left
  * holding neither). */
@@ -349,6 +352,53 @@ void routes_compute_done(srv_request *r); /* answer a finished compute */
 /* The {id} of `path` under the route pattern `pattern` into id ("" when it
  * has none, or a longer one than PATH_PARAM_MAX). */
 void routes_path_id(const char *pattern, const char *path, char *id, size_t cap);
+
+/* ------------------------------------------------------------- pool.c */
+
+/* Blocks of this size and more are mapped by the pool and kept when freed;
+ * smaller ones are the C library's. */
+#define POOL_MIN_BLOCK ((size_t)256 << 10)
+/* Seconds a block may stay idle before pool_reap unmaps it. */
+#define POOL_IDLE_SECONDS 10.0
+
+typedef struct srv_pool srv_pool;
+
+typedef struct {
+    size_t idle_bytes, busy_bytes, limit; /* mapped bytes, headers included */
+    size_t lent_bytes;                    /* busy ones pool_realloc_idle gave */
+    unsigned long idle_blocks;
+    unsigned long maps, reuses;           /* blocks mapped anew, taken from idle */
+} pool_stats;
+
+/* A pool that keeps at most `limit` bytes idle. */
+srv_pool *pool_new(size_t limit);
+/* Unmaps the idle blocks; blocks still handed out are the holders' to free
+ * before. */
+void pool_destroy(srv_pool *p);
+/* n bytes, 64-byte aligned, not zeroed; NULL when out of memory. */
+void *pool_alloc(srv_pool *p, size_t n);
+void pool_free(srv_pool *p, void *ptr); /* ptr from this pool, or NULL */
+/* As realloc: the first min(old, n) bytes kept, perhaps in place. */
+void *pool_realloc(srv_pool *p, void *ptr, size_t n);
+/* As pool_realloc, but a block that moves is unmapped, not kept idle: for a
+ * buffer growing by doubling, whose smaller sizes the next one of its kind
+ * will not need. */
+void *pool_grow(srv_pool *p, void *ptr, size_t n);
+/* As pool_realloc to n bytes, but only into an idle block (one whose pages
+ * are in already): NULL, ptr untouched, when none suits n. The block stays
+ * counted against the pool's limit, as if it were idle, until it is freed:
+ * its holder may be charged for less of it than it holds. */
+void *pool_realloc_idle(srv_pool *p, void *ptr, size_t n);
+/* The bytes a block of the pool holds (>= what was asked for). */
+size_t pool_block_size(void *ptr);
+/* At most `limit` bytes idle from now on (the oldest beyond it unmapped). */
+void pool_set_limit(srv_pool *p, size_t limit);
+/* Unmaps the blocks idle for more than idle_seconds. */
+void pool_reap(srv_pool *p, double idle_seconds);
+pool_stats pool_get_stats(srv_pool *p);
+/* The process's pool (NULL when out of memory), which libattn's workspaces
+ * and the codec's tensors come from once a server has started. */
+srv_pool *pool_shared(void);
 
 /* ---------------------------------------------------------- compute.c */
 
@@ -640,6 +690,7 @@ struct srv_server {
     srv_watch watch;
     srv_log log;
     srv_auth auth;
+    srv_pool *pool;            /* pool.c: the large blocks of requests, kept for the next */
     atomic_llong body_memory;  /* bytes of every connection's body buffer (--max-body-memory) */
     api_caches *caches;        /* the KV caches (api/cache_store.c) */
     char *tls_cert, *tls_key;  /* PEM text, when serving HTTPS */

@@ -6,6 +6,7 @@
  */
 #include "api.h"
 #include "attn.h"
+#include "request.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -2588,6 +2589,49 @@ START_TEST(error_scale_not_positive)
 }
 END_TEST
 
+/* The output check finds the first non-finite element wherever it lies:
+ * in the first or last place of a block of the blockwise scan, past it,
+ * in a short tail; and lets every finite value through, the largest and
+ * the subnormals included. */
+START_TEST(output_check_names_the_first_non_finite_element)
+{
+    const int64_t counts[] = {1, 7, 4095, 4096, 4097, 12289};
+    const float bad[] = {INFINITY, -INFINITY, NAN, -NAN};
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+        int64_t n = counts[c];
+        float *x = malloc((size_t)n * sizeof *x);
+        ck_assert_ptr_nonnull(x);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = i % 3 == 0 ? FLT_MAX : i % 3 == 1 ? -FLT_TRUE_MIN : (float)i * 0.5f;
+        api_error err = {0};
+        ck_assert(api_check_output(x, n, "the output", CODEC_ENC_NESTED, &err));
+        const int64_t places[] = {0, 4095, 4096, 4097, 8191, n - 1};
+        for (size_t p = 0; p < sizeof places / sizeof *places; p++) {
+            int64_t at = places[p];
+            if (at >= n)
+                continue;
+            float was = x[at];
+            x[at] = bad[p % 4];
+            if (at + 1 < n) { /* a later one does not hide it */
+                float later = x[n - 1];
+                x[n - 1] = INFINITY;
+                ck_assert(!api_check_output(x, n, "the output", CODEC_ENC_NESTED, &err));
+                x[n - 1] = later;
+            } else {
+                ck_assert(!api_check_output(x, n, "the output", CODEC_ENC_NESTED, &err));
+            }
+            char expect[64];
+            snprintf(expect, sizeof expect, "at element %lld)", (long long)at);
+            ck_assert_msg(strstr(err.message, expect), "n=%lld, at %lld: %s", (long long)n,
+                          (long long)at, err.message);
+            ck_assert_str_eq(err.code, "numerical_overflow");
+            x[at] = was;
+        }
+        free(x);
+    }
+}
+END_TEST
+
 START_TEST(error_numerical_overflow_not_nan)
 {
     /* scores 1e20 * 1e20 overflow float32: refused, never a NaN or a
@@ -3607,6 +3651,7 @@ static Suite *api_suite(void)
     tcase_add_test(er, error_bad_output_encoding);
     tcase_add_test(er, error_scale_not_positive);
     tcase_add_test(er, error_numerical_overflow_not_nan);
+    tcase_add_test(er, output_check_names_the_first_non_finite_element);
     tcase_add_test(er, error_too_many_fields);
     tcase_add_test(er, error_object_built_in_one_place);
     tcase_add_test(er, error_body_reads_back_as_the_members_given);

@@ -31,9 +31,12 @@
  */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attn.h"
 #include "support/ref.h"
@@ -1094,6 +1097,114 @@ START_TEST(a_set_cancel_flag_stops_the_attention)
 }
 END_TEST
 
+typedef struct {
+    const volatile float *watch; /* NULL: set the flag after `pause` */
+    struct timespec pause;
+    atomic_int *flag;
+} canceller;
+
+/* Sets the flag once the call has visibly started (a value it writes early
+ * is no longer NaN), or after a pause. */
+static void *cancel_later(void *arg)
+{
+    canceller *c = arg;
+    if (c->watch == NULL)
+        nanosleep(&c->pause, NULL);
+    else
+        while (isnan(*c->watch))
+            sched_yield();
+    atomic_store(c->flag, 1);
+    return NULL;
+}
+
+/* Prefill: a flag set once the first block of query rows has begun stops
+ * the call at its next page (each unit looks before every page): most
+ * rows are never written (they start as NaN), on one thread and on two. */
+START_TEST(a_cancel_flag_set_midway_stops_a_long_prefill)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        kv_problem pb = problem(1, 1, 4096, ATTN_KV_FLOAT32);
+        pb.d_k = pb.d_v = 32;
+        pb.n_q = 4096;
+        pb.causal = false;
+        pb.threads = threads;
+        kv_case c;
+        case_make(&c, &pb, 2);
+        atomic_int flag = 0;
+        attn_kv_params kp = c.kp;
+        kp.cancel = &flag;
+        float *out = nan_floats(out_count(&c));
+        /* Row 0 is written by the first unit's first page. */
+        canceller k = {.watch = out + 31, .flag = &flag};
+        pthread_t t;
+        pthread_create(&t, NULL, cancel_later, &k);
+        attn_error err = {0};
+        attn_status st = attn_kv_forward(c.cache, &kp, c.q, out, NULL, &err);
+        pthread_join(t, NULL);
+        ck_assert_int_eq(st, ATTN_ERR_CANCELLED);
+        ck_assert_ptr_nonnull(strstr(err.message, "cancelled"));
+        size_t done = 0;
+        for (size_t r = 0; r < 4096; r++)
+            done += !isnan(out[r * 32 + 31]);
+        /* Short of the end: how far short is the scheduler's to say (the
+         * canceller may wait out a time slice while both workers run). */
+        ck_assert_msg(done < 4096, "threads %d: %zu of 4096 rows computed after the flag",
+                      threads, done);
+        free(out);
+        case_drop(&c);
+    }
+}
+END_TEST
+
+/* Decoding: a flag set while the runs of pages are being read stops the
+ * call at its next run, and the runs' merge never starts. Nothing the
+ * decode writes before its merge is visible, so the flag comes after a
+ * pause instead, and the call must say it stopped midway ("the call was
+ * cancelled"); a flag seen before the call began says so instead, and an
+ * unlucky schedule that finishes first is tried again. The cache is 64 MiB
+ * of float32, a few milliseconds of reading a call. */
+START_TEST(a_cancel_flag_set_midway_stops_a_long_decode)
+{
+    const int64_t heads_kv = 4, d = 64, chunk = 2048, length = 32768;
+    const attn_kv_config cfg = {.num_kv_heads = heads_kv, .head_dim = d, .value_dim = d,
+                                .dtype = ATTN_KV_FLOAT32};
+    attn_kv_cache *cache = NULL;
+    attn_error err = {0};
+    ASSERT_OK(attn_kv_create(&cfg, &cache, &err), err);
+    uint64_t seed = 77;
+    float *kv = xcalloc((size_t)(heads_kv * chunk * d), sizeof *kv);
+    fill(kv, (size_t)(heads_kv * chunk * d), &seed, 1.0);
+    for (int64_t at = 0; at < length; at += chunk)
+        ASSERT_OK(attn_kv_append(cache, chunk, kv, kv, 0.0f, &err), err);
+    float q[8 * 64], out[8 * 64];
+    fill(q, 8 * 64, &seed, 1.0);
+    for (int threads = 1; threads <= 2; threads++) {
+        attn_kv_params kp = {.heads_q = 8, .n_q = 1, .scale = attn_default_scale(d),
+                             .causal = true, .threads = threads};
+        atomic_int flag = 0;
+        kp.cancel = &flag;
+        bool midway = false;
+        for (int attempt = 0; attempt < 20 && !midway; attempt++) {
+            atomic_store(&flag, 0);
+            canceller k = {.pause = {0, 500000}, .flag = &flag};
+            pthread_t t;
+            pthread_create(&t, NULL, cancel_later, &k);
+            attn_status st = attn_kv_forward(cache, &kp, q, out, NULL, &err);
+            pthread_join(t, NULL);
+            ck_assert_msg(st == ATTN_OK || st == ATTN_ERR_CANCELLED, "status %d: %s", (int)st,
+                          err.message);
+            midway = st == ATTN_ERR_CANCELLED && strstr(err.message, "before") == NULL;
+        }
+        ck_assert_msg(midway, "threads %d: never stopped midway in 20 calls", threads);
+        /* The flag down, the same call runs to its end. */
+        atomic_store(&flag, 0);
+        ASSERT_OK(attn_kv_forward(cache, &kp, q, out, NULL, &err), err);
+    }
+    free(kv);
+    attn_kv_free(cache);
+}
+END_TEST
+
 START_TEST(flops_are_those_of_the_same_forward)
 {
     kv_problem pb = problem(8, 2, 3000, ATTN_KV_FLOAT16);
@@ -1124,6 +1235,8 @@ static Suite *kvcache_suite(void)
     tcase_add_test(tc, flops_are_those_of_the_same_forward);
     tcase_add_test(tc, bfloat16_precision_is_the_forwards_bfloat16_bit_for_bit);
     tcase_add_test(tc, a_set_cancel_flag_stops_the_attention);
+    tcase_add_test(tc, a_cancel_flag_set_midway_stops_a_long_prefill);
+    tcase_add_test(tc, a_cancel_flag_set_midway_stops_a_long_decode);
     suite_add_tcase(s, tc);
     tc = tcase_create("storage");
     tcase_set_timeout(tc, 300);

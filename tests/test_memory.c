@@ -347,6 +347,88 @@ START_TEST(workspace_estimate_bounds_what_the_calls_hold)
 }
 END_TEST
 
+/* ------------------------------------------------ attention over a cache */
+
+typedef struct {
+    const attn_kv_cache *cache;
+    attn_kv_params p;
+} kv_call_ctx;
+
+static bool run_kv(void *ctx)
+{
+    const kv_call_ctx *kc = ctx;
+    attn_kv_info info;
+    attn_kv_info_get(kc->cache, &info);
+    const int64_t rows = kc->p.heads_q * kc->p.n_q;
+    float *q = filled(rows * info.config.head_dim, 1e-2f);
+    float *out = filled(rows * info.config.value_dim, 0);
+    attn_error err = {0};
+    bool ok = q && out && attn_kv_forward(kc->cache, &kc->p, q, out, NULL, &err) == ATTN_OK;
+    free(q);
+    free(out);
+    return ok;
+}
+
+/* attn_kv_forward_workspace bounds what the call holds beyond its q and
+ * out, and not wildly: decoding in many runs (their partial outputs),
+ * prefilling 16-bit pages (each worker's widened page), and bfloat16
+ * products (the cache read out as float32, 32 MiB here). The cache is
+ * made before the child starts, so only the call's memory is measured. */
+START_TEST(kv_workspace_estimate_bounds_what_the_calls_hold)
+{
+    const struct {
+        attn_kv_dtype dtype;
+        int64_t heads_kv, d_k, d_v, length, heads_q, n_q;
+        attn_precision precision;
+    } cases[] = {
+        {ATTN_KV_FLOAT32, 2, 8, 512, 16384, 128, 1, ATTN_PRECISION_FLOAT32},
+        {ATTN_KV_FLOAT16, 2, 64, 64, 8192, 4, 300, ATTN_PRECISION_FLOAT32},
+        {ATTN_KV_BFLOAT16, 4, 64, 64, 16384, 16, 1, ATTN_PRECISION_BFLOAT16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const attn_kv_config cfg = {.num_kv_heads = cases[i].heads_kv,
+                                    .head_dim = cases[i].d_k, .value_dim = cases[i].d_v,
+                                    .dtype = cases[i].dtype};
+        attn_kv_cache *cache = NULL;
+        attn_error err = {0};
+        ck_assert_int_eq(attn_kv_create(&cfg, &cache, &err), ATTN_OK);
+        const int64_t chunk = 1024;
+        float *k = filled(cfg.num_kv_heads * chunk * cfg.head_dim, 2e-2f);
+        float *v = filled(cfg.num_kv_heads * chunk * cfg.value_dim, 1.0f);
+        for (int64_t at = 0; at < cases[i].length; at += chunk)
+            ck_assert_int_eq(attn_kv_append(cache, chunk, k, v, 0.0f, &err), ATTN_OK);
+        free(k);
+        free(v);
+        kv_call_ctx kc = {.cache = cache,
+                          .p = {.heads_q = cases[i].heads_q, .n_q = cases[i].n_q,
+                                .scale = attn_default_scale(cfg.head_dim), .causal = true,
+                                .threads = 2, .precision = cases[i].precision}};
+        const double rows = (double)(cases[i].heads_q * cases[i].n_q);
+        const double caller = 4 * rows * (double)(cfg.head_dim + cfg.value_dim) * 2;
+        double estimate = attn_kv_forward_workspace(&cfg, cases[i].length, &kc.p);
+        double grew = peak_growth(run_kv, &kc);
+        attn_kv_free(cache);
+        double bound = SANITIZED ? 3 * (caller + estimate) + 128 * MiB
+                                 : caller + estimate + 16 * MiB;
+        ck_assert_msg(grew <= bound,
+                      "case %zu: grew by %.1f MiB, beyond the caller's %.1f MiB and the "
+                      "estimated %.1f MiB",
+                      i, grew / MiB, caller / MiB, estimate / MiB);
+        ck_assert_msg(SANITIZED || estimate <= 4 * (grew > caller ? grew - caller : 0) + 32 * MiB,
+                      "case %zu: estimated %.1f MiB, used %.1f MiB", i, estimate / MiB,
+                      (grew - caller) / MiB);
+        /* The terms that are certain: the runs' partial outputs when
+         * decoding (16 runs of [H_q, value_dim] floats here), the read-out
+         * cache with bfloat16 products. */
+        if (i == 0)
+            ck_assert(estimate >= 16 * rows * (double)cfg.value_dim * 4);
+        if (i == 2)
+            ck_assert(estimate >= 4.0 * (double)(cfg.num_kv_heads * cases[i].length) *
+                                      (double)(cfg.head_dim + cfg.value_dim));
+    }
+}
+END_TEST
+
 static Suite *memory_suite(void)
 {
     Suite *s = suite_create("memory");
@@ -357,6 +439,7 @@ static Suite *memory_suite(void)
     tcase_add_test(tc, head_mean_of_weights_matches_reference_average_of_heads);
     tcase_add_test(tc, head_mean_of_many_heads_never_holds_every_heads_weights);
     tcase_add_test(tc, workspace_estimate_bounds_what_the_calls_hold);
+    tcase_add_test(tc, kv_workspace_estimate_bounds_what_the_calls_hold);
     suite_add_tcase(s, tc);
     return s;
 }

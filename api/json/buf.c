@@ -45,7 +45,7 @@ char *codec_buf_reserve(codec_buf *b, size_t n)
         size_t cap = b->cap ? b->cap : 256;
         while (cap < need)
             cap *= 2;
-        char *data = realloc(b->data, cap);
+        char *data = b->elements ? codec_tensor_realloc(b->data, cap) : realloc(b->data, cap);
         if (!data) {
             b->failed = true;
             return NULL;
@@ -61,7 +61,8 @@ void codec_buf_hint(codec_buf *b, size_t n)
 {
     if (b->failed || n >= SIZE_MAX / 2 - b->len || b->len + n + 1 <= b->cap)
         return;
-    char *data = realloc(b->data, b->len + n + 1);
+    char *data = b->elements ? codec_tensor_realloc(b->data, b->len + n + 1)
+                             : realloc(b->data, b->len + n + 1);
     if (!data)
         return; /* only a hint: appends will still grow as they need */
     b->data = data;
@@ -137,7 +138,10 @@ void codec_buf_float(codec_buf *b, float f)
 
 void codec_buf_free(codec_buf *b)
 {
-    free(b->data);
+    if (b->elements)
+        codec_tensor_release(b->data);
+    else
+        free(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
     b->failed = false;

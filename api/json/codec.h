@@ -228,9 +228,10 @@ typedef struct {
     int rank;
     int64_t shape[CODEC_MAX_RANK];
     int64_t count;  /* product of shape */
-    float *f32;     /* CODEC_F32: `count` floats (malloc'd; NULL when count == 0) */
-    uint8_t *b8;    /* CODEC_BOOL: `count` bytes, each 0 or 1 (malloc'd) */
-    uint16_t *bf16; /* CODEC_BF16: `count` bfloat16 words as sent (malloc'd) */
+    /* the elements, from codec_tensor_alloc (freed by codec_tensor_free) */
+    float *f32;     /* CODEC_F32: `count` floats (NULL when count == 0) */
+    uint8_t *b8;    /* CODEC_BOOL: `count` bytes, each 0 or 1 */
+    uint16_t *bf16; /* CODEC_BF16: `count` bfloat16 words as sent */
     bool borrowed;  /* the elements are the caller's bytes (codec_tensor_view_raw):
                      * codec_tensor_free leaves them */
 } codec_tensor;
@@ -281,6 +282,27 @@ bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err);
 
 void codec_tensor_free(codec_tensor *t);
 
+/*
+ * Where the elements of decoded tensors come from: by default malloc,
+ * realloc and free. A server that wants one request's memory to serve the
+ * next gives its own (alloc and realloc as malloc and realloc, free taking
+ * what they gave or NULL; all thread-safe). Set it once, before the first
+ * tensor is decoded, and keep it while a tensor it gave may be freed (NULL:
+ * the default again). Only tensors' elements: texts (codec_buf) and
+ * documents stay malloc's.
+ */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void *(*realloc)(void *ctx, void *p, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void *ctx;
+} codec_allocator;
+void codec_set_allocator(const codec_allocator *a);
+/* Element memory from that allocator (a tensor's f32, b8 or bf16). */
+void *codec_tensor_alloc(size_t bytes);
+void *codec_tensor_realloc(void *p, size_t bytes);
+void codec_tensor_release(void *p);
+
 /* The dtype's name ("float32", "float16", "bfloat16", "bool"). */
 const char *codec_dtype_name(codec_dtype dtype);
 
@@ -289,11 +311,15 @@ const char *codec_dtype_name(codec_dtype dtype);
 /* A growing text; after an allocation failure `failed` is set and further
  * appends do nothing, so that a writer checks once at the end. The bytes
  * are kept NUL-terminated. {0} is an empty buffer; data is malloc'd (a
- * caller may take it over and free it). */
+ * caller may take it over and free it), or, with `elements` set, comes
+ * from codec_tensor_alloc (taken over, it is freed with
+ * codec_tensor_release): an answer that carries tensors is as large as
+ * they are, and reused the same way. */
 typedef struct {
     char *data;
     size_t len, cap;
     bool failed;
+    bool elements;
 } codec_buf;
 
 void codec_buf_append(codec_buf *b, const char *s, size_t n);

@@ -48,7 +48,7 @@ static bool store_grow(codec_store *s, codec_error *err, const char *field)
     if (cap > SIZE_MAX / size / 2)
         return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL, "%s is too large to hold",
                           field);
-    void *p = realloc(s->dtype == CODEC_F32 ? (void *)s->f32 : (void *)s->b8, cap * size);
+    void *p = codec_tensor_realloc(s->dtype == CODEC_F32 ? (void *)s->f32 : (void *)s->b8, cap * size);
     if (!p)
         return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
                           "out of memory while reading %s", field);
@@ -63,8 +63,8 @@ static bool store_grow(codec_store *s, codec_error *err, const char *field)
 
 void codec_store_free(codec_store *s)
 {
-    free(s->f32);
-    free(s->b8);
+    codec_tensor_release(s->f32);
+    codec_tensor_release(s->b8);
     s->f32 = NULL;
     s->b8 = NULL;
 }
@@ -82,7 +82,7 @@ void codec_store_to_tensor(codec_store *s, int rank, const int64_t *shape, codec
     }
     size_t size = s->dtype == CODEC_F32 ? sizeof(float) : 1;
     if (s->cap - s->n > 4096) { /* give an oversized guess back */
-        void *p = realloc(s->dtype == CODEC_F32 ? (void *)s->f32 : (void *)s->b8, s->n * size);
+        void *p = codec_tensor_realloc(s->dtype == CODEC_F32 ? (void *)s->f32 : (void *)s->b8, s->n * size);
         if (p) {
             if (s->dtype == CODEC_F32)
                 s->f32 = p;

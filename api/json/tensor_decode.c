@@ -324,7 +324,7 @@ static bool check_bool_bytes(codec_reading *r, cursor at, const uint8_t *bytes, 
     return true;
 }
 
-/* The bytes of base64 text s[0..len) into a malloc'd *bytes (*have of
+/* The bytes of base64 text s[0..len) into *bytes, from codec_tensor_alloc (*have of
  * them: sized by the text, never by a declared shape). `in_text`: s lies in
  * the text (not in a copy), so that a bad character's place is known. */
 static bool base64_bytes(codec_reading *r, cursor s, size_t len, bool in_text, cursor value,
@@ -335,7 +335,7 @@ static bool base64_bytes(codec_reading *r, cursor s, size_t len, bool in_text, c
                           "%s is not base64: its length (%zu) is not a multiple of 4 or it has "
                           "more than two '=' (standard alphabet, padded, no whitespace)", sub,
                           len);
-    *bytes = malloc(*have ? *have : 1);
+    *bytes = codec_tensor_alloc(*have ? *have : 1);
     if (!*bytes)
         return codec_fail(r->err, CODEC_ERR_NO_MEMORY, sub, NULL, NULL,
                           "out of memory while reading %s", sub);
@@ -364,7 +364,7 @@ static bool bytes_to_tensor(codec_reading *r, uint8_t *bytes, const char *sub, c
     memcpy(t->shape, ds->dims, (size_t)ds->rank * sizeof ds->dims[0]);
     t->count = ds->count;
     if (count == 0) {
-        free(bytes);
+        codec_tensor_release(bytes);
         return true;
     }
     if (dtype == CODEC_BOOL) {
@@ -396,15 +396,15 @@ static bool bytes_to_tensor(codec_reading *r, uint8_t *bytes, const char *sub, c
         t->f32 = (float *)(void *)bytes;
         return true;
     }
-    t->f32 = malloc(count * sizeof(float));
+    t->f32 = codec_tensor_alloc(count * sizeof(float));
     if (!t->f32) {
-        free(bytes);
+        codec_tensor_release(bytes);
         return codec_fail(r->err, CODEC_ERR_NO_MEMORY, sub, NULL, NULL,
                           "out of memory while reading %s", sub);
     }
     codec_advise_huge(t->f32, count * sizeof(float));
     codec_half_to_f32(dtype, bytes, t->f32, count, codec_half_path_in_use());
-    free(bytes);
+    codec_tensor_release(bytes);
     return true;
 }
 
@@ -420,7 +420,7 @@ bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
         ds.count *= shape[i];
     }
     size_t size = (size_t)ds.count * codec_dtype_size(dtype);
-    uint8_t *copy = malloc(size ? size : 1);
+    uint8_t *copy = codec_tensor_alloc(size ? size : 1);
     if (!copy)
         return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
                           "out of memory while reading %s", field);
@@ -429,7 +429,7 @@ bool codec_tensor_from_raw(const uint8_t *bytes, codec_dtype dtype, int rank,
     bool ok = dtype == CODEC_BOOL ? check_bool_bytes(&r, NULL, copy, ds.count, field)
                                   : check_finite(&r, NULL, copy, (size_t)ds.count, dtype, field);
     if (!ok) {
-        free(copy);
+        codec_tensor_release(copy);
         return false;
     }
     return bytes_to_tensor(&r, copy, field, dtype, &ds, t);
@@ -505,7 +505,7 @@ static bool decode_base64_form(codec_reading *r, const codec_member *m_b64, code
     if (ok && dtype == CODEC_BOOL)
         ok = check_bool_bytes(r, value, bytes, ds->count, sub);
     if (!ok) {
-        free(bytes);
+        codec_tensor_release(bytes);
         return false;
     }
     return bytes_to_tensor(r, bytes, sub, dtype, ds, t);
@@ -686,7 +686,7 @@ bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err)
 {
     if (t->dtype != CODEC_BF16)
         return true;
-    float *f = t->count > 0 ? malloc((size_t)t->count * sizeof *f) : NULL;
+    float *f = t->count > 0 ? codec_tensor_alloc((size_t)t->count * sizeof *f) : NULL;
     if (t->count > 0 && f == NULL)
         return codec_fail(err, CODEC_ERR_NO_MEMORY, field, NULL, NULL,
                           "out of memory while reading %s", field);
@@ -700,7 +700,7 @@ bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err)
                           codec_half_path_in_use());
 #endif
     }
-    free(t->bf16);
+    codec_tensor_release(t->bf16);
     t->bf16 = NULL;
     t->f32 = f;
     t->dtype = CODEC_F32;
@@ -710,9 +710,9 @@ bool codec_tensor_widen(codec_tensor *t, const char *field, codec_error *err)
 void codec_tensor_free(codec_tensor *t)
 {
     if (!t->borrowed) {
-        free(t->f32);
-        free(t->b8);
-        free(t->bf16);
+        codec_tensor_release(t->f32);
+        codec_tensor_release(t->b8);
+        codec_tensor_release(t->bf16);
     }
     t->borrowed = false;
     t->f32 = NULL;
