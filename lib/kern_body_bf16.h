@@ -346,7 +346,7 @@ static void KF(forward_tile_bf16)(const sdpa_call *c, const sdpa_tile *t,
 {
     const attn_sdpa_params *p = c->p;
     const int64_t dk2 = (p->d_k + 1) / 2, d_v = p->d_v, ldo = c->ldo;
-    const int64_t panel_keys = KMIN((int64_t)KERN_BK, p->n_k - t->j0);
+    const int64_t panel_keys = KMIN((int64_t)KERN_BK, c->k_hi - t->j0); /* as packed */
     const int64_t key_pairs = (panel_keys + 1) / 2;
     float *s = st->strip;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {

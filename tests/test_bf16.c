@@ -792,6 +792,159 @@ END_TEST
 /* Rows with no visible key: a boolean mask hiding whole rows, and more
  * queries than keys under the causal mask. Their outputs and gradients are
  * exactly 0 and their lse -inf, as in float32. */
+/*
+ * A ragged batch in bfloat16: each sequence's rows of the packed results
+ * against the bf16 reference of that sequence alone (a dense case of its
+ * own). Sequences start at odd rows, have odd lengths (a backward tile's
+ * pairs of rows then end on a zero row), cross the tiles, and include an
+ * empty one and one whose keys are empty (zero rows, lse -inf, no
+ * gradient); causal and not, grouped query heads, both layouts.
+ */
+static void check_ragged_bf16(bool causal, attn_layout layout, const char *name)
+{
+    static const int64_t len_q[] = {5, 0, 70, 1, 33, 4, 131};
+    static const int64_t len_k[] = {7, 3, 150, 1, 33, 0, 67};
+    enum { SEQS = 7 };
+    const int64_t Hq = 4, Hk = 2, dk = 9, dv = 7;
+    int64_t cu_q[SEQS + 1] = {0}, cu_k[SEQS + 1] = {0};
+    for (int s = 0; s < SEQS; s++) {
+        cu_q[s + 1] = cu_q[s] + len_q[s];
+        cu_k[s + 1] = cu_k[s] + len_k[s];
+    }
+    const int64_t n_q = cu_q[SEQS], n_k = cu_k[SEQS];
+    const size_t n_qel = (size_t)(Hq * n_q * dk), n_kel = (size_t)(Hk * n_k * dk),
+                 n_vel = (size_t)(Hk * n_k * dv), n_out = (size_t)(Hq * n_q * dv),
+                 n_rows = (size_t)(Hq * n_q);
+    float *q = xcalloc(n_qel, sizeof *q), *k = xcalloc(n_kel, sizeof *k),
+          *v = xcalloc(n_vel, sizeof *v), *dout = xcalloc(n_out, sizeof *dout);
+    uint64_t seed = 91;
+    fill(q, n_qel, &seed, 2.0);
+    fill(dout, n_out, &seed, 1.0);
+    /* Each sequence a dense case; its tensors copied into the packed ones. */
+    sdpa_case cs[SEQS];
+    for (int s = 0; s < SEQS; s++) {
+        if (len_q[s] == 0 || len_k[s] == 0)
+            continue;
+        attn_sdpa_params p = sdpa_shape(1, Hq, Hk, len_q[s], len_k[s], dk, dv);
+        p.causal = causal;
+        case_init(&cs[s], &p, 60 + (uint64_t)s, 2.0);
+        cs[s].lib.precision = cs[s].ref.precision = ATTN_PRECISION_BFLOAT16;
+        for (int64_t h = 0; h < Hq; h++) {
+            memcpy(q + (h * n_q + cu_q[s]) * dk, cs[s].q + h * len_q[s] * dk,
+                   (size_t)(len_q[s] * dk) * sizeof *q);
+            memcpy(dout + (h * n_q + cu_q[s]) * dv, cs[s].dout + h * len_q[s] * dv,
+                   (size_t)(len_q[s] * dv) * sizeof *q);
+        }
+        for (int64_t h = 0; h < Hk; h++) {
+            memcpy(k + (h * n_k + cu_k[s]) * dk, cs[s].k + h * len_k[s] * dk,
+                   (size_t)(len_k[s] * dk) * sizeof *k);
+            memcpy(v + (h * n_k + cu_k[s]) * dv, cs[s].v + h * len_k[s] * dv,
+                   (size_t)(len_k[s] * dv) * sizeof *v);
+        }
+    }
+    attn_sdpa_params p = sdpa_shape(1, Hq, Hk, n_q, n_k, dk, dv);
+    p.causal = causal;
+    p.threads = 2;
+    p.layout = layout;
+    p.precision = ATTN_PRECISION_BFLOAT16;
+    p.ragged = (attn_ragged){.seqs = SEQS, .cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k};
+    const bool bnhd = layout == ATTN_LAYOUT_BNHD;
+    float *lq = bnhd ? to_bnhd(q, 1, Hq, n_q, dk, false) : q;
+    float *lk = bnhd ? to_bnhd(k, 1, Hk, n_k, dk, false) : k;
+    float *lv = bnhd ? to_bnhd(v, 1, Hk, n_k, dv, false) : v;
+    float *ld = bnhd ? to_bnhd(dout, 1, Hq, n_q, dv, false) : dout;
+    float *out = nan_floats(n_out), *dq = nan_floats(n_qel), *dkk = nan_floats(n_kel),
+          *dvv = nan_floats(n_vel);
+    attn_softmax_row *rows = xcalloc(n_rows, sizeof *rows);
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, lq, lk, lv, out, rows, NULL, NULL, &err), err);
+    ASSERT_OK(attn_sdpa_backward(&p, lq, lk, lv, out, rows, ld, dq, dkk, dvv, &err), err);
+    if (bnhd) {
+        float *t;
+        t = to_bnhd(out, 1, Hq, n_q, dv, true), free(out), out = t;
+        t = to_bnhd(dq, 1, Hq, n_q, dk, true), free(dq), dq = t;
+        t = to_bnhd(dkk, 1, Hk, n_k, dk, true), free(dkk), dkk = t;
+        t = to_bnhd(dvv, 1, Hk, n_k, dv, true), free(dvv), dvv = t;
+        free(lq), free(lk), free(lv), free(ld);
+    }
+    char what[160];
+    for (int s = 0; s < SEQS; s++) {
+        const int64_t nq = len_q[s], nk = len_k[s];
+        if (nq > 0 && nk == 0) {
+            /* Queries that see nothing: zero rows, lse -inf, dq 0. */
+            for (int64_t h = 0; h < Hq; h++)
+                for (int64_t i = 0; i < nq; i++) {
+                    const int64_t r = h * n_q + cu_q[s] + i;
+                    ck_assert(attn_softmax_lse(rows[r]) == -INFINITY);
+                    for (int64_t t = 0; t < dv; t++)
+                        ck_assert(out[r * dv + t] == 0.0f);
+                    for (int64_t t = 0; t < dk; t++)
+                        ck_assert(dq[r * dk + t] == 0.0f);
+                }
+        }
+        if (nq == 0 || nk == 0) {
+            /* Keys no query sees: no gradient. */
+            for (int64_t h = 0; h < Hk; h++)
+                for (int64_t j = 0; j < nk; j++) {
+                    for (int64_t t = 0; t < dk; t++)
+                        ck_assert(dkk[(h * n_k + cu_k[s] + j) * dk + t] == 0.0f);
+                    for (int64_t t = 0; t < dv; t++)
+                        ck_assert(dvv[(h * n_k + cu_k[s] + j) * dv + t] == 0.0f);
+                }
+            continue;
+        }
+        sdpa_case *c = &cs[s];
+        /* The sequence's rows of the packed results, as a dense case's. */
+        float *o_s = xcalloc(c->n_out, sizeof *o_s), *dq_s = xcalloc(c->n_qel, sizeof *dq_s);
+        float *dk_s = xcalloc(c->n_kel, sizeof *dk_s), *dv_s = xcalloc(c->n_vel, sizeof *dv_s);
+        attn_softmax_row *rows_s = xcalloc(c->n_rows, sizeof *rows_s);
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t r0 = h * n_q + cu_q[s];
+            memcpy(o_s + h * nq * dv, out + r0 * dv, (size_t)(nq * dv) * sizeof *o_s);
+            memcpy(dq_s + h * nq * dk, dq + r0 * dk, (size_t)(nq * dk) * sizeof *dq_s);
+            memcpy(rows_s + h * nq, rows + r0, (size_t)nq * sizeof *rows_s);
+        }
+        for (int64_t h = 0; h < Hk; h++) {
+            const int64_t j0 = h * n_k + cu_k[s];
+            memcpy(dk_s + h * nk * dk, dkk + j0 * dk, (size_t)(nk * dk) * sizeof *dk_s);
+            memcpy(dv_s + h * nk * dv, dvv + j0 * dv, (size_t)(nk * dv) * sizeof *dv_s);
+        }
+        operands o = operands_of(c);
+        fwd_ref f = reference_forward_bf16(c, &o, false);
+        snprintf(what, sizeof what, "%s, sequence %d (%lldx%lld) out", name, s, (long long)nq,
+                 (long long)nk);
+        assert_within(what, o_s, &f.out, c->n_out);
+        for (size_t i = 0; i < c->n_rows; i++) {
+            const double lse = attn_softmax_lse(rows_s[i]);
+            ck_assert_msg(lse == f.lse.val[i] || fabs(lse - f.lse.val[i]) <= SAFETY * f.lse.tol[i],
+                          "%s: row %zu lse %.9g, reference %.9g +- %.3g", what, i, lse,
+                          f.lse.val[i], SAFETY * f.lse.tol[i]);
+        }
+        bwd_ref g = reference_backward_bf16(c, &o, o_s, rows_s);
+        snprintf(what, sizeof what, "%s, sequence %d dq", name, s);
+        assert_within(what, dq_s, &g.dq, c->n_qel);
+        snprintf(what, sizeof what, "%s, sequence %d dk", name, s);
+        assert_within(what, dk_s, &g.dk, c->n_kel);
+        snprintf(what, sizeof what, "%s, sequence %d dv", name, s);
+        assert_within(what, dv_s, &g.dv, c->n_vel);
+        bwd_ref_free(&g);
+        fwd_ref_free(&f);
+        operands_free(&o);
+        free(o_s), free(dq_s), free(dk_s), free(dv_s), free(rows_s);
+        case_free(c);
+    }
+    free(q), free(k), free(v), free(dout), free(out), free(dq), free(dkk), free(dvv);
+    free(rows);
+}
+
+START_TEST(ragged_batches_match_the_bf16_reference_per_sequence)
+{
+    check_ragged_bf16(false, ATTN_LAYOUT_BHND, "ragged");
+    check_ragged_bf16(true, ATTN_LAYOUT_BHND, "ragged causal");
+    check_ragged_bf16(true, ATTN_LAYOUT_BNHD, "ragged causal BNHD");
+}
+END_TEST
+
 START_TEST(fully_masked_rows_are_zero_in_bf16)
 {
     attn_sdpa_params p = sdpa_shape(1, 2, 2, 40, 70, 8, 8);
@@ -1893,6 +2046,7 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, masks_bool_and_bias_match_the_bf16_reference);
     tcase_add_test(t, variants_match_the_bf16_reference);
     tcase_add_test(t, fully_masked_rows_are_zero_in_bf16);
+    tcase_add_test(t, ragged_batches_match_the_bf16_reference_per_sequence);
     tcase_add_test(t, long_rows_match_the_bf16_reference);
     tcase_add_test(t, float32_products_fail_the_bf16_bound);
     suite_add_tcase(s, t);
