@@ -116,6 +116,7 @@ ifeq ($(shell uname -m),x86_64)
 $(BUILD)/obj/lib/kern_avx2.o: CFLAGS_ISA = -mavx2 -mfma -mf16c
 $(BUILD)/obj/lib/kern_avx512.o: CFLAGS_ISA = -mavx512f -mavx2 -mfma -mf16c
 $(BUILD)/obj/lib/kern_avx512_bf16.o: CFLAGS_ISA = -mavx512f -mavx512bw -mavx512bf16 -mavx2 -mfma
+$(BUILD)/obj/lib/kern_amx_bf16.o: CFLAGS_ISA = -mavx512f -mavx512bw -mavx512bf16 -mavx2 -mfma -mamx-tile -mamx-bf16
 endif
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(BUILD)/include/attn.h $(BUILD)/layers.env

@@ -219,11 +219,6 @@ static bool validate(api_call *c, api_error *err)
     if (!api_ragged_setup(&c->f[F_SEQ_LENS], &c->f[F_SEQ_LENS_K], bq, nq, nk, &names,
                           &st->ragged, err))
         return false;
-    if (st->ragged.seqs > 0 && st->p.precision == ATTN_PRECISION_BFLOAT16)
-        return api_fail(err, 422, "invalid_value", "precision",
-                        "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
-                        "computed in float32 (leave precision out, or send the sequences "
-                        "as requests of their own)");
     /* bfloat16 products read bfloat16 inputs as they came; float32 ones
      * read them widened. */
     attn_sdpa_dtypes *dt = &st->p.dtype;

@@ -247,30 +247,25 @@ static void terms_at(const cache_state *st, int64_t n_k, int threads, api_cost_t
         t->scores = t->rows * (double)n_k;
         api_variant_cost(&p, t);
         if (st->p.precision == ATTN_PRECISION_BFLOAT16) {
-            /* as /v1/attention's; the cache read out as float32 first is
-             * priced as the append of what it holds */
+            /* as /v1/attention's: the queries rounded once, each page
+             * joined into words once per block of 96 query rows (libattn
+             * reads the pages where they are: no copy of the cache) */
             t->bf16_flops = t->flops;
             t->rounded = (double)p.heads_q * (double)p.n_q * (double)p.d_k +
-                         (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v);
-            t->flops += (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
-                        PRICE_APPENDED;
+                         (double)p.heads_kv * (double)n_k * (double)(p.d_k + p.d_v) *
+                             ceil((double)p.n_q / 96.0);
         }
         /* Memory: libattn's workspaces over the cache as it will be, for
-         * the most threads the request may get (with bfloat16 products the
-         * cache read out as float32; with float32, when decoding, each run
-         * of pages' partial outputs), and the softmax rows for the lse. */
+         * the most threads the request may get (with bfloat16 products each
+         * worker's page panel and rows; with float32, when decoding, each
+         * run of pages' partial outputs), and the softmax rows for the lse. */
         attn_kv_params at_most = st->p;
         at_most.threads = threads;
         t->workspace = attn_kv_forward_workspace(&st->config, n_k, &at_most) +
                        (st->lse >= 0 ? t->rows * (double)sizeof(attn_softmax_row) : 0);
-        if (st->p.precision == ATTN_PRECISION_BFLOAT16)
-            snprintf(t->workspace_what, sizeof t->workspace_what,
-                     "the cache read out as float32 for bfloat16 products (%lld positions)",
-                     (long long)n_k);
-        else
-            snprintf(t->workspace_what, sizeof t->workspace_what,
-                     "the attention's partial outputs and tiles over %lld cached positions",
-                     (long long)n_k);
+        snprintf(t->workspace_what, sizeof t->workspace_what,
+                 "the attention's partial outputs and tiles over %lld cached positions",
+                 (long long)n_k);
     }
     double h_kv = (double)st->config.num_kv_heads, d_k = (double)st->config.head_dim;
     if (st->p.variants.rope_base > 0) {
@@ -328,12 +323,10 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
         return api_fail(err, 422, "memory_limit", "",
                         "attending over the %lld positions cached now needs about %.0f MiB "
                         "for %s, more than this server's limit of %.0f MiB for one request "
-                        "(--max-request-memory); truncate the cache or %s",
+                        "(--max-request-memory); truncate the cache or send fewer query rows "
+                        "at once",
                         (long long)length_after(st, info->length), t.workspace / 1048576.0,
-                        t.workspace_what, c->lim.max_memory / 1048576.0,
-                        st->p.precision == ATTN_PRECISION_BFLOAT16
-                            ? "use float32 precision"
-                            : "send fewer query rows at once");
+                        t.workspace_what, c->lim.max_memory / 1048576.0);
     double work_limit = c->lim.max_work;
     if (work_limit > 0) {
         double work = api_compute_work(&t, false, false);

@@ -84,7 +84,7 @@
  * what the way libattn runs them costs (see the table above). */
 static double bf16_flop_price(void)
 {
-    if (attn_bf16() == ATTN_BF16_AVX512_BF16)
+    if (attn_bf16() == ATTN_BF16_AVX512_BF16 || attn_bf16() == ATTN_BF16_AMX)
         return 0.8;
     switch (attn_kernel()) {
     case ATTN_KERNEL_AVX512:

@@ -341,11 +341,6 @@ static bool validate(api_call *c, api_error *err)
     if (!api_ragged_setup(&c->f[F_SEQ_LENS], &c->f[F_SEQ_LENS_CONTEXT], p->batch, p->n, p->m,
                           &names, &st->ragged, err))
         return false;
-    if (st->ragged.seqs > 0 && p->precision == ATTN_PRECISION_BFLOAT16)
-        return api_fail(err, 422, "invalid_value", "precision",
-                        "precision \"bfloat16\" does not go with seq_lens: a ragged batch is "
-                        "computed in float32 (leave precision out, or send the sequences "
-                        "as requests of their own)");
     p->ragged = api_ragged_lib(&st->ragged);
     int64_t scores[4] = {p->batch, p->heads, p->n, p->m};
     if (c->f[F_MASK].present &&

@@ -41,6 +41,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -134,13 +135,18 @@ static int cmd_info(void)
  *                                      (what a client without seq_lens sends)
  *   mha fwd|fwdbwd THREADS B N DMODEL HEADS   causal, with W_O, no biases
  *   peak avx2|avx512 THREADS ITERS     bench/peak.c
+ *   stream THREADS H D BATCH           one pass over a ragged batch's tensors,
+ *                                      out = q + k v element by element on
+ *                                      THREADS threads: the memory traffic of
+ *                                      its forward (q, k, v read, the output
+ *                                      written) and nothing else
  * BATCH is log48 (48 sequences of lengths log-uniform over 16 .. 2048, about
  * 20k rows), short2000 (2000 of 1 .. 16) or mixed501 (one of 4096, first,
  * then 500 of 1 .. 32: nearly all the work in one sequence, which only
  * units cut by work share between the threads), from a fixed seed.
  * Its buffers are made on first use and kept for the next turns.
  */
-typedef enum { T_SGEMM, T_SDPA, T_RAGGED, T_PADDED, T_MHA, T_PEAK } task_kind;
+typedef enum { T_SGEMM, T_SDPA, T_RAGGED, T_PADDED, T_MHA, T_PEAK, T_STREAM } task_kind;
 enum { SDPA_FULL, SDPA_CAUSAL, SDPA_FWDBWD };
 enum { MHA_FWD, MHA_FWDBWD };
 
@@ -201,7 +207,7 @@ static bool batch_setup(task *t, const char *name)
         t->pairs += (double)len[i] * (double)len[i];
     }
     long long h = t->a[0], d = t->a[1];
-    if (t->kind == T_RAGGED) {
+    if (t->kind == T_RAGGED || t->kind == T_STREAM) {
         t->a[0] = 1, t->a[1] = h, t->a[2] = t->cu[t->seqs], t->a[3] = d;
     } else {
         t->a[0] = t->seqs, t->a[1] = h, t->a[2] = longest, t->a[3] = d;
@@ -268,6 +274,9 @@ static bool parse_task(const char *text, task *t)
         else if (strcmp(mode, "fwdbwd") == 0) t->mode = SDPA_FWDBWD;
         else return false;
         if (a[0] < 1 || a[1] < 1 || !batch_setup(t, batch)) return false;
+    } else if (sscanf(text, "stream %d %lld %lld %15s", &t->threads, &a[0], &a[1], batch) == 4) {
+        t->kind = T_STREAM;
+        if (a[0] < 1 || a[1] < 1 || !batch_setup(t, batch)) return false;
     } else if (sscanf(text, "%15s %15s %d %lld %lld %lld %lld", kind, mode, &t->threads,
                       &a[0], &a[1], &a[2], &a[3]) == 7 && strcmp(kind, "mha") == 0) {
         t->kind = T_MHA;
@@ -311,6 +320,8 @@ static double task_flops(const task *t)
         return attn_mha_flops(&t->mha);
     case T_PEAK:
         return peak_flops((peak_isa)t->mode, t->threads, (long)a[0]);
+    case T_STREAM:
+        return 0; /* a time, compared with the batch's forward */
     }
     return 0;
 }
@@ -323,7 +334,8 @@ static void task_prepare(task *t)
         size_t count = (size_t)(a[0] * a[0]);
         for (int i = 0; i < 3; i++)
             t->f[i] = alloc_random(count, &seed, 1.0f);
-    } else if (t->kind == T_SDPA || t->kind == T_RAGGED || t->kind == T_PADDED) {
+    } else if (t->kind == T_SDPA || t->kind == T_RAGGED || t->kind == T_PADDED ||
+               t->kind == T_STREAM) {
         size_t count = (size_t)(a[0] * a[1] * a[2] * a[3]);
         for (int i = 0; i < 8; i++) /* q k v dout out dq dk dv */
             t->f[i] = alloc_random(count, &seed, 1.0f);
@@ -343,6 +355,45 @@ static void task_prepare(task *t)
         }
     }
     t->ready = true;
+}
+
+/* A stream task's share: elements [lo, hi) of out = q + k v. */
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    size_t lo, hi;
+} stream_part;
+
+static void *stream_run(void *arg)
+{
+    const stream_part *s = arg;
+    for (size_t i = s->lo; i < s->hi; i++)
+        s->out[i] = s->q[i] + s->k[i] * s->v[i];
+    return NULL;
+}
+
+/* out = q + k v over the task's tensors, in THREADS contiguous shares. */
+static bool stream_once(task *t)
+{
+    enum { MOST = 16 };
+    const size_t count = (size_t)(t->a[0] * t->a[1] * t->a[2] * t->a[3]);
+    const int n = t->threads < MOST ? t->threads : MOST;
+    pthread_t th[MOST];
+    stream_part part[MOST];
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        part[i] = (stream_part){t->f[0], t->f[1], t->f[2], t->f[4], count * (size_t)i / (size_t)n,
+                                count * (size_t)(i + 1) / (size_t)n};
+        if (i > 0 && pthread_create(&th[i], NULL, stream_run, &part[i]) == 0)
+            started |= 1 << i;
+        else if (i > 0)
+            stream_run(&part[i]);
+    }
+    stream_run(&part[0]);
+    for (int i = 1; i < n; i++)
+        if (started & (1 << i))
+            pthread_join(th[i], NULL);
+    return true;
 }
 
 /* One run of the task; false (with a message on stderr) when libattn fails. */
@@ -383,6 +434,8 @@ static bool task_run_once(task *t)
             break;
         return true;
     }
+    case T_STREAM:
+        return stream_once(t);
     case T_PEAK:
         if (peak_run_s((peak_isa)t->mode, t->threads, (long)t->a[0]) < 0) {
             snprintf(err.message, sizeof err.message, "could not start %d threads", t->threads);
@@ -785,6 +838,9 @@ static int cmd_table(int threads, double budget_s, bool only_ragged)
     TURN(NULL, "ragged_fwdbwd", "ragged fwdbwd %d 8 64 log48", threads);
     TURN(NULL, "padded_fwdbwd", "padded fwdbwd %d 8 64 log48", threads);
     TURN(NULL, "ragged_short_fwd", "ragged full %d 8 64 short2000", threads);
+    /* What the short batch's forward cannot go below: its tensors read and
+     * its output written once (a few FLOPs a byte: the memory decides). */
+    TURN(NULL, "stream_short", "stream %d 8 64 short2000", threads);
     TURN(NULL, "ragged_mixed_fwd", "ragged full %d 8 64 mixed501", threads);
     {
         static int64_t len[2000];
@@ -856,6 +912,7 @@ static int cmd_table(int threads, double budget_s, bool only_ragged)
         {"ragged_vs_dense_fwdbwd", "fwdbwd", "ragged_fwdbwd"},
         {"padded_vs_ragged_fwdbwd", "padded_fwdbwd", "ragged_fwdbwd"},
         {"short_vs_dense_fwd", "fwd", "ragged_short_fwd"},
+        {"short_vs_stream", "ragged_short_fwd", "stream_short"},
         {"mixed_vs_dense_fwd", "fwd", "ragged_mixed_fwd"},
         {"bf16_fwd", "fwd", "fwd_bf16"},
         {"bf16_fwd_d128", "fwd_d128", "fwd_bf16_d128"},

@@ -633,6 +633,12 @@ fr=$(flops_of ragged_short_fwd); fd=$(flops_of fwd)
 row "ragged batch, 2000 sequences of 1..16 ($(echo "$sb" | awk '{print $3}') rows), H=8, d=64: forward GFLOP/s on the pairs that exist / dense forward, $sz" \
     "$(ratio "$r" "$d" %.2f)" \
     "${r:-?} / ${d:-?} GFLOP/s$([ -n "$fr" ] && [ -n "$fd" ] && spread short_vs_dense_fwd "$fr / $fd")" ">=" 0.3
+# The same batch against the memory: its q, k, v read and its output
+# written once, and nothing computed (a few FLOPs a byte: what bounds it).
+st=$(get kern_ragged_short_fwd_s); ss=$(get kern_stream_short_s)
+row "ragged batch, 2000 sequences of 1..16: forward time / one pass reading its q, k, v and writing its output (out = q + k v, the memory's floor), $THREADS threads" \
+    "$(ratio "$st" "$ss" %.2f)" \
+    "$(scaled "$st" 0.001 %.1f) ms / $(scaled "$ss" 0.001 %.1f) ms$(spread short_vs_stream 1)"
 # Nearly all the work in one sequence: at half the dense rate or less, one
 # thread would be doing it while the other waits.
 r=$(get kern_ragged_mixed_fwd_gflops)

@@ -608,15 +608,17 @@ typedef struct {
     attn_variants variants;
     int threads; /* >= 1 */
     /* ATTN_PRECISION_FLOAT32 (0): the paged kernels below. BFLOAT16: the
-     * products of attn_sdpa_forward's ATTN_PRECISION_BFLOAT16, bit for bit
-     * (the cached keys and values are read out as float32 first, O(length)
-     * memory, and attn_sdpa_forward runs over them). */
+     * products of attn_sdpa_forward's ATTN_PRECISION_BFLOAT16 over the
+     * cached keys and values, bit for bit, at any length and thread count:
+     * each page is joined into the bfloat16 kernel's words as it is read
+     * (a bfloat16 cache's words as stored, no float32 copy; O(page) memory
+     * per thread), and attn_sdpa_forward's blocks of query rows run over
+     * the pages. */
     attn_precision precision;
     const atomic_int *cancel; /* NULL, or stop once non-zero (see the top):
                                * checked before the work and then at every
                                * unit (a run of pages when decoding, each
-                               * page when prefilling; attn_sdpa_forward's
-                               * units with bfloat16) */
+                               * page when prefilling or with bfloat16) */
 } attn_kv_params;
 
 /*
@@ -666,8 +668,8 @@ double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *p
  * caller's q, out and rows) when a cache of `config` holds `length`
  * positions, for p->threads threads: with few rows, each run's partial
  * outputs (up to 64 runs of [H_q, n_q, value_dim]); with many, each
- * worker's tiles; with bfloat16 products, the cache read out as float32
- * and attn_sdpa_workspace over it. Known before the call, as
+ * worker's tiles; with bfloat16 products, each worker's page panel and
+ * the states of its rows. Known before the call, as
  * attn_sdpa_workspace is (0 for an empty cache or nonsense). */
 double attn_kv_forward_workspace(const attn_kv_config *config, int64_t length,
                                  const attn_kv_params *p);
@@ -720,22 +722,24 @@ const char *attn_kernel_forced(void);
 
 /*
  * How this process runs the products of ATTN_PRECISION_BFLOAT16, chosen
- * once, after the kernel: with the AVX512_BF16 instruction vdpbf16ps where
- * the avx512 kernel runs on a CPU that has it, otherwise emulated (each
- * vdpbf16ps step as two float32 fused multiply-adds, subnormals flushed)
- * by the kernel in use. The results are the same bits either way.
- * ATTN_BF16=emulated|avx512_bf16 forces one (when this kernel on this CPU
- * can run it; otherwise the choice stays the default and
- * attn_bf16_forced() says what was asked for). Intel's AMX tiles are not
- * used by this version.
+ * once, after the kernel: with Intel's AMX tiles (tdpbf16ps) where the
+ * avx512 kernel runs on a CPU that has AMX-BF16 and AVX512_BF16 and Linux
+ * grants the tile state; else with the AVX512_BF16 instruction vdpbf16ps
+ * where the avx512 kernel runs on a CPU that has it; otherwise emulated
+ * (each vdpbf16ps step as two float32 fused multiply-adds, subnormals
+ * flushed) by the kernel in use. The results are the same bits every way.
+ * ATTN_BF16=emulated|avx512_bf16|amx forces one (when this kernel on this
+ * CPU can run it; otherwise the choice stays the default and
+ * attn_bf16_forced() says what was asked for).
  */
 typedef enum {
     ATTN_BF16_EMULATED = 0,    /* float32 FMAs of the kernel in use */
     ATTN_BF16_AVX512_BF16 = 1, /* vdpbf16ps (AVX512_BF16) */
+    ATTN_BF16_AMX = 2,         /* tdpbf16ps (AMX-BF16 tiles) */
 } attn_bf16_kind;
 
 attn_bf16_kind attn_bf16(void);               /* the path in use */
-const char *attn_bf16_name(void);             /* "emulated" or "avx512_bf16" */
+const char *attn_bf16_name(void);             /* "emulated", "avx512_bf16" or "amx" */
 const char *attn_bf16_kind_name(attn_bf16_kind kind);
 bool attn_bf16_supported(attn_bf16_kind kind);/* with this process's kernel, on this CPU */
 bool attn_bf16_parse(const char *name, attn_bf16_kind *kind);

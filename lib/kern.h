@@ -93,6 +93,12 @@ struct attn_kern {
 
     /* x[0..n) *= f; false when a result is not finite. */
     bool (*scale_finite)(float *x, int64_t n, float f);
+
+    /* x[0..n) = (float)((0.0 + (double)x[j]) * f), false when a result is
+     * not finite: sdpa_finish_row for a row with no double sum. */
+    bool (*scale_wide)(float *x, int64_t n, double f);
+    /* acc [n] += part [n] (in double), part [n] = 0: the blocked sums' fold. */
+    void (*fold_partial)(double *acc, float *part, int64_t n);
 };
 
 /* Below this, expf underflows past the normal floats: flushed to 0, so a
@@ -157,6 +163,7 @@ extern const attn_kern_bf16 attn_kern_bf16_generic;
 extern const attn_kern_bf16 attn_kern_bf16_avx2;
 extern const attn_kern_bf16 attn_kern_bf16_avx512;     /* emulated */
 extern const attn_kern_bf16 attn_kern_bf16_avx512bf16; /* vdpbf16ps */
+extern const attn_kern_bf16 attn_kern_bf16_amx;        /* tdpbf16ps tiles */
 #endif
 
 /* kb's rows, row_pairs and pack_t of src: from its floats by kb, or from

@@ -95,6 +95,28 @@ static inline vmask vnonfinite(vf x)
 }
 static inline bool vmask_none(vmask m) { return _mm256_testz_si256(m, m); }
 
+/* Lanes (float)((0.0 + (double)x) * f): a float scaled in double and rounded
+ * once, as sdpa_finish_row does it (the 0.0 + keeps its sign of zero). */
+static inline vf vmul_d(vf x, double f)
+{
+    const __m256d z = _mm256_setzero_pd(), s = _mm256_set1_pd(f);
+    __m128 lo = _mm256_cvtpd_ps(
+        _mm256_mul_pd(_mm256_add_pd(z, _mm256_cvtps_pd(_mm256_castps256_ps128(x))), s));
+    __m128 hi = _mm256_cvtpd_ps(
+        _mm256_mul_pd(_mm256_add_pd(z, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))), s));
+    return _mm256_set_m128(hi, lo);
+}
+/* acc [VW] += part [VW] in double, and part [VW] = 0. */
+static inline void vfold_d(double *acc, float *part)
+{
+    const __m256 x = _mm256_loadu_ps(part);
+    _mm256_storeu_pd(acc, _mm256_add_pd(_mm256_loadu_pd(acc),
+                                        _mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(acc + 4),
+                                            _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+    _mm256_storeu_ps(part, _mm256_setzero_ps());
+}
+
 /* An 8 x 8 block: pairs of rows interleaved, quadruples within each 128-bit
  * lane (4 x 4 transposed per lane), then the lanes of two halves swapped. */
 static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t ldd)

@@ -11,7 +11,7 @@
  * columns takes half the instructions of the float32 block.
  *
  * Defines (names pasted by KF): attn_kern_bf16_avx512bf16, and its
- * gemm2_avx512bf16, bf16_rows_avx512bf16, bf16_row_pairs_avx512bf16,
+ * gemm2_avx512bf16 (over block2_<n>[m][_r1]_avx512bf16), bf16_rows_avx512bf16, bf16_row_pairs_avx512bf16,
  * bf16_pack_t_avx512bf16, forward_tile_bf16_avx512bf16,
  * backward_tile_bf16_avx512bf16.
  */

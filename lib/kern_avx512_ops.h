@@ -73,6 +73,28 @@ static inline vmask vnonfinite(vf x)
 }
 static inline bool vmask_none(vmask m) { return m == 0; }
 
+/* Lanes (float)((0.0 + (double)x) * f): a float scaled in double and rounded
+ * once, as sdpa_finish_row does it (the 0.0 + keeps its sign of zero). */
+static inline vf vmul_d(vf x, double f)
+{
+    const __m512d z = _mm512_setzero_pd(), s = _mm512_set1_pd(f);
+    const __m256 x_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+    __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_add_pd(z, _mm512_cvtps_pd(_mm512_castps512_ps256(x))), s));
+    __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_add_pd(z, _mm512_cvtps_pd(x_hi)), s));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
+                                               _mm256_castps_pd(hi), 1));
+}
+/* acc [VW] += part [VW] in double, and part [VW] = 0. */
+static inline void vfold_d(double *acc, float *part)
+{
+    const __m512 x = _mm512_loadu_ps(part);
+    const __m256 x_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+    _mm512_storeu_pd(acc, _mm512_add_pd(_mm512_loadu_pd(acc),
+                                        _mm512_cvtps_pd(_mm512_castps512_ps256(x))));
+    _mm512_storeu_pd(acc + 8, _mm512_add_pd(_mm512_loadu_pd(acc + 8), _mm512_cvtps_pd(x_hi)));
+    _mm512_storeu_ps(part, _mm512_setzero_ps());
+}
+
 /* A 16 x 16 block: pairs of rows interleaved, then quadruples within each
  * 128-bit lane (each lane now holds 4 x 4 transposed), then the lanes of
  * four rows gathered twice over. 64 shuffles for 256 floats. */

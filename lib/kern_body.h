@@ -160,6 +160,11 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
             KF(strip_plain)(s, p->scale, st->m + r0, m_new, sum)) {
             for (int r = 0; r < KMR; r++)
                 KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
+        } else if (t->cols < KERN_BK && st->stats == NULL && st->weights == NULL &&
+                   KF(rows_see_all)(c, t, t->i0 + r0, rows) &&
+                   KF(strip_plain_narrow)(s, rows, t->cols, p->scale, st->m + r0, m_new, sum)) {
+            for (int r = 0; r < rows; r++)
+                KF(fold_row)(st, r0 + r, st->m[r0 + r], m_new[r], sum[r], d_v, ldo);
         } else {
             KF(fwd_rows)(c, t, st, s, r0, rows, false);
         }
@@ -221,4 +226,6 @@ const attn_kern KF(attn_kern) = {
     .exp_sum = KF(exp_sum),
     .max = KF(max),
     .scale_finite = KF(scale_finite),
+    .scale_wide = KF(scale_wide),
+    .fold_partial = KF(fold_partial),
 };

@@ -34,23 +34,30 @@
 
 /* ------------------------------------------------------------- products */
 
+/* A file whose products are not vdot2 steps in registers (AMX tiles)
+ * defines KERN_BF16_OWN_GEMM2 and its own KF(gemm2), with the same
+ * arguments and the same sums, before including this. */
+#ifndef KERN_BF16_OWN_GEMM2
+
 /*
  * The register block: C[r][0 .. nv*VW) (+)= sum_p dot2(A(r, p), B[p][..])
- * for r < rows <= KMR2, as kern_body.h's block (rows past `rows` repeat
- * row 0 and are not stored; the last vector masked when `masked`).
+ * for r < rows <= R (R = KMR2, or 1 for a strip of one row: a decode's
+ * query), as kern_body.h's block (rows past `rows` repeat row 0 and are
+ * not stored; the last vector masked when `masked`). A row's sums are the
+ * same whatever R: each row has its own accumulators.
  */
 static inline __attribute__((always_inline)) void
-KF(block2)(const int nv, const bool masked, int rows, int64_t kdim, const uint32_t *a,
+KF(block2)(const int R, const int nv, const bool masked, int rows, int64_t kdim, const uint32_t *a,
            int64_t a_rs, int64_t a_cs, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
            vmask last, bool accumulate)
 {
     vf acc[KMR2][KNV2];
     int64_t off[KMR2];
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR2; r++)
+    for (int r = 0; r < R; r++)
         off[r] = (r < rows ? r : 0) * a_rs;
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR2; r++) {
+    for (int r = 0; r < R; r++) {
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) {
             acc[r][v] = vzero();
@@ -67,7 +74,7 @@ KF(block2)(const int nv, const bool masked, int rows, int64_t kdim, const uint32
         for (int v = 0; v < nv; v++)
             bv[v] = masked && v == nv - 1 ? vp_load_m(bp + v * VW, last) : vp_load(bp + v * VW);
 #pragma GCC unroll 8
-        for (int r = 0; r < KMR2; r++) {
+        for (int r = 0; r < R; r++) {
             vpair ab = vp_set1(ap[off[r]]);
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++)
@@ -75,7 +82,7 @@ KF(block2)(const int nv, const bool masked, int rows, int64_t kdim, const uint32
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR2; r++) {
+    for (int r = 0; r < R; r++) {
         if (r >= rows)
             break;
 #pragma GCC unroll 4
@@ -94,40 +101,58 @@ KF(block2)(const int nv, const bool masked, int rows, int64_t kdim, const uint32
 #define KERN_BLOCK2_PASS rows, kdim, a, a_rs, a_cs, b, ldb, c, ldc, last, accumulate
 /* Not inlined into gemm2: the emulations' MXCSR setting must not move
  * across their arithmetic, and a call is a wall the compiler keeps. */
-#define KERN_BLOCK2_INSTANCE(name, nv, masked)                                       \
+#define KERN_BLOCK2_INSTANCE(name, R, nv, masked)                                    \
     static __attribute__((noinline)) void name(KERN_BLOCK2_ARGS)                      \
     {                                                                                \
-        KF(block2)(nv, masked, KERN_BLOCK2_PASS);                                    \
+        KF(block2)(R, nv, masked, KERN_BLOCK2_PASS);                                 \
     }
+/* block2_<nv>[m] (KMR2 rows) and block2_<nv>[m]_r1 (one row), per vectors
+ * of columns nv, the last masked (m) or not. */
+#define KERN_BLOCK2_INSTANCES(nv)                                                    \
+    KERN_BLOCK2_INSTANCE(KF(block2_##nv), KMR2, nv, false)                           \
+    KERN_BLOCK2_INSTANCE(KF(block2_##nv##m), KMR2, nv, true)                         \
+    KERN_BLOCK2_INSTANCE(KF(block2_##nv##_r1), 1, nv, false)                         \
+    KERN_BLOCK2_INSTANCE(KF(block2_##nv##m_r1), 1, nv, true)
 
-KERN_BLOCK2_INSTANCE(KF(block2_1), 1, false)
-KERN_BLOCK2_INSTANCE(KF(block2_1m), 1, true)
+KERN_BLOCK2_INSTANCES(1)
 #if KNV2 >= 2
-KERN_BLOCK2_INSTANCE(KF(block2_2), 2, false)
-KERN_BLOCK2_INSTANCE(KF(block2_2m), 2, true)
+KERN_BLOCK2_INSTANCES(2)
 #endif
 #if KNV2 >= 3
-KERN_BLOCK2_INSTANCE(KF(block2_3), 3, false)
-KERN_BLOCK2_INSTANCE(KF(block2_3m), 3, true)
+KERN_BLOCK2_INSTANCES(3)
 #endif
 #if KNV2 >= 4
-KERN_BLOCK2_INSTANCE(KF(block2_4), 4, false)
-KERN_BLOCK2_INSTANCE(KF(block2_4m), 4, true)
+KERN_BLOCK2_INSTANCES(4)
 #endif
 
 typedef void (*KF(block2_fn))(KERN_BLOCK2_ARGS);
 
-static const KF(block2_fn) KF(blocks2)[KNV2][2] = {
-    {KF(block2_1), KF(block2_1m)},
+/* [one row?][vectors - 1][masked?] */
+static const KF(block2_fn) KF(blocks2)[2][KNV2][2] = {
+    {
+        {KF(block2_1), KF(block2_1m)},
 #if KNV2 >= 2
-    {KF(block2_2), KF(block2_2m)},
+        {KF(block2_2), KF(block2_2m)},
 #endif
 #if KNV2 >= 3
-    {KF(block2_3), KF(block2_3m)},
+        {KF(block2_3), KF(block2_3m)},
 #endif
 #if KNV2 >= 4
-    {KF(block2_4), KF(block2_4m)},
+        {KF(block2_4), KF(block2_4m)},
 #endif
+    },
+    {
+        {KF(block2_1_r1), KF(block2_1m_r1)},
+#if KNV2 >= 2
+        {KF(block2_2_r1), KF(block2_2m_r1)},
+#endif
+#if KNV2 >= 3
+        {KF(block2_3_r1), KF(block2_3m_r1)},
+#endif
+#if KNV2 >= 4
+        {KF(block2_4_r1), KF(block2_4m_r1)},
+#endif
+    },
 };
 
 /* C [rows, cols] (+)= A B on words, rows <= KMR: chunks of KMR2 rows and
@@ -143,13 +168,14 @@ static void KF(gemm2)(int rows, int64_t cols, int64_t kdim, const uint32_t *a, i
             int64_t width = KMIN(cols - c0, (int64_t)(KNV2 * VW));
             int nv = (int)((width + VW - 1) / VW);
             int tail = (int)(width - (int64_t)(nv - 1) * VW);
-            KF(blocks2)[nv - 1][tail < VW](rr, kdim, a + r0 * a_rs, a_rs, a_cs, b + c0, ldb,
+            KF(blocks2)[rr == 1][nv - 1][tail < VW](rr, kdim, a + r0 * a_rs, a_rs, a_cs, b + c0, ldb,
                                            c + r0 * ldc + c0, ldc, vmask_first(tail),
                                            accumulate);
         }
     }
     KERN_BF16_END;
 }
+#endif /* KERN_BF16_OWN_GEMM2 */
 
 /* ---------------------------------------------------------- conversions */
 
@@ -320,7 +346,7 @@ static void KF(forward_tile_bf16)(const sdpa_call *c, const sdpa_tile *t,
 {
     const attn_sdpa_params *p = c->p;
     const int64_t dk2 = (p->d_k + 1) / 2, d_v = p->d_v, ldo = c->ldo;
-    const int64_t panel_keys = KMIN((int64_t)KERN_BK, p->n_k - t->j0);
+    const int64_t panel_keys = KMIN((int64_t)KERN_BK, c->k_hi - t->j0); /* as packed */
     const int64_t key_pairs = (panel_keys + 1) / 2;
     float *s = st->strip;
     for (int64_t r0 = 0; r0 < t->rows; r0 += KMR) {

@@ -53,6 +53,12 @@ static inline vf viota(void) { return 0.0f; }
 static inline vmask vbad(vf x) { return x != x || x == INFINITY; }
 static inline vmask vnonfinite(vf x) { return !(x - x == 0.0f); }
 static inline bool vmask_none(vmask m) { return m == 0; }
+static inline vf vmul_d(vf x, double f) { return (float)((0.0 + (double)x) * f); }
+static inline void vfold_d(double *acc, float *part)
+{
+    *acc += *part;
+    *part = 0.0f;
+}
 static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t ldd)
 {
     (void)lds;

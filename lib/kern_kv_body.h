@@ -10,6 +10,7 @@
  * It defines, in each kernel file (KF(x) is x_generic, x_avx2, x_avx512):
  *   kv_decode_f32, kv_decode_f16, kv_decode_bf16   one decode unit per dtype
  *   kv_widen                                       a run of 16-bit values to floats
+ *   kv_join                                        a page's rows to bfloat16 words
  *   attn_kv_kern                                   the table of them
  *
  * Shapes (one decode unit: pages of heads g_begin .. g_end - 1; head g's
@@ -333,6 +334,40 @@ static void KF(kv_widen)(attn_kv_dtype dtype, const void *src, float *dst, int64
     }
 }
 
+/*
+ * A page's rows joined into the bfloat16 kernel's words (kern_body_bf16.h),
+ * for attn_kv_forward in bfloat16: dst [pairs, cols] (row stride ldd),
+ * word (u, c) holding bf16(src[u][c]) in its low half and bf16(src[u +
+ * h][c]) in its high half, h = ceil(rows / 2), rows past `rows` zero; src
+ * [rows, cols] of `dtype` (row stride lds). The bfloat16 kernel's
+ * row_pairs with `split`, reading the page's elements as they are stored:
+ * a bfloat16 element is widened by a shift and its rounding changes
+ * nothing but a subnormal (to zero), so its word is the stored half.
+ */
+static void KF(kv_join)(attn_kv_dtype dtype, const void *src, int64_t lds, int64_t rows,
+                        int64_t cols, uint32_t *dst, int64_t ldd, int64_t pairs)
+{
+    const int64_t h = (rows + 1) / 2;
+    for (int64_t u = 0; u < pairs; u++) {
+        uint32_t *d = dst + u * ldd;
+        const bool has_lo = u < h && u < rows, has_hi = u + h < rows;
+        const int64_t lo = u * lds, hi = (u + h) * lds;
+        int64_t c = 0;
+        for (; c + VW <= cols; c += VW) {
+            vf x0 = has_lo ? KF(kv_load)(dtype, src, lo + c) : vzero();
+            vf x1 = has_hi ? KF(kv_load)(dtype, src, hi + c) : vzero();
+            vp_store(d + c, vbf16_words(x0, x1));
+        }
+        if (c < cols) {
+            const int n = (int)(cols - c);
+            const vmask m = vmask_first(n);
+            vf x0 = has_lo ? KF(kv_load_first)(dtype, src, lo + c, n, m) : vzero();
+            vf x1 = has_hi ? KF(kv_load_first)(dtype, src, hi + c, n, m) : vzero();
+            vp_store_m(d + c, vbf16_words(x0, x1), m);
+        }
+    }
+}
+
 const attn_kv_kern KF(attn_kv_kern) = {
     .decode = {
         [ATTN_KV_FLOAT32] = KF(kv_decode_f32),
@@ -340,4 +375,5 @@ const attn_kv_kern KF(attn_kv_kern) = {
         [ATTN_KV_BFLOAT16] = KF(kv_decode_bf16),
     },
     .widen = KF(kv_widen),
+    .join = KF(kv_join),
 };

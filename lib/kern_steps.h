@@ -24,6 +24,8 @@
  *   vbad(x)         the lanes of x that are +inf or nan
  *   vabs vdiv vge(a, b) (a mask) vblend(m, a, b) (a in m, b elsewhere)
  *   vcopysign(x, s) viota() (lane l holds l)
+ *   vmul_d(x, f)    lanes (float)((0.0 + (double)x) * f): scaled in double
+ *   vfold_d(acc, part)  acc [VW] += part [VW] in double, part [VW] = 0
  *   vbf16_weight(x) x rounded to bfloat16, for x of 0 or in [2^-126, 1] (the
  *                   weights, where no subnormal or overflow can arise)
  *
@@ -47,8 +49,10 @@
 /* ------------------------------------------------------------- packing */
 
 /* dst [cols, ldd] = src^T for src [rows, cols] (row stride lds): whole
- * VW x VW blocks by the register transpose, the edges one by one, and
- * columns rows .. ldd of dst zero. */
+ * VW x VW blocks by the register transpose, the last rows (fewer than VW:
+ * all of a short sequence's keys) by the same transpose of a block padded
+ * with zero rows, the last columns one by one, and columns rows .. ldd of
+ * dst zero. */
 KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols,
                                    float *dst, int64_t ldd)
 {
@@ -56,9 +60,23 @@ KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, 
     for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
         for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
             vtranspose(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+    if (rows_v < rows && cols_v > 0) {
+        const int tail = (int)(rows - rows_v);
+        const vmask keep = vmask_first(tail);
+        float block[VW * VW], block_t[VW * VW];
+        for (int r = tail; r < VW; r++)
+            vstore(block + r * VW, vzero());
+        for (int64_t c0 = 0; c0 < cols_v; c0 += VW) {
+            for (int r = 0; r < tail; r++)
+                vstore(block + r * VW, vload(src + (rows_v + r) * lds + c0));
+            vtranspose(block, VW, block_t, VW);
+            for (int c = 0; c < VW; c++)
+                vstore_m(dst + (c0 + c) * ldd + rows_v, vload(block_t + c * VW), keep);
+        }
+    }
     for (int64_t c = 0; c < cols; c++) {
         float *d = dst + c * ldd;
-        for (int64_t r = c < cols_v ? rows_v : 0; r < rows; r++)
+        for (int64_t r = c < cols_v ? rows : 0; r < rows; r++)
             d[r] = src[r * lds + c];
         for (int64_t r = rows; r < ldd; r++)
             d[r] = 0.0f;
@@ -138,6 +156,41 @@ KERN_SHARED static bool KF(scale_finite)(float *x, int64_t n, float f)
         bad |= vnonfinite(y) & tail;
     }
     return vmask_none(bad);
+}
+
+/* x[0..n) = (float)((0.0 + (double)x[j]) * f): an output row that no
+ * double sum was folded into, divided by its softmax sum in double as
+ * sdpa_finish_row divides it (the same bits); false when a result is not
+ * finite. */
+KERN_SHARED static bool KF(scale_wide)(float *x, int64_t n, double f)
+{
+    vmask bad = vmask_first(0);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf y = vmul_d(vload(x + j), f);
+        vstore(x + j, y);
+        bad |= vnonfinite(y);
+    }
+    bool finite = vmask_none(bad);
+    for (; j < n; j++) {
+        x[j] = (float)((0.0 + (double)x[j]) * f);
+        finite &= isfinite(x[j]);
+    }
+    return finite;
+}
+
+/* acc [n] += part [n] in double, and part [n] = 0: a float partial sum
+ * folded into its double sum (blocked summation), lane by lane the scalar
+ * acc[j] += part[j]. */
+KERN_SHARED static void KF(fold_partial)(double *acc, float *part, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vfold_d(acc + j, part + j);
+    for (; j < n; j++) {
+        acc[j] += part[j];
+        part[j] = 0.0f;
+    }
 }
 
 /* The largest of x[0..n); NaN when one is NaN or +inf (scores that
@@ -333,6 +386,77 @@ KERN_SHARED static bool KF(strip_plain)(float *s, float scale, const float *m_ol
                                         float *m_new, float *sum)
 {
     return KF(strip_plain_rows)(KMR, s, scale, m_old, m_new, sum);
+}
+
+/*
+ * strip_plain for a tile narrower than KERN_BK (cols keys, the last
+ * vector masked: a short sequence's whole tile) and any rows <= KMR: the
+ * same phases, row by row inside each, with the arithmetic of score_row's
+ * and exp_sum's tails (the lanes past cols -inf for the maximum, left out
+ * of the sum, not stored), so the bits are the row-by-row path's. False,
+ * with the strip untouched, when a score overflowed or a row is all -inf.
+ */
+KERN_SHARED static bool KF(strip_plain_narrow)(float *s, int rows, int64_t cols, float scale,
+                                               const float *m_old, float *m_new, float *sum)
+{
+    const vf vs = vset1(scale);
+    const int64_t full = cols / VW * VW;
+    const vmask tail = vmask_first((int)(cols - full));
+    vmask bad = vmask_first(0);
+    vf m[KMR];
+    for (int r = 0; r < rows; r++) {
+        const float *x = s + r * KERN_BK;
+        m[r] = vset1(-INFINITY);
+        for (int64_t j = 0; j < full; j += VW) {
+            vf y = vmul(vload(x + j), vs);
+            m[r] = vmax(m[r], y);
+            bad |= vbad(y);
+        }
+        if (full < cols) {
+            vf y = vkeep_range(vmul(vload_m(x + full, tail), vs), 0, cols - full);
+            m[r] = vmax(m[r], y);
+            bad |= vbad(y);
+        }
+    }
+    if (!vmask_none(bad))
+        return false;
+    for (int r = 0; r < rows; r++) {
+        float tile = vhmax(m[r]);
+        m_new[r] = tile > m_old[r] ? tile : m_old[r];
+        if (m_new[r] == -INFINITY)
+            return false;
+    }
+    for (int r = 0; r < rows; r++) {
+        float *x = s + r * KERN_BK;
+        const vf shift = vset1(m_new[r]);
+        vf acc = vzero();
+        for (int64_t j = 0; j < full; j += VW) {
+            vf e = vexp(vsub(vmul(vload(x + j), vs), shift));
+            vstore(x + j, e);
+            acc = vadd(acc, e);
+        }
+        if (full < cols) {
+            vf e = vexp(vsub(vmul(vload_m(x + full, tail), vs), shift));
+            vstore_m(x + full, e, tail);
+            acc = vadd(acc, vmasked(e, tail));
+        }
+        sum[r] = vhsum(acc);
+    }
+    return true;
+}
+
+/* Do rows i .. i + rows of tile t all see all its keys, with nothing but
+ * the scale on their scores (the narrow strip's condition)? */
+static inline bool KF(rows_see_all)(const sdpa_call *c, const sdpa_tile *t, int64_t i, int rows)
+{
+    if (!c->plain)
+        return false;
+    int64_t lo, hi;
+    sdpa_row_range(c, i, t->j0, t->cols, &lo, &hi);
+    if (hi < t->cols || lo > 0)
+        return false;
+    sdpa_row_range(c, i + rows - 1, t->j0, t->cols, &lo, &hi);
+    return lo == 0 && hi == t->cols;
 }
 
 /* Do all KMR rows of the strip from row i see all KERN_BK keys of the

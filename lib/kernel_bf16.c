@@ -1,11 +1,13 @@
 /*
- * How this process runs the bfloat16 products (attn_bf16): with
- * vdpbf16ps where the avx512 kernel runs on a CPU with AVX512_BF16,
- * emulated by the kernel in use everywhere else, decided once after the
- * kernel, or as ATTN_BF16=emulated|avx512_bf16 forces it when this kernel
- * on this CPU can run it. The emulation gives the instruction's bits, so
- * forcing it on a CPU that has the instruction is how the tests compare
- * the two.
+ * How this process runs the bfloat16 products (attn_bf16): with AMX tiles
+ * where the avx512 kernel runs on a CPU with AMX-BF16 (and AVX512_BF16,
+ * whose vectors the rest of that kernel uses) and Linux grants the tile
+ * state, with vdpbf16ps where the avx512 kernel runs on a CPU with
+ * AVX512_BF16, emulated by the kernel in use everywhere else, decided once
+ * after the kernel, or as ATTN_BF16=emulated|avx512_bf16|amx forces it
+ * when this kernel on this CPU can run it. Every way gives the
+ * instruction's bits, so forcing one on a CPU that has another is how the
+ * tests compare them.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 static const char *const NAMES[] = {
     [ATTN_BF16_EMULATED] = "emulated",
     [ATTN_BF16_AVX512_BF16] = "avx512_bf16",
+    [ATTN_BF16_AMX] = "amx",
 };
 
 /* Can the kernel `kind` run its bfloat16 products this way on this CPU? */
@@ -32,6 +35,12 @@ static bool path_supported(attn_kernel_kind kind, attn_bf16_kind path)
      * (see Makefile) */
     case ATTN_BF16_AVX512_BF16:
         return kind == ATTN_KERNEL_AVX512 && cpu_has(CPU_AVX512_BF16 | CPU_AVX512BW);
+    /* kern_amx_bf16.c besides, AMX-TILE and AMX-BF16, and the permission
+     * asked last (the first tile instruction without it is SIGILL) */
+    case ATTN_BF16_AMX:
+        return kind == ATTN_KERNEL_AVX512 &&
+               cpu_has(CPU_AVX512_BF16 | CPU_AVX512BW | CPU_AMX_TILE | CPU_AMX_BF16) &&
+               cpu_amx_request();
 #endif
     default:
         return false;
@@ -55,8 +64,7 @@ bool attn_bf16_parse(const char *name, attn_bf16_kind *kind)
 
 const char *attn_bf16_kind_name(attn_bf16_kind kind)
 {
-    return kind >= ATTN_BF16_EMULATED && kind <= ATTN_BF16_AVX512_BF16 ? NAMES[kind]
-                                                                       : "unknown";
+    return kind >= ATTN_BF16_EMULATED && kind <= ATTN_BF16_AMX ? NAMES[kind] : "unknown";
 }
 
 static attn_bf16_kind chosen = ATTN_BF16_EMULATED;
@@ -74,8 +82,9 @@ static void choose(void)
             return;
         }
     }
-    chosen = attn_bf16_supported(ATTN_BF16_AVX512_BF16) ? ATTN_BF16_AVX512_BF16
-                                                         : ATTN_BF16_EMULATED;
+    chosen = attn_bf16_supported(ATTN_BF16_AMX)           ? ATTN_BF16_AMX
+             : attn_bf16_supported(ATTN_BF16_AVX512_BF16) ? ATTN_BF16_AVX512_BF16
+                                                          : ATTN_BF16_EMULATED;
 }
 
 attn_bf16_kind attn_bf16(void)
@@ -102,8 +111,9 @@ const attn_kern_bf16 *attn_kern_bf16_of(attn_kernel_kind kind, attn_bf16_kind pa
     switch (kind) {
 #if defined(__x86_64__)
     case ATTN_KERNEL_AVX512:
-        return path == ATTN_BF16_AVX512_BF16 ? &attn_kern_bf16_avx512bf16
-                                             : &attn_kern_bf16_avx512;
+        return path == ATTN_BF16_AMX           ? &attn_kern_bf16_amx
+               : path == ATTN_BF16_AVX512_BF16 ? &attn_kern_bf16_avx512bf16
+                                               : &attn_kern_bf16_avx512;
     case ATTN_KERNEL_AVX2:
         return &attn_kern_bf16_avx2;
 #endif

@@ -142,6 +142,13 @@ typedef struct {
     void (*decode[3])(const kv_call *c, const kv_unit *u, sdpa_fwd_state *st);
     /* dst[0..n) = the n elements of `dtype` at src, widened. */
     void (*widen)(attn_kv_dtype dtype, const void *src, float *dst, int64_t n);
+    /* dst [pairs, cols] (row stride ldd): word (u, c) joins src[u][c] and
+     * src[u + ceil(rows / 2)][c] rounded to bfloat16 (low, high half), for
+     * src [rows, cols] of `dtype` (row stride lds); rows past `rows` zero.
+     * The bfloat16 kernels' row_pairs with split, from the page as stored
+     * (kern_kv_body.h). */
+    void (*join)(attn_kv_dtype dtype, const void *src, int64_t lds, int64_t rows, int64_t cols,
+                 uint32_t *dst, int64_t ldd, int64_t pairs);
 } attn_kv_kern;
 
 extern const attn_kv_kern attn_kv_kern_generic;
@@ -154,6 +161,23 @@ extern const attn_kv_kern attn_kv_kern_avx512;
  * this CPU cannot run it). */
 const attn_kv_kern *attn_kv_kern_get(void);
 const attn_kv_kern *attn_kv_kern_of(attn_kernel_kind kind);
+
+/* The last step of query row (h, i) (kv_forward.c): o = (acc + o) / l as
+ * attn_sdpa_forward finishes a row, its softmax row to rows (when not
+ * NULL), the row redone in double when its float sums overflowed. */
+void kv_finish_row(const kv_call *kc, attn_softmax_row *rows, int64_t h, int64_t i, float *o,
+                   const double *acc, bool partial, float m, double l);
+
+/* attn_kv_forward with bfloat16 products (kv_forward_bf16.c): sp is the
+ * call's attn_sdpa_params (batch 1, n_k = length, [H, n, d]), checked,
+ * over a cache that is not empty and whose rope base is the call's. */
+attn_status kv_forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *sp,
+                            const float *q, float *out, attn_softmax_row *rows,
+                            attn_error *err);
+
+/* An upper bound of what kv_forward_bf16 allocates besides the rotated
+ * queries, for sp->threads threads. */
+double kv_forward_bf16_workspace(const attn_sdpa_params *sp);
 
 /* ----------------------------------------------------- double precision */
 

@@ -9,9 +9,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "bf16.h"
 #include "kv.h"
 
-static double element(const attn_kv_cache *c, const unsigned char *base, int64_t at)
+static double stored(const attn_kv_cache *c, const unsigned char *base, int64_t at)
 {
     uint16_t h;
     float f;
@@ -29,6 +30,14 @@ static double element(const attn_kv_cache *c, const unsigned char *base, int64_t
     return f;
 }
 
+/* An operand of the products as the call's precision reads it: in
+ * bfloat16 rounded as the kernels round it (the weights are not). */
+static double element(const kv_call *kc, const unsigned char *base, int64_t at)
+{
+    const double x = stored(kc->cache, base, at);
+    return kc->call.bf16 ? (double)bf16_round((float)x) : x;
+}
+
 /* The final score of query (h, i) against key j in double; false when
  * the causal mask or the window hides it. */
 static bool score_exact(const kv_call *kc, int64_t h, int64_t i, int64_t j, const float *q_row,
@@ -42,7 +51,8 @@ static bool score_exact(const kv_call *kc, int64_t h, int64_t i, int64_t j, cons
     const unsigned char *kt = kv_head_block(kc->cache, j / ATTN_KV_PAGE, h / c->group);
     double s = 0.0;
     for (int64_t t = 0; t < p->d_k; t++)
-        s += (double)q_row[t] * element(kc->cache, kt, t * ATTN_KV_PAGE + j % ATTN_KV_PAGE);
+        s += (kc->call.bf16 ? (double)bf16_round(q_row[t]) : (double)q_row[t]) *
+             element(kc, kt, t * ATTN_KV_PAGE + j % ATTN_KV_PAGE);
     s *= p->scale;
     const float cap = p->variants.softcap;
     if (cap > 0.0f)
@@ -79,7 +89,7 @@ attn_softmax_row kv_forward_row_exact(const kv_call *kc, int64_t h, int64_t i,
                                      kc->cache->v_offset;
             const int64_t row = j % ATTN_KV_PAGE * p->d_v + t0;
             for (int64_t t = 0; t < width; t++)
-                acc[t] += a * element(kc->cache, v, row + t);
+                acc[t] += a * element(kc, v, row + t);
         }
         for (int64_t t = 0; t < width; t++)
             out[t0 + t] = (float)acc[t];

@@ -38,11 +38,8 @@
  * Extra memory: the rotated queries (with rope), a few rows per worker,
  * and for several runs the partials, at most KV_MAX_RUNS outputs.
  *
- * bfloat16 products (ATTN_PRECISION_BFLOAT16): the cache is read out as
- * contiguous float32 keys and values (length x (d_k + d_v) floats a
- * key/value head) and attn_sdpa_forward runs over them with the queries
- * rotated here (the keys were rotated when appended), so that the rounding
- * is exactly the one attn.h documents, from the kernels that do it.
+ * bfloat16 products (ATTN_PRECISION_BFLOAT16): kv_forward_bf16.c, over
+ * the pages as they are stored, attn_sdpa_forward's bits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -112,24 +109,31 @@ typedef struct {
 /* The last step of row (h, i), whose unnormalised output (acc [d_v] folded
  * in double, NULL for none, plus o's float rows when `partial`) and softmax
  * state (m, l) are complete: o = (acc + o) / l, and the row's softmax
- * maximum and sum; a row whose float accumulation overflowed is redone in
- * double. attn_sdpa_forward's last step, operation for operation. */
-static void finish_row(const kv_job *job, int64_t h, int64_t i, float *o, const double *acc,
-                       bool partial, float m, double l)
+ * maximum and sum (to rows [H_q, n_q], when not NULL); a row whose float
+ * accumulation overflowed is redone in double. attn_sdpa_forward's last
+ * step, operation for operation. */
+void kv_finish_row(const kv_call *kc, attn_softmax_row *rows, int64_t h, int64_t i, float *o,
+                   const double *acc, bool partial, float m, double l)
 {
-    const sdpa_call *c = &job->kc.call;
+    const sdpa_call *c = &kc->call;
     const attn_sdpa_params *p = c->p;
     bool finite = sdpa_finish_row(o, acc, partial, l, p->d_v);
     attn_softmax_row sm = {.max = l > 0.0 ? m : -INFINITY, .sum = (float)l};
     bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
     if (!sm_finite || !finite) {
         const float *q_row = c->q + (h * p->n_q + i) * p->d_k;
-        attn_softmax_row exact = kv_forward_row_exact(&job->kc, h, i, q_row, o);
+        attn_softmax_row exact = kv_forward_row_exact(kc, h, i, q_row, o);
         if (!sm_finite)
             sm = exact;
     }
-    if (job->rows != NULL)
-        job->rows[h * p->n_q + i] = sm;
+    if (rows != NULL)
+        rows[h * p->n_q + i] = sm;
+}
+
+static void finish_row(const kv_job *job, int64_t h, int64_t i, float *o, const double *acc,
+                       bool partial, float m, double l)
+{
+    kv_finish_row(&job->kc, job->rows, h, i, o, acc, partial, m, l);
 }
 
 /* ---------------------------------------------------------------- decode */
@@ -333,43 +337,6 @@ double attn_kv_forward_flops(const attn_kv_cache *cache, const attn_kv_params *k
     return sdpa_check_params(&sp, false, NULL) == ATTN_OK ? attn_sdpa_flops(&sp) : 0.0;
 }
 
-/* The bfloat16 route (see the top): sp is sdpa_params_of's, checked, over
- * a cache that is not empty. */
-static attn_status forward_bf16(const attn_kv_cache *cache, const attn_sdpa_params *sp,
-                                const float *q, float *out, attn_softmax_row *rows,
-                                attn_error *err)
-{
-    const int64_t h_kv = sp->heads_kv, n_k = cache->length;
-    float *k = sdpa_alloc(h_kv * n_k * sp->d_k, sizeof *k);
-    float *v = sdpa_alloc(h_kv * n_k * sp->d_v, sizeof *v);
-    float *q_rot = NULL;
-    attn_sdpa_params p = *sp;
-    p.precision = ATTN_PRECISION_BFLOAT16;
-    p.variants.rope_base = 0.0f;
-    attn_status s = ATTN_ERR_NOMEM;
-    if (k == NULL || v == NULL)
-        goto nomem;
-    if (sp->variants.rope_base > 0.0f) {
-        /* Query i at position length - n_q + i, as the keys were at theirs. */
-        q_rot = sdpa_alloc(sp->heads_q * sp->n_q * sp->d_k, sizeof *q_rot);
-        if (q_rot == NULL || sdpa_rope_at(sp->variants.rope_base, sp->d_k, 1, q, q_rot,
-                                          sp->heads_q, sp->n_q, n_k - sp->n_q) != ATTN_OK)
-            goto nomem;
-    }
-    s = attn_kv_read(cache, 0, n_k, k, v, err);
-    if (s == ATTN_OK)
-        s = attn_sdpa_forward(&p, q_rot != NULL ? q_rot : q, k, v, out, rows, NULL, NULL, err);
-    sdpa_free(k);
-    sdpa_free(v);
-    sdpa_free(q_rot);
-    return s;
-nomem:
-    sdpa_free(k);
-    sdpa_free(v);
-    sdpa_free(q_rot);
-    return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the cache read out as float32");
-}
-
 static void free_workers(kv_worker *w, int n)
 {
     for (int i = 0; w != NULL && i < n; i++)
@@ -438,7 +405,7 @@ attn_status attn_kv_forward(const attn_kv_cache *cache, const attn_kv_params *kp
         return ATTN_OK;
     }
     if (kp->precision == ATTN_PRECISION_BFLOAT16)
-        return forward_bf16(cache, &sp, q, out, rows, err);
+        return kv_forward_bf16(cache, &sp, q, out, rows, err);
 
     kv_job job = {.kern = attn_kern_get(), .kv = attn_kv_kern_get(), .out = out, .rows = rows};
     float *q_rot = NULL;
@@ -523,15 +490,8 @@ double attn_kv_forward_workspace(const attn_kv_config *config, int64_t length,
     const attn_sdpa_params sp = sdpa_params_at(config, length, kp);
     const double n_rows = (double)kp->heads_q * (double)kp->n_q;
     const double q_rot = kp->variants.rope_base > 0.0f ? lines(n_rows * (double)sp.d_k, 4) : 0;
-    if (kp->precision == ATTN_PRECISION_BFLOAT16) {
-        /* forward_bf16: the cache read out, and attn_sdpa_forward over it. */
-        attn_sdpa_params p = sp;
-        p.precision = ATTN_PRECISION_BFLOAT16;
-        p.variants.rope_base = 0.0f;
-        return lines((double)sp.heads_kv * (double)length * (double)sp.d_k, 4) +
-               lines((double)sp.heads_kv * (double)length * (double)sp.d_v, 4) + q_rot +
-               attn_sdpa_workspace(&p, false, false, false);
-    }
+    if (kp->precision == ATTN_PRECISION_BFLOAT16)
+        return q_rot + kv_forward_bf16_workspace(&sp);
     const int64_t group = kp->heads_q / config->num_kv_heads;
     const bool decode = group * kp->n_q <= ATTN_KV_DECODE_ROWS;
     const double threads = kp->threads < 1 ? 1

@@ -26,11 +26,11 @@
  * dv (written when the key tile is done), so that their error does not
  * grow with n_k or n_q.
  *
- * In bfloat16 (ATTN_PRECISION_BFLOAT16; not with a ragged batch) q and dO
- * are rounded once, before the items, into the two forms the products read
- * (pairs along each row, for the scores and dP; pairs of rows, for dk and
- * dv: a query tile then starts at an even row); an item rounds its key
- * tile's k and v.
+ * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
+ * the items, into the two forms the products read (pairs along each row,
+ * for the scores and dP; pairs of rows, for dk and dv, from each
+ * sequence's first row: a query tile then starts at an even row of its
+ * sequence); an item rounds its key tile's k and v.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -51,12 +51,23 @@ typedef struct {
 
 /* q and dO rounded to bfloat16, per (batch, query head), in the forms of
  * sdpa_bwd_state: pairs along each row (qb [n_q, ceil(d_k / 2)], dob [n_q,
- * ceil(d_v / 2)]) and pairs of rows (qr [ceil(n_q / 2), d_k], dor
- * [ceil(n_q / 2), d_v]). */
+ * ceil(d_v / 2)]) and pairs of rows (qr [nq2, d_k], dor [nq2, d_v]). The
+ * pairs of rows start at each sequence's first row: a ragged batch's
+ * sequence s has its pairs from pair_at[s] (ceil(len / 2) of them; the
+ * last row of an odd length pairs with zeros), so that a tile never takes
+ * a row of the sequence before; one sequence per batch entry has nq2 =
+ * ceil(n_q / 2) from pair 0. */
 typedef struct {
     uint32_t *qb, *dob, *qr, *dor;
     int64_t dk2, dv2, nq2;
+    int64_t *pair_at; /* [seqs + 1] of a ragged batch; NULL otherwise */
 } bwd_bf16;
+
+/* The first pair of rows of sequence s (bwd_bf16). */
+static int64_t first_pair(const bwd_bf16 *h, int64_t s)
+{
+    return h->pair_at != NULL ? h->pair_at[s] : 0;
+}
 
 typedef struct {
     sdpa_call call;
@@ -85,14 +96,13 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t tiles(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 /* acc += part and part back to 0, for n rows of `width` (strides lda,
- * ldp): a float partial folded into its double sum. */
-static void fold(double *acc, int64_t lda, float *part, int64_t ldp, int64_t n, int64_t width)
+ * ldp): a float partial folded into its double sum (the kernel's vectors,
+ * the bits of acc += part one by one). */
+static void fold(const attn_kern *kern, double *acc, int64_t lda, float *part, int64_t ldp,
+                 int64_t n, int64_t width)
 {
     for (int64_t r = 0; r < n; r++)
-        for (int64_t e = 0; e < width; e++) {
-            acc[r * lda + e] += part[r * ldp + e];
-            part[r * ldp + e] = 0.0f;
-        }
+        kern->fold_partial(acc + r * lda, part + r * ldp, width);
 }
 
 /* Folds the float partials of dq of every query head of key/value head hk
@@ -103,7 +113,7 @@ static void fold_dq(const bwd_job *job, const sdpa_call *c, int64_t split, int64
     const attn_sdpa_params *p = c->p;
     for (int64_t h = hk * c->group; h < (hk + 1) * c->group; h++) {
         const int64_t q_at = sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k) + c->q_lo * c->ldq;
-        fold(job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq,
+        fold(job->kern, job->dq_sum[split] + q_at, c->ldq, job->dq_split[split] + q_at, c->ldq,
              c->q_hi - c->q_lo, p->d_k);
     }
 }
@@ -202,10 +212,9 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
         const int64_t ld = kern_panel_ld(t.cols);
         sdpa_bwd_keys keys = {.kt = w->kt, .vt = w->vt, .ld = ld, .k = k.f32};
         if (kb != NULL) {
-            /* Pairs of rows from an even row (the row before sees none of
-             * these keys: its P is 0; a dense call's sequence starts at
-             * row 0). */
-            i_start -= i_start % 2;
+            /* Pairs of rows from an even row of the sequence (the row
+             * before sees none of these keys: its P is 0). */
+            i_start -= (i_start - c->q_lo) % 2;
             sdpa_bf16_pack_t(kb, k, c->ldk, t.cols, p->d_k, w->kp);
             sdpa_bf16_pack_t(kb, v, c->ldv, t.cols, p->d_v, w->vp);
             sdpa_bf16_row_pairs(kb, k, c->ldk, t.cols, p->d_k, w->kr, p->d_k, KERN_BK / 2, true);
@@ -216,6 +225,14 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             job->kern->pack_t(k.f32, c->ldk, t.cols, p->d_k, w->kt, ld);
             job->kern->pack_t(v.f32, c->ldv, t.cols, p->d_v, w->vt, ld);
         }
+        /* A full partial is folded before the next tile adds to it, never
+         * after the last: the end adds the partials to the sums anyway
+         * (here for dk and dv, in reduce_block for dq). */
+        if (key_tiles == SDPA_FOLD_TILES) {
+            fold_dq(job, c, split, b, hk);
+            key_tiles = 0;
+        }
+        key_tiles++;
         int64_t query_tiles = 0; /* since dk and dv were last folded */
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
@@ -223,6 +240,12 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
+                if (query_tiles == SDPA_FOLD_TILES) {
+                    fold(job->kern, w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
+                    fold(job->kern, w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
+                    query_tiles = 0;
+                }
+                query_tiles++;
                 const int64_t row = bh * p->n_q + t.i0;
                 sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
@@ -237,19 +260,16 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
                     st.ldqb = h->dk2;
                     st.dob = h->dob + row * h->dv2;
                     st.lddob = h->dv2;
-                    st.qr = h->qr + (bh * h->nq2 + t.i0 / 2) * p->d_k;
-                    st.dor = h->dor + (bh * h->nq2 + t.i0 / 2) * p->d_v;
+                    const int64_t pair =
+                        bh * h->nq2 + first_pair(h, s) + (t.i0 - c->q_lo) / 2;
+                    st.qr = h->qr + pair * p->d_k;
+                    st.dor = h->dor + pair * p->d_v;
                     st.dsb = w->dsb;
                     st.pp = w->pp;
                     st.dsp = w->dsp;
                     kb->backward_tile(c, &t, &keys, &st);
                 } else {
                     job->kern->backward_tile(c, &t, &keys, &st);
-                }
-                if (++query_tiles == SDPA_FOLD_TILES) {
-                    fold(w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
-                    fold(w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
-                    query_tiles = 0;
                 }
             }
         }
@@ -258,10 +278,6 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
                 dk[j * c->ldk + e] = (float)(w->dk_sum[j * p->d_k + e] + dk[j * c->ldk + e]);
             for (int64_t e = 0; e < p->d_v; e++)
                 dv[j * c->ldv + e] = (float)(w->dv_sum[j * p->d_v + e] + dv[j * c->ldv + e]);
-        }
-        if (++key_tiles == SDPA_FOLD_TILES) {
-            fold_dq(job, c, split, b, hk);
-            key_tiles = 0;
         }
     }
 }
@@ -317,7 +333,8 @@ typedef struct {
     const bwd_bf16 *b16;
 } round_job;
 
-/* Unit: one (batch, query head): its q and dO rows rounded, both forms. */
+/* Unit: one (batch, query head): its q and dO rows rounded, both forms
+ * (the pairs of rows sequence by sequence). */
 static void round_head(void *ctx, int64_t bh, int worker)
 {
     (void)worker;
@@ -331,10 +348,16 @@ static void round_head(void *ctx, int64_t bh, int worker)
     sdpa_bf16_rows(j->kern, q, c->ldq, p->n_q, p->d_k, h->qb + bh * p->n_q * h->dk2, h->dk2);
     sdpa_bf16_rows(j->kern, dout, c->ldo, p->n_q, p->d_v, h->dob + bh * p->n_q * h->dv2,
                    h->dv2);
-    sdpa_bf16_row_pairs(j->kern, q, c->ldq, p->n_q, p->d_k, h->qr + bh * h->nq2 * p->d_k,
-                        p->d_k, h->nq2, false);
-    sdpa_bf16_row_pairs(j->kern, dout, c->ldo, p->n_q, p->d_v, h->dor + bh * h->nq2 * p->d_v,
-                        p->d_v, h->nq2, false);
+    const int64_t seqs = h->pair_at != NULL ? p->ragged.seqs : 1;
+    for (int64_t s = 0; s < seqs; s++) {
+        const int64_t lo = h->pair_at != NULL ? p->ragged.cu_seqlens_q[s] : 0;
+        const int64_t hi = h->pair_at != NULL ? p->ragged.cu_seqlens_q[s + 1] : p->n_q;
+        const int64_t pair = bh * h->nq2 + first_pair(h, s), pairs = (hi - lo + 1) / 2;
+        sdpa_bf16_row_pairs(j->kern, sdpa_src_at(q, lo * c->ldq), c->ldq, hi - lo, p->d_k,
+                            h->qr + pair * p->d_k, p->d_k, pairs, false);
+        sdpa_bf16_row_pairs(j->kern, sdpa_src_at(dout, lo * c->ldo), c->ldo, hi - lo, p->d_v,
+                            h->dor + pair * p->d_v, p->d_v, pairs, false);
+    }
 }
 
 typedef struct {
@@ -536,11 +559,22 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         h->dk2 = (p->d_k + 1) / 2;
         h->dv2 = (p->d_v + 1) / 2;
         h->nq2 = (p->n_q + 1) / 2;
+        if (p->ragged.seqs > 0) {
+            const int64_t *cu = p->ragged.cu_seqlens_q;
+            h->pair_at = malloc((size_t)(p->ragged.seqs + 1) * sizeof *h->pair_at);
+            ok = h->pair_at != NULL;
+            if (ok) {
+                h->pair_at[0] = 0;
+                for (int64_t s = 0; s < p->ragged.seqs; s++)
+                    h->pair_at[s + 1] = h->pair_at[s] + (cu[s + 1] - cu[s] + 1) / 2;
+                h->nq2 = h->pair_at[p->ragged.seqs];
+            }
+        }
         h->qb = sdpa_alloc(heads * p->n_q * h->dk2, sizeof(uint32_t));
         h->dob = sdpa_alloc(heads * p->n_q * h->dv2, sizeof(uint32_t));
         h->qr = sdpa_alloc(heads * h->nq2 * p->d_k, sizeof(uint32_t));
         h->dor = sdpa_alloc(heads * h->nq2 * p->d_v, sizeof(uint32_t));
-        ok = h->qb != NULL && h->dob != NULL && h->qr != NULL && h->dor != NULL;
+        ok = ok && h->qb != NULL && h->dob != NULL && h->qr != NULL && h->dor != NULL;
     }
     /* With RoPE the scores come from rotated copies of q and k, and the
      * gradients they give are turned back at the end. */
@@ -587,6 +621,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     sdpa_free(h->dob);
     sdpa_free(h->qr);
     sdpa_free(h->dor);
+    free(h->pair_at);
     for (int64_t i = 1; job.dq_split != NULL && i < job.splits; i++)
         sdpa_free(job.dq_split[i]);
     for (int64_t i = 0; job.dq_sum != NULL && i < job.splits; i++)

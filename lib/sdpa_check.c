@@ -123,12 +123,6 @@ static attn_status check_ragged(const attn_sdpa_params *p, attn_error *err)
                          "a ragged batch packs its sequences along the rows: batch must be "
                          "1, not %lld",
                          (long long)p->batch);
-    /* The bfloat16 backward takes query rows in pairs from an even row,
-     * which a sequence of a ragged batch need not start at. */
-    if (p->precision == ATTN_PRECISION_BFLOAT16)
-        return attn_fail(err, ATTN_ERR_INVALID,
-                         "a ragged batch is computed in float32 only: precision must be "
-                         "ATTN_PRECISION_FLOAT32 when ragged.seqs > 0");
     attn_status s = check_offsets("cu_seqlens_q", r->cu_seqlens_q, r->seqs, p->n_q, "n_q", err);
     if (s == ATTN_OK)
         s = r->cu_seqlens_k != NULL

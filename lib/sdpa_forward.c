@@ -311,10 +311,9 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
     const int64_t bh = t.b * p->heads_q + t.h;
     float *out = job->out + sdpa_head_o_at(c, t.b, t.h) + t.i0 * c->ldo;
     for (int64_t r = 0; r < t.rows; r++) {
-        w->m[r] = w->m_tile[r] = -INFINITY;
+        w->m[r] = -INFINITY;
         w->l[r] = 0.0;
     }
-    memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
     if (stats != NULL)
         memset(w->ent, 0, (size_t)t.rows * sizeof *w->ent);
     sdpa_fwd_state st = {.strip = w->strip, .m = w->m, .l = w->l, .out = out,
@@ -341,13 +340,22 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
     if (k_begin == k_end) /* no key at all: the first tile would have written the rows */
         for (int64_t r = 0; r < t.rows; r++)
             memset(out + r * c->ldo, 0, (size_t)p->d_v * sizeof *out);
+    /* The double sums start at the first fold: a row of up to
+     * SDPA_FOLD_TILES tiles (every row of a short sequence) never touches
+     * them, and is finished from its float rows alone. */
     int64_t since_fold = 0; /* tiles in the float rows */
+    bool folded = false;
     for (t.j0 = k_first; t.j0 < k_end; t.j0 += KERN_BK) {
         /* Cancelled: the rows are left as they are (the call's outputs
          * are unspecified then), rather than finished from partial sums. */
         if (attn_cancelled(p->cancel))
             return;
         if (since_fold == SDPA_FOLD_TILES) {
+            if (!folded) {
+                memset(w->acc, 0, (size_t)(t.rows * p->d_v) * sizeof *w->acc);
+                memcpy(w->m_tile, w->m, (size_t)t.rows * sizeof *w->m);
+                folded = true;
+            }
             sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, true);
             since_fold = 0;
         }
@@ -388,14 +396,19 @@ static void forward_block(const fwd_job *job, fwd_worker *w, const sdpa_call *c,
             }
             job->kern->forward_tile(c, &t, &keys, &st);
         }
-        sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, false);
+        if (folded)
+            sdpa_fold_rows(w->acc, w->m_tile, w->m, out, c->ldo, t.rows, p->d_v, false);
     }
     if (weights != NULL)
         finish_weights(job, c, &t, w, weights, k_end > k_begin ? k_first : k_end, k_end);
     for (int64_t r = 0; r < t.rows; r++) {
         double l = w->l[r];
         float *o = out + r * c->ldo;
-        bool finite = sdpa_finish_row(o, w->acc + r * p->d_v, since_fold > 0, l, p->d_v);
+        /* (the kernel's vectors for the float rows alone, the same bits) */
+        bool finite = folded || since_fold == 0
+                          ? sdpa_finish_row(o, folded ? w->acc + r * p->d_v : NULL,
+                                            since_fold > 0, l, p->d_v)
+                          : job->kern->scale_wide(o, p->d_v, l > 0.0 ? 1.0 / l : 0.0);
         attn_softmax_row sm = {.max = l > 0.0 ? w->m[r] : -INFINITY, .sum = (float)l};
         bool sm_finite = isfinite(sm.sum) && (l == 0.0 || isfinite(sm.max));
         if (!sm_finite || !finite) {
@@ -438,21 +451,15 @@ static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t 
         }
 }
 
-/* Prefetches the rows of the item after item i of short sequence s (the
- * next key/value head, or the next sequence's first) when that item is a
- * short sequence's too. Only for a ragged batch (batch 0's heads). */
-static void prefetch_next(const fwd_job *job, int64_t s, int64_t i)
+/* Prefetches the rows of item hk of sequence s (its key/value head hk)
+ * when that is a short sequence's. Only for a ragged batch (batch 0's
+ * heads). */
+static void prefetch_item(const fwd_job *job, int64_t s, int64_t hk)
 {
     const sdpa_call *call = &job->call;
     const attn_sdpa_params *p = call->p;
-    if (p->ragged.seqs == 0)
+    if (p->ragged.seqs == 0 || s >= p->ragged.seqs)
         return;
-    int64_t hk = i + 1;
-    if (hk == p->heads_kv) {
-        hk = 0;
-        if (++s == p->ragged.seqs)
-            return;
-    }
     int64_t b;
     const sdpa_call c = sdpa_call_seq(call, s, &b);
     if (c.q_hi - c.q_lo > KERN_FWD_BQ || c.k_hi - c.k_lo > KERN_BK)
@@ -472,6 +479,18 @@ static float *block_weights(const fwd_job *job, const sdpa_tile *t)
     if (job->weights == NULL)
         return NULL;
     return job->weights + ((t->b * p->heads_q + t->h) * p->n_q + t->i0) * p->n_k;
+}
+
+/* The item of short sequence c (batch entry b) for key/value head hk: its
+ * query rows of each query head of the group, one after the other over the
+ * same panel. */
+static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int64_t hk)
+{
+    int64_t packed = -1;
+    fwd_keys from = {.panels = NULL, .packed = &packed};
+    sdpa_tile t = {.b = b, .i0 = c->q_lo, .rows = c->q_hi - c->q_lo};
+    for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++)
+        forward_block(u->job, u->w, c, t, from, u->stats, block_weights(u->job, &t));
 }
 
 /* Item i of sequence s (fwd_items says which items a sequence has). */
@@ -499,28 +518,75 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
         forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
         return;
     }
-    /* One query block; the group's heads one after the other over the
-     * same panel. A short sequence's item is over in a microsecond, about
-     * the time its rows take to come from memory: the next item's rows
-     * are asked for now, to arrive while this one computes. */
-    prefetch_next(job, s, i);
-    int64_t packed = -1;
-    fwd_keys from = {.panels = NULL, .packed = &packed};
-    t.i0 = c.q_lo;
-    t.rows = c.q_hi - c.q_lo;
-    for (t.h = i * c.group; t.h < (i + 1) * c.group; t.h++)
-        forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
+    /* A short sequence's item is over in a microsecond, about the time its
+     * rows take to come from memory: the next item's rows (the next
+     * key/value head, or the next sequence's first) are asked for now, to
+     * arrive while this one computes. */
+    if (i + 1 < c.p->heads_kv)
+        prefetch_item(job, s, i + 1);
+    else
+        prefetch_item(job, s + 1, 0);
+    forward_alone(u, &c, b, i);
 }
 
+/* Whether sequence s's items are one per key/value head (or none): a short
+ * sequence, which no other item shares panels with. */
+static bool seq_alone(const fwd_job *job, int64_t s)
+{
+    int64_t b;
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    return q_tiles == 0 || !seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK));
+}
+
+/*
+ * The items of a unit in order, except for runs of whole short sequences
+ * of a ragged batch in [B, H, n, d]: those go head by head, each head
+ * through every sequence of the run. A head's rows of consecutive
+ * sequences are consecutive in memory, so the run reads q, k, v and writes
+ * the output as four streams that the hardware's prefetchers follow,
+ * instead of jumping between the heads' rows every microsecond. (Each item
+ * owns its rows: the order changes which rows come first, not a bit of
+ * them.)
+ */
 static void forward_unit(void *ctx, int64_t unit, int worker)
 {
     const fwd_job *job = ctx;
+    const attn_sdpa_params *p = job->call.p;
     fwd_unit u = {.job = job, .w = &job->workers[worker]};
     if (job->unit_stats != NULL) {
         u.stats = &job->unit_stats[unit];
         sdpa_stats_init(u.stats);
     }
-    attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
+    if (p->ragged.seqs == 0 || p->layout != ATTN_LAYOUT_BHND) {
+        attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
+        return;
+    }
+    const sdpa_item_at end = job->units.start[unit + 1];
+    int64_t s = job->units.start[unit].s, i = job->units.start[unit].i;
+    while (s < end.s || (s == end.s && i < end.i)) {
+        /* Sequences before end.s are whole in the unit, from item 0. */
+        int64_t run = s;
+        while (i == 0 && run < end.s && seq_alone(job, run))
+            run++;
+        if (run - s > 1) {
+            for (int64_t hk = 0; hk < p->heads_kv; hk++)
+                for (int64_t r = s; r < run; r++) {
+                    int64_t b;
+                    const sdpa_call c = sdpa_call_seq(&job->call, r, &b);
+                    if (c.q_hi == c.q_lo)
+                        continue;
+                    prefetch_item(job, r + 1 < run ? r + 1 : s, r + 1 < run ? hk : hk + 1);
+                    forward_alone(&u, &c, b, hk);
+                }
+            s = run;
+            continue;
+        }
+        if (i < fwd_items(job, s))
+            forward_item(&u, s, i++);
+        else
+            s++, i = 0;
+    }
 }
 
 /* The sequence of head mean unit u of a ragged batch: the last s with

@@ -72,11 +72,15 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
     if (seqs > 0)
         bytes = lines(hkv * (k_tiles + seqs) * d_k * bk, 4) + lines(seqs + 1, 8) +
                 (weights && p->weights_mean ? lines(seqs + 1, 8) : 0);
-    /* In bfloat16 the panels hold k and v in pairs, padded to whole tiles,
-     * and each worker its rounded q rows, a strip of P and a panel. */
+    /* In bfloat16 the panels hold k and v in pairs, padded to whole tiles
+     * (a ragged batch's as many tiles as above), and each worker its
+     * rounded q rows, a strip of P and a panel. */
     const bool bf16 = p->precision == ATTN_PRECISION_BFLOAT16;
     const double panel_words = ceil(d_k / 2) * bk + bk / 2 * d_v;
-    if (bf16)
+    if (bf16 && seqs > 0)
+        bytes = lines(hkv * (k_tiles + seqs) * panel_words, 4) + lines(seqs + 1, 8) +
+                (weights && p->weights_mean ? lines(seqs + 1, 8) : 0);
+    else if (bf16)
         bytes = shared ? lines(B * hkv * k_tiles * panel_words, 4) : 0;
     /* Statistics per unit: a ragged batch's units are planned by cost, at
      * most SDPA_UNITS_MAX + 1; its head mean's are its sequences' query
@@ -124,9 +128,12 @@ static double backward_bytes(const attn_sdpa_params *p)
         lines(panels * 8 + (2 * panels + 2.0 * KERN_BWD_BQ * KERN_BK + KERN_BK) * 4 + 8, 1);
     double rounded = 0;
     if (p->precision == ATTN_PRECISION_BFLOAT16) {
-        /* q and dO rounded, by rows and by pairs of rows; the worker's
-         * bfloat16 panels and strips. */
-        rounded = 2 * lines(rows * (ceil(d_k / 2) + ceil(d_v / 2)) + rows * (d_k + d_v), 4);
+        /* q and dO rounded, by rows and by pairs of rows (a ragged
+         * batch's from each sequence's first row: no more pairs than rows,
+         * and where each sequence's start); the worker's bfloat16 panels
+         * and strips. */
+        rounded = 2 * lines(rows * (ceil(d_k / 2) + ceil(d_v / 2)) + rows * (d_k + d_v), 4) +
+                  (seqs > 0 ? lines(seqs + 1, 8) : 0);
         worker += 4 * ((ceil(d_k / 2) + ceil(d_v / 2)) * KERN_BK +
                        KERN_BK / 2 * (ceil(d_k / 16) * 16) + KERN_MR_MAX * KERN_BK / 2 +
                        KERN_BWD_BQ * KERN_BK);

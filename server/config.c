@@ -123,7 +123,7 @@ static const opt_row options[] = {
      * also spends), so that attnd exits on its own before SIGKILL. */
     {.name = "drain-timeout", .metavar = "SECONDS", .type = OPT_INT,
      .offset = OFF(drain_timeout), .def = "20", .min = 0, .max = 86400, .limit = true,
-     .help = "after SIGTERM, requests whose bodies are still arriving are dropped at once "
+     .help = "after SIGTERM, requests whose bodies are still arriving are dropped within a second "
              "and those computing may finish for this long; then attnd exits"},
     /* Every connection holds a file descriptor and libmicrohttpd's 16 KiB
      * buffer for it (touched only as far as it is used): 4096 is 64 MiB at

@@ -13,9 +13,10 @@
 # would only repeat themselves. A kernel this CPU lacks is skipped with one
 # line saying so; when it lacks them all, the suites run on libattn's pick.
 #
-# Where the avx512 kernel runs its bfloat16 products with vdpbf16ps (and
-# avx512 is listed), test_bf16's cases tagged "kernel" run once more with
-# ATTN_BF16=emulated: the emulation that CPUs without the instruction run.
+# Where the avx512 kernel runs its bfloat16 products with vdpbf16ps or AMX
+# tiles (and avx512 is listed), test_bf16's cases tagged "kernel" run once
+# more with ATTN_BF16=emulated: the emulation that CPUs without the
+# instruction run; with AMX tiles, once more with ATTN_BF16=avx512_bf16.
 #
 # One suite, one test case: run the binary with libcheck's CK_RUN_CASE,
 # e.g. `CK_RUN_CASE=gradients build/test_lib` (tcase_create's names).
@@ -59,16 +60,22 @@ for kernel in ${ATTN_KERNELS:-}; do
 done
 [ $first = no ] || run_kernel "$@"
 case " ${ATTN_KERNELS:-} " in *" avx512 "*)
-    if ATTN_KERNEL=avx512 "$ATTND_BIN" --version | grep -q "kernel avx512, bf16 avx512_bf16,"; then
+    paths=$(ATTN_KERNEL=avx512 "$ATTND_BIN" --version |
+        sed -n 's/.*kernel avx512, bf16 \(avx512_bf16\|amx\),.*/\1/p')
+    case "$paths" in
+    amx) paths="avx512_bf16 emulated" ;;
+    avx512_bf16) paths="emulated" ;;
+    esac
+    for path in $paths; do
         for t in "$@"; do
             case "$t" in */test_bf16)
-                echo "== $t (kernel avx512, bf16 emulated: the cases tagged kernel)"
+                echo "== $t (kernel avx512, bf16 $path: the cases tagged kernel)"
                 start=$(date +%s)
-                ATTN_KERNEL=avx512 ATTN_BF16=emulated CK_INCLUDE_TAGS=kernel "$t" ||
-                    { echo "FAILED: $t (kernel avx512, bf16 emulated)"; status=1; }
+                ATTN_KERNEL=avx512 ATTN_BF16=$path CK_INCLUDE_TAGS=kernel "$t" ||
+                    { echo "FAILED: $t (kernel avx512, bf16 $path)"; status=1; }
                 echo "   $(($(date +%s) - start)) s" ;;
             esac
         done
-    fi ;;
+    done ;;
 esac
 exit $status

@@ -107,6 +107,7 @@ static int64_t q_position(const attn_sdpa_params *p, int64_t i) { return i + p->
  * (round_slack of that error); v rounded. [B, H, n, d] as the case's. */
 typedef struct {
     double *q, *k, *v, *sq, *sk;
+    double *sv; /* v's slack, where v itself is computed (NULL: v is exact) */
 } operands;
 
 static void rotate_row(const attn_sdpa_params *p, const double *x, int64_t pos, double *y,
@@ -135,7 +136,7 @@ static operands operands_of(const sdpa_case *c)
     const attn_sdpa_params *p = &c->ref;
     operands o = {xcalloc(c->n_qel, sizeof(double)), xcalloc(c->n_kel, sizeof(double)),
                   xcalloc(c->n_vel, sizeof(double)), xcalloc(c->n_qel, sizeof(double)),
-                  xcalloc(c->n_kel, sizeof(double))};
+                  xcalloc(c->n_kel, sizeof(double)), NULL};
     double *y = xcalloc((size_t)p->d_k, sizeof *y), *e = xcalloc((size_t)p->d_k, sizeof *e);
     for (size_t r = 0; r < c->n_qel / (size_t)p->d_k; r++) {
         rotate_row(p, c->qd + r * (size_t)p->d_k, q_position(p, (int64_t)r % p->n_q), y, e);
@@ -165,6 +166,7 @@ static void operands_free(operands *o)
     free(o->v);
     free(o->sq);
     free(o->sk);
+    free(o->sv);
 }
 
 /*
@@ -240,6 +242,8 @@ typedef struct {
  * Rescaling: each block that raises the maximum multiplies the sums so far
  * by expf(m_old - m_new), a float within 2^-22 + 2 dm + U32 |m_old - m_new|
  * of exact; over the blocks, rho = blocks (2^-22 + 2 dm) + U32 (m - m(0)).
+ * Where v carries slack sv (computed, then rounded), each term moves by
+ * up to (w + slack) sv more.
  * Sums: a block's weights summed in float32 (gamma_64, each weight <= 1);
  * the products with v a chain of fused multiply-adds through every key and
  * rescaling (gamma_{n_k + blocks}). Then out / l^ (1/l^ in float, a
@@ -308,10 +312,13 @@ static row_ref forward_row(const attn_sdpa_params *p, const operands *o, int64_t
         for (int64_t j = 0; j < n_k; j++) {
             if (x[j] == -INFINITY)
                 continue;
-            double vj = o->v[(size_t)(((b * p->heads_kv + g) * n_k + j) * d_v + c)];
+            const size_t at = (size_t)(((b * p->heads_kv + g) * n_k + j) * d_v + c);
+            double vj = o->v[at];
             acc += pr[j] * vj;
             mag += fabs(pr[j] * vj);
             moved += sl[j] * fabs(vj);
+            if (o->sv != NULL) /* the weight times how far v's rounding may fall */
+                moved += (pr[j] + sl[j]) * o->sv[at];
         }
         out[c] = acc / l;
         tol[c] = ((g_sum + rho) * mag + moved + fabs(out[c]) * dl) / (l - dl) +
@@ -785,6 +792,159 @@ END_TEST
 /* Rows with no visible key: a boolean mask hiding whole rows, and more
  * queries than keys under the causal mask. Their outputs and gradients are
  * exactly 0 and their lse -inf, as in float32. */
+/*
+ * A ragged batch in bfloat16: each sequence's rows of the packed results
+ * against the bf16 reference of that sequence alone (a dense case of its
+ * own). Sequences start at odd rows, have odd lengths (a backward tile's
+ * pairs of rows then end on a zero row), cross the tiles, and include an
+ * empty one and one whose keys are empty (zero rows, lse -inf, no
+ * gradient); causal and not, grouped query heads, both layouts.
+ */
+static void check_ragged_bf16(bool causal, attn_layout layout, const char *name)
+{
+    static const int64_t len_q[] = {5, 0, 70, 1, 33, 4, 131};
+    static const int64_t len_k[] = {7, 3, 150, 1, 33, 0, 67};
+    enum { SEQS = 7 };
+    const int64_t Hq = 4, Hk = 2, dk = 9, dv = 7;
+    int64_t cu_q[SEQS + 1] = {0}, cu_k[SEQS + 1] = {0};
+    for (int s = 0; s < SEQS; s++) {
+        cu_q[s + 1] = cu_q[s] + len_q[s];
+        cu_k[s + 1] = cu_k[s] + len_k[s];
+    }
+    const int64_t n_q = cu_q[SEQS], n_k = cu_k[SEQS];
+    const size_t n_qel = (size_t)(Hq * n_q * dk), n_kel = (size_t)(Hk * n_k * dk),
+                 n_vel = (size_t)(Hk * n_k * dv), n_out = (size_t)(Hq * n_q * dv),
+                 n_rows = (size_t)(Hq * n_q);
+    float *q = xcalloc(n_qel, sizeof *q), *k = xcalloc(n_kel, sizeof *k),
+          *v = xcalloc(n_vel, sizeof *v), *dout = xcalloc(n_out, sizeof *dout);
+    uint64_t seed = 91;
+    fill(q, n_qel, &seed, 2.0);
+    fill(dout, n_out, &seed, 1.0);
+    /* Each sequence a dense case; its tensors copied into the packed ones. */
+    sdpa_case cs[SEQS];
+    for (int s = 0; s < SEQS; s++) {
+        if (len_q[s] == 0 || len_k[s] == 0)
+            continue;
+        attn_sdpa_params p = sdpa_shape(1, Hq, Hk, len_q[s], len_k[s], dk, dv);
+        p.causal = causal;
+        case_init(&cs[s], &p, 60 + (uint64_t)s, 2.0);
+        cs[s].lib.precision = cs[s].ref.precision = ATTN_PRECISION_BFLOAT16;
+        for (int64_t h = 0; h < Hq; h++) {
+            memcpy(q + (h * n_q + cu_q[s]) * dk, cs[s].q + h * len_q[s] * dk,
+                   (size_t)(len_q[s] * dk) * sizeof *q);
+            memcpy(dout + (h * n_q + cu_q[s]) * dv, cs[s].dout + h * len_q[s] * dv,
+                   (size_t)(len_q[s] * dv) * sizeof *q);
+        }
+        for (int64_t h = 0; h < Hk; h++) {
+            memcpy(k + (h * n_k + cu_k[s]) * dk, cs[s].k + h * len_k[s] * dk,
+                   (size_t)(len_k[s] * dk) * sizeof *k);
+            memcpy(v + (h * n_k + cu_k[s]) * dv, cs[s].v + h * len_k[s] * dv,
+                   (size_t)(len_k[s] * dv) * sizeof *v);
+        }
+    }
+    attn_sdpa_params p = sdpa_shape(1, Hq, Hk, n_q, n_k, dk, dv);
+    p.causal = causal;
+    p.threads = 2;
+    p.layout = layout;
+    p.precision = ATTN_PRECISION_BFLOAT16;
+    p.ragged = (attn_ragged){.seqs = SEQS, .cu_seqlens_q = cu_q, .cu_seqlens_k = cu_k};
+    const bool bnhd = layout == ATTN_LAYOUT_BNHD;
+    float *lq = bnhd ? to_bnhd(q, 1, Hq, n_q, dk, false) : q;
+    float *lk = bnhd ? to_bnhd(k, 1, Hk, n_k, dk, false) : k;
+    float *lv = bnhd ? to_bnhd(v, 1, Hk, n_k, dv, false) : v;
+    float *ld = bnhd ? to_bnhd(dout, 1, Hq, n_q, dv, false) : dout;
+    float *out = nan_floats(n_out), *dq = nan_floats(n_qel), *dkk = nan_floats(n_kel),
+          *dvv = nan_floats(n_vel);
+    attn_softmax_row *rows = xcalloc(n_rows, sizeof *rows);
+    attn_error err = {0};
+    ASSERT_OK(attn_sdpa_forward(&p, lq, lk, lv, out, rows, NULL, NULL, &err), err);
+    ASSERT_OK(attn_sdpa_backward(&p, lq, lk, lv, out, rows, ld, dq, dkk, dvv, &err), err);
+    if (bnhd) {
+        float *t;
+        t = to_bnhd(out, 1, Hq, n_q, dv, true), free(out), out = t;
+        t = to_bnhd(dq, 1, Hq, n_q, dk, true), free(dq), dq = t;
+        t = to_bnhd(dkk, 1, Hk, n_k, dk, true), free(dkk), dkk = t;
+        t = to_bnhd(dvv, 1, Hk, n_k, dv, true), free(dvv), dvv = t;
+        free(lq), free(lk), free(lv), free(ld);
+    }
+    char what[160];
+    for (int s = 0; s < SEQS; s++) {
+        const int64_t nq = len_q[s], nk = len_k[s];
+        if (nq > 0 && nk == 0) {
+            /* Queries that see nothing: zero rows, lse -inf, dq 0. */
+            for (int64_t h = 0; h < Hq; h++)
+                for (int64_t i = 0; i < nq; i++) {
+                    const int64_t r = h * n_q + cu_q[s] + i;
+                    ck_assert(attn_softmax_lse(rows[r]) == -INFINITY);
+                    for (int64_t t = 0; t < dv; t++)
+                        ck_assert(out[r * dv + t] == 0.0f);
+                    for (int64_t t = 0; t < dk; t++)
+                        ck_assert(dq[r * dk + t] == 0.0f);
+                }
+        }
+        if (nq == 0 || nk == 0) {
+            /* Keys no query sees: no gradient. */
+            for (int64_t h = 0; h < Hk; h++)
+                for (int64_t j = 0; j < nk; j++) {
+                    for (int64_t t = 0; t < dk; t++)
+                        ck_assert(dkk[(h * n_k + cu_k[s] + j) * dk + t] == 0.0f);
+                    for (int64_t t = 0; t < dv; t++)
+                        ck_assert(dvv[(h * n_k + cu_k[s] + j) * dv + t] == 0.0f);
+                }
+            continue;
+        }
+        sdpa_case *c = &cs[s];
+        /* The sequence's rows of the packed results, as a dense case's. */
+        float *o_s = xcalloc(c->n_out, sizeof *o_s), *dq_s = xcalloc(c->n_qel, sizeof *dq_s);
+        float *dk_s = xcalloc(c->n_kel, sizeof *dk_s), *dv_s = xcalloc(c->n_vel, sizeof *dv_s);
+        attn_softmax_row *rows_s = xcalloc(c->n_rows, sizeof *rows_s);
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t r0 = h * n_q + cu_q[s];
+            memcpy(o_s + h * nq * dv, out + r0 * dv, (size_t)(nq * dv) * sizeof *o_s);
+            memcpy(dq_s + h * nq * dk, dq + r0 * dk, (size_t)(nq * dk) * sizeof *dq_s);
+            memcpy(rows_s + h * nq, rows + r0, (size_t)nq * sizeof *rows_s);
+        }
+        for (int64_t h = 0; h < Hk; h++) {
+            const int64_t j0 = h * n_k + cu_k[s];
+            memcpy(dk_s + h * nk * dk, dkk + j0 * dk, (size_t)(nk * dk) * sizeof *dk_s);
+            memcpy(dv_s + h * nk * dv, dvv + j0 * dv, (size_t)(nk * dv) * sizeof *dv_s);
+        }
+        operands o = operands_of(c);
+        fwd_ref f = reference_forward_bf16(c, &o, false);
+        snprintf(what, sizeof what, "%s, sequence %d (%lldx%lld) out", name, s, (long long)nq,
+                 (long long)nk);
+        assert_within(what, o_s, &f.out, c->n_out);
+        for (size_t i = 0; i < c->n_rows; i++) {
+            const double lse = attn_softmax_lse(rows_s[i]);
+            ck_assert_msg(lse == f.lse.val[i] || fabs(lse - f.lse.val[i]) <= SAFETY * f.lse.tol[i],
+                          "%s: row %zu lse %.9g, reference %.9g +- %.3g", what, i, lse,
+                          f.lse.val[i], SAFETY * f.lse.tol[i]);
+        }
+        bwd_ref g = reference_backward_bf16(c, &o, o_s, rows_s);
+        snprintf(what, sizeof what, "%s, sequence %d dq", name, s);
+        assert_within(what, dq_s, &g.dq, c->n_qel);
+        snprintf(what, sizeof what, "%s, sequence %d dk", name, s);
+        assert_within(what, dk_s, &g.dk, c->n_kel);
+        snprintf(what, sizeof what, "%s, sequence %d dv", name, s);
+        assert_within(what, dv_s, &g.dv, c->n_vel);
+        bwd_ref_free(&g);
+        fwd_ref_free(&f);
+        operands_free(&o);
+        free(o_s), free(dq_s), free(dk_s), free(dv_s), free(rows_s);
+        case_free(c);
+    }
+    free(q), free(k), free(v), free(dout), free(out), free(dq), free(dkk), free(dvv);
+    free(rows);
+}
+
+START_TEST(ragged_batches_match_the_bf16_reference_per_sequence)
+{
+    check_ragged_bf16(false, ATTN_LAYOUT_BHND, "ragged");
+    check_ragged_bf16(true, ATTN_LAYOUT_BHND, "ragged causal");
+    check_ragged_bf16(true, ATTN_LAYOUT_BNHD, "ragged causal BNHD");
+}
+END_TEST
+
 START_TEST(fully_masked_rows_are_zero_in_bf16)
 {
     attn_sdpa_params p = sdpa_shape(1, 2, 2, 40, 70, 8, 8);
@@ -955,6 +1115,26 @@ static float model_dot2(float acc, uint32_t a, uint32_t b)
     return model_step(acc, word_half(a, false), word_half(b, false));
 }
 
+/* One of AMX-BF16's tdpbf16ps steps, as the tiles compute it: each of the
+ * word's two products (exact in float32 unless it leaves float32's range)
+ * flushed to zero when subnormal, the two added together and rounded once
+ * (a subnormal sum flushed), then that sum added to the accumulator
+ * (rounded, flushed): the association differs from vdpbf16ps's two steps,
+ * and so does the flushing of a subnormal product. Subnormal inputs read
+ * as zero. */
+static float model_tdp(float acc, uint32_t a, uint32_t b)
+{
+    float p[2];
+    for (int half = 0; half < 2; half++) {
+        float x = word_half(a, half == 0), y = word_half(b, half == 0);
+        x = fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x;
+        y = fabsf(y) < FLT_MIN ? copysignf(0.0f, y) : y;
+        p[half] = x * y;
+        p[half] = fabsf(p[half]) < FLT_MIN ? copysignf(0.0f, p[half]) : p[half];
+    }
+    return model_step(acc, model_step(p[0], p[1], 1.0f), 1.0f);
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f,avx512bf16"))) static void instr_dot2(float *acc,
                                                                        const uint32_t *a,
@@ -1028,6 +1208,46 @@ static bool same_bits(float x, float y)
     return memcmp(&x, &y, sizeof x) == 0;
 }
 
+/* The tile kernel's step against model_tdp: the same bits for finite
+ * operands, except that a zero's sign is the tiles' own (no input of the
+ * attention is infinite or NaN, and a score that overflows sends its row
+ * to the double path). False only for a real difference. */
+static bool same_tdp(float got, float want, float acc, uint32_t a, uint32_t b)
+{
+    const float parts[5] = {acc, word_half(a, true), word_half(a, false), word_half(b, true),
+                            word_half(b, false)};
+    for (int i = 0; i < 5; i++)
+        if (!isfinite(parts[i]))
+            return true; /* not compared */
+    if (got == 0.0f && want == 0.0f)
+        return true;
+    return same_bits(got, want);
+}
+
+/* A chain of tdpbf16ps steps: C = acc + sum_p dot(a_p, b_p). How a tile
+ * associates the sums of several words is its own (no chain of float32
+ * roundings reproduces it), so the chain is held to what any association
+ * of float32 sums allows: within (2n + 1) U32 of the sum of the terms'
+ * magnitudes of the exact value (n words), plus one FLT_MIN per flushed
+ * product. Compared where the exact value is finite. */
+static bool within_tdp_chain(float got, float acc, const uint32_t *a, int64_t a_cs,
+                             const uint32_t *b, int64_t ldb, int64_t n)
+{
+    long double exact = acc, mag = fabsf(acc);
+    for (int64_t p = 0; p < n; p++)
+        for (int half = 0; half < 2; half++) {
+            float x = word_half(a[p * a_cs], half == 0), y = word_half(b[p * ldb], half == 0);
+            x = fabsf(x) < FLT_MIN ? 0.0f : x;
+            y = fabsf(y) < FLT_MIN ? 0.0f : y;
+            exact += (long double)x * (long double)y;
+            mag += fabsl((long double)x * (long double)y);
+        }
+    if (!isfinite((double)exact) || !(fabsl(exact) < (long double)FLT_MAX) || !isfinite((double)mag))
+        return true;
+    const long double bound = (2 * n + 1) * (0x1p-24L * mag + (long double)FLT_MIN);
+    return fabsl((long double)got - exact) <= bound;
+}
+
 /* Every kernel's bfloat16 product (one step of its register block: C += A
  * B with kpairs = 1, a 16-column row) against the pseudocode's model and,
  * where the CPU has it, against vdpbf16ps itself. Then the region where
@@ -1036,11 +1256,11 @@ START_TEST(products_match_vdpbf16ps_bit_for_bit)
 {
     enum { COLS = 16, ROUNDS = 60000 };
     const attn_kernel_kind kinds[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
-    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16};
+    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16, ATTN_BF16_AMX};
     const bool instr = cpu_has_bf16();
     uint64_t s = 2024;
     uint32_t a[COLS], b[COLS];
-    float acc[COLS], want[COLS], got[COLS], hw[COLS];
+    float acc[COLS], want[COLS], want_tdp[COLS], got[COLS], hw[COLS];
     long compared = 0, wrong = 0;
     char first[200] = "";
     for (int round = 0; round < ROUNDS + 1500; round++) {
@@ -1076,24 +1296,40 @@ START_TEST(products_match_vdpbf16ps_bit_for_bit)
         }
 #endif
         for (size_t kd = 0; kd < 3; kd++)
-            for (size_t pa = 0; pa < 2; pa++) {
+            for (size_t pa = 0; pa < sizeof paths / sizeof *paths; pa++) {
                 const attn_kern_bf16 *kb = attn_kern_bf16_of(kinds[kd], paths[pa]);
                 if (kb == NULL)
                     continue;
                 memcpy(got, acc, sizeof got);
                 /* One row, one pair: C[0][c] += dot2(a[c], b[c]) needs A
                  * broadcast, so each column is its own call. */
+                for (int c = 0; c < COLS; c++) {
+                    if (paths[pa] == ATTN_BF16_AMX) {
+                        /* Two rows, the same A (stride 0): the tiles (one
+                         * row runs on vdpbf16ps, checked below). */
+                        float two[2] = {acc[c], acc[c]};
+                        kb->gemm(2, 1, 1, &a[c], 0, 1, &b[c], 1, two, 1, true);
+                        got[c] = two[1];
+                        want_tdp[c] = model_tdp(acc[c], a[c], b[c]);
+                    } else {
+                        kb->gemm(1, 1, 1, &a[c], 1, 1, &b[c], 1, &got[c], 1, true);
+                    }
+                }
+                const float *w = paths[pa] == ATTN_BF16_AMX ? want_tdp : want;
                 for (int c = 0; c < COLS; c++)
-                    kb->gemm(1, 1, 1, &a[c], 1, 1, &b[c], 1, &got[c], 1, true);
-                for (int c = 0; c < COLS; c++)
-                    if (!same_bits(got[c], want[c]) && wrong++ == 0)
+                    if (!(paths[pa] == ATTN_BF16_AMX ? same_tdp(got[c], w[c], acc[c], a[c], b[c])
+                                                     : same_bits(got[c], w[c])) &&
+                        wrong++ == 0)
                         snprintf(first, sizeof first, "%s %s: dot2(%a, %08x, %08x) = %a, the "
                                  "model %a", attn_kernel_kind_name(kinds[kd]),
                                  attn_bf16_kind_name(paths[pa]), (double)acc[c], a[c], b[c],
-                                 (double)got[c], (double)want[c]);
+                                 (double)got[c], (double)w[c]);
                 compared += COLS;
             }
     }
+    if (attn_kern_bf16_of(ATTN_KERNEL_AVX512, ATTN_BF16_AMX) == NULL)
+        fprintf(stderr, "  (skipped the AMX tiles' products: no AMX-BF16 on this CPU, or no "
+                        "permission for its tiles)\n");
     ck_assert_msg(wrong == 0, "%ld of %ld lanes differ, the first: %s", wrong, compared, first);
     ck_assert(compared > ROUNDS * COLS);
 }
@@ -1101,11 +1337,13 @@ END_TEST
 
 /* A whole register block: C [rows, cols] += A B over many pairs, A
  * broadcast by rows or transposed, every kernel's product against the
- * model of chained steps (the order the instruction fixes). */
+ * model of chained steps (the order the instruction fixes); the AMX tiles'
+ * (whose association over words is their own) within float32's bound for
+ * any order. */
 START_TEST(block_products_chain_steps_in_order)
 {
     const attn_kernel_kind kinds[] = {ATTN_KERNEL_GENERIC, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
-    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16};
+    const attn_bf16_kind paths[] = {ATTN_BF16_EMULATED, ATTN_BF16_AVX512_BF16, ATTN_BF16_AMX};
     const int64_t widths[] = {1, 7, 16, 17, 33, 64, 70};
     const int64_t depths[] = {0, 1, 5, 32};
     enum { LD = 80, ROWS = 6 };
@@ -1119,7 +1357,7 @@ START_TEST(block_products_chain_steps_in_order)
     for (int i = 0; i < ROWS * LD; i++)
         c0[i] = (float)rng_uniform(&s);
     for (size_t kd = 0; kd < 3; kd++)
-        for (size_t pa = 0; pa < 2; pa++) {
+        for (size_t pa = 0; pa < sizeof paths / sizeof *paths; pa++) {
             const attn_kern_bf16 *kb = attn_kern_bf16_of(kinds[kd], paths[pa]);
             if (kb == NULL)
                 continue;
@@ -1142,10 +1380,21 @@ START_TEST(block_products_chain_steps_in_order)
                                         if (r < rows && j < cols) {
                                             w = accumulate ? w : 0.0f;
                                             for (int64_t p = 0; p < kd2; p++)
-                                                w = model_dot2(w, a[r * a_rs + p * a_cs],
-                                                               b[p * LD + j]);
+                                                w = paths[pa] == ATTN_BF16_AMX && rows > 1
+                                                        ? model_tdp(w, a[r * a_rs + p * a_cs],
+                                                                    b[p * LD + j])
+                                                        : model_dot2(w, a[r * a_rs + p * a_cs],
+                                                                     b[p * LD + j]);
                                         }
-                                        if (bad_r < 0 && !same_bits(c[r * LD + j], w))
+                                        const bool same =
+                                            paths[pa] == ATTN_BF16_AMX && rows > 1 && r < rows &&
+                                                    j < cols
+                                                ? within_tdp_chain(
+                                                      c[r * LD + j],
+                                                      accumulate ? c0[r * LD + j] : 0.0f,
+                                                      a + r * a_rs, a_cs, b + j, LD, kd2)
+                                                : same_bits(c[r * LD + j], w);
+                                        if (bad_r < 0 && !same)
                                             bad_r = r, bad_j = j, bad_w = w;
                                     }
                                 ck_assert_msg(bad_r < 0,
@@ -1170,22 +1419,50 @@ static void assert_same_floats(const char *what, const float *x, const float *y,
     size_t i = 0;
     while (i < n && same_bits(x[i], y[i]))
         i++;
-    ck_assert_msg(i == n, "%s: element %zu is %a with vdpbf16ps, %a emulated", what, i,
+    ck_assert_msg(i == n, "%s: element %zu is %a with the instruction, %a emulated", what, i,
                   (double)x[i < n ? i : 0], (double)y[i < n ? i : 0]);
 }
 
 /* On a CPU with AVX512_BF16, the vdpbf16ps kernel and the AVX-512
  * emulation give the same bits for whole calls: outputs, rows, weights,
- * statistics and gradients, every variant, both layouts. */
+ * statistics and gradients, every variant, both layouts; on a CPU with
+ * AMX-BF16 (and the permission for its tiles), the tile kernel too. Each
+ * that the CPU lacks is skipped with a line saying so. */
+static void agree_with_emulation(const attn_kern_bf16 *hw, const attn_kern_bf16 *em);
+
 START_TEST(avx512_bf16_and_emulation_agree_bit_for_bit)
 {
-    const attn_kern_bf16 *hw = attn_kern_bf16_of(ATTN_KERNEL_AVX512, ATTN_BF16_AVX512_BF16);
     const attn_kern_bf16 *em = attn_kern_bf16_of(ATTN_KERNEL_AVX512, ATTN_BF16_EMULATED);
-    if (hw == NULL) {
-        fprintf(stderr, "  (no AVX512_BF16 on this CPU: the emulations were compared with the "
-                        "model of the instruction instead)\n");
-        return;
+    const attn_bf16_kind hw_paths[] = {ATTN_BF16_AVX512_BF16, ATTN_BF16_AMX};
+    for (size_t path = 0; path < sizeof hw_paths / sizeof *hw_paths; path++) {
+        const attn_kern_bf16 *hw = attn_kern_bf16_of(ATTN_KERNEL_AVX512, hw_paths[path]);
+        if (hw == NULL) {
+            fprintf(stderr, "  (skipped: no %s on this CPU, or no permission for it: the "
+                            "emulations were compared with the model of the instruction "
+                            "instead)\n",
+                    hw_paths[path] == ATTN_BF16_AMX ? "AMX-BF16 tiles" : "AVX512_BF16");
+            continue;
+        }
+        if (hw_paths[path] == ATTN_BF16_AMX) {
+            /* Its steps round each word's pair once (model_tdp): not the
+             * emulation's bits; whole calls are checked against the double
+             * reference instead (the cases tagged "kernel", on the path
+             * attn_bf16() picks, which is AMX where it runs). */
+            ck_assert_int_eq(attn_bf16(), getenv("ATTN_BF16") != NULL &&
+                                              *getenv("ATTN_BF16") != '\0'
+                                          ? attn_bf16()
+                                          : ATTN_BF16_AMX);
+            continue;
+        }
+        agree_with_emulation(hw, em);
     }
+}
+END_TEST
+
+/* Whole calls with the hardware products hw and with the emulation em:
+ * the same bits. */
+static void agree_with_emulation(const attn_kern_bf16 *hw, const attn_kern_bf16 *em)
+{
     const sdpa_kernels with_hw = {attn_kern_of(ATTN_KERNEL_AVX512), hw};
     const sdpa_kernels with_em = {attn_kern_of(ATTN_KERNEL_AVX512), em};
     for (int h = 0; h < 8; h++)
@@ -1231,7 +1508,7 @@ START_TEST(avx512_bf16_and_emulation_agree_bit_for_bit)
                 case_free(&c);
             }
 }
-END_TEST
+
 
 /* ------------------------------------------------------------- edges */
 
@@ -1384,6 +1661,145 @@ START_TEST(multihead_projects_in_float32_and_attends_in_bf16)
     ck_assert(memcmp(f32, out, (size_t)(B * n * h * dk) * sizeof(float)) != 0);
     free(x), free(wq), free(wk), free(wv), free(out), free(q), free(k), free(v), free(want),
         free(f32);
+}
+END_TEST
+
+/* x [rows, kdim] w [kdim, cols] + bias in double (y), and how far a
+ * float32 product of them (any order of its sums, the bias among them,
+ * then rounded) may be from it (e): gamma_{kdim+1} of the sum of
+ * magnitudes, and the last rounding. */
+static void project(const float *x, int64_t rows, int64_t kdim, const float *w, int64_t cols,
+                    const float *bias, double *y, double *e)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            double acc = bias != NULL ? bias[c] : 0.0;
+            double mag = fabs(acc);
+            for (int64_t t = 0; t < kdim; t++) {
+                acc += (double)x[r * kdim + t] * w[t * cols + c];
+                mag += fabs((double)x[r * kdim + t] * w[t * cols + c]);
+            }
+            y[r * cols + c] = acc;
+            e[r * cols + c] = gamma32((double)(kdim + 1)) * mag + U32 * fabs(acc);
+        }
+}
+
+/* Heads of a projection y [B, n, H, d] as operands [B, H, n, d]: bf16 of
+ * each, and its slack (round_slack within the projection's error e). */
+static void heads_of(const double *y, const double *e, int64_t B, int64_t n, int64_t H,
+                     int64_t d, double *val, double *slack)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t t = 0; t < d; t++) {
+                    size_t from = (size_t)(((b * n + i) * H + h) * d + t);
+                    size_t to = (size_t)(((b * H + h) * n + i) * d + t);
+                    val[to] = bf16(y[from]);
+                    slack[to] = round_slack(y[from], e[from]);
+                }
+}
+
+/* Multi-head attention in bfloat16 against the double reference: the
+ * projections x W + b in double, of which the library's float32 ones
+ * (OpenBLAS) lie within project()'s bound, so that each rounded operand
+ * (q, k and v) lies within its round_slack of the reference's; the
+ * attention between them as attn.h states it (forward_row, with v's slack
+ * too); then the output projection in double, the attention's bound
+ * carried through it (sum_c tol_c |W_O|) beside its own float32 sums.
+ * Cross-attention (m != n), grouped-query heads, causal, odd widths,
+ * biases. The projections are float32 whatever the precision: what the
+ * bound allows them is float32's rounding, not bfloat16's. */
+START_TEST(multihead_matches_the_bf16_reference)
+{
+    const int64_t B = 2, n = 37, m = 75, dm = 24, dc = 16, h = 4, hkv = 2, dk = 7, dv = 5,
+                  d_out = 6;
+    uint64_t s = 17;
+    float *x = xcalloc((size_t)(B * n * dm), sizeof(float));
+    float *ctx = xcalloc((size_t)(B * m * dc), sizeof(float));
+    float *wq = xcalloc((size_t)(dm * h * dk), sizeof(float));
+    float *wk = xcalloc((size_t)(dc * hkv * dk), sizeof(float));
+    float *wv = xcalloc((size_t)(dc * hkv * dv), sizeof(float));
+    float *wo = xcalloc((size_t)(h * dv * d_out), sizeof(float));
+    float *bq = xcalloc((size_t)(h * dk), sizeof(float)), *bk = xcalloc((size_t)(hkv * dk), sizeof(float));
+    float *bv = xcalloc((size_t)(hkv * dv), sizeof(float)), *bo = xcalloc((size_t)d_out, sizeof(float));
+    fill(x, (size_t)(B * n * dm), &s, 1.0);
+    fill(ctx, (size_t)(B * m * dc), &s, 1.0);
+    fill(wq, (size_t)(dm * h * dk), &s, 0.5);
+    fill(wk, (size_t)(dc * hkv * dk), &s, 0.5);
+    fill(wv, (size_t)(dc * hkv * dv), &s, 0.5);
+    fill(wo, (size_t)(h * dv * d_out), &s, 0.5);
+    fill(bq, (size_t)(h * dk), &s, 0.2);
+    fill(bk, (size_t)(hkv * dk), &s, 0.2);
+    fill(bv, (size_t)(hkv * dv), &s, 0.2);
+    fill(bo, (size_t)d_out, &s, 0.2);
+    attn_mha_params mp = {.batch = B, .n = n, .m = m, .d_model = dm, .d_ctx = dc, .heads = h,
+                          .kv_heads = hkv, .d_k = dk, .d_v = dv, .d_out = d_out,
+                          .scale = attn_default_scale(dk), .causal = true, .threads = 2,
+                          .precision = ATTN_PRECISION_BFLOAT16};
+    attn_mha_inputs in = {.x = x, .context = ctx, .w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo,
+                          .b_q = bq, .b_k = bk, .b_v = bv, .b_o = bo};
+    const size_t n_out = (size_t)(B * n * d_out);
+    float *out = nan_floats(n_out);
+    attn_error err = {0};
+    ck_assert_int_eq(attn_mha_forward(&mp, &in, out, NULL, NULL, NULL, &err), ATTN_OK);
+
+    const size_t nq = (size_t)(B * n * h * dk), nk = (size_t)(B * m * hkv * dk),
+                 nv = (size_t)(B * m * hkv * dv);
+    double *y = xcalloc(nq + nk + nv, sizeof *y), *e = xcalloc(nq + nk + nv, sizeof *e);
+    project(x, B * n, dm, wq, h * dk, bq, y, e);
+    project(ctx, B * m, dc, wk, hkv * dk, bk, y + nq, e + nq);
+    project(ctx, B * m, dc, wv, hkv * dv, bv, y + nq + nk, e + nq + nk);
+    operands o = {xcalloc(nq, sizeof(double)), xcalloc(nk, sizeof(double)),
+                  xcalloc(nv, sizeof(double)), xcalloc(nq, sizeof(double)),
+                  xcalloc(nk, sizeof(double)), xcalloc(nv, sizeof(double))};
+    heads_of(y, e, B, n, h, dk, o.q, o.sq);
+    heads_of(y + nq, e + nq, B, m, hkv, dk, o.k, o.sk);
+    heads_of(y + nq + nk, e + nq + nk, B, m, hkv, dv, o.v, o.sv);
+    attn_sdpa_params ref = sdpa_shape(B, h, hkv, n, m, dk, dv);
+    ref.scale = mp.scale;
+    ref.causal = true;
+    ref.precision = ATTN_PRECISION_BFLOAT16;
+    const size_t n_o = (size_t)(B * h * n * dv);
+    double *O = xcalloc(n_o, sizeof *O), *Ot = xcalloc(n_o, sizeof *Ot);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hh = 0; hh < h; hh++)
+            for (int64_t i = 0; i < n; i++) {
+                const size_t row = (size_t)((b * h + hh) * n + i);
+                forward_row(&ref, &o, b, hh, i, O + row * (size_t)dv, Ot + row * (size_t)dv,
+                            NULL, NULL);
+            }
+    ref_t want = ref_alloc(n_out);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t col = 0; col < d_out; col++) {
+                double acc = bo[col], mag = fabs((double)bo[col]), moved = 0.0;
+                for (int64_t hh = 0; hh < h; hh++)
+                    for (int64_t c = 0; c < dv; c++) {
+                        const size_t at = (size_t)(((b * h + hh) * n + i) * dv + c);
+                        const double w = wo[(hh * dv + c) * d_out + col];
+                        acc += O[at] * w;
+                        mag += fabs(O[at] * w);
+                        moved += Ot[at] * fabs(w);
+                    }
+                const size_t at = (size_t)((b * n + i) * d_out + col);
+                want.val[at] = acc;
+                want.tol[at] = moved + gamma32((double)(h * dv + 1)) * (mag + moved) +
+                               U32 * fabs(acc);
+            }
+    assert_within("multihead bf16 out", out, &want, n_out);
+    /* Not float32's answer: the same call in float32 falls outside. */
+    mp.precision = ATTN_PRECISION_FLOAT32;
+    float *f32 = nan_floats(n_out);
+    ck_assert_int_eq(attn_mha_forward(&mp, &in, f32, NULL, NULL, NULL, &err), ATTN_OK);
+    size_t at;
+    ck_assert_msg(worst_ratio(f32, &want, n_out, &at) > 1.0,
+                  "float32 multi-head attention passes the bfloat16 bound");
+    ref_free(&want);
+    operands_free(&o);
+    free(y), free(e), free(O), free(Ot), free(out), free(f32);
+    free(x), free(ctx), free(wq), free(wk), free(wv), free(wo), free(bq), free(bk), free(bv),
+        free(bo);
 }
 END_TEST
 
@@ -1630,6 +2046,7 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, masks_bool_and_bias_match_the_bf16_reference);
     tcase_add_test(t, variants_match_the_bf16_reference);
     tcase_add_test(t, fully_masked_rows_are_zero_in_bf16);
+    tcase_add_test(t, ragged_batches_match_the_bf16_reference_per_sequence);
     tcase_add_test(t, long_rows_match_the_bf16_reference);
     tcase_add_test(t, float32_products_fail_the_bf16_bound);
     suite_add_tcase(s, t);
@@ -1645,6 +2062,7 @@ static Suite *bf16_suite(void)
     tcase_add_test(t, overflowing_scores_are_redone_from_rounded_operands);
     tcase_add_test(t, overflow_in_a_plain_strip_is_redone_from_rounded_operands);
     tcase_add_test(t, multihead_projects_in_float32_and_attends_in_bf16);
+    tcase_add_test(t, multihead_matches_the_bf16_reference);
     tcase_add_test(t, statistics_follow_the_bf16_scores);
     tcase_add_test(t, each_input_may_be_words_or_floats);
     tcase_add_test(t, overflowing_rows_from_words_are_redone_as_from_floats);

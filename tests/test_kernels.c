@@ -262,6 +262,63 @@ START_TEST(row_steps_stay_inside_the_row)
 }
 END_TEST
 
+/* The blocked sums' steps in the kernels' vectors: an output row divided
+ * by its sum in double (scale_wide) and a float partial folded into its
+ * double sum (fold_partial) give, element for element, the bits of the
+ * scalar C they replace, including -0 and overflow, and touch nothing
+ * past n. */
+START_TEST(wide_steps_give_the_bits_of_scalar_double)
+{
+    enum { MAXN = 70, GUARD = 17 };
+    float x[MAXN + GUARD], part[MAXN + GUARD];
+    double acc[MAXN + GUARD], want_acc[MAXN + GUARD];
+    uint64_t seed = 5;
+    for (size_t kd = 0; kd < 3; kd++) {
+        const attn_kern *kk = attn_kern_of(KINDS[kd]);
+        if (kk == NULL)
+            continue;
+        const char *name = attn_kernel_kind_name(KINDS[kd]);
+        for (int64_t n = 0; n <= MAXN; n++) {
+            const double f = 1.0 / (3.0 + (double)n);
+            float *src = random_floats((size_t)n + 1, &seed, 1e3);
+            for (int64_t j = 0; j < n; j++)
+                x[j] = j % 7 == 3 ? -0.0f : src[j];
+            for (int g = 0; g < GUARD; g++)
+                x[n + g] = 1.0f;
+            ck_assert_msg(kk->scale_wide(x, n, f), "%s: n=%lld: finite row not finite", name,
+                          (long long)n);
+            for (int64_t j = 0; j < n + GUARD; j++) {
+                const float in = j < n ? (j % 7 == 3 ? -0.0f : src[j]) : 1.0f;
+                const float want = j < n ? (float)((0.0 + (double)in) * f) : 1.0f;
+                ck_assert_msg(memcmp(&x[j], &want, sizeof want) == 0,
+                              "%s: n=%lld: scale_wide x[%lld] = %a, want %a", name,
+                              (long long)n, (long long)j, (double)x[j], (double)want);
+            }
+            if (n > 0) {
+                x[n - 1] = 3e38f;
+                ck_assert_msg(!kk->scale_wide(x, n, 4.0), "%s: overflow at n=%lld missed", name,
+                              (long long)n);
+            }
+            for (int64_t j = 0; j < n + GUARD; j++) {
+                part[j] = j < n ? src[j] * 1e-3f : 7.0f;
+                acc[j] = want_acc[j] = (double)j / 3.0 - 1e3;
+                if (j < n)
+                    want_acc[j] += part[j];
+            }
+            kk->fold_partial(acc, part, n);
+            for (int64_t j = 0; j < n + GUARD; j++) {
+                ck_assert_msg(acc[j] == want_acc[j], "%s: n=%lld: fold acc[%lld] = %a, want %a",
+                              name, (long long)n, (long long)j, acc[j], want_acc[j]);
+                ck_assert_msg(part[j] == (j < n ? 0.0f : 7.0f),
+                              "%s: n=%lld: fold part[%lld] = %g", name, (long long)n,
+                              (long long)j, (double)part[j]);
+            }
+            free(src);
+        }
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------- layouts */
 
 /* [B, H, n, d] -> [B, n, H, d] */
@@ -388,6 +445,14 @@ START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
         {2, 2, 1, 130, 130, 32, 48, true, 2.0},
         {1, 1, 1, 96, 64, 16, 16, false, 1e19}, /* scores past float32's range */
         {1, 3, 3, 7, 640, 64, 64, false, 3.0},
+        /* Tiles narrower than 64 keys (a short sequence's, the last of a
+         * row): a masked vector alone, whole vectors and a tail, whole
+         * vectors only, after full tiles, and past float32's range. */
+        {8, 2, 2, 13, 9, 64, 64, false, 1.0},
+        {2, 2, 1, 50, 37, 40, 24, false, 2.0},
+        {1, 2, 2, 20, 32, 16, 16, false, 1.0},
+        {1, 1, 1, 96, 200, 16, 16, false, 3.0},
+        {1, 1, 1, 10, 20, 16, 16, false, 1e19},
     };
     uint64_t seed = 77;
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
@@ -563,6 +628,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, pack_transposes_and_zero_pads_every_shape);
     tcase_add_test(tc, exp_within_2_ulp_of_expf_over_the_softmax_range);
     tcase_add_test(tc, row_steps_stay_inside_the_row);
+    tcase_add_test(tc, wide_steps_give_the_bits_of_scalar_double);
     suite_add_tcase(s, tc);
     /* The micro-kernels above are each called by name; what follows runs
      * on the kernel ATTN_KERNEL chose, so make test runs it once per kernel

@@ -1072,6 +1072,98 @@ START_TEST(bfloat16_precision_is_the_forwards_bfloat16_bit_for_bit)
 }
 END_TEST
 
+/* bfloat16 precision reads the pages as stored, a page at a time, and
+ * still gives attn_sdpa_forward's bits: past SDPA_FOLD_TILES (16) pages,
+ * where the forward folds its float rows into double; on a last page that
+ * a truncate cut in the middle (what it held past the new length must not
+ * be read); for 1 to 3 threads, which cut a group's heads differently; and
+ * with query heads 8 to a key/value head (a decode of 8 rows, and 5 query
+ * rows each: the prefill shapes); odd widths. */
+START_TEST(bfloat16_precision_over_many_pages_and_a_cut_page)
+{
+    for (size_t d = 0; d < 3; d++)
+        for (int n = 0; n < 2; n++) {
+            kv_problem pb = problem(16, 2, 1200, DTYPES[d]);
+            pb.n_q = n == 0 ? 1 : 5;
+            pb.causal = n == 1;
+            pb.d_k = n == 0 ? 24 : 23; /* odd: a word of a feature and zero */
+            pb.d_v = n == 0 ? 20 : 19;
+            kv_case c;
+            case_make(&c, &pb, 2);
+            /* Keep 1139 positions: page 17 cut after 51 of its 64. */
+            attn_error err = {0};
+            const int64_t kept = 1139;
+            ASSERT_OK(attn_kv_truncate(c.cache, kept, &err), err);
+            float *k = xcalloc((size_t)(pb.heads_kv * kept * pb.d_k), sizeof *k);
+            float *v = xcalloc((size_t)(pb.heads_kv * kept * pb.d_v), sizeof *v);
+            ASSERT_OK(attn_kv_read(c.cache, 0, kept, k, v, &err), err);
+            attn_sdpa_params sp = sdpa_shape(1, pb.heads_q, pb.heads_kv, pb.n_q, kept, pb.d_k,
+                                             pb.d_v);
+            sp.scale = c.kp.scale;
+            sp.causal = pb.causal;
+            sp.precision = ATTN_PRECISION_BFLOAT16;
+            result want = {nan_floats(out_count(&c)), xcalloc(row_count(&c), sizeof *want.rows)};
+            ASSERT_OK(attn_sdpa_forward(&sp, c.q, k, v, want.out, want.rows, NULL, NULL, &err),
+                      err);
+            for (int threads = 1; threads <= 3; threads++) {
+                attn_kv_params kp = c.kp;
+                kp.precision = ATTN_PRECISION_BFLOAT16;
+                kp.threads = threads;
+                result got = run_cache(&c, &kp);
+                char label[128];
+                snprintf(label, sizeof label, "bfloat16, %s, length %lld of 1200, n_q %lld, %d "
+                         "thread%s", dtype_name(pb.dtype), (long long)kept, (long long)pb.n_q,
+                         threads, threads == 1 ? "" : "s");
+                assert_same_bits(&c, &got, &want, label);
+                result_free(&got);
+            }
+            result_free(&want);
+            free(k), free(v);
+            case_drop(&c);
+        }
+}
+END_TEST
+
+/* Rows whose float sums overflow in bfloat16 are redone in double from
+ * the rounded operands, as the forward redoes them: values near float32's
+ * largest (the weighted sum overflows on the way), and scores past it. */
+START_TEST(bfloat16_overflowing_rows_are_the_forwards)
+{
+    for (int which = 0; which < 2; which++) {
+        kv_problem pb = problem(2, 1, 300, ATTN_KV_FLOAT32);
+        pb.n_q = 2;
+        kv_case c;
+        case_make(&c, &pb, 1);
+        attn_kv_free(c.cache);
+        const size_t nk = (size_t)(pb.length * pb.d_k), nv = (size_t)(pb.length * pb.d_v);
+        if (which == 0)
+            for (size_t i = 0; i < nv; i++)
+                c.v[i] = c.vs[i] = c.v[i] > 0.0f ? 3.0e38f : -3.0e38f * 0.5f;
+        else
+            for (size_t i = 0; i < nk; i++)
+                c.k[i] = c.ks[i] = c.k[i] * 1e37f;
+        attn_kv_config cfg = config_of(&pb);
+        attn_error err = {0};
+        ASSERT_OK(attn_kv_create(&cfg, &c.cache, &err), err);
+        append_range(c.cache, &pb, c.k, c.v, 0, pb.length);
+        attn_kv_params kp = c.kp;
+        kp.precision = ATTN_PRECISION_BFLOAT16;
+        c.sp.precision = ATTN_PRECISION_BFLOAT16;
+        result got = run_cache(&c, &kp), want = run_forward(&c);
+        ck_assert_int_eq(count_nonfinite(got.out, out_count(&c)), 0);
+        double *w = xcalloc(out_count(&c), sizeof *w);
+        for (size_t i = 0; i < out_count(&c); i++)
+            w[i] = want.out[i];
+        ASSERT_ERR(rel_err(got.out, w, out_count(&c)), 1e-6,
+                   which == 0 ? "bfloat16, overflowing values" : "bfloat16, overflowing scores");
+        free(w);
+        result_free(&got);
+        result_free(&want);
+        case_drop(&c);
+    }
+}
+END_TEST
+
 /* A cancel flag already set: no work, ATTN_ERR_CANCELLED, with either
  * precision; unset, the call runs. */
 START_TEST(a_set_cancel_flag_stops_the_attention)
@@ -1234,6 +1326,8 @@ static Suite *kvcache_suite(void)
     tcase_add_test(tc, overflowing_rows_are_redone_in_double);
     tcase_add_test(tc, flops_are_those_of_the_same_forward);
     tcase_add_test(tc, bfloat16_precision_is_the_forwards_bfloat16_bit_for_bit);
+    tcase_add_test(tc, bfloat16_precision_over_many_pages_and_a_cut_page);
+    tcase_add_test(tc, bfloat16_overflowing_rows_are_the_forwards);
     tcase_add_test(tc, a_set_cancel_flag_stops_the_attention);
     tcase_add_test(tc, a_cancel_flag_set_midway_stops_a_long_prefill);
     tcase_add_test(tc, a_cancel_flag_set_midway_stops_a_long_decode);

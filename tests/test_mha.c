@@ -42,6 +42,7 @@ typedef struct {
     int threads;
     uint64_t seed;
     attn_variants var; /* applied per head (the reference: tests/support/ref.c) */
+    attn_precision precision; /* of the attention between the projections */
 } spec;
 
 typedef struct {
@@ -164,7 +165,7 @@ static attn_mha_params params_of(const problem *pr)
         .batch = s->B, .n = s->n, .m = s->m, .d_model = s->d_model, .d_ctx = s->d_ctx,
         .heads = s->h, .kv_heads = s->hk, .d_k = s->d_k, .d_v = s->d_v,
         .d_out = s->d_out, .scale = pr->scale, .causal = s->causal,
-        .threads = s->threads, .variants = s->var,
+        .threads = s->threads, .variants = s->var, .precision = s->precision,
     };
     p.mask.kind = s->mask;
     if (s->mask != ATTN_MASK_NONE) {
@@ -395,6 +396,72 @@ static double ref_loss(const problem *pr, const float *dout)
 
 /* ------------------------------------------------------------- helpers */
 
+/*
+ * bfloat16 precision (the attention's products on operands rounded to 8
+ * significant bits, unit roundoff U_BF16; the projections float32) against
+ * the exact reference. Rounding q and k moves a score by at most delta =
+ * 2 U_BF16 scale sum_t |q_t k_t| (the largest over the problem, from the
+ * projections in double), so each softmax weight by a factor within
+ * e^(+-2 delta); rounding the weights and renormalising by their own sum
+ * moves them by 2 U_BF16 more: sum_j |da_j| <= alpha = 2 (e^(2 delta) - 1)
+ * + 2 U_BF16 over a row. A head's output sum_j a_j v_j then moves by at
+ * most (alpha + U_BF16) max |v| (v rounded too), and the output projection
+ * carries that through sum_c |W_O[c][col]|. The gradients are sums of
+ * products of such weights (and of dS = P (dP - delta), which meets the
+ * weights' error twice) with at most two more rounded factors: within
+ * 4 (alpha + 2 U_BF16) of their largest magnitude (the 4 covers the two
+ * meetings and the second-order terms dropped above).
+ */
+#define U_BF16 0x1p-8
+
+static double max_abs_d(const double *a, int64_t len);
+
+typedef struct {
+    double alpha, vmax, wo_sum; /* as above; wo_sum 1 without w_o */
+} bf16_bound;
+
+static bf16_bound bf16_bound_of(const problem *pr)
+{
+    const spec *s = &pr->s;
+    const double *ctx = s->context ? pr->t[T_CTX].d : pr->t[T_X].d;
+    double *q = malloc((size_t)(s->B * s->n * s->h * s->d_k) * sizeof(double));
+    double *k = malloc((size_t)(s->B * s->m * s->hk * s->d_k) * sizeof(double));
+    double *v = malloc((size_t)(s->B * s->m * s->hk * s->d_v) * sizeof(double));
+    ck_assert(q && k && v);
+    ref_matmul(pr->t[T_X].d, pr->t[T_WQ].d, s->b_q ? pr->t[T_BQ].d : NULL, s->B * s->n,
+               s->d_model, s->h * s->d_k, q);
+    ref_matmul(ctx, pr->t[T_WK].d, s->b_k ? pr->t[T_BK].d : NULL, s->B * s->m, s->d_ctx,
+               s->hk * s->d_k, k);
+    ref_matmul(ctx, pr->t[T_WV].d, s->b_v ? pr->t[T_BV].d : NULL, s->B * s->m, s->d_ctx,
+               s->hk * s->d_v, v);
+    double big = 0.0;
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t h = 0; h < s->h; h++)
+            for (int64_t i = 0; i < s->n; i++)
+                for (int64_t j = 0; j < s->m; j++) {
+                    const int64_t g = h / (s->h / s->hk);
+                    double sum = 0.0;
+                    for (int64_t t = 0; t < s->d_k; t++)
+                        sum += fabs(q[((b * s->n + i) * s->h + h) * s->d_k + t] *
+                                    k[((b * s->m + j) * s->hk + g) * s->d_k + t]);
+                    big = fmax(big, sum);
+                }
+    const double delta = 2.0 * U_BF16 * (double)pr->scale * big;
+    bf16_bound r = {.alpha = 2.0 * expm1(2.0 * delta) + 2.0 * U_BF16,
+                    .vmax = max_abs_d(v, s->B * s->m * s->hk * s->d_v), .wo_sum = 1.0};
+    if (s->w_o) {
+        r.wo_sum = 0.0;
+        for (int64_t col = 0; col < s->d_out; col++) {
+            double sum = 0.0;
+            for (int64_t c = 0; c < s->h * s->d_v; c++)
+                sum += fabs(pr->t[T_WO].d[c * s->d_out + col]);
+            r.wo_sum = fmax(r.wo_sum, sum);
+        }
+    }
+    free(q), free(k), free(v);
+    return r;
+}
+
 static bool verbose(void) { return getenv("ATTN_TEST_VERBOSE") != NULL; }
 
 static double max_abs_d(const double *a, int64_t len)
@@ -435,10 +502,15 @@ static double check_forward(const problem *pr, const char *what)
     for (int64_t i = 0; i < len; i++)
         worst_note(&w, i, out[i], ref[i],
                    isfinite(out[i]) ? fabs((double)out[i] - ref[i]) / mag : INFINITY);
+    double tol = FWD_TOL;
+    if (pr->s.precision == ATTN_PRECISION_BFLOAT16) {
+        const bf16_bound bb = bf16_bound_of(pr);
+        tol = ((bb.alpha + U_BF16) * bb.vmax * bb.wo_sum) / mag + FWD_TOL;
+    }
     if (verbose())
-        fprintf(stderr, "mha forward %-40s rel err %.3g\n", what, w.err);
-    ck_assert_msg(w.err <= FWD_TOL, "%s: out[%lld] = %.9g, reference %.9g: error %g > %g", what,
-                  w.at, w.got, w.want, w.err, FWD_TOL);
+        fprintf(stderr, "mha forward %-40s rel err %.3g (bound %.3g)\n", what, w.err, tol);
+    ck_assert_msg(w.err <= tol, "%s: out[%lld] = %.9g, reference %.9g: error %g > %g", what,
+                  w.at, w.got, w.want, w.err, tol);
     free(out);
     free(ref);
     return w.err;
@@ -528,11 +600,14 @@ static double check_grad_fd(problem *pr, const float *dout, int which, const flo
     for (int64_t e = 0; e < count; e++)
         worst_note(&w, at[e], g[at[e]], fd[e],
                    isfinite(g[at[e]]) ? fabs((double)g[at[e]] - fd[e]) / mag : INFINITY);
+    double tol = GRAD_TOL;
+    if (pr->s.precision == ATTN_PRECISION_BFLOAT16)
+        tol += 4.0 * (bf16_bound_of(pr).alpha + 2.0 * U_BF16);
     if (verbose())
-        fprintf(stderr, "mha grad    %-32s d%-7s rel err %.3g (max |g| %.3g)\n", what,
-                tensor_name[which], w.err, mag);
-    ck_assert_msg(w.err <= GRAD_TOL, "%s: d%s[%lld] = %g but finite differences give %g",
-                  what, tensor_name[which], w.at, w.got, w.want);
+        fprintf(stderr, "mha grad    %-32s d%-7s rel err %.3g (max |g| %.3g, bound %.3g)\n",
+                what, tensor_name[which], w.err, mag, tol);
+    ck_assert_msg(w.err <= tol, "%s: d%s[%lld] = %g but finite differences give %g (error %g > %g)",
+                  what, tensor_name[which], w.at, w.got, w.want, w.err, tol);
     free(fd);
     free(at);
     return w.err;
@@ -1113,6 +1188,52 @@ START_TEST(variants_apply_per_head_after_the_projections)
 }
 END_TEST
 
+/* precision bfloat16: the attention between the float32 projections
+ * runs on bfloat16 operands; the forward and every gradient against the
+ * exact reference within the bounds derived at U_BF16 (cross-attention
+ * with grouped-query heads, causal, every bias; then self-attention over
+ * 70 positions, more than one block of 64 keys, gradients sampled), and
+ * not float32's answer: the rounding happened. */
+START_TEST(bfloat16_attention_between_float32_projections_matches_reference)
+{
+    for (int shape = 0; shape < 2; shape++) {
+        spec s = shape == 0 ? cross_spec() : base_spec();
+        s.hk = 2;
+        s.causal = true;
+        s.threads = 2;
+        if (shape == 1)
+            s.n = 70;
+        s.precision = ATTN_PRECISION_BFLOAT16;
+        problem pr;
+        problem_make(&pr, s);
+        /* Smaller scores (W_Q and W_K a quarter as large, exactly): delta,
+         * and with it the bounds, 16 times smaller, well below the errors
+         * of a wrong pairing or a missing rounding's neighbour. */
+        for (int w = T_WQ; w <= T_WK; w++)
+            for (int64_t e = 0; e < pr.t[w].len; e++) {
+                pr.t[w].f[e] *= 0.25f;
+                pr.t[w].d[e] = pr.t[w].f[e];
+            }
+        const char *what = shape == 0 ? "bf16 GQA causal cross" : "bf16 GQA causal self n=70";
+        check_forward(&pr, what);
+        check_all_grads(&pr, shape == 0 ? 0 : 40, what);
+        const int64_t len = out_len(&pr);
+        float *o16 = malloc((size_t)len * sizeof(float)), *o32 = malloc((size_t)len * sizeof(float));
+        ck_assert(o16 && o32);
+        attn_mha_params p = params_of(&pr);
+        attn_mha_inputs in = inputs_of(&pr);
+        attn_error err = {0};
+        ck_assert_int_eq(attn_mha_forward(&p, &in, o16, NULL, NULL, NULL, &err), ATTN_OK);
+        p.precision = ATTN_PRECISION_FLOAT32;
+        ck_assert_int_eq(attn_mha_forward(&p, &in, o32, NULL, NULL, NULL, &err), ATTN_OK);
+        ck_assert_msg(memcmp(o16, o32, (size_t)len * sizeof(float)) != 0,
+                      "%s: the same bits as float32", what);
+        free(o16), free(o32);
+        problem_free(&pr);
+    }
+}
+END_TEST
+
 START_TEST(flops_count_projections_attention_and_output)
 {
     problem pr;
@@ -1277,6 +1398,7 @@ static Suite *mha_suite(void)
     suite_add_tcase(s, bwd);
 
     TCase *misc = tcase_create("contract");
+    tcase_add_test(misc, bfloat16_attention_between_float32_projections_matches_reference);
     tcase_add_test(misc, flops_count_projections_attention_and_output);
     tcase_add_test(misc, heads_not_divisible_by_kv_heads_is_invalid);
     tcase_add_test(misc, b_o_without_w_o_is_invalid);

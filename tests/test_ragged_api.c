@@ -269,6 +269,8 @@ START_TEST(attention_each_sequence_is_the_sequence_sent_alone)
         "{\"causal\": true}",
         "{\"causal\": true, \"window\": [3, 0], \"alibi_slopes\": [0.5, 0.25]}",
         "{\"softcap\": 2.5, \"rope\": {\"base\": 100}, \"scale\": 0.7}",
+        "{\"precision\": \"bfloat16\"}",
+        "{\"precision\": \"bfloat16\", \"causal\": true, \"rope\": {\"base\": 100}}",
     };
     for (size_t i = 0; i < sizeof options / sizeof *options; i++) {
         attention_case ac = {.hq = 2, .hk = 1, .d = 4, .seqs = SEQS, .lq = LQ, .lk = LK,
@@ -486,6 +488,7 @@ START_TEST(multihead_each_sequence_is_the_sequence_sent_alone)
     check_multihead(ln, lm, 5, true, "{\"window\": [2, 2], \"rope\": {\"base\": 50}}");
     static const int64_t self[] = {4, 0, 1, 66};
     check_multihead(self, NULL, 4, false, "{\"causal\": true, \"alibi_slopes\": [1, 0.5]}");
+    check_multihead(ln, lm, 5, true, "{\"causal\": true, \"precision\": \"bfloat16\"}");
 }
 END_TEST
 
@@ -539,9 +542,6 @@ START_TEST(attention_errors_name_the_field_and_the_numbers)
                  "k has n_k = 7 rows but seq_lens sums to 5");
     expect_error(A, qkv(5, 5, "{\"seq_lens\": []}"), 422, "shape_mismatch", "seq_lens",
                  "sums to 0");
-    /* A ragged batch is computed in float32 only. */
-    expect_error(A, qkv(5, 5, "{\"seq_lens\": [2, 3], \"precision\": \"bfloat16\"}"), 422,
-                 "invalid_value", "precision", "does not go with seq_lens");
     /* A padding mask [B, 1, 1, n] is not what a packed batch takes. */
     expect_error(A, qkv(5, 5, "{\"seq_lens\": [2, 3], \"mask\": [[true, true, false]]}"), 422,
                  "shape_mismatch", "mask", "packed rows and keys");
@@ -611,8 +611,6 @@ START_TEST(multihead_errors_name_the_field_and_the_numbers)
                  "batch dimension of 2");
     expect_error(M, mha(0, 4, 0, "{\"seq_lens\": [1, 3], \"mask\": [[true, false]]}"), 422,
                  "shape_mismatch", "mask", "packed rows and keys");
-    expect_error(M, mha(0, 4, 0, "{\"seq_lens\": [1, 3], \"precision\": \"bfloat16\"}"), 422,
-                 "invalid_value", "precision", "does not go with seq_lens");
     expect_error(M, mha(0, 4, 0, "{\"seq_lens\": 4}"), 400, "wrong_type", "seq_lens",
                  "seq_lens");
     expect_error(M, mha(0, 4, 4, "{\"seq_lens\": [4], \"seq_lens_k\": [4]}"), 400,
@@ -774,8 +772,8 @@ START_TEST(v2_infer_takes_seq_lens_as_parameters)
 {
     /* 7 rows in sequences of 3, 0 and 4 queries over 2, 1 and 4 keys (the
      * keys are the first 7 rows too); values multiples of 1/8, exact in
-     * bfloat16, so that BF16 inputs (widened: a ragged batch is float32)
-     * give the FP32 answer's bits. */
+     * bfloat16, so that BF16 inputs (widened: the precision is float32
+     * unless the request asks for bfloat16) give the FP32 answer's bits. */
     enum { N = 7 };
     float x[2 * N];
     for (int i = 0; i < 2 * N; i++)

@@ -30,6 +30,7 @@
 
 #include "attn.h"
 #include "cpu_features.h"
+#include "kern.h" /* lib-private: the emulated bfloat16 kernel beside the one in use */
 #include "support/ref.h"
 #include "support/sdpa_case.h"
 
@@ -1050,9 +1051,11 @@ static bool flat_is_bits(json_t *t, const float *want, size_t n, size_t *worst)
 
 /* "precision": "bfloat16" through a running attnd, with inputs sent as
  * bfloat16 base64: the output is libattn's bfloat16 forward here, bit for
- * bit, whether the server runs the products with vdpbf16ps or emulates
- * them (a second attnd started with ATTN_BF16=emulated, whose /v1/info
- * says so); the gradients of the two servers are the same bits too. A
+ * bit, whether the server runs the products with vdpbf16ps (or AMX tiles)
+ * or emulates them (a second attnd started with ATTN_BF16=emulated, whose
+ * /v1/info says so, against the emulation here); the gradients of the two
+ * servers are the same bits too, unless the first runs AMX tiles, whose
+ * sums are associated their own way. A
  * precision attnd does not know is a 422 naming the field, and the server
  * goes on serving. */
 START_TEST(bfloat16_precision_is_the_same_bits_on_every_bf16_path)
@@ -1070,6 +1073,16 @@ START_TEST(bfloat16_precision_is_the_same_bits_on_every_bf16_path)
                           .threads = 1, .precision = ATTN_PRECISION_BFLOAT16};
     attn_error err;
     ck_assert_int_eq(attn_sdpa_forward(&p, q, k, v, want, NULL, NULL, NULL, &err), ATTN_OK);
+    /* The emulation's bits, which are vdpbf16ps's; AMX tiles associate
+     * their sums their own way (lib/kern_amx_bf16.c), so where this process
+     * runs them the emulated server is held to the emulation's own bits. */
+    static float want_em[H * NQ * D];
+    const sdpa_kernels emulation = {attn_kern_get(),
+                                    attn_kern_bf16_of(attn_kernel(), ATTN_BF16_EMULATED)};
+    ck_assert_int_eq(attn_sdpa_forward_with(&emulation, &p, q, k, v, want_em, NULL, NULL, NULL,
+                                            &err),
+                     ATTN_OK);
+    const bool tiles = attn_bf16() == ATTN_BF16_AMX;
 
     char *body = NULL;
     size_t len = 0;
@@ -1113,11 +1126,11 @@ START_TEST(bfloat16_precision_is_the_same_bits_on_every_bf16_path)
         answers[s] = json_loadb(r.body, r.body_len, 0, NULL);
         reply_free(&r);
         size_t worst = 0;
-        ck_assert_msg(flat_is_bits(json_object_get(answers[s], "output"), want, counts[0],
-                                   &worst),
+        ck_assert_msg(flat_is_bits(json_object_get(answers[s], "output"), s ? want_em : want,
+                                   counts[0], &worst),
                       "bf16 %s: output[%zu] is not libattn's bfloat16 bits", paths[s], worst);
     }
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < 3 && !tiles; t++) {
         const char *grad = (const char *[]){"q", "k", "v"}[t];
         json_t *a = json_object_get(json_object_get(json_object_get(answers[0], "grad"), grad),
                                     "data");
@@ -2124,25 +2137,32 @@ static bool version_paths(const char *kernel, const char *bf16, char *k, char *p
     return read && at && sscanf(at, "kernel %15[a-z0-9_], bf16 %15[a-z0-9_],", k, p) == 2;
 }
 
-/* The bfloat16 path follows the kernel and ATTN_BF16: vdpbf16ps only under
- * the avx512 kernel on a CPU with AVX512_BF16 (and BW), unless ATTN_BF16
- * forces the emulation; a path that cannot run, or a name that is none,
+/* The bfloat16 path follows the kernel and ATTN_BF16: AMX tiles by default
+ * under the avx512 kernel on a CPU with AMX-BF16 (and AVX512_BF16, BW, and
+ * the tiles' permission), else vdpbf16ps under the avx512 kernel on a CPU
+ * with AVX512_BF16 (and BW), else the emulation; ATTN_BF16 forces one the
+ * kernel and CPU can run; a path that cannot run, or a name that is none,
  * leaves the default. */
 START_TEST(bf16_path_follows_the_kernel_and_attn_bf16)
 {
     const char *kernels[] = {"generic", "avx2", "avx512"};
-    const char *forced[] = {NULL, "emulated", "avx512_bf16", "amx"};
+    const char *forced[] = {NULL, "emulated", "avx512_bf16", "amx", "tiles"};
     const bool has = cpu_has(CPU_AVX512_BF16 | CPU_AVX512BW);
+    const bool has_amx = has && cpu_has(CPU_AMX_TILE | CPU_AMX_BF16) && cpu_amx_request();
+    const char *best = has_amx ? "amx" : has ? "avx512_bf16" : "emulated";
     for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
         for (size_t j = 0; j < sizeof forced / sizeof *forced; j++) {
             char k[16], p[16];
             ck_assert_msg(version_paths(kernels[i], forced[j], k, p),
                           "attnd --version names no kernel and bf16 path");
-            bool instruction = strcmp(k, "avx512") == 0 && has &&
-                               !(forced[j] && strcmp(forced[j], "emulated") == 0);
-            ck_assert_msg(strcmp(p, instruction ? "avx512_bf16" : "emulated") == 0,
-                          "ATTN_KERNEL=%s (runs %s) ATTN_BF16=%s: bf16 %s", kernels[i], k,
-                          forced[j] ? forced[j] : "(unset)", p);
+            const char *f = forced[j] ? forced[j] : "";
+            const char *want = strcmp(k, "avx512") != 0          ? "emulated"
+                               : strcmp(f, "emulated") == 0       ? "emulated"
+                               : strcmp(f, "avx512_bf16") == 0 && has ? "avx512_bf16"
+                               : strcmp(f, "amx") == 0 && has_amx ? "amx"
+                                                                  : best;
+            ck_assert_msg(strcmp(p, want) == 0, "ATTN_KERNEL=%s (runs %s) ATTN_BF16=%s: bf16 %s, "
+                          "want %s", kernels[i], k, forced[j] ? forced[j] : "(unset)", p, want);
         }
 }
 END_TEST
