@@ -199,6 +199,25 @@ static bool suits(size_t cap, size_t n)
     return cap >= n && cap - n <= (n > HUGE_PAGE ? n : HUGE_PAGE);
 }
 
+/* The best fit among the idle blocks for n bytes (the smallest that suits
+ * it), taken off the idle list and counted busy; NULL if none suits. The
+ * lock is held. */
+static pool_block *take_idle(srv_pool *p, size_t n)
+{
+    pool_block **best = NULL;
+    for (pool_block **at = &p->idle; *at; at = &(*at)->next)
+        if (suits((*at)->cap, n) && (!best || (*at)->cap < (*best)->cap))
+            best = at;
+    if (!best)
+        return NULL;
+    pool_block *b = *best;
+    *best = b->next;
+    p->idle_bytes -= b->map_len;
+    p->busy_bytes += b->map_len;
+    p->reuses++;
+    return b;
+}
+
 void *pool_alloc(srv_pool *p, size_t n)
 {
     if (n < POOL_MIN_BLOCK) {
@@ -210,19 +229,7 @@ void *pool_alloc(srv_pool *p, size_t n)
         return data_of(b);
     }
     pthread_mutex_lock(&p->lock);
-    /* the best fit: the smallest idle block that suits n */
-    pool_block **best = NULL;
-    for (pool_block **at = &p->idle; *at; at = &(*at)->next)
-        if (suits((*at)->cap, n) && (!best || (*at)->cap < (*best)->cap))
-            best = at;
-    pool_block *b = NULL;
-    if (best) {
-        b = *best;
-        *best = b->next;
-        p->idle_bytes -= b->map_len;
-        p->busy_bytes += b->map_len;
-        p->reuses++;
-    }
+    pool_block *b = take_idle(p, n);
     pthread_mutex_unlock(&p->lock);
     if (!b) {
         if (!(b = map_block(n)))
@@ -323,19 +330,10 @@ void *pool_realloc(srv_pool *p, void *ptr, size_t n)
 void *pool_realloc_idle(srv_pool *p, void *ptr, size_t n)
 {
     pthread_mutex_lock(&p->lock);
-    pool_block **best = NULL;
-    for (pool_block **at = &p->idle; *at; at = &(*at)->next)
-        if (suits((*at)->cap, n) && (!best || (*at)->cap < (*best)->cap))
-            best = at;
-    pool_block *b = NULL;
-    if (best) {
-        b = *best;
-        *best = b->next;
-        p->idle_bytes -= b->map_len;
-        p->busy_bytes += b->map_len;
+    pool_block *b = take_idle(p, n);
+    if (b) {
         p->lent_bytes += b->map_len;
         b->lent = true;
-        p->reuses++;
     }
     pthread_mutex_unlock(&p->lock);
     if (!b)

@@ -114,6 +114,19 @@ static void queue(srv_request *r, int status, struct MHD_Response *resp, size_t 
         r->status = 0; /* the connection is gone or in a state that takes no answer */
 }
 
+/* resp, of len bytes, with its Content-Type, the extra header pairs
+ * (NULL-terminated) and r's own headers, queued as r's answer. */
+static void send_with_headers(srv_request *r, int status, struct MHD_Response *resp,
+                              const char *content_type, const char *const *extra, size_t len)
+{
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    for (; extra && extra[0]; extra += 2)
+        MHD_add_response_header(resp, extra[0], extra[1]);
+    http_add_request_headers(r, resp);
+    queue(r, status, resp, len);
+    MHD_destroy_response(resp);
+}
+
 /* The canned answer c with r's headers, and `close` to end the connection. */
 static void reply_canned(srv_request *r, const srv_canned *c, bool close)
 {
@@ -176,12 +189,7 @@ void http_reply_released(srv_request *r, int status, const char *content_type, c
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
         return;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    for (; extra && extra[0]; extra += 2)
-        MHD_add_response_header(resp, extra[0], extra[1]);
-    http_add_request_headers(r, resp);
-    queue(r, status, resp, len);
-    MHD_destroy_response(resp);
+    send_with_headers(r, status, resp, content_type, extra, len);
 }
 
 static void free_answer(void *cls)
@@ -216,12 +224,7 @@ void http_reply_blocks(srv_request *r, int status, const char *content_type,
         http_reply_stock(r, STOCK_OUT_OF_MEMORY);
         return;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    for (; extra && extra[0]; extra += 2)
-        MHD_add_response_header(resp, extra[0], extra[1]);
-    http_add_request_headers(r, resp);
-    queue(r, status, resp, api_response_bytes(held));
-    MHD_destroy_response(resp);
+    send_with_headers(r, status, resp, content_type, extra, api_response_bytes(held));
 }
 
 static void reply_error(srv_request *r, int status, const char *code, const char *message,
