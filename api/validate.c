@@ -122,32 +122,14 @@ void api_free_floats(float *x)
     codec_tensor_release(x);
 }
 
-/* Elements checked at once before the first non-finite one is looked for. */
-#define FINITE_BLOCK 4096
-
-/* The first non-finite element of x[0..n), or n. An exit at each element
- * keeps the compiler from vectorising the loop, and the check reads every
- * output of a request (2 M floats of a short batch: a tenth of its compute
- * time scalar): so each block is judged branch-free first. A float is
- * infinite or NaN when its 8 exponent bits are all ones, which is when
- * adding one to them carries into the sign bit. */
+/* The first non-finite element of x[0..n), or n. The check reads every
+ * output of a request (2 M floats of a short batch), so whole blocks are
+ * passed branch-free first (codec_special_start). */
 static int64_t first_non_finite(const float *x, int64_t n)
 {
-    int64_t at = 0;
-    /* whole blocks: a fixed trip count, which -O2 vectorises as it is */
-    for (; at + FINITE_BLOCK <= n; at += FINITE_BLOCK) {
-        uint32_t carry = 0;
-        for (int i = 0; i < FINITE_BLOCK; i++) {
-            uint32_t u;
-            memcpy(&u, &x[at + i], sizeof u);
-            carry |= (u & 0x7f800000u) + 0x00800000u;
-        }
-        if (carry & 0x80000000u)
-            break; /* it is in this block: found below */
-    }
-    for (; at < n; at++)
+    for (size_t at = codec_special_start(x, (size_t)n, CODEC_F32); at < (size_t)n; at++)
         if (!isfinite(x[at]))
-            return at;
+            return (int64_t)at;
     return n;
 }
 

@@ -48,17 +48,7 @@
 #define KERN_BF16_BEGIN ((void)0)
 #define KERN_BF16_END ((void)0)
 
-/* As in kern_avx512_bf16.c: weights rounded by vcvtne2ps2bf16. */
-static inline vpair vbf16_weights2(vf *lo, vf *hi)
-{
-    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
-                                           9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
-                                           17, 1, 16, 0);
-    __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(*hi, *lo));
-    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-    *hi = _mm512_castsi512_ps(_mm512_and_si512(w, vi(BF16_HIGH)));
-    return w;
-}
+#include "kern_bf16_weights_avx512.h"
 
 /* The tile configuration's memory form (palette 1). */
 typedef struct {

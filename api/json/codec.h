@@ -351,6 +351,13 @@ codec_dtype codec_encoding_dtype(codec_encoding enc);
 void codec_tensor_encode(codec_buf *b, const float *data, int rank, const int64_t *shape,
                          codec_encoding enc);
 
+/* Where an exact search for the first special element (exponent all ones:
+ * infinite or NaN) of the n little-endian elements of `dtype` (CODEC_F32,
+ * CODEC_F16 or CODEC_BF16) at bytes must begin: the first block that may
+ * hold one, or n when none does. Whole blocks are judged without a branch
+ * an element, so that a clean tensor is passed at the memory's speed. */
+size_t codec_special_start(const void *bytes, size_t n, codec_dtype dtype);
+
 /* Do all n values of x stay finite when rounded to `dtype` (CODEC_F16 or
  * CODEC_BF16)? If not, *at is the first that does not. */
 bool codec_half_fits(codec_dtype dtype, const float *x, size_t n, size_t *at);

@@ -226,68 +226,59 @@ static bool base64_text(codec_reading *r, const codec_member *m, const char *sub
     return true;
 }
 
+/* Elements a block of the scan below looks at before it branches. */
+#define SPECIAL_BLOCK 64
+
+/* Whether one whole block at bytes has an element with an exponent of all
+ * ones. Most tensors have none, and an exact loop (a branch an element)
+ * ran at a fraction of the memory's speed on megabytes of binary tensors.
+ * Here the block is folded without a branch: adding the lowest exponent
+ * bit to the exponent field carries into the sign bit exactly when the
+ * field is all ones, and the OR of those sums is a loop of fixed length
+ * that the compiler turns into vector code. Little-endian hosts only. */
+static bool block_special(const uint8_t *bytes, codec_dtype dtype)
+{
+    if (dtype == CODEC_F32) {
+        uint32_t w[SPECIAL_BLOCK], acc = 0;
+        memcpy(w, bytes, sizeof w);
+        for (int j = 0; j < SPECIAL_BLOCK; j++)
+            acc |= (w[j] & 0x7f800000u) + 0x00800000u;
+        return (acc & 0x80000000u) != 0;
+    }
+    const uint16_t exponent = dtype == CODEC_F16 ? 0x7c00 : 0x7f80;
+    const uint16_t low = dtype == CODEC_F16 ? 0x0400 : 0x0080;
+    uint16_t w[SPECIAL_BLOCK], acc = 0;
+    memcpy(w, bytes, sizeof w);
+    for (int j = 0; j < SPECIAL_BLOCK; j++)
+        acc |= (uint16_t)((w[j] & exponent) + low);
+    return (acc & 0x8000u) != 0;
+}
+
+size_t codec_special_start(const void *bytes, size_t n, codec_dtype dtype)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint8_t *b = bytes;
+    size_t size = codec_dtype_size(dtype), i = 0;
+    for (; i + SPECIAL_BLOCK <= n; i += SPECIAL_BLOCK)
+        if (block_special(b + i * size, dtype))
+            return i;
+    return i; /* the last partial block: the exact search's business */
+#else
+    (void)bytes;
+    (void)n;
+    (void)dtype;
+    return 0;
+#endif
+}
+
 /* Elements must be finite, as numbers in the text must be: float32, or
  * float16 / bfloat16 (an exponent of all ones is an infinity or a NaN).
  * A mask's may also be -inf: the additive masks of PyTorch and Hugging
  * Face spell "hidden" so. `at`: the base64 value, at fault as a whole. */
-/* Elements a block of the scan below looks at before it branches. */
-#define SPECIAL_BLOCK 64
-
-/* Whether any of the n elements at bytes has an exponent of all ones. Most
- * tensors have none, and the exact loop of check_finite (a branch an
- * element) ran at a fraction of the memory's speed on megabytes of binary
- * tensors. Here each block is folded without a branch: adding the lowest
- * exponent bit to the exponent field carries into the sign bit exactly
- * when the field is all ones, and the OR of those sums is a loop of
- * fixed length that the compiler turns into vector code. */
-static bool any_special(const uint8_t *bytes, size_t n, codec_dtype dtype)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    size_t i = 0;
-    if (dtype == CODEC_F32) {
-        for (; i + SPECIAL_BLOCK <= n; i += SPECIAL_BLOCK) {
-            uint32_t w[SPECIAL_BLOCK], acc = 0;
-            memcpy(w, bytes + 4 * i, sizeof w);
-            for (int j = 0; j < SPECIAL_BLOCK; j++)
-                acc |= (w[j] & 0x7f800000u) + 0x00800000u;
-            if (acc & 0x80000000u)
-                return true;
-        }
-    } else {
-        const uint16_t exponent = dtype == CODEC_F16 ? 0x7c00 : 0x7f80;
-        const uint16_t low = dtype == CODEC_F16 ? 0x0400 : 0x0080;
-        for (; i + SPECIAL_BLOCK <= n; i += SPECIAL_BLOCK) {
-            uint16_t w[SPECIAL_BLOCK], acc = 0;
-            memcpy(w, bytes + 2 * i, sizeof w);
-            for (int j = 0; j < SPECIAL_BLOCK; j++)
-                acc |= (uint16_t)((w[j] & exponent) + low);
-            if (acc & 0x8000u)
-                return true;
-        }
-    }
-    /* the last partial block: the exact loop's business */
-    return i < n;
-#else
-    (void)bytes;
-    (void)dtype;
-    return n > 0;
-#endif
-}
-
 static bool check_finite(codec_reading *r, cursor at, const uint8_t *bytes, size_t n,
                          codec_dtype dtype, const char *sub)
 {
-    size_t start = 0;
-    if (!any_special(bytes, n, dtype))
-        return true;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    /* No special element in the whole blocks before the first block that
-     * has one (or the tail): the exact loop starts there. */
-    while (start + SPECIAL_BLOCK <= n &&
-           !any_special(bytes + start * codec_dtype_size(dtype), SPECIAL_BLOCK, dtype))
-        start += SPECIAL_BLOCK;
-#endif
-    for (size_t i = start; i < n; i++) {
+    for (size_t i = codec_special_start(bytes, n, dtype); i < n; i++) {
         bool nan, negative;
         if (dtype == CODEC_F32) {
             uint32_t u = (uint32_t)bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 |
