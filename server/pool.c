@@ -24,6 +24,7 @@
  */
 #include "server.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,9 @@
 #define MAPPED_HEADER ((size_t)4096)
 /* A small block's header: one cache line, keeping the data aligned. */
 #define SMALL_HEADER ((size_t)64)
+/* malloc aligns for max_align_t (C11): this much more always reaches a
+ * 64-byte boundary. */
+#define SMALL_SLACK (SMALL_HEADER - _Alignof(max_align_t))
 /* Mapped blocks below 2 MiB round up to this. */
 #define SMALL_GRAIN ((size_t)64 << 10)
 
@@ -71,6 +75,7 @@ struct pool_block {
     double idle_since;   /* on the idle list: when it came back */
     bool lent;           /* taken by pool_realloc_idle: counted in lent_bytes */
     pool_block *next;    /* on the idle list: the next older one */
+    void *raw;           /* a small block: what malloc returned, to free */
 };
 _Static_assert(sizeof(pool_block) <= SMALL_HEADER, "a header fits one cache line");
 
@@ -221,11 +226,18 @@ static pool_block *take_idle(srv_pool *p, size_t n)
 void *pool_alloc(srv_pool *p, size_t n)
 {
     if (n < POOL_MIN_BLOCK) {
+        /* malloc and a step to the next 64-byte boundary, not
+         * aligned_alloc: glibc's memalign splits a larger chunk every time,
+         * several times the cost of a malloc served from its per-thread
+         * cache, and a small request makes a handful of these. */
         size_t need = (n + 63) / 64 * 64 + SMALL_HEADER;
-        pool_block *b = aligned_alloc(64, need);
-        if (!b)
+        void *raw = malloc(need + SMALL_SLACK);
+        if (!raw)
             return NULL;
-        *b = (pool_block){.magic = MAGIC_SMALL, .cap = need - SMALL_HEADER, .size = n};
+        pool_block *b = (pool_block *)(void *)((char *)raw +
+                                               (-(uintptr_t)raw & (SMALL_HEADER - 1)));
+        *b = (pool_block){.magic = MAGIC_SMALL, .cap = need - SMALL_HEADER, .size = n,
+                          .raw = raw};
         return data_of(b);
     }
     pthread_mutex_lock(&p->lock);
@@ -252,7 +264,7 @@ void pool_free(srv_pool *p, void *ptr)
     pool_block *b = header_of(ptr);
     if (b->magic == MAGIC_SMALL) {
         b->magic = 0;
-        free(b);
+        free(b->raw);
         return;
     }
     pthread_mutex_lock(&p->lock);
