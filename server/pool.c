@@ -104,6 +104,11 @@ static pool_block *header_of(void *p)
     return b;
 }
 
+static void *data_of_small(pool_block *b)
+{
+    return (char *)b + SMALL_HEADER;
+}
+
 static void *data_of(pool_block *b)
 {
     return (char *)b + (b->magic == MAGIC_SMALL ? SMALL_HEADER : MAPPED_HEADER);
@@ -223,6 +228,47 @@ static pool_block *take_idle(srv_pool *p, size_t n)
     return b;
 }
 
+/*
+ * Each thread keeps the last small block of SPARE_MIN to SPARE_MAX bytes it
+ * freed, for its next one of about that size: a request's answer text is
+ * such a block, and past the C library's per-thread caches each took its
+ * shared heap's slower path (and made it first merge the small chunks
+ * freed since). A block of up to twice the size asked for is taken. One a
+ * thread, freed when the thread ends.
+ */
+#define SPARE_MIN ((size_t)1 << 10)
+#define SPARE_MAX ((size_t)64 << 10)
+static _Thread_local pool_block *spare;
+static _Thread_local bool spare_registered;
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+
+/* The key's destructor, at the thread's end (its variables are still
+ * there then). */
+static void spare_drop(void *unused)
+{
+    (void)unused;
+    if (spare) {
+        UNPOISON(data_of_small(spare), spare->cap);
+        free(spare->raw);
+    }
+    spare = NULL;
+}
+
+static void spare_key_init(void)
+{
+    (void)pthread_key_create(&spare_key, spare_drop);
+}
+
+/* Whether this thread's spare will be freed when it ends. */
+static bool spare_key_set(void)
+{
+    if (!spare_registered)
+        spare_registered = pthread_once(&spare_once, spare_key_init) == 0 &&
+                           pthread_setspecific(spare_key, &spare_registered) == 0;
+    return spare_registered;
+}
+
 void *pool_alloc(srv_pool *p, size_t n)
 {
     if (n < POOL_MIN_BLOCK) {
@@ -231,6 +277,14 @@ void *pool_alloc(srv_pool *p, size_t n)
          * several times the cost of a malloc served from its per-thread
          * cache, and a small request makes a handful of these. */
         size_t need = (n + 63) / 64 * 64 + SMALL_HEADER;
+        pool_block *kept = spare;
+        if (kept && kept->cap >= n && kept->cap / 2 <= n) {
+            spare = NULL;
+            kept->magic = MAGIC_SMALL;
+            kept->size = n;
+            UNPOISON(data_of(kept), kept->cap);
+            return data_of(kept);
+        }
         void *raw = malloc(need + SMALL_SLACK);
         if (!raw)
             return NULL;
@@ -263,8 +317,12 @@ void pool_free(srv_pool *p, void *ptr)
         return;
     pool_block *b = header_of(ptr);
     if (b->magic == MAGIC_SMALL) {
-        b->magic = 0;
-        free(b->raw);
+        b->magic = 0; /* a second pool_free of it stops in header_of */
+        if (!spare && b->cap >= SPARE_MIN && b->cap <= SPARE_MAX && spare_key_set()) {
+            POISON(ptr, b->cap);
+            spare = b;
+        } else
+            free(b->raw);
         return;
     }
     pthread_mutex_lock(&p->lock);
