@@ -18,7 +18,8 @@
  * Blocks of POOL_MIN_BLOCK bytes and more are mappings of their own, those
  * of 2 MiB and more aligned to 2 MiB and advised to be backed by huge pages
  * (where the kernel has transparent huge pages; advice only). Smaller ones
- * are the C library's, which reuses them well. Either way a block carries a
+ * are the C library's, which reuses them well, but for one block of 1 to
+ * 64 KiB a thread keeps (below). Either way a block carries a
  * header in front of it, so that pool_free knows which it is; every block
  * is 64-byte aligned, as libattn's kernels want.
  */
