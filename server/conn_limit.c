@@ -292,7 +292,7 @@ void conn_limit_open(srv_conn_limit *cl, srv_connection *cx, const struct sockad
     if (c)
         c->open++;
     cx->refused = why;
-    cx->since = srv_now();
+    cx->since = srv_now_coarse();
     cx->prev = cx->next = NULL;
     cx->state = CONN_SERVING; /* in no list yet */
     if (why != REFUSE_NONE) {
@@ -343,10 +343,11 @@ void conn_limit_close(srv_conn_limit *cl, srv_connection *cx)
 static void transition(srv_connection *cx, unsigned from, conn_state to, bool restart)
 {
     srv_conn_limit *cl = &cx->srv->conn_limit;
+    double now = restart ? srv_now_coarse() : 0;
     pthread_mutex_lock(&cl->lock);
     if (from & (1u << cx->state)) {
         if (restart)
-            cx->since = srv_now();
+            cx->since = now;
         if (cx->state != to)
             set_state(cl, cx, to);
     }

@@ -60,7 +60,7 @@ static void *watch_main(void *arg)
         if (w->stop)
             break;
         pthread_mutex_unlock(&w->lock);
-        conn_limit_sweep(&srv->conn_limit, srv_now(), http_draining(srv));
+        conn_limit_sweep(&srv->conn_limit, srv_now_coarse(), http_draining(srv));
         conn_limit_check_computing(&srv->conn_limit, client_gone, NULL);
         pool_reap(srv->pool, POOL_IDLE_SECONDS);
         pthread_mutex_lock(&w->lock);

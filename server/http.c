@@ -31,6 +31,17 @@ double srv_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double srv_now_coarse(void)
+{
+#ifdef CLOCK_MONOTONIC_COARSE
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#else
+    return srv_now();
+#endif
+}
+
 void http_resume(srv_request *r)
 {
     MHD_resume_connection(r->conn);

@@ -151,7 +151,7 @@ int main(int argc, char **argv)
     /* A request whose body is stalled is dropped now, the others still
      * arriving within DRAIN_BODY_GRACE_S: none was going to be computed,
      * and a client trickling one must not hold the exit. */
-    conn_limit_sweep(&srv.conn_limit, srv_now(), true);
+    conn_limit_sweep(&srv.conn_limit, srv_now_coarse(), true);
     /* Every answer from now on says Connection: close, so each open
      * connection closes after its next request. A request may already be on
      * its way on one of them when the last one in flight finishes: wait

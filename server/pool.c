@@ -18,12 +18,14 @@
  * Blocks of POOL_MIN_BLOCK bytes and more are mappings of their own, those
  * of 2 MiB and more aligned to 2 MiB and advised to be backed by huge pages
  * (where the kernel has transparent huge pages; advice only). Smaller ones
- * are the C library's, which reuses them well. Either way a block carries a
+ * are the C library's, which reuses them well, but for one block of 1 to
+ * 64 KiB a thread keeps (below). Either way a block carries a
  * header in front of it, so that pool_free knows which it is; every block
  * is 64-byte aligned, as libattn's kernels want.
  */
 #include "server.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +58,9 @@
 #define MAPPED_HEADER ((size_t)4096)
 /* A small block's header: one cache line, keeping the data aligned. */
 #define SMALL_HEADER ((size_t)64)
+/* malloc aligns for max_align_t (C11): this much more always reaches a
+ * 64-byte boundary. */
+#define SMALL_SLACK (SMALL_HEADER - _Alignof(max_align_t))
 /* Mapped blocks below 2 MiB round up to this. */
 #define SMALL_GRAIN ((size_t)64 << 10)
 
@@ -71,6 +76,7 @@ struct pool_block {
     double idle_since;   /* on the idle list: when it came back */
     bool lent;           /* taken by pool_realloc_idle: counted in lent_bytes */
     pool_block *next;    /* on the idle list: the next older one */
+    void *raw;           /* a small block: what malloc returned, to free */
 };
 _Static_assert(sizeof(pool_block) <= SMALL_HEADER, "a header fits one cache line");
 
@@ -97,6 +103,11 @@ static pool_block *header_of(void *p)
         abort();
     }
     return b;
+}
+
+static void *data_of_small(pool_block *b)
+{
+    return (char *)b + SMALL_HEADER;
 }
 
 static void *data_of(pool_block *b)
@@ -218,14 +229,70 @@ static pool_block *take_idle(srv_pool *p, size_t n)
     return b;
 }
 
+/*
+ * Each thread keeps the last small block of SPARE_MIN to SPARE_MAX bytes it
+ * freed, for its next one of about that size: a request's answer text is
+ * such a block, and past the C library's per-thread caches each took its
+ * shared heap's slower path (and made it first merge the small chunks
+ * freed since). A block of up to twice the size asked for is taken. One a
+ * thread, freed when the thread ends.
+ */
+#define SPARE_MIN ((size_t)1 << 10)
+#define SPARE_MAX ((size_t)64 << 10)
+static _Thread_local pool_block *spare;
+static _Thread_local bool spare_registered;
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+
+/* The key's destructor, at the thread's end (its variables are still
+ * there then). */
+static void spare_drop(void *unused)
+{
+    (void)unused;
+    if (spare) {
+        UNPOISON(data_of_small(spare), spare->cap);
+        free(spare->raw);
+    }
+    spare = NULL;
+}
+
+static void spare_key_init(void)
+{
+    (void)pthread_key_create(&spare_key, spare_drop);
+}
+
+/* Whether this thread's spare will be freed when it ends. */
+static bool spare_key_set(void)
+{
+    if (!spare_registered)
+        spare_registered = pthread_once(&spare_once, spare_key_init) == 0 &&
+                           pthread_setspecific(spare_key, &spare_registered) == 0;
+    return spare_registered;
+}
+
 void *pool_alloc(srv_pool *p, size_t n)
 {
     if (n < POOL_MIN_BLOCK) {
+        /* malloc and a step to the next 64-byte boundary, not
+         * aligned_alloc: glibc's memalign splits a larger chunk every time,
+         * several times the cost of a malloc served from its per-thread
+         * cache, and a small request makes a handful of these. */
         size_t need = (n + 63) / 64 * 64 + SMALL_HEADER;
-        pool_block *b = aligned_alloc(64, need);
-        if (!b)
+        pool_block *kept = spare;
+        if (kept && kept->cap >= n && kept->cap / 2 <= n) {
+            spare = NULL;
+            kept->magic = MAGIC_SMALL;
+            kept->size = n;
+            UNPOISON(data_of(kept), kept->cap);
+            return data_of(kept);
+        }
+        void *raw = malloc(need + SMALL_SLACK);
+        if (!raw)
             return NULL;
-        *b = (pool_block){.magic = MAGIC_SMALL, .cap = need - SMALL_HEADER, .size = n};
+        pool_block *b = (pool_block *)(void *)((char *)raw +
+                                               (-(uintptr_t)raw & (SMALL_HEADER - 1)));
+        *b = (pool_block){.magic = MAGIC_SMALL, .cap = need - SMALL_HEADER, .size = n,
+                          .raw = raw};
         return data_of(b);
     }
     pthread_mutex_lock(&p->lock);
@@ -251,8 +318,12 @@ void pool_free(srv_pool *p, void *ptr)
         return;
     pool_block *b = header_of(ptr);
     if (b->magic == MAGIC_SMALL) {
-        b->magic = 0;
-        free(b);
+        b->magic = 0; /* a second pool_free of it stops in header_of */
+        if (!spare && b->cap >= SPARE_MIN && b->cap <= SPARE_MAX && spare_key_set()) {
+            POISON(ptr, b->cap);
+            spare = b;
+        } else
+            free(b->raw);
         return;
     }
     pthread_mutex_lock(&p->lock);

@@ -151,6 +151,10 @@ struct srv_connection {
 };
 
 double srv_now(void); /* monotonic seconds */
+/* The same clock as of the last timer tick (a few ms behind, at most): for
+ * the connections' idle times, which every request moves two or three
+ * times and which only timeouts of a second and more ever read. */
+double srv_now_coarse(void);
 
 /* ------------------------------------------------------------ http.c */
 
@@ -579,7 +583,7 @@ typedef struct {
     int *holding;            /* holding[k]: addresses that hold k connections */
     int holding_cap;         /* ... for k < holding_cap */
     conn_list waiting, reading, computing, refused;
-    double drain_began;      /* srv_now() at the first sweep that drained; 0 before */
+    double drain_began;      /* srv_now_coarse() at the first sweep that drained; 0 before */
     atomic_ulong refusals[N_REFUSE];  /* by reason (REFUSE_NONE unused) */
     atomic_ulong sheds[N_SHED];       /* by reason */
 } srv_conn_limit;
@@ -605,7 +609,7 @@ void conn_computed(srv_connection *cx);  /* back from compute, before resuming *
 void conn_waiting(srv_connection *cx);   /* its request is over */
 /* Sheds what is past its deadline, and while draining every connection
  * whose body is still arriving. */
-void conn_limit_sweep(srv_conn_limit *cl, double now, bool draining);
+void conn_limit_sweep(srv_conn_limit *cl, double now, bool draining); /* now: srv_now_coarse() */
 /* Calls gone(cx, arg) under the lock for every computing connection whose
  * client has closed its side (or reset it), once. When gone returns true
  * (it took the request out of the compute queue), the connection is resumed

@@ -217,6 +217,17 @@ __attribute__((always_inline)) static inline void put_digits(char *w, uint32_t x
     memcpy(w, &d, 8);
 }
 
+/* The first 8 bytes of z zeros (z <= 4) followed by the n digits of x, as
+ * memcpy(w, "0000", 4) and put_digits(w + z, x, n) leave them at w, the
+ * first in the lowest byte. */
+static inline uint64_t zeros_digits8(uint32_t x, int n, int z)
+{
+    uint64_t text = n == 9 ? (uint64_t)('0' + x / 100000000) | ascii8(x % 100000000) << 8
+                           : ascii8(x) >> (8 * (8 - n));
+    uint64_t zeros = UINT64_C(0x30303030) & ((UINT64_C(1) << (8 * z)) - 1);
+    return zeros | text << (8 * z);
+}
+
 /* Number of decimal digits of x: bits * log10(2) (1233 / 4096) gives it
  * or one less, and one comparison decides. */
 static int count_digits(uint32_t x)
@@ -242,10 +253,12 @@ static char *put_decimal(char *w, uint32_t digits, int n, int exp10)
         put_digits(w + 1 + z, digits, n);
         if (p < 8) {
             /* in one word: the first p bytes from one place right, the
-             * point, the rest where they are */
-            uint64_t right = codec_load8(w + 1), here = codec_load8(w);
+             * point, the rest where they are (the bytes at w + 1 from
+             * registers: read back, they would wait for the two stores
+             * above, which a load across both cannot take its bytes from) */
+            uint64_t right = zeros_digits8(digits, n, z);
             uint64_t keep = (UINT64_C(1) << (8 * p)) - 1;
-            uint64_t word = (right & keep) | (uint64_t)'.' << (8 * p) | (here & ~keep << 8);
+            uint64_t word = (right & keep) | (uint64_t)'.' << (8 * p) | (right & ~keep) << 8;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
             word = __builtin_bswap64(word);
 #endif
