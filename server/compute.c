@@ -237,27 +237,20 @@ static void yield_to_io_threads(void)
  * paid, since its next step comes a few hundred microseconds after its
  * answer. A worker polling meanwhile takes that step at once and keeps its
  * core awake for the answer's way out (the I/O thread's wake-up, the
- * client's). Bounded, at the worker's low priority, and yielding the core
- * every few steps: a thread that wants it gets it.
+ * client's). Bounded, at the worker's low priority, yielding the core
+ * every few steps, and given up once a yield has let another thread run
+ * for a while: on a busy machine the core is worth more to others (even
+ * at nice +10 a spinning thread takes a tenth of a core from a nice 0 one)
+ * than a wake-up saved.
  */
 #define WORKER_POLL_NS 300000
-
-/* One step of the poll: a pause, and every 16th a yield. */
-static void poll_step(int k)
-{
-    if ((k & 15) == 15) {
-        sched_yield();
-        return;
-    }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
+#define WORKER_YIELDED_NS 50000
 
 /* Polls, without the lock, until a request is queued (or the stop posted)
- * after `seen`, or WORKER_POLL_NS have passed. Called and returning with
- * q->lock held; counted in q->polling meanwhile, so that compute_submit
- * wakes no blocked worker for a request a polling one will take. */
+ * after `seen`, or WORKER_POLL_NS have passed, or the core was wanted.
+ * Called and returning with q->lock held; counted in q->polling meanwhile,
+ * so that compute_submit wakes no blocked worker for a request a polling
+ * one will take. */
 static void poll_for_work(srv_compute *q)
 {
     unsigned seen = atomic_load_explicit(&q->posted, memory_order_relaxed);
@@ -265,9 +258,18 @@ static void poll_for_work(srv_compute *q)
     pthread_mutex_unlock(&q->lock);
     double end = srv_now() + WORKER_POLL_NS * 1e-9;
     for (int k = 1; atomic_load_explicit(&q->posted, memory_order_relaxed) == seen; k++) {
-        if ((k & 15) == 0 && srv_now() > end)
-            break;
-        poll_step(k);
+        if ((k & 15) == 0) {
+            double now = srv_now();
+            if (now > end)
+                break;
+            sched_yield();
+            if (srv_now() - now > WORKER_YIELDED_NS * 1e-9)
+                break;
+        } else {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
     }
     pthread_mutex_lock(&q->lock);
     q->polling--;
