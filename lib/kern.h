@@ -47,6 +47,12 @@ static inline int64_t kern_panel_ld(int64_t cols)
     return cols < KERN_BK ? cols : KERN_BK;
 }
 
+/* The row stride of a short sequence's panel of at most this many keys,
+ * where the worker's panel has room for it (forward_short): one vector of
+ * the widest kernel (16 floats), so that the transpose stores whole
+ * vectors, its zero rows the padding. */
+#define KERN_SHORT_LD 16
+
 /* One key tile of one (batch, head), seen by the forward pass:
  *   kt [d_k, ld]        k^T of keys j0 .. j0 + cols, ld = kern_panel_ld(cols)
  *   v  [cols, d_v]      the tile's rows of v (row stride ldv)
@@ -80,6 +86,17 @@ struct attn_kern {
     /* Folds key tile t (keys) into the forward state of query rows t. */
     void (*forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_keys *keys,
                          sdpa_fwd_state *st);
+
+    /* A short sequence's query rows c->q_lo .. c->q_hi of head (b, h)
+     * through all its keys at once (1 to KERN_BK of them: one tile; k^T
+     * packed in kt [d_k, ld]), for a plain call (c->plain) without
+     * statistics or weights: the output rows from o (row stride c->ldo)
+     * and, when rows is not NULL, their softmax rows, each the bits the
+     * tiled path (forward_tile on the one tile, then the rows' finish)
+     * gives. False when a row needs that path (a score or an output not
+     * finite, a row that sees no key); its rows may be written then. */
+    bool (*forward_short)(const sdpa_call *c, int64_t b, int64_t h, const float *kt,
+                          int64_t ld, float *o, attn_softmax_row *rows);
 
     /* Adds the tile's contributions to dq, dk and dv (FlashAttention-2). */
     void (*backward_tile)(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_keys *keys,

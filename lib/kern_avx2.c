@@ -118,12 +118,15 @@ static inline void vfold_d(double *acc, float *part)
 }
 
 /* An 8 x 8 block: pairs of rows interleaved, quadruples within each 128-bit
- * lane (4 x 4 transposed per lane), then the lanes of two halves swapped. */
-static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t ldd)
+ * lane (4 x 4 transposed per lane), then the lanes of two halves swapped.
+ * Rows from `rows` on are read as zeros. */
+static inline __attribute__((always_inline)) void vtranspose(const float *src, int64_t lds, int rows,
+                                                            float *dst, int64_t ldd)
 {
     vf a[8], b[8];
     for (int i = 0; i < 4; i++) {
-        vf x = vload(src + (2 * i) * lds), y = vload(src + (2 * i + 1) * lds);
+        vf x = 2 * i < rows ? vload(src + (2 * i) * lds) : vzero();
+        vf y = 2 * i + 1 < rows ? vload(src + (2 * i + 1) * lds) : vzero();
         a[2 * i] = _mm256_unpacklo_ps(x, y);
         a[2 * i + 1] = _mm256_unpackhi_ps(x, y);
     }
@@ -220,7 +223,7 @@ static inline vpair vbf16_join(vf lo, vf hi)
 }
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {
-    vtranspose((const float *)src, lds, (float *)dst, ldd);
+    vtranspose((const float *)src, lds, VW, (float *)dst, ldd);
 }
 /* Two vectors of weights rounded in place, and their words. */
 static inline vpair vbf16_weights2(vf *lo, vf *hi)

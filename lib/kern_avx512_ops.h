@@ -97,12 +97,16 @@ static inline void vfold_d(double *acc, float *part)
 
 /* A 16 x 16 block: pairs of rows interleaved, then quadruples within each
  * 128-bit lane (each lane now holds 4 x 4 transposed), then the lanes of
- * four rows gathered twice over. 64 shuffles for 256 floats. */
-static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t ldd)
+ * four rows gathered twice over. 64 shuffles for 256 floats. Rows from
+ * `rows` on are read as zeros (a short sequence's keys: nothing past them
+ * is touched). */
+static inline __attribute__((always_inline)) void vtranspose(const float *src, int64_t lds, int rows,
+                                                            float *dst, int64_t ldd)
 {
     vf a[16], b[16];
     for (int i = 0; i < 8; i++) {
-        vf x = vload(src + (2 * i) * lds), y = vload(src + (2 * i + 1) * lds);
+        vf x = 2 * i < rows ? vload(src + (2 * i) * lds) : vzero();
+        vf y = 2 * i + 1 < rows ? vload(src + (2 * i + 1) * lds) : vzero();
         a[2 * i] = _mm512_unpacklo_ps(x, y);
         a[2 * i + 1] = _mm512_unpackhi_ps(x, y);
     }
@@ -208,7 +212,7 @@ static inline vpair vbf16_weights2_int(vf *lo, vf *hi)
 }
 static inline void vptranspose(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd)
 {
-    vtranspose((const float *)src, lds, (float *)dst, ldd);
+    vtranspose((const float *)src, lds, VW, (float *)dst, ldd);
 }
 
 #endif /* ATTN_KERN_AVX512_OPS_H */

@@ -174,6 +174,348 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
     }
 }
 
+/* ------------------------------------------------------ short sequences */
+
+/*
+ * A short sequence (at most KERN_BK keys: one tile) through its rows of one
+ * head at once, without the tiled path's state: the scores, their softmax
+ * and the output rows P v, divided by their sums on the way out of the
+ * registers, each output row written once. The arithmetic is forward_tile's
+ * on a first tile, then the finish of a row (scale_wide), operation for
+ * operation: the same bits. What differs is the order of the work: with at
+ * most VW keys (one vector of scores a row) up to KSR rows go through each
+ * step together, their score sums side by side in registers (a row's 64-step
+ * sum alone would wait on each FMA's latency) and their reductions
+ * overlapping; with more keys, a strip of KMR rows at a time.
+ */
+
+/* Rows of the one-vector scores block: as many as a register block holds. */
+#define KSR (KMR * KNV)
+
+/* o [rows, ..) = (P v)[rows] / l, one register block of nv vectors: P
+ * [rows, keys] (row stride ldp), the products from zero, key by key
+ * (KF(block)'s order), each lane then divided as scale_wide divides (inv =
+ * 1 / l). The lanes not finite. */
+static inline __attribute__((always_inline)) vmask
+KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, const float *pm,
+                    int64_t ldp, const float *v, int64_t ldv, float *o, int64_t ldo, vmask last,
+                    const double *inv)
+{
+    vf acc[KMR][KNV];
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < nv; u++)
+            acc[r][u] = vzero();
+    /* Rows past `rows` repeat row 0, as in KF(block). */
+    int64_t off[KMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++)
+        off[r] = (r < rows ? r : 0) * ldp;
+    const float *vp = v;
+#pragma GCC unroll 2
+    for (int64_t j = 0; j < keys; j++, vp += ldv) {
+        vf bv[KNV];
+#pragma GCC unroll 4
+        for (int u = 0; u < nv; u++)
+            bv[u] = masked && u == nv - 1 ? vload_m(vp + u * VW, last) : vload(vp + u * VW);
+#pragma GCC unroll 8
+        for (int r = 0; r < KMR; r++) {
+            vf pr = vset1(pm[off[r] + j]);
+#pragma GCC unroll 4
+            for (int u = 0; u < nv; u++)
+                acc[r][u] = vfma(pr, bv[u], acc[r][u]);
+        }
+    }
+    vmask bad = vmask_first(0);
+#pragma GCC unroll 8
+    for (int r = 0; r < KMR; r++) {
+        if (r >= rows)
+            break;
+#pragma GCC unroll 4
+        for (int u = 0; u < nv; u++) {
+            vf y = vmul_d(acc[r][u], inv[r]);
+            bad |= vnonfinite(y);
+            if (masked && u == nv - 1)
+                vstore_m(o + r * ldo + u * VW, y, last);
+            else
+                vstore(o + r * ldo + u * VW, y);
+        }
+    }
+    return bad;
+}
+
+#define KERN_SHORT_ARGS                                                                 \
+    int rows, int64_t keys, const float *pm, int64_t ldp, const float *v, int64_t ldv,  \
+        float *o, int64_t ldo, vmask last, const double *inv
+#define KERN_SHORT_PASS rows, keys, pm, ldp, v, ldv, o, ldo, last, inv
+#define KERN_SHORT_INSTANCE(name, nv, masked)                                           \
+    static vmask name(KERN_SHORT_ARGS)                                                  \
+    {                                                                                   \
+        return KF(short_out_block)(nv, masked, KERN_SHORT_PASS);                        \
+    }
+
+KERN_SHORT_INSTANCE(KF(short_out_1), 1, false)
+KERN_SHORT_INSTANCE(KF(short_out_1m), 1, true)
+#if KNV >= 2
+KERN_SHORT_INSTANCE(KF(short_out_2), 2, false)
+KERN_SHORT_INSTANCE(KF(short_out_2m), 2, true)
+#endif
+#if KNV >= 3
+KERN_SHORT_INSTANCE(KF(short_out_3), 3, false)
+KERN_SHORT_INSTANCE(KF(short_out_3m), 3, true)
+#endif
+#if KNV >= 4
+KERN_SHORT_INSTANCE(KF(short_out_4), 4, false)
+KERN_SHORT_INSTANCE(KF(short_out_4m), 4, true)
+#endif
+
+typedef vmask (*KF(short_out_fn))(KERN_SHORT_ARGS);
+
+static const KF(short_out_fn) KF(short_outs)[KNV][2] = {
+    {KF(short_out_1), KF(short_out_1m)},
+#if KNV >= 2
+    {KF(short_out_2), KF(short_out_2m)},
+#endif
+#if KNV >= 3
+    {KF(short_out_3), KF(short_out_3m)},
+#endif
+#if KNV >= 4
+    {KF(short_out_4), KF(short_out_4m)},
+#endif
+};
+
+/* Output rows r0 .. r0 + rows (at most KSR) from their weights P [rows,
+ * keys] (row stride ldp) and inv = 1 / l, a strip of KMR rows at a time:
+ * the lanes not finite. */
+static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const float *pm,
+                           int64_t ldp, const float *v, float *o, const double *inv)
+{
+    const int64_t d_v = c->p->d_v, ldo = c->ldo;
+    vmask bad = vmask_first(0);
+    for (int r0 = 0; r0 < rows; r0 += KMR) {
+        const int strip = rows - r0 < KMR ? rows - r0 : KMR;
+        for (int64_t c0 = 0; c0 < d_v; c0 += KNV * VW) {
+            const int64_t width = KMIN(d_v - c0, (int64_t)(KNV * VW));
+            const int nv = (int)((width + VW - 1) / VW);
+            const int tail = (int)(width - (int64_t)(nv - 1) * VW);
+            bad |= KF(short_outs)[nv - 1][tail < VW](strip, keys, pm + r0 * ldp, ldp, v + c0,
+                                                     c->ldv, o + r0 * ldo + c0, ldo,
+                                                     vmask_first(tail), inv + r0);
+        }
+    }
+    return bad;
+}
+
+/*
+ * Rows [R] (R a multiple of 4, rows <= R of them real) of at most VW keys
+ * (`keys` the lanes that are), from row i0 of the sequence: their scores q
+ * k^T in R accumulators, each the sum KF(block) makes of its lane, then
+ * the softmax of every row at once, as score_row, exp_sum and the narrow
+ * strip step it (row i0 + r seeing keys [lo, hi) of sdpa_row_range, all of
+ * them when `whole`): P [rows, VW] into pm, inv[r] = 1 / sum, sm[r] the
+ * row's maximum and sum (when not NULL). False when a score is not finite
+ * or a row sees no key.
+ */
+static inline __attribute__((always_inline)) bool
+KF(short_vector_rows)(const int R, const sdpa_call *c, int rows, int64_t keys, const float *q,
+                      const float *kt, int64_t ld, int64_t i0, bool whole, float *pm,
+                      double *inv, attn_softmax_row *sm)
+{
+    const int64_t d_k = c->p->d_k, ldq = c->ldq;
+    const vmask lanes = vmask_first((int)keys);
+    const bool narrow = keys < VW;
+    /* Each row's visible keys first, while no accumulator is live. */
+    int64_t lo[KSR], hi[KSR];
+    for (int r = 0; r < R; r++) {
+        lo[r] = 0;
+        hi[r] = keys;
+        if (!whole && r < rows)
+            sdpa_row_range(c, i0 + r, c->k_lo, keys, &lo[r], &hi[r]);
+    }
+    vf acc[KSR];
+    int64_t off[KSR];
+#pragma GCC unroll 24
+    for (int r = 0; r < R; r++) {
+        acc[r] = vzero();
+        off[r] = (r < rows ? r : 0) * ldq;
+    }
+    const float *ap = q, *bp = kt;
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < d_k; p++, ap++, bp += ld) {
+        const vf bv = narrow ? vload_m(bp, lanes) : vload(bp);
+#pragma GCC unroll 24
+        for (int r = 0; r < R; r++)
+            acc[r] = vfma(vset1(ap[off[r]]), bv, acc[r]);
+    }
+    const vf vs = vset1(c->p->scale);
+    vmask bad = vmask_first(0);
+    float m[KSR];
+#pragma GCC unroll 24
+    for (int r = 0; r < R; r++) {
+        vf y = vmul(acc[r], vs);
+        if (narrow || lo[r] > 0 || hi[r] < VW)
+            y = vkeep_range(y, lo[r], hi[r]);
+        acc[r] = y;
+        m[r] = vhmax(y);
+        if (r < rows) /* (the rows past them repeat row 0, not its range) */
+            bad |= vbad(y);
+    }
+    bool seen = true;
+#pragma GCC unroll 24
+    for (int r = 0; r < R; r++)
+        seen &= r >= rows || m[r] != -INFINITY;
+    if (!vmask_none(bad) || !seen)
+        return false;
+#pragma GCC unroll 24
+    for (int r = 0; r < R; r++) {
+        const vf e = vexp(vsub(acc[r], vset1(m[r])));
+        vstore(pm + r * VW, e);
+        const float sum = vhsum(vadd(vzero(), vmasked(e, lanes)));
+        inv[r] = 1.0 / (double)sum;
+        if (sm != NULL && r < rows)
+            sm[r] = (attn_softmax_row){.max = m[r], .sum = sum};
+    }
+    return true;
+}
+
+#define KERN_VROWS_ARGS                                                                    \
+    const sdpa_call *c, int rows, int64_t keys, const float *q, const float *kt, int64_t ld, \
+        int64_t i0, bool whole, float *pm, double *inv, attn_softmax_row *sm
+#define KERN_VROWS_PASS c, rows, keys, q, kt, ld, i0, whole, pm, inv, sm
+#define KERN_VROWS_INSTANCE(R)                                                             \
+    static bool KF(short_vector_rows_##R)(KERN_VROWS_ARGS)                                 \
+    {                                                                                      \
+        return KF(short_vector_rows)(R, KERN_VROWS_PASS);                                  \
+    }
+
+KERN_VROWS_INSTANCE(4)
+KERN_VROWS_INSTANCE(8)
+KERN_VROWS_INSTANCE(12)
+#if KSR >= 16
+KERN_VROWS_INSTANCE(16)
+#endif
+#if KSR >= 20
+KERN_VROWS_INSTANCE(20)
+#endif
+#if KSR >= 24
+KERN_VROWS_INSTANCE(24)
+#endif
+
+typedef bool (*KF(vrows_fn))(KERN_VROWS_ARGS);
+
+/* By rows rounded up to a multiple of 4. */
+static const KF(vrows_fn) KF(short_vector_blocks)[KSR / 4] = {
+    KF(short_vector_rows_4), KF(short_vector_rows_8), KF(short_vector_rows_12),
+#if KSR >= 16
+    KF(short_vector_rows_16),
+#endif
+#if KSR >= 20
+    KF(short_vector_rows_20),
+#endif
+#if KSR >= 24
+    KF(short_vector_rows_24),
+#endif
+};
+
+/*
+ * The softmax of a strip of `rows` score rows s [rows, KERN_BK] of `keys`
+ * keys, row i0 + r seeing the keys [lo, hi) of sdpa_row_range (all of them
+ * when `whole`): s becomes P = exp(scale s - m) in place, with m the row's
+ * largest scaled score, and inv[r] = 1 / sum P, sm[r] the row's maximum
+ * and sum (when not NULL). score_row's and exp_sum's operations (the
+ * narrow strip's, when whole), so the same bits. False when a score is not
+ * finite or a row sees no key.
+ */
+static bool KF(short_softmax)(const sdpa_call *c, float *s, int rows, int64_t keys, int64_t i0,
+                              bool whole, double *inv, attn_softmax_row *sm)
+{
+    const vf vs = vset1(c->p->scale);
+    for (int r = 0; r < rows; r++) {
+        float *x = s + r * KERN_BK;
+        int64_t lo = 0, hi = keys;
+        if (!whole)
+            sdpa_row_range(c, i0 + r, c->k_lo, keys, &lo, &hi);
+        vf m = vset1(-INFINITY);
+        vmask bad = vmask_first(0);
+        for (int64_t j = 0; j < keys; j += VW) {
+            const bool tail = j + VW > keys;
+            vf y = vmul(tail ? vload_m(x + j, vmask_first((int)(keys - j))) : vload(x + j), vs);
+            if (j < lo || j + VW > hi)
+                y = vkeep_range(y, lo - j, hi - j);
+            vstore(x + j, y);
+            m = vmax(m, y);
+            bad |= vbad(y);
+        }
+        const float m_row = vhmax(m);
+        if (!vmask_none(bad) || m_row == -INFINITY)
+            return false;
+        const vf shift = vset1(m_row);
+        vf acc = vzero();
+        for (int64_t j = 0; j < keys; j += VW) {
+            vf e = vexp(vsub(vload(x + j), shift));
+            if (j + VW > keys) {
+                const vmask tail = vmask_first((int)(keys - j));
+                vstore_m(x + j, e, tail);
+                acc = vadd(acc, vmasked(e, tail));
+            } else {
+                vstore(x + j, e);
+                acc = vadd(acc, e);
+            }
+        }
+        const float sum = vhsum(acc);
+        inv[r] = 1.0 / (double)sum;
+        if (sm != NULL)
+            sm[r] = (attn_softmax_row){.max = m_row, .sum = sum};
+    }
+    return true;
+}
+
+/* Query rows c->q_lo .. c->q_hi of head (b, h) against every key of the
+ * sequence (c->k_lo .. c->k_hi, 1 to KERN_BK of them, k^T packed in kt
+ * [d_k, ld]): the output rows from o (row stride c->ldo) and, when rows is
+ * not NULL, their softmax rows. False when a row needs the tiled path (a
+ * score not finite, a row that sees no key, an output not finite); rows
+ * may have been written then. */
+static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const float *kt,
+                              int64_t ld, float *o, attn_softmax_row *rows)
+{
+    const attn_sdpa_params *p = c->p;
+    const int64_t ldq = c->ldq, ldo = c->ldo;
+    const int64_t n = c->q_hi - c->q_lo, keys = c->k_hi - c->k_lo;
+    const float *q = sdpa_head_q(c, b, h) + c->q_lo * ldq;
+    const float *v = sdpa_head_v(c, b, h) + c->k_lo * c->ldv;
+    /* Every row sees every key (the visible keys only widen down the rows). */
+    int64_t lo, hi, lo_last, hi_last;
+    sdpa_row_range(c, c->q_lo, c->k_lo, keys, &lo, &hi);
+    sdpa_row_range(c, c->q_hi - 1, c->k_lo, keys, &lo_last, &hi_last);
+    const bool whole = lo == 0 && hi == keys && lo_last == 0 && hi_last == keys;
+    float pm[KSR * KERN_BK];
+    double inv[KSR];
+    const int block = keys <= VW ? KSR : KMR;
+    for (int64_t r0 = 0; r0 < n; r0 += block) {
+        const int strip = (int)KMIN((int64_t)block, n - r0);
+        attn_softmax_row *sm = rows != NULL ? rows + r0 : NULL;
+        int64_t ldp = KERN_BK;
+        if (keys <= VW) {
+            ldp = VW;
+            if (!KF(short_vector_blocks)[(strip + 3) / 4 - 1](c, strip, keys, q + r0 * ldq, kt,
+                                                             ld, c->q_lo + r0, whole, pm, inv,
+                                                             sm))
+                return false;
+        } else {
+            KF(gemm)(strip, keys, p->d_k, q + r0 * ldq, ldq, 1, kt, ld, pm, KERN_BK, false);
+            if (!KF(short_softmax)(c, pm, strip, keys, c->q_lo + r0, whole, inv, sm))
+                return false;
+        }
+        if (!vmask_none(KF(short_out)(c, strip, keys, pm, ldp, v, o + r0 * ldo, inv)))
+            return false;
+    }
+    return true;
+}
+
+#undef KSR
+
 /* --------------------------------------------------------------- backward */
 
 /*
@@ -222,6 +564,7 @@ const attn_kern KF(attn_kern) = {
     .gemm = KF(gemm),
     .pack_t = KF(pack_t),
     .forward_tile = KF(forward_tile),
+    .forward_short = KF(forward_short),
     .backward_tile = KF(backward_tile),
     .exp_sum = KF(exp_sum),
     .max = KF(max),

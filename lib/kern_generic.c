@@ -59,11 +59,11 @@ static inline void vfold_d(double *acc, float *part)
     *acc += *part;
     *part = 0.0f;
 }
-static inline void vtranspose(const float *src, int64_t lds, float *dst, int64_t ldd)
+static inline void vtranspose(const float *src, int64_t lds, int rows, float *dst, int64_t ldd)
 {
     (void)lds;
     (void)ldd;
-    *dst = *src;
+    *dst = rows > 0 ? *src : 0.0f;
 }
 static inline vf vexp(vf a) { return a < ATTN_EXP_MIN ? 0.0f : expf(a); }
 

@@ -19,7 +19,8 @@
  *   vkeep_range(x, lo, hi)   lanes lo <= l < hi of x, -INFINITY elsewhere
  *   vnot_one(x)     the lanes where x != 1.0f
  *   vmasked(x, m)   x in the lanes of m, 0 elsewhere
- *   vtranspose(src, lds, dst, ldd)  a VW x VW block, dst[c][r] = src[r][c]
+ *   vtranspose(src, lds, rows, dst, ldd)  a VW x VW block, dst[c][r] = src[r][c],
+ *                   the rows from `rows` on read as zeros
  *   vnonfinite(x)   the lanes of x that are inf or nan; vmask_none(m)
  *   vbad(x)         the lanes of x that are +inf or nan
  *   vabs vdiv vge(a, b) (a mask) vblend(m, a, b) (a in m, b elsewhere)
@@ -50,35 +51,39 @@
 
 /* dst [cols, ldd] = src^T for src [rows, cols] (row stride lds): whole
  * VW x VW blocks by the register transpose, the last rows (fewer than VW:
- * all of a short sequence's keys) by the same transpose of a block padded
- * with zero rows, the last columns one by one, and columns rows .. ldd of
- * dst zero. */
+ * all of a short sequence's keys) by the same transpose reading zeros past
+ * them (stored as whole vectors where dst's rows have room: those zeros
+ * are then the padding), the last columns one by one, and columns rows ..
+ * ldd of dst zero. */
 KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, int64_t cols,
                                    float *dst, int64_t ldd)
 {
     const int64_t rows_v = rows / VW * VW, cols_v = cols / VW * VW;
     for (int64_t r0 = 0; r0 < rows_v; r0 += VW)
         for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
-            vtranspose(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+            vtranspose(src + r0 * lds + c0, lds, VW, dst + c0 * ldd + r0, ldd);
+    int64_t zero_from = rows; /* in dst's rows c < cols_v, the padding still to write */
     if (rows_v < rows && cols_v > 0) {
         const int tail = (int)(rows - rows_v);
-        const vmask keep = vmask_first(tail);
-        float block[VW * VW], block_t[VW * VW];
-        for (int r = tail; r < VW; r++)
-            vstore(block + r * VW, vzero());
-        for (int64_t c0 = 0; c0 < cols_v; c0 += VW) {
-            for (int r = 0; r < tail; r++)
-                vstore(block + r * VW, vload(src + (rows_v + r) * lds + c0));
-            vtranspose(block, VW, block_t, VW);
-            for (int c = 0; c < VW; c++)
-                vstore_m(dst + (c0 + c) * ldd + rows_v, vload(block_t + c * VW), keep);
+        if (rows_v + VW <= ldd) {
+            for (int64_t c0 = 0; c0 < cols_v; c0 += VW)
+                vtranspose(src + rows_v * lds + c0, lds, tail, dst + c0 * ldd + rows_v, ldd);
+            zero_from = rows_v + VW;
+        } else {
+            const vmask keep = vmask_first(tail);
+            float block_t[VW * VW];
+            for (int64_t c0 = 0; c0 < cols_v; c0 += VW) {
+                vtranspose(src + rows_v * lds + c0, lds, tail, block_t, VW);
+                for (int c = 0; c < VW; c++)
+                    vstore_m(dst + (c0 + c) * ldd + rows_v, vload(block_t + c * VW), keep);
+            }
         }
     }
     for (int64_t c = 0; c < cols; c++) {
         float *d = dst + c * ldd;
         for (int64_t r = c < cols_v ? rows : 0; r < rows; r++)
             d[r] = src[r * lds + c];
-        for (int64_t r = rows; r < ldd; r++)
+        for (int64_t r = c < cols_v ? zero_from : rows; r < ldd; r++)
             d[r] = 0.0f;
     }
 }

@@ -486,11 +486,39 @@ static float *block_weights(const fwd_job *job, const sdpa_tile *t)
  * same panel. */
 static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int64_t hk)
 {
+    const fwd_job *job = u->job;
+    const attn_sdpa_params *p = c->p;
     int64_t packed = -1;
     fwd_keys from = {.panels = NULL, .packed = &packed};
     sdpa_tile t = {.b = b, .i0 = c->q_lo, .rows = c->q_hi - c->q_lo};
-    for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++)
-        forward_block(u->job, u->w, c, t, from, u->stats, block_weights(u->job, &t));
+    const int64_t keys = c->k_hi - c->k_lo;
+    /* A plain float32 call without statistics or weights takes the
+     * kernel's whole-sequence step, each head over the one panel; a head
+     * it hands back (a row that needs more care) goes the tiled way. */
+    const bool whole = job->kern_bf16 == NULL && c->plain && u->stats == NULL &&
+                       job->weights == NULL && keys > 0 && keys <= KERN_BK;
+    /* (The worker's panel holds min(n_k, KERN_BK) keys' rows.) */
+    const int64_t ld = keys <= KERN_SHORT_LD && min64(p->n_k, KERN_BK) >= KERN_SHORT_LD
+                           ? KERN_SHORT_LD
+                           : kern_panel_ld(keys);
+    bool panel = false; /* the worker's panel holds the short step's */
+    for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
+        if (whole) {
+            if (!panel) {
+                job->kern->pack_t(sdpa_head_k(c, b, t.h) + c->k_lo * c->ldk, c->ldk, keys,
+                                  p->d_k, u->w->panel, ld);
+                panel = true;
+                packed = -1;
+            }
+            const int64_t bh = b * p->heads_q + t.h;
+            float *o = job->out + sdpa_head_o_at(c, b, t.h) + t.i0 * c->ldo;
+            attn_softmax_row *rows = job->rows != NULL ? job->rows + bh * p->n_q + t.i0 : NULL;
+            if (job->kern->forward_short(c, b, t.h, u->w->panel, ld, o, rows))
+                continue;
+            panel = false; /* forward_block packs it its own way */
+        }
+        forward_block(job, u->w, c, t, from, u->stats, block_weights(job, &t));
+    }
 }
 
 /* Item i of sequence s (fwd_items says which items a sequence has). */

@@ -504,6 +504,88 @@ START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
 }
 END_TEST
 
+/* A short sequence (at most 64 keys: one tile) of a plain call, without
+ * statistics or weights, goes through the kernel's whole-sequence step
+ * (forward_short); add a mask of zeros and it goes the tiled way. Both give
+ * the same bits, output and softmax rows: with one vector of keys or more,
+ * causal and windowed rows, grouped heads, cross lengths (rows that see no
+ * key), widths off the vectors, both layouts, dense batch entries, and
+ * scores that overflow (those rows handed back to the tiled path). */
+START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
+{
+    const struct {
+        int64_t B, Hq, Hkv, dk, dv, seqs, max_q, max_k;
+        bool causal, cross, window;
+        attn_layout layout;
+        double amp;
+    } cases[] = {
+        {1, 2, 2, 64, 64, 300, 20, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0},
+        {1, 4, 2, 40, 24, 200, 24, 40, true, true, false, ATTN_LAYOUT_BNHD, 2.0},
+        {1, 2, 1, 16, 16, 150, 16, 64, false, true, true, ATTN_LAYOUT_BHND, 2.0},
+        {1, 1, 1, 64, 64, 40, 16, 0, true, false, false, ATTN_LAYOUT_BHND, 1e19},
+        /* dense: B entries of max_q rows, max_k keys */
+        {5, 2, 2, 64, 32, 0, 13, 13, false, false, false, ATTN_LAYOUT_BHND, 1.0},
+        {3, 3, 1, 33, 64, 0, 7, 50, true, false, false, ATTN_LAYOUT_BNHD, 1.0},
+    };
+    uint64_t seed = 123;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int64_t seqs = cases[ci].seqs;
+        int64_t *cu_q = NULL, *cu_k = NULL, n_q = cases[ci].max_q, n_k = cases[ci].max_k;
+        if (seqs > 0) {
+            cu_q = xcalloc((size_t)seqs + 1, sizeof *cu_q);
+            cu_k = xcalloc((size_t)seqs + 1, sizeof *cu_k);
+            for (int64_t i = 0; i < seqs; i++) {
+                int64_t lq = 1 + (int64_t)(rng_next(&seed) % (uint64_t)cases[ci].max_q);
+                int64_t lk = cases[ci].cross
+                                 ? (int64_t)(rng_next(&seed) % (uint64_t)(cases[ci].max_k + 1))
+                                 : lq;
+                cu_q[i + 1] = cu_q[i] + lq;
+                cu_k[i + 1] = cu_k[i] + lk;
+            }
+            n_q = cu_q[seqs];
+            n_k = cu_k[seqs];
+        }
+        attn_sdpa_params p = shape(cases[ci].B, cases[ci].Hq, cases[ci].Hkv, n_q, n_k,
+                                   cases[ci].dk, cases[ci].dv, 2);
+        p.causal = cases[ci].causal;
+        p.layout = cases[ci].layout;
+        if (cases[ci].window)
+            p.variants = (attn_variants){.window = true, .window_left = 3, .window_right = 2};
+        if (seqs > 0)
+            p.ragged = (attn_ragged){.seqs = seqs, .cu_seqlens_q = cu_q,
+                                     .cu_seqlens_k = cases[ci].cross ? cu_k : NULL};
+        size_t nq = (size_t)(p.batch * p.heads_q * p.n_q), nk = (size_t)(p.batch * p.heads_kv * p.n_k);
+        float *q = random_floats(nq * (size_t)p.d_k, &seed, cases[ci].amp);
+        float *k = random_floats(nk * (size_t)p.d_k, &seed, 1.0);
+        float *v = random_floats(nk * (size_t)p.d_v, &seed, 1.0);
+        float *out[2], zero = 0.0f;
+        attn_softmax_row *rows[2];
+        for (int with_mask = 0; with_mask < 2; with_mask++) {
+            attn_sdpa_params pm = p;
+            if (with_mask) /* one 0.0 broadcast to every score */
+                pm.mask = (attn_mask){.kind = ATTN_MASK_BIAS, .bias = &zero};
+            out[with_mask] = xcalloc(nq * (size_t)p.d_v, sizeof(float));
+            rows[with_mask] = xcalloc(nq, sizeof *rows[0]);
+            attn_error err = {0};
+            ck_assert_msg(attn_sdpa_forward(&pm, q, k, v, out[with_mask], rows[with_mask], NULL,
+                                            NULL, &err) == ATTN_OK,
+                          "%s", err.message);
+        }
+        ck_assert_msg(same_bits(out[0], out[1], nq * (size_t)p.d_v), "case %zu: out", ci);
+        ck_assert_msg(memcmp(rows[0], rows[1], nq * sizeof *rows[0]) == 0, "case %zu: rows", ci);
+        for (int i = 0; i < 2; i++) {
+            free(out[i]);
+            free(rows[i]);
+        }
+        free(q);
+        free(k);
+        free(v);
+        free(cu_q);
+        free(cu_k);
+    }
+}
+END_TEST
+
 START_TEST(results_are_the_same_bits_call_after_call)
 {
     uint64_t seed = 41;
@@ -639,6 +721,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, layout_bnhd_gives_the_numbers_of_bhnd_bit_for_bit);
     tcase_add_test(tc, results_are_the_same_bits_call_after_call);
     tcase_add_test(tc, whole_strip_row_steps_give_the_bits_of_row_by_row);
+    tcase_add_test(tc, short_sequences_give_the_bits_of_the_tiled_steps);
     tcase_add_test(tc, output_is_finite_where_the_sum_on_the_way_overflows);
     tcase_add_test(tc, row_shift_of_minus_1e20_gives_the_gradients_of_equal_scores);
     tcase_add_test(tc, large_scores_over_many_tiles_keep_the_gradients_accurate);
