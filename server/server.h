@@ -412,6 +412,8 @@ typedef struct {
     int slots, queue_max;
     int running;             /* computing now, inline or on a worker */
     int waiting;             /* admitted, not computing yet */
+    int polling;             /* idle workers polling for work, not blocked */
+    atomic_uint posted;      /* requests ever queued, and the stop: what polling workers watch */
     srv_request *head, *tail;
     bool stopping;
     pthread_t *workers;

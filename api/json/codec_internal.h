@@ -177,6 +177,10 @@ bool codec_base64_decoded_len(const char *s, size_t len, size_t *out);
  * padding bits; *bad is then the offending offset in s. */
 bool codec_base64_decode(const char *s, size_t len, uint8_t *out, size_t *bad);
 
+/* The same, with AVX2 (which the CPU must run) or in plain C only. */
+char *codec_base64_encode_with(const uint8_t *in, size_t n, char *out, bool avx2);
+bool codec_base64_decode_with(const char *s, size_t len, uint8_t *out, size_t *bad, bool avx2);
+
 /* ---------------------------------------------------------- json_string.c */
 
 /* The value of the 4 hex digits at p, or -1. */
