@@ -19,24 +19,6 @@
 #include <string.h>
 #include <time.h>
 
-/* Under AddressSanitizer a block kept for reuse is poisoned, as a freed one
- * would be. */
-#if defined(__SANITIZE_ADDRESS__)
-#define HANDLE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HANDLE_ASAN 1
-#endif
-#endif
-#ifdef HANDLE_ASAN
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 double api_now_ms(void)
 {
     struct timespec ts;
@@ -165,65 +147,6 @@ size_t api_call_input_bytes(const api_call *c)
     return bytes;
 }
 
-/* The state's place after the call, aligned for anything. */
-#define STATE_OFFSET \
-    ((sizeof(api_call) + _Alignof(max_align_t) - 1) / _Alignof(max_align_t) * \
-     _Alignof(max_align_t))
-
-/*
- * Each thread keeps the block of the last call it freed for its next one.
- * A call is ~6 KB, beyond the C library's per-thread caches: every request
- * took it from the shared heap (and, being large, made glibc first merge the
- * small chunks freed since, a tenth of a small request's allocations). One
- * block a thread, given back when the thread ends.
- */
-static pthread_key_t spare_key;
-static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
-static _Thread_local void *spare;       /* the block, or NULL */
-static _Thread_local size_t spare_size; /* its size */
-static _Thread_local bool spare_kept;   /* this thread's key is set */
-
-/* At the thread's end (the key's destructor; the thread's own variables
- * are still there then). */
-static void spare_drop(void *unused)
-{
-    (void)unused;
-    free(spare);
-    spare = NULL;
-}
-
-static void spare_init(void)
-{
-    (void)pthread_key_create(&spare_key, spare_drop);
-}
-
-static void *call_block_alloc(size_t size)
-{
-    void *b = spare;
-    if (b && spare_size >= size) {
-        spare = NULL;
-        UNPOISON(b, spare_size);
-        return b;
-    }
-    return malloc(size);
-}
-
-static void call_block_free(api_call *c)
-{
-    size_t size = STATE_OFFSET + c->op->state_size;
-    if (!spare_kept) {
-        spare_kept = pthread_once(&spare_once, spare_init) == 0 &&
-                     pthread_setspecific(spare_key, &spare_kept) == 0;
-    }
-    if (spare || !spare_kept) {
-        free(c);
-        return;
-    }
-    POISON(c, size); /* a use after api_call_free is still caught */
-    spare = c;
-    spare_size = size;
-}
-
 void api_call_free(api_call *c)
 {
     if (!c)
@@ -234,16 +157,22 @@ void api_call_free(api_call *c)
     for (int i = 0; i < c->n_results; i++)
         api_free_floats(c->results[i].data);
     api_oip_free(c->oip);
-    call_block_free(c); /* and its state, in the same block */
+    codec_tensor_release(c); /* and its state, in the same block */
 }
 
+/* The state's place after the call, aligned for anything. */
+#define STATE_OFFSET \
+    ((sizeof(api_call) + _Alignof(max_align_t) - 1) / _Alignof(max_align_t) * \
+     _Alignof(max_align_t))
 
 /* A call and its operation's state in one block, zeroed but for the parts
  * of the call's arrays that are written before they are read (a calloc of
- * the whole was 6 KB of zeroes for every request). */
+ * the whole was 6 KB of zeroes for every request). The block is the API's
+ * allocator's (api_set_allocator), as the tensors are: the server's pool
+ * keeps it for the thread's next request. */
 static api_call *call_new(const api_operation *o, const api_limits *lim)
 {
-    api_call *c = call_block_alloc(STATE_OFFSET + o->state_size);
+    api_call *c = codec_tensor_alloc(STATE_OFFSET + o->state_size);
     if (!c)
         return NULL;
     memset(c, 0, offsetof(api_call, results));

@@ -18,8 +18,8 @@
  * Blocks of POOL_MIN_BLOCK bytes and more are mappings of their own, those
  * of 2 MiB and more aligned to 2 MiB and advised to be backed by huge pages
  * (where the kernel has transparent huge pages; advice only). Smaller ones
- * are the C library's, which reuses them well, but for one block of 1 to
- * 64 KiB a thread keeps (below). Either way a block carries a
+ * are the C library's, which reuses them well, but for two blocks of 1
+ * to 64 KiB a thread keeps (below). Either way a block carries a
  * header in front of it, so that pool_free knows which it is; every block
  * is 64-byte aligned, as libattn's kernels want.
  */
@@ -230,16 +230,17 @@ static pool_block *take_idle(srv_pool *p, size_t n)
 }
 
 /*
- * Each thread keeps the last small block of SPARE_MIN to SPARE_MAX bytes it
- * freed, for its next one of about that size: a request's answer text is
- * such a block, and past the C library's per-thread caches each took its
- * shared heap's slower path (and made it first merge the small chunks
- * freed since). A block of up to twice the size asked for is taken. One a
- * thread, freed when the thread ends.
+ * Each thread keeps the last SPARES small blocks of SPARE_MIN to SPARE_MAX
+ * bytes it freed, for its next ones of about those sizes: a request's call
+ * (api_call_new, ~6 KB) and its answer text are such blocks, and past the C
+ * library's per-thread caches each took its shared heap's slower path (and
+ * made it first merge the small chunks freed since). A block of up to twice
+ * the size asked for is taken. Freed when the thread ends.
  */
 #define SPARE_MIN ((size_t)1 << 10)
 #define SPARE_MAX ((size_t)64 << 10)
-static _Thread_local pool_block *spare;
+#define SPARES 2
+static _Thread_local pool_block *spare[SPARES];
 static _Thread_local bool spare_registered;
 static pthread_key_t spare_key;
 static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
@@ -249,11 +250,13 @@ static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
 static void spare_drop(void *unused)
 {
     (void)unused;
-    if (spare) {
-        UNPOISON(data_of_small(spare), spare->cap);
-        free(spare->raw);
+    for (int i = 0; i < SPARES; i++) {
+        if (spare[i]) {
+            UNPOISON(data_of_small(spare[i]), spare[i]->cap);
+            free(spare[i]->raw);
+        }
+        spare[i] = NULL;
     }
-    spare = NULL;
 }
 
 static void spare_key_init(void)
@@ -261,13 +264,40 @@ static void spare_key_init(void)
     (void)pthread_key_create(&spare_key, spare_drop);
 }
 
-/* Whether this thread's spare will be freed when it ends. */
+/* Whether this thread's spares will be freed when it ends. */
 static bool spare_key_set(void)
 {
     if (!spare_registered)
         spare_registered = pthread_once(&spare_once, spare_key_init) == 0 &&
                            pthread_setspecific(spare_key, &spare_registered) == 0;
     return spare_registered;
+}
+
+/* A kept block for n bytes (taken from the thread's spares), or NULL. */
+static pool_block *spare_take(size_t n)
+{
+    for (int i = 0; i < SPARES; i++) {
+        pool_block *b = spare[i];
+        if (b && b->cap >= n && b->cap / 2 <= n) {
+            spare[i] = NULL;
+            return b;
+        }
+    }
+    return NULL;
+}
+
+/* Whether the freed small block b is kept (in an empty spare slot). */
+static bool spare_keep(pool_block *b)
+{
+    if (b->cap < SPARE_MIN || b->cap > SPARE_MAX)
+        return false;
+    for (int i = 0; i < SPARES; i++)
+        if (!spare[i] && spare_key_set()) {
+            POISON(data_of_small(b), b->cap);
+            spare[i] = b;
+            return true;
+        }
+    return false;
 }
 
 void *pool_alloc(srv_pool *p, size_t n)
@@ -278,9 +308,8 @@ void *pool_alloc(srv_pool *p, size_t n)
          * several times the cost of a malloc served from its per-thread
          * cache, and a small request makes a handful of these. */
         size_t need = (n + 63) / 64 * 64 + SMALL_HEADER;
-        pool_block *kept = spare;
-        if (kept && kept->cap >= n && kept->cap / 2 <= n) {
-            spare = NULL;
+        pool_block *kept = spare_take(n);
+        if (kept) {
             kept->magic = MAGIC_SMALL;
             kept->size = n;
             UNPOISON(data_of(kept), kept->cap);
@@ -319,10 +348,7 @@ void pool_free(srv_pool *p, void *ptr)
     pool_block *b = header_of(ptr);
     if (b->magic == MAGIC_SMALL) {
         b->magic = 0; /* a second pool_free of it stops in header_of */
-        if (!spare && b->cap >= SPARE_MIN && b->cap <= SPARE_MAX && spare_key_set()) {
-            POISON(ptr, b->cap);
-            spare = b;
-        } else
+        if (!spare_keep(b))
             free(b->raw);
         return;
     }
