@@ -430,8 +430,6 @@ END_TEST
 
 /* ------------------------------------------------------------ promises */
 
-/* Twice the same call, twice the same bits: with few (batch, head) pairs
- * the backward splits key tiles between threads, still in a fixed order. */
 /* A strip whose 64 keys every row sees, with no mask, takes the kernels'
  * whole-strip row steps, forward and backward; add a mask of zeros and the
  * same strip goes row by row. Both must give the same bits (the whole-strip steps repeat the
@@ -586,6 +584,8 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
 }
 END_TEST
 
+/* Twice the same call, twice the same bits: with few (batch, head) pairs
+ * the backward splits key tiles between threads, still in a fixed order. */
 START_TEST(results_are_the_same_bits_call_after_call)
 {
     uint64_t seed = 41;
