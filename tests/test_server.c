@@ -3690,6 +3690,12 @@ START_TEST(oip_errors_have_v1_status_in_protocol_form)
         {"a number beyond float32", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
          "\"datatype\": \"FP32\", \"data\": [1e39]}" OIP_KV "]}", 400, "q",
          "{\"q\": [[1e39]], \"k\": [[1]], \"v\": [[1]]}"},
+        {"an FP16 number beyond FP16", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP16\", \"data\": [70000]}" OIP_KV "]}", 400, "FP16",
+         "{\"q\": {\"shape\": [1, 1], \"dtype\": \"float16\", \"base64\": \"AHw=\"}, "
+         "\"k\": [[1]], \"v\": [[1]]}"},
+        {"a BF16 number beyond BF16", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], "
+         "\"datatype\": \"BF16\", \"data\": [-3.4e38]}" OIP_KV "]}", 400, "BF16", NULL},
         {"an integer datatype", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], \"datatype\": "
          "\"INT32\", \"data\": [1]}]}", 400, "INT32", NULL},
         {"BOOL for a tensor that is not a mask", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
