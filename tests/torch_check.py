@@ -87,6 +87,22 @@ class Server:
                 self.proc.wait()
         return self.proc.returncode
 
+    def request(self, method, path, body=None):
+        """Any method, a JSON body or none; returns (status, headers, parsed json or None)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path), data=data,
+                                     headers={"Content-Type": "application/json"}, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, headers, text = r.status, r.headers, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, headers, text = e.code, e.headers, e.read().decode()
+        try:
+            parsed = json.loads(text) if text else None
+        except ValueError:
+            parsed = None
+        return status, headers, parsed
+
     def post(self, path, body):
         """POST a JSON body (dict or raw text); returns (status, text, parsed json or None)."""
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
@@ -1445,6 +1461,117 @@ def random_ragged_case(c, srv, seed):
                 **variants)
 
 
+# ---- KV caches: each step against torch over the keys and values cached so far
+
+
+class CacheModel:
+    """A cache on the server and what it should hold: the keys as appended
+    (rotated at their absolute positions when the cache has rope, in
+    float64, then rounded to the cache's dtype) and the values, rounded."""
+
+    ROUND = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+    def __init__(self, c, srv, hkv, d, dv, dtype, rope=None):
+        self.c, self.srv, self.hkv, self.d, self.dv, self.dtype, self.rope = c, srv, hkv, d, dv, dtype, rope
+        st, hdr, j = srv.request("POST", "/v1/caches", {"num_kv_heads": hkv, "head_dim": d,
+                                                          "value_dim": dv, "dtype": dtype})
+        c.expect(st == 201, "create: status %d: %s" % (st, j))
+        self.id = j["id"]
+        c.expect(hdr.get("Location") == "/v1/caches/" + self.id, "Location %r" % hdr.get("Location"))
+        want = {"num_kv_heads": hkv, "head_dim": d, "value_dim": dv, "dtype": dtype, "length": 0}
+        c.expect(all(j.get(key) == val for key, val in want.items()), "create answered %s" % j)
+        self.k, self.v = np.zeros((hkv, 0, d)), np.zeros((hkv, 0, dv))
+
+    def stored(self, a):
+        return torch.from_numpy(np.asarray(a, np.float64)).to(self.ROUND[self.dtype]).double().numpy()
+
+    def step(self, what, truncate=None, n_new=0, hq=0, n_q=0, rank2=False, rel=FWD_TOL, **opts):
+        """One POST .../attention; the output and lse against torch float64."""
+        c = self.c
+        body = {}
+        k, v = self.k, self.v
+        if truncate is not None:
+            body["truncate"] = truncate
+            k, v = k[:, :truncate], v[:, :truncate]
+        if n_new:
+            nk, nv = rnd(self.hkv, n_new, self.d), rnd(self.hkv, n_new, self.dv)
+            body["k"], body["v"] = enc(nk[0] if rank2 else nk), enc(nv[0] if rank2 else nv)
+            tk = torch.from_numpy(nk.astype(np.float64))
+            if self.rope:
+                tk = rope_rotate(tk, torch.arange(k.shape[1], k.shape[1] + n_new), self.rope)
+            k = np.concatenate([k, self.stored(tk.numpy())], 1)
+            v = np.concatenate([v, self.stored(nv)], 1)
+        length = k.shape[1]
+        q = rnd(hq, n_q, self.d) if hq else None
+        if q is not None:
+            body["q"] = enc(q[0] if rank2 else q)
+        if self.rope:
+            body["rope"] = {"base": self.rope}
+        variant_fields(body, opts, "nested")
+        for key in ("causal", "scale", "return_lse"):
+            if key in opts:
+                body[key] = opts[key]
+        st, _, j = self.srv.request("POST", "/v1/caches/%s/attention" % self.id, body)
+        if st != 200:
+            c.fail("%s: status %d: %s" % (what, st, j))
+            return
+        self.k, self.v = k, v
+        c.expect(j["cache"]["length"] == length, "%s: length %r, expected %d" % (what, j["cache"]["length"], length))
+        if q is None:
+            c.expect("output" not in j, "%s: an output without q" % what)
+            return
+        tq = torch.from_numpy(q.astype(np.float64))
+        if self.rope:  # each query at its own position, the last row at the last one
+            tq = rope_rotate(tq, torch.arange(length - n_q, length), self.rope)
+        scale = opts.get("scale", 1.0 / math.sqrt(self.d))
+        r = attend(tq, torch.from_numpy(k), torch.from_numpy(v), scale, opts.get("causal", True), None,
+                   opts.get("window"), opts.get("alibi"), opts.get("softcap"))
+        o, lse = r["o"].numpy(), r["lse"].numpy()
+        if rank2:
+            o, lse = o[0], lse[0]
+        c.close(what + " output", dec(j["output"]), o, rel=rel)
+        if opts.get("return_lse"):
+            lse_close(c, j["lse"], lse, rel=rel)
+
+
+def cache_case(c, srv, hkv, d, dv, dtype="float32", rope=None):
+    """A cache's life: appends that cross its 64-position pages, GQA decoding
+    and prefill steps (causal by default, the last query row at the last
+    position; more query rows than positions), truncates, every variant,
+    "causal": false, then GET, DELETE, and 404 after. float16 and bfloat16
+    storage round what is appended (after the rotation, with rope); the
+    reference holds the same rounded keys and values, so only float32
+    arithmetic (and, with rope, a rounding a float32 rotation may flip)
+    separates the two."""
+    # room for one flipped rounding of a rotated key (a half's ulp moves an
+    # output by less than this); a key left unrounded would move it more
+    rel = FWD_TOL if rope is None or dtype == "float32" else {"float16": 2e-4, "bfloat16": 2e-3}[dtype]
+    m = CacheModel(c, srv, hkv, d, dv, dtype, rope)
+    rank2 = hkv == 1
+    m.step("append 5", n_new=5, rank2=rank2)
+    m.step("decode", n_new=1, hq=hkv * 2, n_q=1, rel=rel, return_lse=True)
+    m.step("prefill 66", n_new=66, hq=hkv * 2, n_q=66, rel=rel, return_lse=True)
+    m.step("attend only, causal false", hq=hkv, n_q=3, rel=rel, causal=False)
+    m.step("truncate+append+attend", truncate=60, n_new=9, hq=hkv * 4, n_q=4, rel=rel, return_lse=True)
+    m.step("window", n_new=1, hq=hkv * 2, n_q=70, rel=rel, return_lse=True, window=(10, 0))
+    m.step("alibi softcap scale", n_new=2, hq=hkv * 2, n_q=3, rel=rel, return_lse=True,
+           alibi=alibi_slopes(hkv * 2), softcap=3.0, scale=f32(0.6))
+    m.step("window, causal false", hq=hkv, n_q=2, rel=rel, causal=False, window=(3, 3))
+    m.step("truncate to 1, more rows than positions", truncate=1, n_new=1, hq=hkv, n_q=4, rel=rel,
+           return_lse=True, rank2=rank2)
+    path = "/v1/caches/" + m.id
+    st, _, j = srv.request("GET", path)
+    c.expect(st == 200 and j["length"] == 2 and j["id"] == m.id, "GET: %d %s" % (st, j))
+    st, _, j = srv.request("POST", path + "/attention", {"q": enc(rnd(hkv, 1, d)), "grad_output": [[[1.0] * dv]] * hkv})
+    c.expect(st == 422, "grad_output over a cache: status %d, expected 422" % st)
+    st, _, _ = srv.request("DELETE", path)
+    c.expect(st == 204, "DELETE: status %d" % st)
+    for method in ("GET", "DELETE"):
+        st, _, j = srv.request(method, path)
+        c.expect(st == 404 and (j or {}).get("error", {}).get("code") == "cache_not_found",
+                 "%s after DELETE: %d %s" % (method, st, j))
+
+
 # ---- errors
 
 
@@ -1847,6 +1974,14 @@ def cases(srv):
     run_case(R + "error seq_lens_k alone -> 422", error_case, srv, "/v1/attention",
              {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]], "seq_lens_k": [2]},
              422, "invalid_value", "seq_lens_k")
+    C = "cache "
+    run_case(C + "float32 GQA", cache_case, srv, 2, 16, 8)
+    run_case(C + "float32 one head (rank-2 k, v)", cache_case, srv, 1, 8, 4)
+    run_case(C + "float16 GQA", cache_case, srv, 2, 8, 8, "float16")
+    run_case(C + "bfloat16", cache_case, srv, 1, 16, 4, "bfloat16")
+    run_case(C + "rope float32", cache_case, srv, 2, 16, 8, rope=10000.0)
+    run_case(C + "rope float16", cache_case, srv, 2, 16, 8, "float16", rope=100.0)
+    run_case(C + "rope bfloat16 one head", cache_case, srv, 1, 16, 8, "bfloat16", rope=10000.0)
     P = "bfloat16 "
     run_case(P + "plain n_q!=n_k, odd d", bf16_attention_case, srv, (2, 70, 33), (2, 150, 33), (2, 150, 17))
     run_case(P + "causal d=64", bf16_attention_case, srv, (4, 128, 64), (4, 128, 64), (4, 128, 64),
