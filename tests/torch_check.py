@@ -1572,6 +1572,39 @@ def cache_case(c, srv, hkv, d, dv, dtype="float32", rope=None):
                  "%s after DELETE: %d %s" % (method, st, j))
 
 
+def cache_bf16_case(c, srv, hkv, hq, n, n_q, d, dv, dtype):
+    """precision bfloat16 over a cache (appended in two parts) gives the bits
+    of /v1/attention's bfloat16 products over the same keys and values as
+    the cache stores them, causal bottom-right; both near float64 torch."""
+    st, _, j = srv.request("POST", "/v1/caches", {"num_kv_heads": hkv, "head_dim": d, "value_dim": dv,
+                                                  "dtype": dtype})
+    if st != 201:
+        c.fail("create: %d %s" % (st, j))
+        return
+    path = "/v1/caches/%s/attention" % j["id"]
+    k, v, q = rnd(hkv, n, d), rnd(hkv, n, dv), rnd(hq, n_q, d)
+    half = n // 2
+    srv.request("POST", path, {"k": enc(k[:, :half], "base64"), "v": enc(v[:, :half], "base64")})
+    st, _, a = srv.request("POST", path, {"k": enc(k[:, half:], "base64"), "v": enc(v[:, half:], "base64"),
+                                          "q": enc(q, "base64"), "precision": "bfloat16",
+                                          "return_lse": True, "output_encoding": "base64"})
+    tdt = CacheModel.ROUND[dtype]
+    ks, vs = (torch.from_numpy(x).to(tdt).float().numpy() for x in (k, v))
+    st2, _, b = srv.request("POST", "/v1/attention", {"q": enc(q, "base64"), "k": enc(ks, "base64"),
+                                                      "v": enc(vs, "base64"), "causal": True,
+                                                      "precision": "bfloat16", "return_lse": True,
+                                                      "output_encoding": "base64"})
+    if st != 200 or st2 != 200:
+        c.fail("status %d / %d: %s %s" % (st, st2, a, b))
+        return
+    c.expect(a["output"]["base64"] == b["output"]["base64"],
+             "output: not /v1/attention's bits (max difference %g)"
+             % float(np.max(np.abs(dec(a["output"]) - dec(b["output"])))))
+    c.expect(a["lse"]["base64"] == b["lse"]["base64"], "lse: not /v1/attention's bits")
+    r64 = ref_sdpa(q, ks, vs, torch.float64, True)
+    c.close("output vs float64", dec(a["output"]), r64["o"], rel=3e-2)
+
+
 # ---- errors
 
 
@@ -1604,6 +1637,104 @@ def bf16_compare(c, what, ours, torch_bf16, ref64, keep=None):
              "torch's %.3g" % (what, max_ours, max_torch))
 
 
+def bf16_documented(q, k, v, go, causal=False, mask=None, window=None, alibi=None, softcap=None,
+                    rope=None):
+    """precision bfloat16 as api/openapi.yaml's Precision section defines it,
+    in float64 torch with bfloat16 roundings (to nearest even) where it puts
+    them: bf16(q) bf16(k) summed to a float32 score; the online softmax over
+    blocks of 64 keys, each block's weights bf16(exp(x - m(t))) summed into
+    l as rounded; o = sum p bf16(v) / l; backward from the float32
+    P = exp(x - m) / l: dP = bf16(dO) bf16(v)^T, dS = P (dP - delta) times
+    the scale and softcap's derivative (0 where P is 1), dV = bf16(P)^T
+    bf16(dO), dQ = bf16(dS) bf16(k), dK = bf16(dS)^T bf16(q). The float32
+    sums' order is left out: it moves a result by float32 ulps, where an
+    operand left unrounded moves it by bfloat16's (2^-9). Returns o, dq, dk, dv."""
+    f64 = torch.float64
+
+    def bf(t):
+        return t.to(torch.float32).to(torch.bfloat16).to(f64)
+    tq, tk, tv, tg = (torch.from_numpy(np.asarray(a, np.float64).copy()) for a in (q, k, v, go))
+    d, n_q, n_k = tq.shape[-1], tq.shape[-2], tk.shape[-2]
+    scale = 1.0 / math.sqrt(d)
+    pos_q, pos_k = torch.arange(n_q) + (n_k - n_q), torch.arange(n_k)
+    if rope is not None:  # rotated in float32, then rounded
+        tq = rope_rotate(tq, pos_q, rope).float().double()
+        tk = rope_rotate(tk, pos_k, rope).float().double()
+    g = tq.shape[-3] // tk.shape[-3] if tq.dim() >= 3 else 1
+    kk, vv = (tk.repeat_interleave(g, dim=-3), tv.repeat_interleave(g, dim=-3)) if g > 1 else (tk, tv)
+    qb, kb, vb, gb = bf(tq), bf(kk), bf(vv), bf(tg)
+    x = (qb @ kb.transpose(-1, -2)).float().double() * scale
+    cap_d = torch.ones_like(x)
+    if softcap is not None:
+        t = torch.tanh(x / softcap)
+        x, cap_d = softcap * t, 1 - t * t
+    i, j = pos_q[:, None], pos_k[None, :]
+    if alibi is not None:
+        sl = torch.from_numpy(np.asarray(alibi, np.float64).copy())
+        lead = tuple(x.shape[:-2])
+        sl = sl.reshape(lead + (1, 1)) if sl.numel() == int(np.prod(lead)) else sl.reshape(-1, 1, 1)
+        x = x - sl * (i - j).abs().to(f64)
+    allowed = torch.ones(x.shape, dtype=torch.bool)
+    if mask is not None:
+        m = torch.from_numpy(np.asarray(mask).copy())
+        if m.dtype == torch.bool:
+            allowed = allowed & m
+        else:
+            x = x + m.to(f64)
+    if causal:
+        allowed = allowed & (j <= i)
+    if window is not None:
+        if window[0] != -1:
+            allowed = allowed & (j >= i - window[0])
+        if window[1] != -1:
+            allowed = allowed & (j <= i + window[1])
+    x = x.masked_fill(~allowed, float("-inf"))
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=f64)
+    l = torch.zeros(x.shape[:-1], dtype=f64)
+    acc = torch.zeros(x.shape[:-1] + (vv.shape[-1],), dtype=f64)
+    for t0 in range(0, n_k, 64):
+        xb = x[..., t0:t0 + 64]
+        m_new = torch.maximum(m, xb.max(dim=-1).values)
+        base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = bf(torch.exp(xb - base[..., None]))
+        r = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp(m - base))
+        l = l * r + p.sum(-1)
+        acc = acc * r[..., None] + p @ vb[..., t0:t0 + 64, :]
+        m = m_new
+    full = l == 0
+    lsafe = torch.where(full, torch.ones_like(l), l)
+    o = torch.where(full[..., None], torch.zeros_like(acc), acc / lsafe[..., None])
+    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    P = (torch.exp(x - base[..., None]) / lsafe[..., None]).masked_fill(full[..., None], 0.0)
+    P = P.float().double()
+    delta = (tg * o.float().double()).sum(-1)
+    dS = P * (gb @ vb.transpose(-1, -2) - delta[..., None]) * scale * cap_d
+    dS = torch.where(P == 1.0, torch.zeros_like(dS), dS)
+    dq = bf(dS) @ kb
+    dk = bf(dS).transpose(-1, -2) @ qb
+    dv = bf(P).transpose(-1, -2) @ gb
+    if g > 1:
+        dk = dk.reshape(tk.shape[:-3] + (tk.shape[-3], g) + dk.shape[-2:]).sum(-3)
+        dv = dv.reshape(tv.shape[:-3] + (tv.shape[-3], g) + dv.shape[-2:]).sum(-3)
+    if rope is not None:  # turned back
+        dq, dk = rope_rotate(dq, -pos_q, rope), rope_rotate(dk, -pos_k, rope)
+    return {"o": o.numpy(), "dq": dq.numpy(), "dk": dk.numpy(), "dv": dv.numpy()}
+
+
+def bf16_documented_close(c, what, got, ref):
+    """Against bf16_documented(): a root-mean-square difference within 2e-4 of
+    the reference's, and the largest within 1e-2 of max(1, |ref|) (a weight or
+    dS whose rounding a float32 ulp flips moves a few elements by a
+    bfloat16 ulp)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    d = got - ref
+    rms = math.sqrt(float(np.mean(d * d))) / max(math.sqrt(float(np.mean(ref * ref))), 1e-30)
+    big = float(np.max(np.abs(d))) / max(1.0, float(np.max(np.abs(ref))))
+    c.note += "%s~doc %.1e " % (what, rms)
+    c.expect(rms <= 2e-4, "%s: rms difference %.3g from the documented bfloat16 algorithm" % (what, rms))
+    c.expect(big <= 1e-2, "%s: largest difference %.3g from the documented bfloat16 algorithm" % (what, big))
+
+
 def bf16_attention_case(c, srv, shape_q, shape_k, shape_v, causal=False, mask=None, **variants):
     """precision bfloat16 on /v1/attention against float64 torch, and torch's own
     bfloat16 math path (q, k, v in bfloat16; its matmuls, softmax and autograd in
@@ -1628,6 +1759,10 @@ def bf16_attention_case(c, srv, shape_q, shape_k, shape_v, causal=False, mask=No
     bf16_compare(c, "output", dec(resp["output"]), rbf["o"].astype(np.float64), r64["o"], keep)
     for name, key in (("q", "dq"), ("k", "dk"), ("v", "dv")):
         bf16_compare(c, "grad." + name, dec(resp["grad"][name]), rbf[key].astype(np.float64), r64[key])
+    doc = bf16_documented(q, k, v, go, causal, mask, **variants)
+    bf16_documented_close(c, "output", dec(resp["output"]), doc["o"])
+    for name in ("q", "k", "v"):
+        bf16_documented_close(c, "grad." + name, dec(resp["grad"][name]), doc["d" + name])
 
 
 def bf16_mha_case(c, srv, B=2, n=48, d_model=32, h=4, causal=True):
@@ -1982,6 +2117,12 @@ def cases(srv):
     run_case(C + "rope float32", cache_case, srv, 2, 16, 8, rope=10000.0)
     run_case(C + "rope float16", cache_case, srv, 2, 16, 8, "float16", rope=100.0)
     run_case(C + "rope bfloat16 one head", cache_case, srv, 1, 16, 8, "bfloat16", rope=10000.0)
+    run_case(C + "bfloat16 precision: /v1's bits, float32 GQA", cache_bf16_case, srv, 2, 8, 150, 5, 64, 32,
+             "float32")
+    run_case(C + "bfloat16 precision: /v1's bits, float16 decode", cache_bf16_case, srv, 1, 4, 70, 1, 16, 8,
+             "float16")
+    run_case(C + "bfloat16 precision: /v1's bits, bfloat16 prefill", cache_bf16_case, srv, 4, 4, 130, 70, 32,
+             16, "bfloat16")
     P = "bfloat16 "
     run_case(P + "plain n_q!=n_k, odd d", bf16_attention_case, srv, (2, 70, 33), (2, 150, 33), (2, 150, 17))
     run_case(P + "causal d=64", bf16_attention_case, srv, (4, 128, 64), (4, 128, 64), (4, 128, 64),
