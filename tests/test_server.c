@@ -922,6 +922,12 @@ START_TEST(cors_allowed_origin_is_echoed_with_vary)
     ck_assert_ptr_nonnull(strstr(header(&r, "Access-Control-Expose-Headers", v, sizeof v),
                                  "Server-Timing"));
     reply_free(&r);
+    /* a page that makes a KV cache can read where it lives */
+    r = request(shared.port, "POST", "/v1/caches", h, "{\"num_kv_heads\": 1, \"head_dim\": 2}", -1);
+    ck_assert_int_eq(r.status, 201);
+    ck_assert_ptr_nonnull(strstr(header(&r, "Access-Control-Expose-Headers", v, sizeof v),
+                                 "Location"));
+    reply_free(&r);
     r = request(shared.port, "GET", "/healthz", h, NULL, 0);
     ck_assert_str_eq(header(&r, "Access-Control-Allow-Origin", v, sizeof v),
                      "https://other.example");
