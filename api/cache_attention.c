@@ -357,20 +357,24 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
     return api_check_score_bound(bound, "q and the cached keys", err);
 }
 
-/* float16 holds |x| < 65520: a key or value beyond is refused before the
- * cache changes (libattn would refuse it too, after the truncate). */
+/* float16 holds |x| < 65520, bfloat16 |x| < 3.3961e38 (a larger float32
+ * rounds to an infinity): a key or value beyond is refused before the cache
+ * changes (libattn would refuse it too, after the truncate). */
 static bool check_half(const api_call *c, api_error *err)
 {
-    if (state(c)->config.dtype != ATTN_KV_FLOAT16)
+    attn_kv_dtype dtype = state(c)->config.dtype;
+    if (dtype != ATTN_KV_FLOAT16 && dtype != ATTN_KV_BFLOAT16)
         return true;
+    bool f16 = dtype == ATTN_KV_FLOAT16;
     for (int f = F_K; f <= F_V; f++) {
         const codec_tensor *t = &c->f[f].tensor;
         size_t at;
-        if (!codec_half_fits(CODEC_F16, t->f32, (size_t)t->count, &at))
+        if (!codec_half_fits(f16 ? CODEC_F16 : CODEC_BF16, t->f32, (size_t)t->count, &at))
             return api_fail(err, 422, "invalid_value", cache_attention_fields[f].name,
-                            "%s[%zu] (row-major) is %g, beyond what this float16 cache "
-                            "can hold (|x| < 65520)",
-                            cache_attention_fields[f].name, at, (double)t->f32[at]);
+                            "%s[%zu] (row-major) is %g, beyond what this %s cache "
+                            "can hold (|x| < %s)",
+                            cache_attention_fields[f].name, at, (double)t->f32[at],
+                            f16 ? "float16" : "bfloat16", f16 ? "65520" : "3.3961e38");
     }
     return true;
 }

@@ -4283,6 +4283,23 @@ START_TEST(cache_bad_shapes_are_422_naming_the_field)
     }
     r = cache_call(shared.port, "DELETE", id, NULL, NULL);
     reply_free(&r);
+
+    /* A value past bfloat16's range (3.4e38 rounds to an infinity) is
+     * refused before the truncate changes anything, naming v */
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 1, \"dtype\": \"bfloat16\"}",
+              NULL, id);
+    r = cache_call(shared.port, "POST", id, "{\"k\": [[1], [2]], \"v\": [[1], [2]]}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"truncate\": 1, \"k\": [[1]], \"v\": [[3.4e38]]}", NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "v");
+    reply_free(&r);
+    g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 2);
+    reply_free(&g);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
 }
 END_TEST
 
