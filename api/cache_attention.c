@@ -379,6 +379,21 @@ static bool check_half(const api_call *c, api_error *err)
     return true;
 }
 
+/* With rope, a key the cache's dtype cannot hold once rotated at its
+ * position (after the truncate) is refused before the truncate, too. */
+static bool check_rotated(const api_call *c, api_error *err)
+{
+    const cache_state *st = state(c);
+    int64_t length = attn_kv_length(st->cache->kv);
+    int64_t at = st->keep >= 0 && st->keep < length ? st->keep : length;
+    attn_error ae = {0};
+    attn_status s = attn_kv_append_check(st->cache->kv, at, st->n_new, c->f[F_K].tensor.f32,
+                                         st->p.variants.rope_base, &ae);
+    if (s == ATTN_ERR_INVALID)
+        return api_fail(err, 422, "invalid_value", "k", "%s", ae.message);
+    return s == ATTN_OK || api_fail_attn(err, &ae);
+}
+
 /* Truncates and appends. The room for the append is reserved first, as the
  * cache is before the truncate (which only frees), so that nothing changes
  * unless both can be done; what the truncate frees is settled after. */
@@ -394,7 +409,7 @@ static bool change(api_call *c, api_error *err)
             return api_fail(err, 422, "cache_memory_limit", "k",
                             "appending %lld positions would make the cache larger than "
                             "memory can address", (long long)st->n_new);
-        if (!check_half(c, err) ||
+        if (!check_half(c, err) || !check_rotated(c, err) ||
             !cache_reserve(store, e, (size_t)after - attn_kv_bytes(e->kv), err))
             return false;
     }

@@ -4300,6 +4300,25 @@ START_TEST(cache_bad_shapes_are_422_naming_the_field)
     reply_free(&g);
     r = cache_call(shared.port, "DELETE", id, NULL, NULL);
     reply_free(&r);
+
+    /* So is a key that overflows only once rope turns it at its position
+     * (3e38 in both features at position 1: 3e38 (cos 1 + sin 1) = 4.1e38) */
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"k\": [[1, 2], [3, 4], [5, 6]], \"v\": [[1, 2], [3, 4], [5, 6]], "
+                   "\"rope\": {\"base\": 100}}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"truncate\": 1, \"k\": [[3e38, 3e38]], \"v\": [[1, 2]], "
+                   "\"rope\": {\"base\": 100}}", NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "k");
+    reply_free(&r);
+    g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 3);
+    reply_free(&g);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
 }
 END_TEST
 
