@@ -4184,6 +4184,14 @@ START_TEST(cache_life_cycle_create_append_in_pieces_truncate_delete)
     reply r = cache_call(shared.port, "GET", "AAAAAAAAAAAAAAAAAAAAAA", NULL, NULL);
     ck_assert_error(r, 404, "cache_not_found");
     reply_free(&r);
+    /* An id longer than any attnd makes is still quoted in the message. */
+    char long_id[101];
+    memset(long_id, 'B', 100);
+    long_id[100] = '\0';
+    r = cache_call(shared.port, "GET", long_id, NULL, NULL);
+    ck_assert_error(r, 404, "cache_not_found");
+    ck_assert_ptr_nonnull(strstr(r.body, "KV cache \\\"BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB\\\" here"));
+    reply_free(&r);
     r = cache_call(shared.port, "PUT", id, NULL, NULL);
     ck_assert_int_eq(r.status, 405);
     reply_free(&r);
