@@ -4884,7 +4884,9 @@ END_TEST
  * and its keys narrow, so that the body is small and the work long. */
 START_TEST(cache_attention_abandoned_stops_midway)
 {
-    server s = start_server("--threads", "1");
+    /* A fast probe asks for up to 262144 query rows: --max-work well above
+     * their ~1e12 FLOPs keeps the heavy request from being refused. */
+    server s = start_server("--threads", "1", "--max-work", "1e13");
     char id[23];
     cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
     char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
@@ -4908,7 +4910,13 @@ START_TEST(cache_attention_abandoned_stops_midway)
     snprintf(path, sizeof path, "/v1/caches/%s/attention", id);
     int fd = post_to("127.0.0.1", s.port, path, heavy);
     free(heavy);
-    ck_assert(wait_computing(s.port, 1));
+    if (!wait_computing(s.port, 1)) {
+        char answer[300];
+        bool closed;
+        read_until_close(fd, answer, sizeof answer, 1, &closed);
+        ck_abort_msg("the heavy cache attention (probe %.1f ms, %.0f rows) never computed; "
+                     "it got: %s", took, rows, answer);
+    }
     struct linger reset = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
     close(fd);
