@@ -292,8 +292,16 @@ static void *worker_main(void *arg)
     for (;;) {
         if (finished_one && !q->stopping && !q->head)
             poll_for_work(q);
-        while (!q->stopping && !(q->head && q->running < q->slots))
+        while (!q->stopping && !(q->head && q->running < q->slots) && !q->expected)
             pthread_cond_wait(&q->work, &q->lock);
+        /* Whichever worker comes out first answers a wake-up asked for
+         * ahead of a body (compute_expect), so that none stays owed. */
+        if (q->expected)
+            q->expected--;
+        if (!q->stopping && !(q->head && q->running < q->slots)) {
+            finished_one = true; /* woken ahead of a request: poll for it */
+            continue;
+        }
         if (!q->head)
             break; /* stopping, and nothing left */
         srv_request *r = q->head;
@@ -336,7 +344,7 @@ bool compute_start(srv_server *srv)
     pthread_cond_init(&q->work, NULL);
     q->slots = srv->cfg->threads;
     q->queue_max = srv->cfg->queue;
-    q->running = q->waiting = q->polling = 0;
+    q->running = q->waiting = q->polling = q->expected = 0;
     atomic_init(&q->posted, 0);
     q->head = q->tail = NULL;
     q->stopping = false;
@@ -427,12 +435,47 @@ compute_result compute_submit(srv_request *r)
         q->head = r;
     q->tail = r;
     atomic_fetch_add_explicit(&q->posted, 1, memory_order_relaxed);
-    /* A worker polling for work takes the request without being woken. */
-    bool wake = q->waiting > q->polling;
+    /* A worker polling for work, or woken to poll for this very request
+     * (compute_expect), takes it without being woken (again). */
+    bool wake = q->waiting > q->polling + q->expected;
     pthread_mutex_unlock(&q->lock);
     if (wake)
         pthread_cond_signal(&q->work);
     return COMPUTE_QUEUED;
+}
+
+/*
+ * A request for attention over a KV cache is a step of a client decoding
+ * token by token, which sends its next step only when it has this one's
+ * answer: the step's whole latency is the client's. Its headers come before
+ * its body. A worker still polling from its last request takes the request
+ * when it is queued; but after a long step (a cache of tens of thousands of
+ * positions) the client's own turn-around often outlasts the poll, and the
+ * worker woken only when the request is queued costs the step its wake-up
+ * (about 20 us on a virtual machine whose idle cores halt). Woken here,
+ * the worker comes up while the body is read and decoded, and polls.
+ *
+ * Only for a body that arrives well within the poll (EXPECT_MAX_BODY: a
+ * step's q, k and v, base64, are tens of KiB), only an idle worker and
+ * only one at a time: nothing running or queued is displaced, and a
+ * request whose body never comes costs one worker one bounded poll, at its
+ * low priority and yielding.
+ */
+#define EXPECT_MAX_BODY ((uint64_t)128 << 10)
+
+void compute_expect(srv_server *srv, uint64_t body_bytes)
+{
+    if (body_bytes > EXPECT_MAX_BODY)
+        return;
+    srv_compute *q = &srv->compute;
+    pthread_mutex_lock(&q->lock);
+    bool wake = !q->stopping && q->polling == 0 && q->expected == 0 &&
+                q->running + q->waiting < q->n_workers;
+    if (wake)
+        q->expected++;
+    pthread_mutex_unlock(&q->lock);
+    if (wake)
+        pthread_cond_signal(&q->work);
 }
 
 bool compute_unqueue(srv_request *r)

@@ -137,6 +137,9 @@ static void on_headers(srv_request *r, const srv_headers *h)
     }
     if (r->route && r->route->has_body)
         body_expect(r, h, length, has_length);
+    /* A decoding step: a worker comes up while its body is read. */
+    if (r->route && r->route->op == API_OP_CACHE_ATTENTION && has_length && !r->responded)
+        compute_expect(r->srv, length);
 }
 
 /* The last call: the whole body is in (or was discarded). */

@@ -413,6 +413,7 @@ typedef struct {
     int running;             /* computing now, inline or on a worker */
     int waiting;             /* admitted, not computing yet */
     int polling;             /* idle workers polling for work, not blocked */
+    int expected;            /* wake-ups asked for ahead of a body (compute_expect) */
     atomic_uint posted;      /* requests ever queued, and the stop: what polling workers watch */
     srv_request *head, *tail;
     bool stopping;
@@ -437,6 +438,10 @@ bool compute_start(srv_server *srv);
  * wait. A request whose answer does not fit the response budget is refused
  * (r->refusal). */
 compute_result compute_submit(srv_request *r);
+/* A KV cache's attention request whose body of body_bytes is still to
+ * come: an idle worker is woken now, unless one polls already, so that it
+ * polls for the request when the body is in. */
+void compute_expect(srv_server *srv, uint64_t body_bytes);
 /* The API's limits and resources for r: the configured limits, its arrival,
  * the KV cache store, the cache its path names and its key. */
 api_limits compute_limits(const srv_request *r, int threads);

@@ -5261,6 +5261,98 @@ START_TEST(cache_concurrent_appends_from_many_connections_are_whole)
 }
 END_TEST
 
+/* One answer on fd (headers and Content-Length bytes of body) within
+ * `seconds`; its body (malloc'd, NUL-terminated) and status, NULL when it
+ * did not come whole. */
+static char *read_answer(int fd, double seconds, int *status)
+{
+    char *out = NULL;
+    size_t len = 0;
+    append(&out, &len, "", 0);
+    double end = now_s() + seconds;
+    while (now_s() < end) {
+        const char *head_end = strstr(out, "\r\n\r\n");
+        const char *cl = strcasestr(out, "\r\nContent-Length:");
+        if (head_end && cl && cl < head_end &&
+            len >= (size_t)(head_end + 4 - out) + strtoul(cl + 17, NULL, 10)) {
+            *status = (int)strtol(out + 9, NULL, 10);
+            char *body = strdup(head_end + 4);
+            free(out);
+            return body;
+        }
+        struct timeval tv = {0, 100000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char buf[4096];
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n > 0)
+            append(&out, &len, buf, (size_t)n);
+        else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            break;
+    }
+    free(out);
+    return NULL;
+}
+
+/* A decoding step's headers wake a worker ahead of its body: a step whose
+ * body comes long after its headers (the worker's poll long over), with
+ * other requests served meanwhile, is still computed, and so is the next
+ * one (no wake-up is lost), and the workers then rest (none stays owed).
+ * Each step appends a position and attends to the cache with q = 0: the
+ * output is the mean of the values so far. */
+START_TEST(cache_step_whose_body_comes_late_is_computed)
+{
+    char id[23], other[23];
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, other);
+    static const char *const steps[] = {
+        "{\"k\": [[0, 0]], \"v\": [[5, 7]], \"q\": [[0, 0]], \"output_encoding\": \"flat\"}",
+        "{\"k\": [[0, 0]], \"v\": [[1, 3]], \"q\": [[0, 0]], \"output_encoding\": \"flat\"}"};
+    const float want[2][2] = {{5, 7}, {3, 5}};
+    int fd = connect_port(shared.port);
+    ck_assert_int_ge(fd, 0);
+    for (int i = 0; i < 2; i++) {
+        char head[256];
+        snprintf(head, sizeof head,
+                 "POST /v1/caches/%s/attention HTTP/1.1\r\nHost: x\r\n"
+                 "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                 id, strlen(steps[i]));
+        send_all(fd, head);
+        /* meanwhile: a step through another cache, and a /v1/attention */
+        reply r = cache_call(shared.port, "POST", other, steps[i], NULL);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+        r = post_json(shared.port, "/v1/attention", tiny_attention);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+        usleep(20000);
+        send_all(fd, steps[i]);
+        int status = 0;
+        char *body = read_answer(fd, 10, &status);
+        ck_assert_msg(body != NULL, "step %d: no answer within 10 s", i);
+        ck_assert_msg(status == 200, "step %d: %d %s", i, status, body);
+        reply got = {.status = status, .body = body, .body_len = strlen(body)};
+        float out[2];
+        answer_floats(&got, "output", out, 2);
+        ck_assert_msg(out[0] == want[i][0] && out[1] == want[i][1],
+                      "step %d: output %g %g, want %g %g", i, out[0], out[1], want[i][0],
+                      want[i][1]);
+        free(body);
+    }
+    close(fd);
+    reply r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", other, NULL, NULL);
+    reply_free(&r);
+    /* and then the workers rest: a wake-up owed for ever would keep one
+     * polling (a core's worth of CPU time) */
+    usleep(50000);
+    double cpu0 = metric(shared.port, "process_cpu_seconds_total");
+    usleep(500000);
+    double cpu = metric(shared.port, "process_cpu_seconds_total") - cpu0;
+    ck_assert_msg(cpu < 0.1, "an idle attnd used %.2f s of CPU in 0.5 s", cpu);
+}
+END_TEST
+
 START_TEST(cache_work_limit_counts_the_positions_cached)
 {
     server s = start_server("--max-work", "4e6");
@@ -5718,6 +5810,7 @@ static Suite *server_suite(void)
     tcase_add_test(caches, cache_attention_workspace_counts_against_the_request_memory);
     tcase_add_test(caches, cache_belongs_to_the_key_that_made_it);
     tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
+    tcase_add_test(caches, cache_step_whose_body_comes_late_is_computed);
     tcase_add_test(caches, cache_work_limit_counts_the_positions_cached);
     tcase_add_test(caches, cache_limits_are_in_info);
     tcase_add_test(caches, cache_bfloat16_precision_is_v1_attentions_bfloat16_to_the_bit);
