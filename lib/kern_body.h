@@ -195,11 +195,12 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
 /* o [rows, ..) = (P v)[rows] / l, one register block of nv vectors: P
  * [rows, keys] (row stride ldp), the products from zero, key by key
  * (KF(block)'s order), each lane then divided as scale_wide divides (inv =
- * 1 / l). The lanes not finite. */
+ * 1 / l), and written around the caches when `stream` (whole vectors, o and
+ * ldo aligned to them). The lanes not finite. */
 static inline __attribute__((always_inline)) vmask
 KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, const float *pm,
                     int64_t ldp, const float *v, int64_t ldv, float *o, int64_t ldo, vmask last,
-                    const double *inv)
+                    const double *inv, bool stream)
 {
     vf acc[KMR][KNV];
 #pragma GCC unroll 8
@@ -238,6 +239,8 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
             bad |= vnonfinite(y);
             if (masked && u == nv - 1)
                 vstore_m(o + r * ldo + u * VW, y, last);
+            else if (stream)
+                vstream(o + r * ldo + u * VW, y);
             else
                 vstore(o + r * ldo + u * VW, y);
         }
@@ -247,8 +250,8 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
 
 #define KERN_SHORT_ARGS                                                                 \
     int rows, int64_t keys, const float *pm, int64_t ldp, const float *v, int64_t ldv,  \
-        float *o, int64_t ldo, vmask last, const double *inv
-#define KERN_SHORT_PASS rows, keys, pm, ldp, v, ldv, o, ldo, last, inv
+        float *o, int64_t ldo, vmask last, const double *inv, bool stream
+#define KERN_SHORT_PASS rows, keys, pm, ldp, v, ldv, o, ldo, last, inv, stream
 #define KERN_SHORT_INSTANCE(name, nv, masked)                                           \
     static vmask name(KERN_SHORT_ARGS)                                                  \
     {                                                                                   \
@@ -292,6 +295,9 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
                            int64_t ldp, const float *v, float *o, const double *inv)
 {
     const int64_t d_v = c->p->d_v, ldo = c->ldo;
+    /* Streaming stores take whole aligned vectors: every row's. */
+    const bool stream = c->out_stream && (uintptr_t)o % (VW * sizeof(float)) == 0 &&
+                        ldo % VW == 0 && d_v % VW == 0;
     vmask bad = vmask_first(0);
     for (int r0 = 0; r0 < rows; r0 += KMR) {
         const int strip = rows - r0 < KMR ? rows - r0 : KMR;
@@ -301,7 +307,7 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
             const int tail = (int)(width - (int64_t)(nv - 1) * VW);
             bad |= KF(short_outs)[nv - 1][tail < VW](strip, keys, pm + r0 * ldp, ldp, v + c0,
                                                      c->ldv, o + r0 * ldo + c0, ldo,
-                                                     vmask_first(tail), inv + r0);
+                                                     vmask_first(tail), inv + r0, stream);
         }
     }
     return bad;

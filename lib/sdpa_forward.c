@@ -466,7 +466,10 @@ static void prefetch_item(const fwd_job *job, int64_t s, int64_t hk)
         return;
     for (int64_t h = hk * c.group; h < (hk + 1) * c.group; h++) {
         prefetch_rows(p, c.q, h, p->heads_q, p->n_q, p->d_k, c.ldq, c.q_lo, c.q_hi, false);
-        prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi, true);
+        /* (Rows written around the caches need not be there.) */
+        if (!c.out_stream)
+            prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi,
+                          true);
     }
     prefetch_rows(p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.ldk, c.k_lo, c.k_hi, false);
     prefetch_rows(p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.ldv, c.k_lo, c.k_hi, false);
@@ -515,6 +518,8 @@ static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int6
             attn_softmax_row *rows = job->rows != NULL ? job->rows + bh * p->n_q + t.i0 : NULL;
             if (job->kern->forward_short(c, b, t.h, u->w->panel, ld, o, rows))
                 continue;
+            if (c->out_stream) /* (its streamed rows before the tiled path's stores) */
+                sdpa_fence_streams();
             panel = false; /* forward_block packs it its own way */
         }
         forward_block(job, u->w, c, t, from, u->stats, block_weights(job, &t));
@@ -588,6 +593,8 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
     }
     if (p->ragged.seqs == 0 || p->layout != ATTN_LAYOUT_BHND) {
         attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
+        if (job->call.out_stream)
+            sdpa_fence_streams();
         return;
     }
     const sdpa_item_at end = job->units.start[unit + 1];
@@ -615,6 +622,9 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
         else
             s++, i = 0;
     }
+    /* The unit's streamed rows are in memory before its end is seen. */
+    if (job->call.out_stream)
+        sdpa_fence_streams();
 }
 
 /* The sequence of head mean unit u of a ragged batch: the last s with
@@ -843,6 +853,11 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         job.panel_words = (p->d_k + 1) / 2 * KERN_BK + KERN_BK / 2 * p->d_v;
     }
     const bool ragged = p->ragged.seqs > 0;
+    /* A ragged batch's output far larger than the cores' caches: its short
+     * sequences' rows go around them (the caller reads them back from
+     * memory in either case). */
+    job.call.out_stream = ragged && (double)p->heads_q * (double)p->n_q * (double)p->d_v *
+                                            sizeof(float) >= SDPA_STREAM_OUT_BYTES;
     job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = fwd_items,
                            .cost = fwd_cost, .seq_cost = fwd_seq_cost};
     _Alignas(64) char small[SMALL_WORKSPACE];
