@@ -437,18 +437,22 @@ typedef struct {
 } fwd_unit;
 
 /* Asks the caches for rows [r0, r1) of head h of a tensor at `base` with
- * `heads` heads of width d (row stride ld). */
+ * `heads` heads of width d (row stride ld), line by line: where the rows
+ * follow each other (ld == d), as one range. */
 static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t h, int64_t heads,
                           int64_t n, int64_t d, int64_t ld, int64_t r0, int64_t r1, bool write)
 {
-    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d);
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t f = 0; f < d; f += 64 / (int64_t)sizeof(float)) {
+    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d) + r0 * ld;
+    const int64_t span = ld == d ? (r1 - r0) * d : d, rows = ld == d ? 1 : r1 - r0;
+    for (int64_t r = 0; r < rows; r++, row += ld) {
+        const uintptr_t end = (uintptr_t)(row + span);
+        for (uintptr_t line = (uintptr_t)row / 64 * 64; line < end; line += 64) {
             if (write)
-                __builtin_prefetch(row + r * ld + f, 1);
+                __builtin_prefetch((const void *)line, 1);
             else
-                __builtin_prefetch(row + r * ld + f, 0);
+                __builtin_prefetch((const void *)line, 0);
         }
+    }
 }
 
 /* Prefetches the rows of item hk of sequence s (its key/value head hk)
