@@ -115,21 +115,29 @@ static bool reserve(srv_request *r, const api_cost *cost)
     return true;
 }
 
-/* The request's peak memory, reserved while it was computed, is free. */
+/* The request's peak memory, reserved while it was computed, is free.
+ * Under q->lock. */
+static void release_memory_locked(srv_request *r)
+{
+    if (r->memory_reserved == 0)
+        return;
+    r->srv->compute.memory_pending -= r->memory_reserved;
+    pool_fit(r->srv);
+    r->memory_reserved = 0;
+}
+
 static void release_memory(srv_request *r)
 {
     if (r->memory_reserved == 0)
         return;
     srv_compute *q = &r->srv->compute;
     pthread_mutex_lock(&q->lock);
-    q->memory_pending -= r->memory_reserved;
-    pool_fit(r->srv);
+    release_memory_locked(r);
     pthread_mutex_unlock(&q->lock);
-    r->memory_reserved = 0;
 }
 
 /* After the answer is built: its reservation becomes what it holds, and
- * what computing it held is released. */
+ * what computing it held is released, in one turn of the lock. */
 static void settle(srv_request *r)
 {
     double held = r->res.body ? (double)(r->res.body_cap + api_response_bytes(&r->res) -
@@ -138,9 +146,9 @@ static void settle(srv_request *r)
     srv_compute *q = &r->srv->compute;
     pthread_mutex_lock(&q->lock);
     q->response_pending += held - r->reserved;
+    release_memory_locked(r);
     pthread_mutex_unlock(&q->lock);
     r->reserved = held;
-    release_memory(r);
 }
 
 void compute_release(srv_request *r)
