@@ -297,9 +297,13 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
                            kern_prefetch *pf)
 {
     const int64_t d_v = c->p->d_v, ldo = c->ldo;
-    /* Streaming stores take whole aligned vectors: every row's. */
-    const bool stream = c->out_stream && (uintptr_t)o % (VW * sizeof(float)) == 0 &&
-                        ldo % VW == 0 && d_v % VW == 0;
+    /* Streaming stores take whole aligned vectors, and pay off for whole
+     * cache lines (a part of a line goes to memory as a slow partial
+     * write): every row of whole lines. */
+    enum { LINE = 64 / sizeof(float) };
+    const bool stream = c->out_stream && LINE % VW == 0 &&
+                        (uintptr_t)o % (LINE * sizeof(float)) == 0 && ldo % LINE == 0 &&
+                        d_v % LINE == 0;
     vmask bad = vmask_first(0);
     for (int r0 = 0; r0 < rows; r0 += KMR) {
         const int strip = rows - r0 < KMR ? rows - r0 : KMR;
