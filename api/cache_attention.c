@@ -357,22 +357,41 @@ static bool check_in_turn(api_call *c, const attn_kv_info *info, api_error *err)
     return api_check_score_bound(bound, "q and the cached keys", err);
 }
 
-/* float16 holds |x| < 65520: a key or value beyond is refused before the
- * cache changes (libattn would refuse it too, after the truncate). */
+/* float16 holds |x| < 65520, bfloat16 |x| < 3.3961e38 (a larger float32
+ * rounds to an infinity): a key or value beyond is refused before the cache
+ * changes (libattn would refuse it too, after the truncate). */
 static bool check_half(const api_call *c, api_error *err)
 {
-    if (state(c)->config.dtype != ATTN_KV_FLOAT16)
+    attn_kv_dtype dtype = state(c)->config.dtype;
+    if (dtype != ATTN_KV_FLOAT16 && dtype != ATTN_KV_BFLOAT16)
         return true;
+    bool f16 = dtype == ATTN_KV_FLOAT16;
     for (int f = F_K; f <= F_V; f++) {
         const codec_tensor *t = &c->f[f].tensor;
         size_t at;
-        if (!codec_half_fits(CODEC_F16, t->f32, (size_t)t->count, &at))
+        if (!codec_half_fits(f16 ? CODEC_F16 : CODEC_BF16, t->f32, (size_t)t->count, &at))
             return api_fail(err, 422, "invalid_value", cache_attention_fields[f].name,
-                            "%s[%zu] (row-major) is %g, beyond what this float16 cache "
-                            "can hold (|x| < 65520)",
-                            cache_attention_fields[f].name, at, (double)t->f32[at]);
+                            "%s[%zu] (row-major) is %g, beyond what this %s cache "
+                            "can hold (|x| < %s)",
+                            cache_attention_fields[f].name, at, (double)t->f32[at],
+                            f16 ? "float16" : "bfloat16", f16 ? "65520" : "3.3961e38");
     }
     return true;
+}
+
+/* With rope, a key the cache's dtype cannot hold once rotated at its
+ * position (after the truncate) is refused before the truncate, too. */
+static bool check_rotated(const api_call *c, api_error *err)
+{
+    const cache_state *st = state(c);
+    int64_t length = attn_kv_length(st->cache->kv);
+    int64_t at = st->keep >= 0 && st->keep < length ? st->keep : length;
+    attn_error ae = {0};
+    attn_status s = attn_kv_append_check(st->cache->kv, at, st->n_new, c->f[F_K].tensor.f32,
+                                         st->p.variants.rope_base, &ae);
+    if (s == ATTN_ERR_INVALID)
+        return api_fail(err, 422, "invalid_value", "k", "%s", ae.message);
+    return s == ATTN_OK || api_fail_attn(err, &ae);
 }
 
 /* Truncates and appends. The room for the append is reserved first, as the
@@ -390,7 +409,7 @@ static bool change(api_call *c, api_error *err)
             return api_fail(err, 422, "cache_memory_limit", "k",
                             "appending %lld positions would make the cache larger than "
                             "memory can address", (long long)st->n_new);
-        if (!check_half(c, err) ||
+        if (!check_half(c, err) || !check_rotated(c, err) ||
             !cache_reserve(store, e, (size_t)after - attn_kv_bytes(e->kv), err))
             return false;
     }

@@ -304,6 +304,19 @@ static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_
         if (!t->b8)
             return api_fail(err, 500, "out_of_memory", fname, "out of memory for %s", fname);
     }
+    /* A number finite as a float32 may round to an infinity in FP16 or BF16
+     * (70000 as FP16): refused as that infinity sent as binary data is,
+     * before the rounding makes it one */
+    size_t at;
+    if (t->dtype == CODEC_F32 && t->f32 && in->dtype != CODEC_F32 &&
+        !codec_half_fits(in->dtype, t->f32, (size_t)t->count, &at)) {
+        api_fail(err, 400, "invalid_number", fname,
+                 "input %s is %s, but its element %zu (row-major) is %g, which is not finite "
+                 "as %s (|x| < %s)", fname, oip_datatype_name(in->dtype), at, (double)t->f32[at],
+                 oip_datatype_name(in->dtype), in->dtype == CODEC_F16 ? "65520" : "3.3961e38");
+        codec_tensor_free(t);
+        return false;
+    }
     t->rank = in->rank;
     memcpy(t->shape, in->shape, sizeof t->shape);
     t->count = in->count;

@@ -581,6 +581,15 @@ int64_t attn_kv_bytes_after_append(const attn_kv_cache *cache, int64_t n_new);
 attn_status attn_kv_append(attn_kv_cache *cache, int64_t n_new, const float *k,
                            const float *v, float rope_base, attn_error *err);
 
+/* Would attn_kv_append() at position `at` (the cache's length once a
+ * truncate to `at` is done; at most the length) refuse the keys k for
+ * what rope makes of them, a rotated key the dtype cannot hold? Changes
+ * nothing: a caller that truncates and then appends checks first, so that
+ * an append refused for its values leaves the cache untruncated. ATTN_OK
+ * without rope, or when the keys are too small to overflow. */
+attn_status attn_kv_append_check(const attn_kv_cache *cache, int64_t at, int64_t n_new,
+                                 const float *k, float rope_base, attn_error *err);
+
 /* Keeps the positions < length (a length at or beyond the cache's changes
  * nothing); frees the pages no longer needed, and the rope base too when
  * nothing is left. Fails only for a negative length. */

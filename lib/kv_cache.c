@@ -415,6 +415,36 @@ attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, cons
     return ATTN_OK;
 }
 
+attn_status attn_kv_append_check(const attn_kv_cache *c, int64_t at, int64_t n_new,
+                                 const float *k, float rope_base, attn_error *err)
+{
+    if (c == NULL || k == NULL || at < 0 || at > c->length || n_new < 0)
+        return attn_fail(err, ATTN_ERR_INVALID, "attn_kv_append_check: bad arguments");
+    const attn_kv_config *cfg = &c->config;
+    if (n_new == 0 || !(rope_base > 0.0f) || cfg->head_dim % 2 != 0)
+        return ATTN_OK;
+    /* A rotated element is a cos + b sin of two elements of its row, so
+     * |a| + |b| bounds it: keys under half the dtype's limit cannot
+     * overflow, and need no rotation to tell (the usual case). */
+    const size_t count = (size_t)(cfg->num_kv_heads * n_new * cfg->head_dim);
+    float big = 0.0f;
+    for (size_t i = 0; i < count; i++)
+        big = fmaxf(big, fabsf(k[i]));
+    if (kv_fits(cfg->dtype, 2.0f * big) && isfinite(2.0f * big))
+        return ATTN_OK;
+    float *k_rot = sdpa_alloc(cfg->num_kv_heads * n_new * cfg->head_dim, sizeof *k_rot);
+    if (k_rot == NULL)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated keys");
+    attn_status s = sdpa_rope_at(rope_base, cfg->head_dim, 1, k, k_rot, cfg->num_kv_heads, n_new,
+                                 at);
+    if (s == ATTN_OK)
+        s = check_values(c, "k", k_rot, n_new, cfg->head_dim, true, err);
+    else
+        s = attn_fail(err, s, "out of memory for the rotation's table");
+    sdpa_free(k_rot);
+    return s;
+}
+
 /* ------------------------------------------------------------------ read */
 
 static float load(attn_kv_dtype dtype, const unsigned char *src, size_t at)

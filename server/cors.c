@@ -40,11 +40,13 @@ const char *cors_allowed(const srv_cors *cors, const char *origin)
 void cors_add_headers(struct MHD_Response *resp, const char *origin)
 {
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
-    /* Lets a page read the timings, the retry hint, the request's id and
-     * where the JSON of a binary /v2 answer ends, and see Server-Timing in
-     * its own performance entries. */
+    /* Lets a page read the timings, the retry hint, the request's id,
+     * where the JSON of a binary /v2 answer ends and where a new KV cache
+     * lives (Location), and see Server-Timing in its own performance
+     * entries. */
     MHD_add_response_header(resp, "Access-Control-Expose-Headers",
-                            "Server-Timing, Retry-After, X-Request-ID, Inference-Header-Content-Length");
+                            "Server-Timing, Retry-After, X-Request-ID, "
+                            "Inference-Header-Content-Length, Location");
     MHD_add_response_header(resp, "Timing-Allow-Origin", origin);
 }
 

@@ -97,11 +97,13 @@ void routes_path_id(const char *pattern, const char *path, char *id, size_t cap)
     if (!param)
         return;
     const char *segment = path + (param - pattern);
+    /* An id longer than any attnd makes keeps its head, so that the 404
+     * can still quote it; cut, it matches no real id all the same. */
     size_t n = strcspn(segment, "/");
-    if (n < cap) {
-        memcpy(id, segment, n);
-        id[n] = '\0';
-    }
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(id, segment, n);
+    id[n] = '\0';
 }
 
 /* The first row whose pattern `path` matches (its metrics label), or -1. */

@@ -354,7 +354,7 @@ bool routes_is_oip(const char *path);
 void routes_not_found(srv_request *r);
 void routes_compute_done(srv_request *r); /* answer a finished compute */
 /* The {id} of `path` under the route pattern `pattern` into id ("" when it
- * has none, or a longer one than PATH_PARAM_MAX). */
+ * has none; its first cap - 1 bytes when it is longer). */
 void routes_path_id(const char *pattern, const char *path, char *id, size_t cap);
 
 /* ------------------------------------------------------------- pool.c */

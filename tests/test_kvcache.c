@@ -916,6 +916,33 @@ START_TEST(values_the_dtype_cannot_hold_are_refused_and_change_nothing)
 }
 END_TEST
 
+/* attn_kv_append_check() says beforehand what the append at a position
+ * would refuse for rope's rotation, at that position: 3e38 in both features
+ * turns past float32's range at position 1 (cos 1 + sin 1 = 1.38) but not
+ * at 0; small keys pass without a rotation. Nothing changes. */
+START_TEST(append_check_finds_keys_that_overflow_once_rotated)
+{
+    attn_kv_config cfg = {.num_kv_heads = 1, .head_dim = 2, .value_dim = 2,
+                          .dtype = ATTN_KV_FLOAT32};
+    attn_kv_cache *cache = NULL;
+    attn_error err = {0};
+    ck_assert(attn_kv_create(&cfg, &cache, &err) == ATTN_OK);
+    const float small[6] = {1, 2, 3, 4, 5, 6}, big[2] = {3e38f, 3e38f};
+    ck_assert(attn_kv_append(cache, 3, small, small, 100.0f, &err) == ATTN_OK);
+    ck_assert(attn_kv_append_check(cache, 1, 3, small, 100.0f, &err) == ATTN_OK);
+    ck_assert(attn_kv_append_check(cache, 0, 1, big, 100.0f, &err) == ATTN_OK);
+    ck_assert(attn_kv_append_check(cache, 1, 1, big, 0.0f, &err) == ATTN_OK);
+    ck_assert(attn_kv_append_check(cache, 1, 1, big, 100.0f, &err) == ATTN_ERR_INVALID);
+    ck_assert_msg(strstr(err.message, "once rotated") != NULL, "message: %s", err.message);
+    ck_assert(attn_kv_append_check(cache, 4, 1, small, 100.0f, &err) == ATTN_ERR_INVALID);
+    ck_assert_int_eq(attn_kv_length(cache), 3);
+    /* what the append itself does at that position */
+    ck_assert(attn_kv_truncate(cache, 1, &err) == ATTN_OK);
+    ck_assert(attn_kv_append(cache, 1, big, small, 100.0f, &err) == ATTN_ERR_INVALID);
+    attn_kv_free(cache);
+}
+END_TEST
+
 /* Keys rotated at one base cannot be attended or extended at another, or
  * without rope, nor unrotated keys with rope: refused in words that say
  * both. An emptied cache takes a new base. */
@@ -1339,6 +1366,7 @@ static Suite *kvcache_suite(void)
     tcase_add_test(tc, bytes_are_predicted_exactly_and_bounded);
     tcase_add_test(tc, stored_values_are_rounded_to_nearest_even);
     tcase_add_test(tc, values_the_dtype_cannot_hold_are_refused_and_change_nothing);
+    tcase_add_test(tc, append_check_finds_keys_that_overflow_once_rotated);
     tcase_add_test(tc, rope_must_match_the_cached_keys);
     tcase_add_test(tc, invalid_calls_are_refused_with_a_message);
     suite_add_tcase(s, tc);

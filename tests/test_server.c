@@ -922,6 +922,12 @@ START_TEST(cors_allowed_origin_is_echoed_with_vary)
     ck_assert_ptr_nonnull(strstr(header(&r, "Access-Control-Expose-Headers", v, sizeof v),
                                  "Server-Timing"));
     reply_free(&r);
+    /* a page that makes a KV cache can read where it lives */
+    r = request(shared.port, "POST", "/v1/caches", h, "{\"num_kv_heads\": 1, \"head_dim\": 2}", -1);
+    ck_assert_int_eq(r.status, 201);
+    ck_assert_ptr_nonnull(strstr(header(&r, "Access-Control-Expose-Headers", v, sizeof v),
+                                 "Location"));
+    reply_free(&r);
     r = request(shared.port, "GET", "/healthz", h, NULL, 0);
     ck_assert_str_eq(header(&r, "Access-Control-Allow-Origin", v, sizeof v),
                      "https://other.example");
@@ -3690,6 +3696,12 @@ START_TEST(oip_errors_have_v1_status_in_protocol_form)
         {"a number beyond float32", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
          "\"datatype\": \"FP32\", \"data\": [1e39]}" OIP_KV "]}", 400, "q",
          "{\"q\": [[1e39]], \"k\": [[1]], \"v\": [[1]]}"},
+        {"an FP16 number beyond FP16", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], "
+         "\"datatype\": \"FP16\", \"data\": [70000]}" OIP_KV "]}", 400, "FP16",
+         "{\"q\": {\"shape\": [1, 1], \"dtype\": \"float16\", \"base64\": \"AHw=\"}, "
+         "\"k\": [[1]], \"v\": [[1]]}"},
+        {"a BF16 number beyond BF16", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 1], "
+         "\"datatype\": \"BF16\", \"data\": [-3.4e38]}" OIP_KV "]}", 400, "BF16", NULL},
         {"an integer datatype", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], \"datatype\": "
          "\"INT32\", \"data\": [1]}]}", 400, "INT32", NULL},
         {"BOOL for a tensor that is not a mask", "{\"inputs\": [{\"name\": \"q\", \"shape\": [1], "
@@ -4172,6 +4184,14 @@ START_TEST(cache_life_cycle_create_append_in_pieces_truncate_delete)
     reply r = cache_call(shared.port, "GET", "AAAAAAAAAAAAAAAAAAAAAA", NULL, NULL);
     ck_assert_error(r, 404, "cache_not_found");
     reply_free(&r);
+    /* An id longer than any attnd makes is still quoted in the message. */
+    char long_id[101];
+    memset(long_id, 'B', 100);
+    long_id[100] = '\0';
+    r = cache_call(shared.port, "GET", long_id, NULL, NULL);
+    ck_assert_error(r, 404, "cache_not_found");
+    ck_assert_ptr_nonnull(strstr(r.body, "KV cache \\\"BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB\\\" here"));
+    reply_free(&r);
     r = cache_call(shared.port, "PUT", id, NULL, NULL);
     ck_assert_int_eq(r.status, 405);
     reply_free(&r);
@@ -4269,6 +4289,42 @@ START_TEST(cache_bad_shapes_are_422_naming_the_field)
         ck_assert_error_field(r, create[i].status, create[i].code, create[i].field);
         reply_free(&r);
     }
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+
+    /* A value past bfloat16's range (3.4e38 rounds to an infinity) is
+     * refused before the truncate changes anything, naming v */
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 1, \"dtype\": \"bfloat16\"}",
+              NULL, id);
+    r = cache_call(shared.port, "POST", id, "{\"k\": [[1], [2]], \"v\": [[1], [2]]}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"truncate\": 1, \"k\": [[1]], \"v\": [[3.4e38]]}", NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "v");
+    reply_free(&r);
+    g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 2);
+    reply_free(&g);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+
+    /* So is a key that overflows only once rope turns it at its position
+     * (3e38 in both features at position 1: 3e38 (cos 1 + sin 1) = 4.1e38) */
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"k\": [[1, 2], [3, 4], [5, 6]], \"v\": [[1, 2], [3, 4], [5, 6]], "
+                   "\"rope\": {\"base\": 100}}", NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id,
+                   "{\"truncate\": 1, \"k\": [[3e38, 3e38]], \"v\": [[1, 2]], "
+                   "\"rope\": {\"base\": 100}}", NULL);
+    ck_assert_error_field(r, 422, "invalid_value", "k");
+    reply_free(&r);
+    g = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g, NULL, "length"), 3);
+    reply_free(&g);
     r = cache_call(shared.port, "DELETE", id, NULL, NULL);
     reply_free(&r);
 }
@@ -4828,7 +4884,9 @@ END_TEST
  * and its keys narrow, so that the body is small and the work long. */
 START_TEST(cache_attention_abandoned_stops_midway)
 {
-    server s = start_server("--threads", "1");
+    /* A fast probe asks for up to 262144 query rows: --max-work well above
+     * their ~1e12 FLOPs keeps the heavy request from being refused. */
+    server s = start_server("--threads", "1", "--max-work", "1e13");
     char id[23];
     cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
     char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
@@ -4852,7 +4910,13 @@ START_TEST(cache_attention_abandoned_stops_midway)
     snprintf(path, sizeof path, "/v1/caches/%s/attention", id);
     int fd = post_to("127.0.0.1", s.port, path, heavy);
     free(heavy);
-    ck_assert(wait_computing(s.port, 1));
+    if (!wait_computing(s.port, 1)) {
+        char answer[300];
+        bool closed;
+        read_until_close(fd, answer, sizeof answer, 1, &closed);
+        ck_abort_msg("the heavy cache attention (probe %.1f ms, %.0f rows) never computed; "
+                     "it got: %s", took, rows, answer);
+    }
     struct linger reset = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
     close(fd);

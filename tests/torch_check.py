@@ -87,6 +87,22 @@ class Server:
                 self.proc.wait()
         return self.proc.returncode
 
+    def request(self, method, path, body=None):
+        """Any method, a JSON body or none; returns (status, headers, parsed json or None)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path), data=data,
+                                     headers={"Content-Type": "application/json"}, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, headers, text = r.status, r.headers, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, headers, text = e.code, e.headers, e.read().decode()
+        try:
+            parsed = json.loads(text) if text else None
+        except ValueError:
+            parsed = None
+        return status, headers, parsed
+
     def post(self, path, body):
         """POST a JSON body (dict or raw text); returns (status, text, parsed json or None)."""
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
@@ -1445,6 +1461,150 @@ def random_ragged_case(c, srv, seed):
                 **variants)
 
 
+# ---- KV caches: each step against torch over the keys and values cached so far
+
+
+class CacheModel:
+    """A cache on the server and what it should hold: the keys as appended
+    (rotated at their absolute positions when the cache has rope, in
+    float64, then rounded to the cache's dtype) and the values, rounded."""
+
+    ROUND = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+    def __init__(self, c, srv, hkv, d, dv, dtype, rope=None):
+        self.c, self.srv, self.hkv, self.d, self.dv, self.dtype, self.rope = c, srv, hkv, d, dv, dtype, rope
+        st, hdr, j = srv.request("POST", "/v1/caches", {"num_kv_heads": hkv, "head_dim": d,
+                                                          "value_dim": dv, "dtype": dtype})
+        c.expect(st == 201, "create: status %d: %s" % (st, j))
+        self.id = j["id"]
+        c.expect(hdr.get("Location") == "/v1/caches/" + self.id, "Location %r" % hdr.get("Location"))
+        want = {"num_kv_heads": hkv, "head_dim": d, "value_dim": dv, "dtype": dtype, "length": 0}
+        c.expect(all(j.get(key) == val for key, val in want.items()), "create answered %s" % j)
+        self.k, self.v = np.zeros((hkv, 0, d)), np.zeros((hkv, 0, dv))
+
+    def stored(self, a):
+        return torch.from_numpy(np.asarray(a, np.float64)).to(self.ROUND[self.dtype]).double().numpy()
+
+    def step(self, what, truncate=None, n_new=0, hq=0, n_q=0, rank2=False, rel=FWD_TOL, **opts):
+        """One POST .../attention; the output and lse against torch float64."""
+        c = self.c
+        body = {}
+        k, v = self.k, self.v
+        if truncate is not None:
+            body["truncate"] = truncate
+            k, v = k[:, :truncate], v[:, :truncate]
+        if n_new:
+            nk, nv = rnd(self.hkv, n_new, self.d), rnd(self.hkv, n_new, self.dv)
+            body["k"], body["v"] = enc(nk[0] if rank2 else nk), enc(nv[0] if rank2 else nv)
+            tk = torch.from_numpy(nk.astype(np.float64))
+            if self.rope:
+                tk = rope_rotate(tk, torch.arange(k.shape[1], k.shape[1] + n_new), self.rope)
+            k = np.concatenate([k, self.stored(tk.numpy())], 1)
+            v = np.concatenate([v, self.stored(nv)], 1)
+        length = k.shape[1]
+        q = rnd(hq, n_q, self.d) if hq else None
+        if q is not None:
+            body["q"] = enc(q[0] if rank2 else q)
+        if self.rope:
+            body["rope"] = {"base": self.rope}
+        variant_fields(body, opts, "nested")
+        for key in ("causal", "scale", "return_lse"):
+            if key in opts:
+                body[key] = opts[key]
+        st, _, j = self.srv.request("POST", "/v1/caches/%s/attention" % self.id, body)
+        if st != 200:
+            c.fail("%s: status %d: %s" % (what, st, j))
+            return
+        self.k, self.v = k, v
+        c.expect(j["cache"]["length"] == length, "%s: length %r, expected %d" % (what, j["cache"]["length"], length))
+        if q is None:
+            c.expect("output" not in j, "%s: an output without q" % what)
+            return
+        tq = torch.from_numpy(q.astype(np.float64))
+        if self.rope:  # each query at its own position, the last row at the last one
+            tq = rope_rotate(tq, torch.arange(length - n_q, length), self.rope)
+        scale = opts.get("scale", 1.0 / math.sqrt(self.d))
+        r = attend(tq, torch.from_numpy(k), torch.from_numpy(v), scale, opts.get("causal", True), None,
+                   opts.get("window"), opts.get("alibi"), opts.get("softcap"))
+        o, lse = r["o"].numpy(), r["lse"].numpy()
+        if rank2:
+            o, lse = o[0], lse[0]
+        c.close(what + " output", dec(j["output"]), o, rel=rel)
+        if opts.get("return_lse"):
+            lse_close(c, j["lse"], lse, rel=rel)
+
+
+def cache_case(c, srv, hkv, d, dv, dtype="float32", rope=None):
+    """A cache's life: appends that cross its 64-position pages, GQA decoding
+    and prefill steps (causal by default, the last query row at the last
+    position; more query rows than positions), truncates, every variant,
+    "causal": false, then GET, DELETE, and 404 after. float16 and bfloat16
+    storage round what is appended (after the rotation, with rope); the
+    reference holds the same rounded keys and values, so only float32
+    arithmetic (and, with rope, a rounding a float32 rotation may flip)
+    separates the two."""
+    # room for one flipped rounding of a rotated key (a half's ulp moves an
+    # output by less than this); a key left unrounded would move it more
+    rel = FWD_TOL if rope is None or dtype == "float32" else {"float16": 2e-4, "bfloat16": 2e-3}[dtype]
+    m = CacheModel(c, srv, hkv, d, dv, dtype, rope)
+    rank2 = hkv == 1
+    m.step("append 5", n_new=5, rank2=rank2)
+    m.step("decode", n_new=1, hq=hkv * 2, n_q=1, rel=rel, return_lse=True)
+    m.step("prefill 66", n_new=66, hq=hkv * 2, n_q=66, rel=rel, return_lse=True)
+    m.step("attend only, causal false", hq=hkv, n_q=3, rel=rel, causal=False)
+    m.step("truncate+append+attend", truncate=60, n_new=9, hq=hkv * 4, n_q=4, rel=rel, return_lse=True)
+    m.step("window", n_new=1, hq=hkv * 2, n_q=70, rel=rel, return_lse=True, window=(10, 0))
+    m.step("alibi softcap scale", n_new=2, hq=hkv * 2, n_q=3, rel=rel, return_lse=True,
+           alibi=alibi_slopes(hkv * 2), softcap=3.0, scale=f32(0.6))
+    m.step("window, causal false", hq=hkv, n_q=2, rel=rel, causal=False, window=(3, 3))
+    m.step("truncate to 1, more rows than positions", truncate=1, n_new=1, hq=hkv, n_q=4, rel=rel,
+           return_lse=True, rank2=rank2)
+    path = "/v1/caches/" + m.id
+    st, _, j = srv.request("GET", path)
+    c.expect(st == 200 and j["length"] == 2 and j["id"] == m.id, "GET: %d %s" % (st, j))
+    st, _, j = srv.request("POST", path + "/attention", {"q": enc(rnd(hkv, 1, d)), "grad_output": [[[1.0] * dv]] * hkv})
+    c.expect(st == 422, "grad_output over a cache: status %d, expected 422" % st)
+    st, _, _ = srv.request("DELETE", path)
+    c.expect(st == 204, "DELETE: status %d" % st)
+    for method in ("GET", "DELETE"):
+        st, _, j = srv.request(method, path)
+        c.expect(st == 404 and (j or {}).get("error", {}).get("code") == "cache_not_found",
+                 "%s after DELETE: %d %s" % (method, st, j))
+
+
+def cache_bf16_case(c, srv, hkv, hq, n, n_q, d, dv, dtype):
+    """precision bfloat16 over a cache (appended in two parts) gives the bits
+    of /v1/attention's bfloat16 products over the same keys and values as
+    the cache stores them, causal bottom-right; both near float64 torch."""
+    st, _, j = srv.request("POST", "/v1/caches", {"num_kv_heads": hkv, "head_dim": d, "value_dim": dv,
+                                                  "dtype": dtype})
+    if st != 201:
+        c.fail("create: %d %s" % (st, j))
+        return
+    path = "/v1/caches/%s/attention" % j["id"]
+    k, v, q = rnd(hkv, n, d), rnd(hkv, n, dv), rnd(hq, n_q, d)
+    half = n // 2
+    srv.request("POST", path, {"k": enc(k[:, :half], "base64"), "v": enc(v[:, :half], "base64")})
+    st, _, a = srv.request("POST", path, {"k": enc(k[:, half:], "base64"), "v": enc(v[:, half:], "base64"),
+                                          "q": enc(q, "base64"), "precision": "bfloat16",
+                                          "return_lse": True, "output_encoding": "base64"})
+    tdt = CacheModel.ROUND[dtype]
+    ks, vs = (torch.from_numpy(x).to(tdt).float().numpy() for x in (k, v))
+    st2, _, b = srv.request("POST", "/v1/attention", {"q": enc(q, "base64"), "k": enc(ks, "base64"),
+                                                      "v": enc(vs, "base64"), "causal": True,
+                                                      "precision": "bfloat16", "return_lse": True,
+                                                      "output_encoding": "base64"})
+    if st != 200 or st2 != 200:
+        c.fail("status %d / %d: %s %s" % (st, st2, a, b))
+        return
+    c.expect(a["output"]["base64"] == b["output"]["base64"],
+             "output: not /v1/attention's bits (max difference %g)"
+             % float(np.max(np.abs(dec(a["output"]) - dec(b["output"])))))
+    c.expect(a["lse"]["base64"] == b["lse"]["base64"], "lse: not /v1/attention's bits")
+    r64 = ref_sdpa(q, ks, vs, torch.float64, True)
+    c.close("output vs float64", dec(a["output"]), r64["o"], rel=3e-2)
+
+
 # ---- errors
 
 
@@ -1477,6 +1637,104 @@ def bf16_compare(c, what, ours, torch_bf16, ref64, keep=None):
              "torch's %.3g" % (what, max_ours, max_torch))
 
 
+def bf16_documented(q, k, v, go, causal=False, mask=None, window=None, alibi=None, softcap=None,
+                    rope=None):
+    """precision bfloat16 as api/openapi.yaml's Precision section defines it,
+    in float64 torch with bfloat16 roundings (to nearest even) where it puts
+    them: bf16(q) bf16(k) summed to a float32 score; the online softmax over
+    blocks of 64 keys, each block's weights bf16(exp(x - m(t))) summed into
+    l as rounded; o = sum p bf16(v) / l; backward from the float32
+    P = exp(x - m) / l: dP = bf16(dO) bf16(v)^T, dS = P (dP - delta) times
+    the scale and softcap's derivative (0 where P is 1), dV = bf16(P)^T
+    bf16(dO), dQ = bf16(dS) bf16(k), dK = bf16(dS)^T bf16(q). The float32
+    sums' order is left out: it moves a result by float32 ulps, where an
+    operand left unrounded moves it by bfloat16's (2^-9). Returns o, dq, dk, dv."""
+    f64 = torch.float64
+
+    def bf(t):
+        return t.to(torch.float32).to(torch.bfloat16).to(f64)
+    tq, tk, tv, tg = (torch.from_numpy(np.asarray(a, np.float64).copy()) for a in (q, k, v, go))
+    d, n_q, n_k = tq.shape[-1], tq.shape[-2], tk.shape[-2]
+    scale = 1.0 / math.sqrt(d)
+    pos_q, pos_k = torch.arange(n_q) + (n_k - n_q), torch.arange(n_k)
+    if rope is not None:  # rotated in float32, then rounded
+        tq = rope_rotate(tq, pos_q, rope).float().double()
+        tk = rope_rotate(tk, pos_k, rope).float().double()
+    g = tq.shape[-3] // tk.shape[-3] if tq.dim() >= 3 else 1
+    kk, vv = (tk.repeat_interleave(g, dim=-3), tv.repeat_interleave(g, dim=-3)) if g > 1 else (tk, tv)
+    qb, kb, vb, gb = bf(tq), bf(kk), bf(vv), bf(tg)
+    x = (qb @ kb.transpose(-1, -2)).float().double() * scale
+    cap_d = torch.ones_like(x)
+    if softcap is not None:
+        t = torch.tanh(x / softcap)
+        x, cap_d = softcap * t, 1 - t * t
+    i, j = pos_q[:, None], pos_k[None, :]
+    if alibi is not None:
+        sl = torch.from_numpy(np.asarray(alibi, np.float64).copy())
+        lead = tuple(x.shape[:-2])
+        sl = sl.reshape(lead + (1, 1)) if sl.numel() == int(np.prod(lead)) else sl.reshape(-1, 1, 1)
+        x = x - sl * (i - j).abs().to(f64)
+    allowed = torch.ones(x.shape, dtype=torch.bool)
+    if mask is not None:
+        m = torch.from_numpy(np.asarray(mask).copy())
+        if m.dtype == torch.bool:
+            allowed = allowed & m
+        else:
+            x = x + m.to(f64)
+    if causal:
+        allowed = allowed & (j <= i)
+    if window is not None:
+        if window[0] != -1:
+            allowed = allowed & (j >= i - window[0])
+        if window[1] != -1:
+            allowed = allowed & (j <= i + window[1])
+    x = x.masked_fill(~allowed, float("-inf"))
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=f64)
+    l = torch.zeros(x.shape[:-1], dtype=f64)
+    acc = torch.zeros(x.shape[:-1] + (vv.shape[-1],), dtype=f64)
+    for t0 in range(0, n_k, 64):
+        xb = x[..., t0:t0 + 64]
+        m_new = torch.maximum(m, xb.max(dim=-1).values)
+        base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = bf(torch.exp(xb - base[..., None]))
+        r = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp(m - base))
+        l = l * r + p.sum(-1)
+        acc = acc * r[..., None] + p @ vb[..., t0:t0 + 64, :]
+        m = m_new
+    full = l == 0
+    lsafe = torch.where(full, torch.ones_like(l), l)
+    o = torch.where(full[..., None], torch.zeros_like(acc), acc / lsafe[..., None])
+    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    P = (torch.exp(x - base[..., None]) / lsafe[..., None]).masked_fill(full[..., None], 0.0)
+    P = P.float().double()
+    delta = (tg * o.float().double()).sum(-1)
+    dS = P * (gb @ vb.transpose(-1, -2) - delta[..., None]) * scale * cap_d
+    dS = torch.where(P == 1.0, torch.zeros_like(dS), dS)
+    dq = bf(dS) @ kb
+    dk = bf(dS).transpose(-1, -2) @ qb
+    dv = bf(P).transpose(-1, -2) @ gb
+    if g > 1:
+        dk = dk.reshape(tk.shape[:-3] + (tk.shape[-3], g) + dk.shape[-2:]).sum(-3)
+        dv = dv.reshape(tv.shape[:-3] + (tv.shape[-3], g) + dv.shape[-2:]).sum(-3)
+    if rope is not None:  # turned back
+        dq, dk = rope_rotate(dq, -pos_q, rope), rope_rotate(dk, -pos_k, rope)
+    return {"o": o.numpy(), "dq": dq.numpy(), "dk": dk.numpy(), "dv": dv.numpy()}
+
+
+def bf16_documented_close(c, what, got, ref):
+    """Against bf16_documented(): a root-mean-square difference within 2e-4 of
+    the reference's, and the largest within 1e-2 of max(1, |ref|) (a weight or
+    dS whose rounding a float32 ulp flips moves a few elements by a
+    bfloat16 ulp)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    d = got - ref
+    rms = math.sqrt(float(np.mean(d * d))) / max(math.sqrt(float(np.mean(ref * ref))), 1e-30)
+    big = float(np.max(np.abs(d))) / max(1.0, float(np.max(np.abs(ref))))
+    c.note += "%s~doc %.1e " % (what, rms)
+    c.expect(rms <= 2e-4, "%s: rms difference %.3g from the documented bfloat16 algorithm" % (what, rms))
+    c.expect(big <= 1e-2, "%s: largest difference %.3g from the documented bfloat16 algorithm" % (what, big))
+
+
 def bf16_attention_case(c, srv, shape_q, shape_k, shape_v, causal=False, mask=None, **variants):
     """precision bfloat16 on /v1/attention against float64 torch, and torch's own
     bfloat16 math path (q, k, v in bfloat16; its matmuls, softmax and autograd in
@@ -1501,6 +1759,10 @@ def bf16_attention_case(c, srv, shape_q, shape_k, shape_v, causal=False, mask=No
     bf16_compare(c, "output", dec(resp["output"]), rbf["o"].astype(np.float64), r64["o"], keep)
     for name, key in (("q", "dq"), ("k", "dk"), ("v", "dv")):
         bf16_compare(c, "grad." + name, dec(resp["grad"][name]), rbf[key].astype(np.float64), r64[key])
+    doc = bf16_documented(q, k, v, go, causal, mask, **variants)
+    bf16_documented_close(c, "output", dec(resp["output"]), doc["o"])
+    for name in ("q", "k", "v"):
+        bf16_documented_close(c, "grad." + name, dec(resp["grad"][name]), doc["d" + name])
 
 
 def bf16_mha_case(c, srv, B=2, n=48, d_model=32, h=4, causal=True):
@@ -1847,6 +2109,20 @@ def cases(srv):
     run_case(R + "error seq_lens_k alone -> 422", error_case, srv, "/v1/attention",
              {"q": [[1, 2], [3, 4]], "k": [[1, 2], [3, 4]], "v": [[1, 2], [3, 4]], "seq_lens_k": [2]},
              422, "invalid_value", "seq_lens_k")
+    C = "cache "
+    run_case(C + "float32 GQA", cache_case, srv, 2, 16, 8)
+    run_case(C + "float32 one head (rank-2 k, v)", cache_case, srv, 1, 8, 4)
+    run_case(C + "float16 GQA", cache_case, srv, 2, 8, 8, "float16")
+    run_case(C + "bfloat16", cache_case, srv, 1, 16, 4, "bfloat16")
+    run_case(C + "rope float32", cache_case, srv, 2, 16, 8, rope=10000.0)
+    run_case(C + "rope float16", cache_case, srv, 2, 16, 8, "float16", rope=100.0)
+    run_case(C + "rope bfloat16 one head", cache_case, srv, 1, 16, 8, "bfloat16", rope=10000.0)
+    run_case(C + "bfloat16 precision: /v1's bits, float32 GQA", cache_bf16_case, srv, 2, 8, 150, 5, 64, 32,
+             "float32")
+    run_case(C + "bfloat16 precision: /v1's bits, float16 decode", cache_bf16_case, srv, 1, 4, 70, 1, 16, 8,
+             "float16")
+    run_case(C + "bfloat16 precision: /v1's bits, bfloat16 prefill", cache_bf16_case, srv, 4, 4, 130, 70, 32,
+             16, "bfloat16")
     P = "bfloat16 "
     run_case(P + "plain n_q!=n_k, odd d", bf16_attention_case, srv, (2, 70, 33), (2, 150, 33), (2, 150, 17))
     run_case(P + "causal d=64", bf16_attention_case, srv, (4, 128, 64), (4, 128, 64), (4, 128, 64),
