@@ -79,10 +79,17 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
-/* Normal-ish values (sum of uniforms): what activations look like. */
+/* Normal-ish values (sum of uniforms): what activations look like. On a
+ * cache line's boundary, as attnd's tensors and PyTorch's are (malloc's
+ * large blocks start 16 bytes into a line, and every row would straddle
+ * one line more than it fills). */
 static float *alloc_random(size_t count, unsigned *seed, float scale)
 {
-    float *x = xmalloc(count * sizeof *x);
+    float *x = aligned_alloc(64, (count * sizeof *x + 63) / 64 * 64);
+    if (x == NULL) {
+        fprintf(stderr, "kernel: out of memory (%zu floats)\n", count);
+        exit(1);
+    }
     for (size_t i = 0; i < count; i++) {
         float s = 0.0f;
         for (int j = 0; j < 4; j++)

@@ -20,6 +20,8 @@
 #ifndef ATTN_KERN_H
 #define ATTN_KERN_H
 
+#include <limits.h>
+
 #include "sdpa.h"
 
 /* Keys per packed panel and per key tile, forward and backward. 64 keys
@@ -67,6 +69,37 @@ typedef struct {
     const uint32_t *kp, *vp;
 } kern_keys;
 
+/* Lines for the caches to fetch a few at a time while a short sequence's
+ * step computes: the next item's rows, byte ranges [at, end) taken from
+ * the last. A core has few buffers for lines on their way (a dozen or
+ * two): asked for all at once, the next item's hundred lines would stall
+ * the step until most are under way; asked for along its loops, they
+ * arrive while it computes. */
+#define KERN_PF_RANGES 8
+typedef struct {
+    uintptr_t at[KERN_PF_RANGES], end[KERN_PF_RANGES];
+    int n; /* ranges left */
+} kern_prefetch;
+
+/* Of the next item's lines, those asked for before a short sequence's
+ * panel is packed (its first: the next panel's keys). */
+#define KERN_PF_BEFORE_PACK 16
+
+/* Asks for the next `lines` lines of pf (none when pf is NULL). */
+static inline void kern_prefetch_some(kern_prefetch *pf, int lines)
+{
+    while (pf != NULL && lines > 0 && pf->n > 0) {
+        const int i = pf->n - 1;
+        if (pf->at[i] >= pf->end[i]) {
+            pf->n--;
+            continue;
+        }
+        __builtin_prefetch((const void *)pf->at[i], 0, 3);
+        pf->at[i] += 64;
+        lines--;
+    }
+}
+
 typedef struct attn_kern attn_kern;
 
 struct attn_kern {
@@ -94,9 +127,11 @@ struct attn_kern {
      * and, when rows is not NULL, their softmax rows, each the bits the
      * tiled path (forward_tile on the one tile, then the rows' finish)
      * gives. False when a row needs that path (a score or an output not
-     * finite, a row that sees no key); its rows may be written then. */
+     * finite, a row that sees no key); its rows may be written then. The
+     * lines of pf (NULL: none) are asked for along the way, all of them by
+     * the end. */
     bool (*forward_short)(const sdpa_call *c, int64_t b, int64_t h, const float *kt,
-                          int64_t ld, float *o, attn_softmax_row *rows);
+                          int64_t ld, float *o, attn_softmax_row *rows, kern_prefetch *pf);
 
     /* Adds the tile's contributions to dq, dk and dv (FlashAttention-2). */
     void (*backward_tile)(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_keys *keys,

@@ -27,6 +27,7 @@ static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vset1(float x) { return _mm256_set1_ps(x); }
 static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
 static inline void vstore(float *p, vf x) { _mm256_storeu_ps(p, x); }
+static inline void vstream(float *p, vf x) { _mm256_stream_ps(p, x); }
 static inline vmask vmask_first(int n)
 {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

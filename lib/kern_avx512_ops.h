@@ -21,6 +21,7 @@ static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vset1(float x) { return _mm512_set1_ps(x); }
 static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
 static inline void vstore(float *p, vf x) { _mm512_storeu_ps(p, x); }
+static inline void vstream(float *p, vf x) { _mm512_stream_ps(p, x); }
 static inline vmask vmask_first(int n)
 {
     return (vmask)(n >= VW ? 0xffffu : (1u << n) - 1u);

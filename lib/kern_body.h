@@ -195,11 +195,12 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
 /* o [rows, ..) = (P v)[rows] / l, one register block of nv vectors: P
  * [rows, keys] (row stride ldp), the products from zero, key by key
  * (KF(block)'s order), each lane then divided as scale_wide divides (inv =
- * 1 / l). The lanes not finite. */
+ * 1 / l), and written around the caches when `stream` (whole vectors, o and
+ * ldo aligned to them). The lanes not finite. */
 static inline __attribute__((always_inline)) vmask
 KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, const float *pm,
                     int64_t ldp, const float *v, int64_t ldv, float *o, int64_t ldo, vmask last,
-                    const double *inv)
+                    const double *inv, bool stream, kern_prefetch *pf)
 {
     vf acc[KMR][KNV];
 #pragma GCC unroll 8
@@ -215,6 +216,7 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
     const float *vp = v;
 #pragma GCC unroll 2
     for (int64_t j = 0; j < keys; j++, vp += ldv) {
+        kern_prefetch_some(pf, 2);
         vf bv[KNV];
 #pragma GCC unroll 4
         for (int u = 0; u < nv; u++)
@@ -238,6 +240,8 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
             bad |= vnonfinite(y);
             if (masked && u == nv - 1)
                 vstore_m(o + r * ldo + u * VW, y, last);
+            else if (stream)
+                vstream(o + r * ldo + u * VW, y);
             else
                 vstore(o + r * ldo + u * VW, y);
         }
@@ -247,8 +251,8 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
 
 #define KERN_SHORT_ARGS                                                                 \
     int rows, int64_t keys, const float *pm, int64_t ldp, const float *v, int64_t ldv,  \
-        float *o, int64_t ldo, vmask last, const double *inv
-#define KERN_SHORT_PASS rows, keys, pm, ldp, v, ldv, o, ldo, last, inv
+        float *o, int64_t ldo, vmask last, const double *inv, bool stream, kern_prefetch *pf
+#define KERN_SHORT_PASS rows, keys, pm, ldp, v, ldv, o, ldo, last, inv, stream, pf
 #define KERN_SHORT_INSTANCE(name, nv, masked)                                           \
     static vmask name(KERN_SHORT_ARGS)                                                  \
     {                                                                                   \
@@ -289,9 +293,17 @@ static const KF(short_out_fn) KF(short_outs)[KNV][2] = {
  * keys] (row stride ldp) and inv = 1 / l, a strip of KMR rows at a time:
  * the lanes not finite. */
 static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const float *pm,
-                           int64_t ldp, const float *v, float *o, const double *inv)
+                           int64_t ldp, const float *v, float *o, const double *inv,
+                           kern_prefetch *pf)
 {
     const int64_t d_v = c->p->d_v, ldo = c->ldo;
+    /* Streaming stores take whole aligned vectors, and pay off for whole
+     * cache lines (a part of a line goes to memory as a slow partial
+     * write): every row of whole lines. */
+    enum { LINE = 64 / sizeof(float) };
+    const bool stream = c->out_stream && LINE % VW == 0 &&
+                        (uintptr_t)o % (LINE * sizeof(float)) == 0 && ldo % LINE == 0 &&
+                        d_v % LINE == 0;
     vmask bad = vmask_first(0);
     for (int r0 = 0; r0 < rows; r0 += KMR) {
         const int strip = rows - r0 < KMR ? rows - r0 : KMR;
@@ -301,7 +313,7 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
             const int tail = (int)(width - (int64_t)(nv - 1) * VW);
             bad |= KF(short_outs)[nv - 1][tail < VW](strip, keys, pm + r0 * ldp, ldp, v + c0,
                                                      c->ldv, o + r0 * ldo + c0, ldo,
-                                                     vmask_first(tail), inv + r0);
+                                                     vmask_first(tail), inv + r0, stream, pf);
         }
     }
     return bad;
@@ -320,7 +332,7 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
 static inline __attribute__((always_inline)) bool
 KF(short_vector_rows)(const int R, const sdpa_call *c, int rows, int64_t keys, const float *q,
                       const float *kt, int64_t ld, int64_t i0, bool whole, float *pm,
-                      double *inv, attn_softmax_row *sm)
+                      double *inv, attn_softmax_row *sm, kern_prefetch *pf)
 {
     const int64_t d_k = c->p->d_k, ldq = c->ldq;
     const vmask lanes = vmask_first((int)keys);
@@ -340,6 +352,7 @@ KF(short_vector_rows)(const int R, const sdpa_call *c, int rows, int64_t keys, c
         acc[r] = vzero();
         off[r] = (r < rows ? r : 0) * ldq;
     }
+    kern_prefetch_some(pf, 8);
     const float *ap = q, *bp = kt;
 #pragma GCC unroll 2
     for (int64_t p = 0; p < d_k; p++, ap++, bp += ld) {
@@ -381,8 +394,8 @@ KF(short_vector_rows)(const int R, const sdpa_call *c, int rows, int64_t keys, c
 
 #define KERN_VROWS_ARGS                                                                    \
     const sdpa_call *c, int rows, int64_t keys, const float *q, const float *kt, int64_t ld, \
-        int64_t i0, bool whole, float *pm, double *inv, attn_softmax_row *sm
-#define KERN_VROWS_PASS c, rows, keys, q, kt, ld, i0, whole, pm, inv, sm
+        int64_t i0, bool whole, float *pm, double *inv, attn_softmax_row *sm, kern_prefetch *pf
+#define KERN_VROWS_PASS c, rows, keys, q, kt, ld, i0, whole, pm, inv, sm, pf
 #define KERN_VROWS_INSTANCE(R)                                                             \
     static bool KF(short_vector_rows_##R)(KERN_VROWS_ARGS)                                 \
     {                                                                                      \
@@ -478,7 +491,7 @@ static bool KF(short_softmax)(const sdpa_call *c, float *s, int rows, int64_t ke
  * score not finite, a row that sees no key, an output not finite); rows
  * may have been written then. */
 static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const float *kt,
-                              int64_t ld, float *o, attn_softmax_row *rows)
+                              int64_t ld, float *o, attn_softmax_row *rows, kern_prefetch *pf)
 {
     const attn_sdpa_params *p = c->p;
     const int64_t ldq = c->ldq, ldo = c->ldo;
@@ -493,6 +506,7 @@ static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const fl
     float pm[KSR * KERN_BK];
     double inv[KSR];
     const int block = keys <= VW ? KSR : KMR;
+    int64_t done = 0; /* rows */
     for (int64_t r0 = 0; r0 < n; r0 += block) {
         const int strip = (int)KMIN((int64_t)block, n - r0);
         attn_softmax_row *sm = rows != NULL ? rows + r0 : NULL;
@@ -501,17 +515,19 @@ static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const fl
             ldp = VW;
             if (!KF(short_vector_blocks)[(strip + 3) / 4 - 1](c, strip, keys, q + r0 * ldq, kt,
                                                              ld, c->q_lo + r0, whole, pm, inv,
-                                                             sm))
-                return false;
+                                                             sm, pf))
+                break;
         } else {
             KF(gemm)(strip, keys, p->d_k, q + r0 * ldq, ldq, 1, kt, ld, pm, KERN_BK, false);
             if (!KF(short_softmax)(c, pm, strip, keys, c->q_lo + r0, whole, inv, sm))
-                return false;
+                break;
         }
-        if (!vmask_none(KF(short_out)(c, strip, keys, pm, ldp, v, o + r0 * ldo, inv)))
-            return false;
+        if (!vmask_none(KF(short_out)(c, strip, keys, pm, ldp, v, o + r0 * ldo, inv, pf)))
+            break;
+        done += strip;
     }
-    return true;
+    kern_prefetch_some(pf, INT_MAX);
+    return done == n;
 }
 
 #undef KSR

@@ -24,6 +24,7 @@ static inline vf vzero(void) { return 0.0f; }
 static inline vf vset1(float x) { return x; }
 static inline vf vload(const float *p) { return *p; }
 static inline void vstore(float *p, vf x) { *p = x; }
+static inline void vstream(float *p, vf x) { *p = x; }
 static inline vmask vmask_first(int n) { return n > 0; }
 static inline vf vload_m(const float *p, vmask m) { return m ? *p : 0.0f; }
 static inline void vstore_m(float *p, vf x, vmask m)

@@ -11,6 +11,8 @@
  *   VW              floats per vector
  *   vf, vmask       a vector of VW floats, and a lane mask
  *   vzero() vset1(x) vload(p) vstore(p, x)
+ *   vstream(p, x)   a store around the caches (non-temporal), p aligned to a
+ *                   whole vector; the portable kernel's is vstore's
  *   vmask_first(n)  lanes 0 .. n-1 (0 <= n <= VW)
  *   vload_m(p, m)   masked lanes read (others 0); vstore_m(p, x, m)
  *   vadd vsub vmul vmax vfma(a, b, c) = a * b + c

@@ -44,7 +44,23 @@ typedef struct {
      * .. n_q, 0 .. n_k) as sdpa_call_of makes it. */
     int64_t q_lo, q_hi, k_lo, k_hi;
     bool bf16;  /* ATTN_PRECISION_BFLOAT16 */
+    /* The forward's output is large and nothing reads it soon: the short
+     * sequences' step writes its rows around the caches (non-temporal
+     * stores, where they are aligned to whole vectors), which spares the
+     * memory reading each line before it is overwritten. The one who sets
+     * it fences the stores (sdpa_fence_streams) before the rows are read. */
+    bool out_stream;
 } sdpa_call;
+
+/* Orders the non-temporal stores made so far (sdpa_call.out_stream) before
+ * whatever follows: a plain store to the same rows, the end of a unit that
+ * another thread's join waits for. */
+static inline void sdpa_fence_streams(void)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_sfence();
+#endif
+}
 
 /* "Unbounded": far beyond any n, yet p_i +- SDPA_FAR cannot overflow. */
 #define SDPA_FAR ((int64_t)1 << 60)
@@ -134,6 +150,10 @@ typedef struct {
 
 /* At most this many units: a few hundred dispatches for any call. */
 #define SDPA_UNITS_MAX 256
+/* A forward's output from this size on (bytes) is written around the
+ * caches where the kernels can (sdpa_call.out_stream): several times what
+ * a core's caches hold, it would only push the inputs out of them. */
+#define SDPA_STREAM_OUT_BYTES ((double)(16 << 20))
 /* Units are not cut below this cost (FLOP-equivalents, a few microseconds
  * of one core), so that a small call is not split into dispatches that
  * cost more than their work. */

@@ -437,36 +437,71 @@ typedef struct {
 } fwd_unit;
 
 /* Asks the caches for rows [r0, r1) of head h of a tensor at `base` with
- * `heads` heads of width d (row stride ld). */
+ * `heads` heads of width d (row stride ld), line by line: where the rows
+ * follow each other (ld == d), as one range. */
 static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t h, int64_t heads,
                           int64_t n, int64_t d, int64_t ld, int64_t r0, int64_t r1, bool write)
 {
-    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d);
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t f = 0; f < d; f += 64 / (int64_t)sizeof(float)) {
+    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d) + r0 * ld;
+    const int64_t span = ld == d ? (r1 - r0) * d : d, rows = ld == d ? 1 : r1 - r0;
+    for (int64_t r = 0; r < rows; r++, row += ld) {
+        const uintptr_t end = (uintptr_t)(row + span);
+        for (uintptr_t line = (uintptr_t)row / 64 * 64; line < end; line += 64) {
             if (write)
-                __builtin_prefetch(row + r * ld + f, 1);
+                __builtin_prefetch((const void *)line, 1);
             else
-                __builtin_prefetch(row + r * ld + f, 0);
+                __builtin_prefetch((const void *)line, 0);
         }
+    }
 }
 
-/* Prefetches the rows of item hk of sequence s (its key/value head hk)
- * when that is a short sequence's. Only for a ragged batch (batch 0's
- * heads). */
-static void prefetch_item(const fwd_job *job, int64_t s, int64_t hk)
+/* Adds rows [r0, r1) of head h of a tensor at `base` (heads of width d,
+ * the rows following each other) to pf, as one range of lines. */
+static void lines_of_rows(kern_prefetch *pf, const attn_sdpa_params *p, const float *base,
+                          int64_t h, int64_t heads, int64_t n, int64_t d, int64_t r0, int64_t r1)
+{
+    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d) + r0 * d;
+    pf->at[pf->n] = (uintptr_t)row / 64 * 64;
+    pf->end[pf->n] = (uintptr_t)(row + (r1 - r0) * d);
+    pf->n++;
+}
+
+/* Asks for the rows of item hk of sequence s (its key/value head hk) when
+ * that is a short sequence's; only for a ragged batch (batch 0's heads).
+ * Where they are a few ranges of lines (a head's rows follow each other)
+ * and pf is not NULL, they go into pf, for the item before to ask for
+ * along its loops: k's first (the panel is packed first), v's last;
+ * otherwise they are asked for now. */
+static void prefetch_item(const fwd_job *job, int64_t s, int64_t hk, kern_prefetch *pf)
 {
     const sdpa_call *call = &job->call;
     const attn_sdpa_params *p = call->p;
+    if (pf != NULL)
+        pf->n = 0;
     if (p->ragged.seqs == 0 || s >= p->ragged.seqs)
         return;
     int64_t b;
     const sdpa_call c = sdpa_call_seq(call, s, &b);
     if (c.q_hi - c.q_lo > KERN_FWD_BQ || c.k_hi - c.k_lo > KERN_BK)
         return;
-    for (int64_t h = hk * c.group; h < (hk + 1) * c.group; h++) {
+    const int64_t h0 = hk * c.group, h1 = (hk + 1) * c.group;
+    if (pf != NULL && c.ldq == p->d_k && c.ldk == p->d_k && c.ldv == p->d_v &&
+        c.ldo == p->d_v && (c.out_stream ? 1 : 2) * c.group + 2 <= KERN_PF_RANGES) {
+        lines_of_rows(pf, p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.k_lo, c.k_hi);
+        for (int64_t h = h0; h < h1; h++) {
+            /* (Rows written around the caches need not be there.) */
+            if (!c.out_stream)
+                lines_of_rows(pf, p, job->out, h, p->heads_q, p->n_q, p->d_v, c.q_lo, c.q_hi);
+            lines_of_rows(pf, p, c.q, h, p->heads_q, p->n_q, p->d_k, c.q_lo, c.q_hi);
+        }
+        lines_of_rows(pf, p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.k_lo, c.k_hi);
+        return;
+    }
+    for (int64_t h = h0; h < h1; h++) {
         prefetch_rows(p, c.q, h, p->heads_q, p->n_q, p->d_k, c.ldq, c.q_lo, c.q_hi, false);
-        prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi, true);
+        if (!c.out_stream)
+            prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi,
+                          true);
     }
     prefetch_rows(p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.ldk, c.k_lo, c.k_hi, false);
     prefetch_rows(p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.ldv, c.k_lo, c.k_hi, false);
@@ -483,8 +518,9 @@ static float *block_weights(const fwd_job *job, const sdpa_tile *t)
 
 /* The item of short sequence c (batch entry b) for key/value head hk: its
  * query rows of each query head of the group, one after the other over the
- * same panel. */
-static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int64_t hk)
+ * same panel; the lines of pf (the next item's) asked for on the way. */
+static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int64_t hk,
+                          kern_prefetch *pf)
 {
     const fwd_job *job = u->job;
     const attn_sdpa_params *p = c->p;
@@ -505,6 +541,7 @@ static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int6
     for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
         if (whole) {
             if (!panel) {
+                kern_prefetch_some(pf, KERN_PF_BEFORE_PACK);
                 job->kern->pack_t(sdpa_head_k(c, b, t.h) + c->k_lo * c->ldk, c->ldk, keys,
                                   p->d_k, u->w->panel, ld);
                 panel = true;
@@ -513,10 +550,13 @@ static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int6
             const int64_t bh = b * p->heads_q + t.h;
             float *o = job->out + sdpa_head_o_at(c, b, t.h) + t.i0 * c->ldo;
             attn_softmax_row *rows = job->rows != NULL ? job->rows + bh * p->n_q + t.i0 : NULL;
-            if (job->kern->forward_short(c, b, t.h, u->w->panel, ld, o, rows))
+            if (job->kern->forward_short(c, b, t.h, u->w->panel, ld, o, rows, pf))
                 continue;
+            if (c->out_stream) /* (its streamed rows before the tiled path's stores) */
+                sdpa_fence_streams();
             panel = false; /* forward_block packs it its own way */
         }
+        kern_prefetch_some(pf, INT_MAX);
         forward_block(job, u->w, c, t, from, u->stats, block_weights(job, &t));
     }
 }
@@ -550,11 +590,12 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
      * rows take to come from memory: the next item's rows (the next
      * key/value head, or the next sequence's first) are asked for now, to
      * arrive while this one computes. */
+    kern_prefetch pf;
     if (i + 1 < c.p->heads_kv)
-        prefetch_item(job, s, i + 1);
+        prefetch_item(job, s, i + 1, &pf);
     else
-        prefetch_item(job, s + 1, 0);
-    forward_alone(u, &c, b, i);
+        prefetch_item(job, s + 1, 0, &pf);
+    forward_alone(u, &c, b, i, &pf);
 }
 
 /* Whether sequence s's items are one per key/value head (or none): a short
@@ -588,6 +629,8 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
     }
     if (p->ragged.seqs == 0 || p->layout != ATTN_LAYOUT_BHND) {
         attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
+        if (job->call.out_stream)
+            sdpa_fence_streams();
         return;
     }
     const sdpa_item_at end = job->units.start[unit + 1];
@@ -604,8 +647,17 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
                     const sdpa_call c = sdpa_call_seq(&job->call, r, &b);
                     if (c.q_hi == c.q_lo)
                         continue;
-                    prefetch_item(job, r + 1 < run ? r + 1 : s, r + 1 < run ? hk : hk + 1);
-                    forward_alone(&u, &c, b, hk);
+                    /* The next item: the next sequence's, the run's first
+                     * of the next head, or (likely this worker's next unit)
+                     * the first after the run. */
+                    kern_prefetch pf;
+                    if (r + 1 < run)
+                        prefetch_item(job, r + 1, hk, &pf);
+                    else if (hk + 1 < p->heads_kv)
+                        prefetch_item(job, s, hk + 1, &pf);
+                    else
+                        prefetch_item(job, run, 0, &pf);
+                    forward_alone(&u, &c, b, hk, &pf);
                 }
             s = run;
             continue;
@@ -615,6 +667,9 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
         else
             s++, i = 0;
     }
+    /* The unit's streamed rows are in memory before its end is seen. */
+    if (job->call.out_stream)
+        sdpa_fence_streams();
 }
 
 /* The sequence of head mean unit u of a ragged batch: the last s with
@@ -843,6 +898,11 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
         job.panel_words = (p->d_k + 1) / 2 * KERN_BK + KERN_BK / 2 * p->d_v;
     }
     const bool ragged = p->ragged.seqs > 0;
+    /* A ragged batch's output far larger than the cores' caches: its short
+     * sequences' rows go around them (the caller reads them back from
+     * memory in either case). */
+    job.call.out_stream = ragged && (double)p->heads_q * (double)p->n_q * (double)p->d_v *
+                                            sizeof(float) >= SDPA_STREAM_OUT_BYTES;
     job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = fwd_items,
                            .cost = fwd_cost, .seq_cost = fwd_seq_cost};
     _Alignas(64) char small[SMALL_WORKSPACE];

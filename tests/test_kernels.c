@@ -507,8 +507,9 @@ END_TEST
  * (forward_short); add a mask of zeros and it goes the tiled way. Both give
  * the same bits, output and softmax rows: with one vector of keys or more,
  * causal and windowed rows, grouped heads, cross lengths (rows that see no
- * key), widths off the vectors, both layouts, dense batch entries, and
- * scores that overflow (those rows handed back to the tiled path). */
+ * key), widths off the vectors, both layouts, dense batch entries, scores
+ * that overflow (those rows handed back to the tiled path), and outputs
+ * large enough to be written with streaming stores. */
 START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
 {
     const struct {
@@ -521,6 +522,10 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
         {1, 4, 2, 40, 24, 200, 24, 40, true, true, false, ATTN_LAYOUT_BNHD, 2.0},
         {1, 2, 1, 16, 16, 150, 16, 64, false, true, true, ATTN_LAYOUT_BHND, 2.0},
         {1, 1, 1, 64, 64, 40, 16, 0, true, false, false, ATTN_LAYOUT_BHND, 1e19},
+        /* outputs of more than SDPA_STREAM_OUT_BYTES, written around the
+         * caches: both layouts, grouped heads, rows handed back */
+        {1, 8, 8, 64, 64, 1200, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0},
+        {1, 8, 4, 64, 64, 1200, 16, 0, true, false, false, ATTN_LAYOUT_BNHD, 1e19},
         /* dense: B entries of max_q rows, max_k keys */
         {5, 2, 2, 64, 32, 0, 13, 13, false, false, false, ATTN_LAYOUT_BHND, 1.0},
         {3, 3, 1, 33, 64, 0, 7, 50, true, false, false, ATTN_LAYOUT_BNHD, 1.0},
@@ -569,6 +574,9 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
                                             NULL, &err) == ATTN_OK,
                           "%s", err.message);
         }
+        /* (the large ones are large enough) */
+        if (ci == 4 || ci == 5)
+            ck_assert((double)nq * (double)p.d_v * sizeof(float) >= SDPA_STREAM_OUT_BYTES);
         ck_assert_msg(same_bits(out[0], out[1], nq * (size_t)p.d_v), "case %zu: out", ci);
         ck_assert_msg(memcmp(rows[0], rows[1], nq * sizeof *rows[0]) == 0, "case %zu: rows", ci);
         for (int i = 0; i < 2; i++) {
