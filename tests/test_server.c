@@ -4214,6 +4214,27 @@ START_TEST(cache_attention_matches_double_reference_for_every_dtype_and_variant)
 }
 END_TEST
 
+/* A cache made with `config` and filled by `fill` refuses `step` (422
+ * invalid_value naming `field`) and keeps its `length` positions: the
+ * refusal came before the step's truncate. */
+static void refused_step_keeps_cache(const char *config, const char *fill, const char *step,
+                                     const char *field, int length)
+{
+    char id[23];
+    cache_new(shared.port, config, NULL, id);
+    reply r = cache_call(shared.port, "POST", id, fill, NULL);
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    r = cache_call(shared.port, "POST", id, step, NULL);
+    ck_assert_error_field(r, 422, "invalid_value", field);
+    reply_free(&r);
+    r = cache_call(shared.port, "GET", id, NULL, NULL);
+    ck_assert_int_eq(body_integer(&r, NULL, "length"), length);
+    reply_free(&r);
+    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
+    reply_free(&r);
+}
+
 START_TEST(cache_bad_shapes_are_422_naming_the_field)
 {
     char id[23];
@@ -4294,39 +4315,16 @@ START_TEST(cache_bad_shapes_are_422_naming_the_field)
 
     /* A value past bfloat16's range (3.4e38 rounds to an infinity) is
      * refused before the truncate changes anything, naming v */
-    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 1, \"dtype\": \"bfloat16\"}",
-              NULL, id);
-    r = cache_call(shared.port, "POST", id, "{\"k\": [[1], [2]], \"v\": [[1], [2]]}", NULL);
-    ck_assert_int_eq(r.status, 200);
-    reply_free(&r);
-    r = cache_call(shared.port, "POST", id,
-                   "{\"truncate\": 1, \"k\": [[1]], \"v\": [[3.4e38]]}", NULL);
-    ck_assert_error_field(r, 422, "invalid_value", "v");
-    reply_free(&r);
-    g = cache_call(shared.port, "GET", id, NULL, NULL);
-    ck_assert_int_eq(body_integer(&g, NULL, "length"), 2);
-    reply_free(&g);
-    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
-    reply_free(&r);
-
+    refused_step_keeps_cache("{\"num_kv_heads\": 1, \"head_dim\": 1, \"dtype\": \"bfloat16\"}",
+                             "{\"k\": [[1], [2]], \"v\": [[1], [2]]}",
+                             "{\"truncate\": 1, \"k\": [[1]], \"v\": [[3.4e38]]}", "v", 2);
     /* So is a key that overflows only once rope turns it at its position
      * (3e38 in both features at position 1: 3e38 (cos 1 + sin 1) = 4.1e38) */
-    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, id);
-    r = cache_call(shared.port, "POST", id,
-                   "{\"k\": [[1, 2], [3, 4], [5, 6]], \"v\": [[1, 2], [3, 4], [5, 6]], "
-                   "\"rope\": {\"base\": 100}}", NULL);
-    ck_assert_int_eq(r.status, 200);
-    reply_free(&r);
-    r = cache_call(shared.port, "POST", id,
-                   "{\"truncate\": 1, \"k\": [[3e38, 3e38]], \"v\": [[1, 2]], "
-                   "\"rope\": {\"base\": 100}}", NULL);
-    ck_assert_error_field(r, 422, "invalid_value", "k");
-    reply_free(&r);
-    g = cache_call(shared.port, "GET", id, NULL, NULL);
-    ck_assert_int_eq(body_integer(&g, NULL, "length"), 3);
-    reply_free(&g);
-    r = cache_call(shared.port, "DELETE", id, NULL, NULL);
-    reply_free(&r);
+    refused_step_keeps_cache("{\"num_kv_heads\": 1, \"head_dim\": 2}",
+                             "{\"k\": [[1, 2], [3, 4], [5, 6]], \"v\": [[1, 2], [3, 4], [5, 6]], "
+                             "\"rope\": {\"base\": 100}}",
+                             "{\"truncate\": 1, \"k\": [[3e38, 3e38]], \"v\": [[1, 2]], "
+                             "\"rope\": {\"base\": 100}}", "k", 3);
 }
 END_TEST
 

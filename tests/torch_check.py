@@ -187,35 +187,12 @@ def rope_rotate(x, positions, base):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, softcap=None,
-           rope=None):
-    """Attention of query rows tq [..., n_q, d_k] over tk [..., n_k, d_k], tv,
-    with every variant written from its definition; heads on
-    dim -3 (when present) are grouped-query: tk, tv may have fewer.
-
-    Positions are bottom-right aligned: query i at p_i = i + n_k - n_q, key j
-    at j.  The final score is softcap(scale q.k) - slope |p_i - j| + bias;
-    causal, window and a boolean mask hide keys.  Fully masked rows give
-    zeros (the contract), and their lse is -inf.  Returns a dict of torch tensors:
-    o, o_plain (plain -inf softmax: NaN rows), w, lse, full, s_raw (q.k after
-    the rotation), s_capped (scaled and capped, no ALiBi or bias), allowed,
-    and band (the pairs causal and window leave, what meta.flops counts)."""
-    dtype = tq.dtype
-    n_q, n_k = tq.shape[-2], tk.shape[-2]
-    pos_q = torch.arange(n_q) + (n_k - n_q)
-    pos_k = torch.arange(n_k)
-    if rope is not None:
-        tq = rope_rotate(tq, pos_q, rope)
-        tk = rope_rotate(tk, pos_k, rope)
-    kk, vv = tk, tv
-    if tq.dim() >= 3 and tq.shape[-3] != tk.shape[-3]:
-        g = tq.shape[-3] // tk.shape[-3]
-        kk, vv = tk.repeat_interleave(g, dim=-3), tv.repeat_interleave(g, dim=-3)
-    s_raw = tq @ kk.transpose(-1, -2)
-    s = s_raw * scale
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
-    s_capped = s
+def biased_and_visible(s, pos_q, pos_k, alibi, mask, causal, window):
+    """Scores s [.., n_q, n_k] with ALiBi (the slopes as float32, as attnd
+    reads them) and an additive mask added; and which pairs are visible: a
+    boolean mask's, within the band causal and window leave. Returns
+    (s, allowed, band)."""
+    dtype, n_q, n_k = s.dtype, s.shape[-2], s.shape[-1]
     i, j = pos_q[:, None], pos_k[None, :]
     if alibi is not None:
         sl = torch.from_numpy(np.asarray(alibi, np.float32).copy()).to(dtype)
@@ -241,7 +218,38 @@ def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, 
             band = band & (j >= i - left)
         if right != -1:
             band = band & (j <= i + right)
-    allowed = allowed & band
+    return s, allowed & band, band
+
+
+def attend(tq, tk, tv, scale, causal=False, mask=None, window=None, alibi=None, softcap=None,
+           rope=None):
+    """Attention of query rows tq [..., n_q, d_k] over tk [..., n_k, d_k], tv,
+    with every variant written from its definition; heads on
+    dim -3 (when present) are grouped-query: tk, tv may have fewer.
+
+    Positions are bottom-right aligned: query i at p_i = i + n_k - n_q, key j
+    at j.  The final score is softcap(scale q.k) - slope |p_i - j| + bias;
+    causal, window and a boolean mask hide keys.  Fully masked rows give
+    zeros (the contract), and their lse is -inf.  Returns a dict of torch tensors:
+    o, o_plain (plain -inf softmax: NaN rows), w, lse, full, s_raw (q.k after
+    the rotation), s_capped (scaled and capped, no ALiBi or bias), allowed,
+    and band (the pairs causal and window leave, what meta.flops counts)."""
+    n_q, n_k = tq.shape[-2], tk.shape[-2]
+    pos_q = torch.arange(n_q) + (n_k - n_q)
+    pos_k = torch.arange(n_k)
+    if rope is not None:
+        tq = rope_rotate(tq, pos_q, rope)
+        tk = rope_rotate(tk, pos_k, rope)
+    kk, vv = tk, tv
+    if tq.dim() >= 3 and tq.shape[-3] != tk.shape[-3]:
+        g = tq.shape[-3] // tk.shape[-3]
+        kk, vv = tk.repeat_interleave(g, dim=-3), tv.repeat_interleave(g, dim=-3)
+    s_raw = tq @ kk.transpose(-1, -2)
+    s = s_raw * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s_capped = s
+    s, allowed, band = biased_and_visible(s, pos_q, pos_k, alibi, mask, causal, window)
     full = ~allowed.any(dim=-1, keepdim=True)
     s_masked = s.masked_fill(~allowed, float("-inf"))
     w_plain = torch.softmax(s_masked, dim=-1)
@@ -1668,26 +1676,7 @@ def bf16_documented(q, k, v, go, causal=False, mask=None, window=None, alibi=Non
     if softcap is not None:
         t = torch.tanh(x / softcap)
         x, cap_d = softcap * t, 1 - t * t
-    i, j = pos_q[:, None], pos_k[None, :]
-    if alibi is not None:
-        sl = torch.from_numpy(np.asarray(alibi, np.float64).copy())
-        lead = tuple(x.shape[:-2])
-        sl = sl.reshape(lead + (1, 1)) if sl.numel() == int(np.prod(lead)) else sl.reshape(-1, 1, 1)
-        x = x - sl * (i - j).abs().to(f64)
-    allowed = torch.ones(x.shape, dtype=torch.bool)
-    if mask is not None:
-        m = torch.from_numpy(np.asarray(mask).copy())
-        if m.dtype == torch.bool:
-            allowed = allowed & m
-        else:
-            x = x + m.to(f64)
-    if causal:
-        allowed = allowed & (j <= i)
-    if window is not None:
-        if window[0] != -1:
-            allowed = allowed & (j >= i - window[0])
-        if window[1] != -1:
-            allowed = allowed & (j <= i + window[1])
+    x, allowed, _ = biased_and_visible(x, pos_q, pos_k, alibi, mask, causal, window)
     x = x.masked_fill(~allowed, float("-inf"))
     m = torch.full(x.shape[:-1], float("-inf"), dtype=f64)
     l = torch.zeros(x.shape[:-1], dtype=f64)
