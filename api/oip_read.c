@@ -306,7 +306,7 @@ static bool decode_json(const codec_doc *doc, const api_operation *o, const oip_
     }
     /* A number finite as a float32 may round to an infinity in FP16 or BF16
      * (70000 as FP16): refused as that infinity sent as binary data is,
-     * before the rounding makes it one */
+     * before the rounding makes it one. */
     size_t at;
     if (t->dtype == CODEC_F32 && t->f32 && in->dtype != CODEC_F32 &&
         !codec_half_fits(in->dtype, t->f32, (size_t)t->count, &at)) {

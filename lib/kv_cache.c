@@ -423,13 +423,23 @@ attn_status attn_kv_append_check(const attn_kv_cache *c, int64_t at, int64_t n_n
     const attn_kv_config *cfg = &c->config;
     if (n_new == 0 || !(rope_base > 0.0f) || cfg->head_dim % 2 != 0)
         return ATTN_OK;
+    if (attn_kv_bytes_after_append(c, n_new) < 0 ||
+        n_new > INT64_MAX / cfg->num_kv_heads / (cfg->head_dim + cfg->value_dim))
+        return attn_fail(err, ATTN_ERR_INVALID, "appending %lld positions is too large",
+                         (long long)n_new);
     /* A rotated element is a cos + b sin of two elements of its row, so
      * |a| + |b| bounds it: keys under half the dtype's limit cannot
-     * overflow, and need no rotation to tell (the usual case). */
+     * overflow, and need no rotation to tell (the usual case). A NaN
+     * stops the scan and goes the long way, to be named. */
     const size_t count = (size_t)(cfg->num_kv_heads * n_new * cfg->head_dim);
     float big = 0.0f;
-    for (size_t i = 0; i < count; i++)
-        big = fmaxf(big, fabsf(k[i]));
+    for (size_t i = 0; i < count && !isnan(big); i++) {
+        const float a = fabsf(k[i]);
+        if (!(a <= big))
+            big = a;
+    }
+    if (isnan(big))
+        return check_values(c, "k", k, n_new, cfg->head_dim, false, err);
     if (kv_fits(cfg->dtype, 2.0f * big) && isfinite(2.0f * big))
         return ATTN_OK;
     float *k_rot = sdpa_alloc(cfg->num_kv_heads * n_new * cfg->head_dim, sizeof *k_rot);

@@ -46,8 +46,9 @@ typedef struct {
     bool bf16;  /* ATTN_PRECISION_BFLOAT16 */
     /* The forward's output is large and nothing reads it soon: the short
      * sequences' step writes its rows around the caches (non-temporal
-     * stores, where they are aligned to whole vectors), which spares the
-     * memory reading each line before it is overwritten. The one who sets
+     * stores, where they are whole 64-byte cache lines: the output on a
+     * line boundary, its row stride and d_v multiples of 16 floats), which
+     * spares the memory reading each line before it is overwritten. The one who sets
      * it fences the stores (sdpa_fence_streams) before the rows are read. */
     bool out_stream;
 } sdpa_call;

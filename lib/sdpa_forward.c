@@ -442,11 +442,14 @@ typedef struct {
 static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t h, int64_t heads,
                           int64_t n, int64_t d, int64_t ld, int64_t r0, int64_t r1, bool write)
 {
-    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d) + r0 * ld;
+    /* Addresses as integers: stepping a pointer one row past the tensor's
+     * last would be undefined, an integer is not. */
+    const uintptr_t f = sizeof(float);
+    uintptr_t row = (uintptr_t)base + (uintptr_t)(sdpa_head_at(p, 0, h, heads, n, d) + r0 * ld) * f;
     const int64_t span = ld == d ? (r1 - r0) * d : d, rows = ld == d ? 1 : r1 - r0;
-    for (int64_t r = 0; r < rows; r++, row += ld) {
-        const uintptr_t end = (uintptr_t)(row + span);
-        for (uintptr_t line = (uintptr_t)row / 64 * 64; line < end; line += 64) {
+    for (int64_t r = 0; r < rows; r++, row += (uintptr_t)ld * f) {
+        const uintptr_t end = row + (uintptr_t)span * f;
+        for (uintptr_t line = row / 64 * 64; line < end; line += 64) {
             if (write)
                 __builtin_prefetch((const void *)line, 1);
             else
@@ -460,9 +463,10 @@ static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t 
 static void lines_of_rows(kern_prefetch *pf, const attn_sdpa_params *p, const float *base,
                           int64_t h, int64_t heads, int64_t n, int64_t d, int64_t r0, int64_t r1)
 {
-    const float *row = base + sdpa_head_at(p, 0, h, heads, n, d) + r0 * d;
-    pf->at[pf->n] = (uintptr_t)row / 64 * 64;
-    pf->end[pf->n] = (uintptr_t)(row + (r1 - r0) * d);
+    const uintptr_t row = (uintptr_t)base +
+                          (uintptr_t)(sdpa_head_at(p, 0, h, heads, n, d) + r0 * d) * sizeof(float);
+    pf->at[pf->n] = row / 64 * 64;
+    pf->end[pf->n] = row + (uintptr_t)((r1 - r0) * d) * sizeof(float);
     pf->n++;
 }
 
@@ -482,7 +486,9 @@ static void prefetch_item(const fwd_job *job, int64_t s, int64_t hk, kern_prefet
         return;
     int64_t b;
     const sdpa_call c = sdpa_call_seq(call, s, &b);
-    if (c.q_hi - c.q_lo > KERN_FWD_BQ || c.k_hi - c.k_lo > KERN_BK)
+    /* (bfloat16 inputs are in q16, k16, v16: not asked for) */
+    if (c.q == NULL || c.k == NULL || c.v == NULL || c.q_hi - c.q_lo > KERN_FWD_BQ ||
+        c.k_hi - c.k_lo > KERN_BK)
         return;
     const int64_t h0 = hk * c.group, h1 = (hk + 1) * c.group;
     if (pf != NULL && c.ldq == p->d_k && c.ldk == p->d_k && c.ldv == p->d_v &&

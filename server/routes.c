@@ -92,6 +92,8 @@ static bool path_matches(const char *pattern, const char *path)
 
 void routes_path_id(const char *pattern, const char *path, char *id, size_t cap)
 {
+    if (cap == 0)
+        return;
     id[0] = '\0';
     const char *param = strstr(pattern, "{id}");
     if (!param)

@@ -567,16 +567,24 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
             attn_sdpa_params pm = p;
             if (with_mask) /* one 0.0 broadcast to every score */
                 pm.mask = (attn_mask){.kind = ATTN_MASK_BIAS, .bias = &zero};
-            out[with_mask] = xcalloc(nq * (size_t)p.d_v, sizeof(float));
+            /* On cache lines, as attnd's pool gives them: the output is
+             * streamed only in whole lines (a large calloc block starts 16
+             * bytes into one) */
+            size_t out_bytes = (nq * (size_t)p.d_v * sizeof(float) + 63) / 64 * 64;
+            out[with_mask] = aligned_alloc(64, out_bytes);
+            ck_assert_ptr_nonnull(out[with_mask]);
+            memset(out[with_mask], 0, out_bytes);
             rows[with_mask] = xcalloc(nq, sizeof *rows[0]);
             attn_error err = {0};
             ck_assert_msg(attn_sdpa_forward(&pm, q, k, v, out[with_mask], rows[with_mask], NULL,
                                             NULL, &err) == ATTN_OK,
                           "%s", err.message);
         }
-        /* (the large ones are large enough) */
+        /* (the large ones are large enough, and their rows whole lines:
+         * they are streamed) */
         if (ci == 4 || ci == 5)
-            ck_assert((double)nq * (double)p.d_v * sizeof(float) >= SDPA_STREAM_OUT_BYTES);
+            ck_assert((double)nq * (double)p.d_v * sizeof(float) >= SDPA_STREAM_OUT_BYTES &&
+                      p.d_v % 16 == 0);
         ck_assert_msg(same_bits(out[0], out[1], nq * (size_t)p.d_v), "case %zu: out", ci);
         ck_assert_msg(memcmp(rows[0], rows[1], nq * sizeof *rows[0]) == 0, "case %zu: rows", ci);
         for (int i = 0; i < 2; i++) {

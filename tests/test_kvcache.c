@@ -935,6 +935,11 @@ START_TEST(append_check_finds_keys_that_overflow_once_rotated)
     ck_assert(attn_kv_append_check(cache, 1, 1, big, 100.0f, &err) == ATTN_ERR_INVALID);
     ck_assert_msg(strstr(err.message, "once rotated") != NULL, "message: %s", err.message);
     ck_assert(attn_kv_append_check(cache, 4, 1, small, 100.0f, &err) == ATTN_ERR_INVALID);
+    /* a NaN, as the append refuses it, and more positions than can be */
+    const float nan_key[2] = {1.0f, NAN};
+    ck_assert(attn_kv_append_check(cache, 1, 1, nan_key, 100.0f, &err) == ATTN_ERR_INVALID);
+    ck_assert(attn_kv_append_check(cache, 1, INT64_MAX / 2, small, 100.0f, &err) ==
+              ATTN_ERR_INVALID);
     ck_assert_int_eq(attn_kv_length(cache), 3);
     /* what the append itself does at that position */
     ck_assert(attn_kv_truncate(cache, 1, &err) == ATTN_OK);
