@@ -195,8 +195,8 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
 /* o [rows, ..) = (P v)[rows] / l, one register block of nv vectors: P
  * [rows, keys] (row stride ldp), the products from zero, key by key
  * (KF(block)'s order), each lane then divided as scale_wide divides (inv =
- * 1 / l), and written around the caches when `stream` (whole vectors, o and
- * ldo aligned to them). The lanes not finite. */
+ * 1 / l), and written around the caches when `stream` (KF(short_out) says
+ * when: whole cache lines). The lanes not finite. */
 static inline __attribute__((always_inline)) vmask
 KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, const float *pm,
                     int64_t ldp, const float *v, int64_t ldv, float *o, int64_t ldo, vmask last,

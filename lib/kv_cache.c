@@ -312,6 +312,38 @@ static void write_run(attn_kv_cache *c, int64_t from, int64_t n, const float *k,
     }
 }
 
+/* Whether n_new more positions keep every size of the cache, and every
+ * product of n_new with its widths, within int64_t. */
+static bool append_size_fits(const attn_kv_cache *c, int64_t n_new)
+{
+    const attn_kv_config *cfg = &c->config;
+    return attn_kv_bytes_after_append(c, n_new) >= 0 &&
+           n_new <= INT64_MAX / cfg->num_kv_heads / (cfg->head_dim + cfg->value_dim);
+}
+
+/* k [H_kv, n_new, d_k] rotated by rope at positions at .. at + n_new - 1
+ * into a new *k_rot (the caller frees it), each rotated key checked
+ * against the dtype; on failure *k_rot is NULL. */
+static attn_status rotated_keys(const attn_kv_cache *c, int64_t at, int64_t n_new,
+                                const float *k, float rope_base, float **k_rot, attn_error *err)
+{
+    const attn_kv_config *cfg = &c->config;
+    *k_rot = sdpa_alloc(cfg->num_kv_heads * n_new * cfg->head_dim, sizeof **k_rot);
+    if (*k_rot == NULL)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated keys");
+    attn_status s = sdpa_rope_at(rope_base, cfg->head_dim, 1, k, *k_rot, cfg->num_kv_heads,
+                                 n_new, at);
+    if (s == ATTN_OK)
+        s = check_values(c, "k", *k_rot, n_new, cfg->head_dim, true, err);
+    else
+        s = attn_fail(err, s, "out of memory for the rotation's table");
+    if (s != ATTN_OK) {
+        sdpa_free(*k_rot);
+        *k_rot = NULL;
+    }
+    return s;
+}
+
 attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, const float *v,
                            float rope_base, attn_error *err)
 {
@@ -334,8 +366,7 @@ attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, cons
     if (rope_base > 0.0f && cfg->head_dim % 2 != 0)
         return attn_fail(err, ATTN_ERR_INVALID, "rope needs an even head_dim; it is %lld",
                          (long long)cfg->head_dim);
-    if (attn_kv_bytes_after_append(c, n_new) < 0 ||
-        n_new > INT64_MAX / cfg->num_kv_heads / (cfg->head_dim + cfg->value_dim))
+    if (!append_size_fits(c, n_new))
         return attn_fail(err, ATTN_ERR_INVALID, "appending %lld positions is too large",
                          (long long)n_new);
 
@@ -347,19 +378,9 @@ attn_status attn_kv_append(attn_kv_cache *c, int64_t n_new, const float *k, cons
         return s;
     float *k_rot = NULL;
     if (rope_base > 0.0f) {
-        k_rot = sdpa_alloc(cfg->num_kv_heads * n_new * cfg->head_dim, sizeof *k_rot);
-        if (k_rot == NULL)
-            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated keys");
-        s = sdpa_rope_at(rope_base, cfg->head_dim, 1, k, k_rot, cfg->num_kv_heads, n_new,
-                         c->length);
-        if (s == ATTN_OK)
-            s = check_values(c, "k", k_rot, n_new, cfg->head_dim, true, err);
-        else
-            s = attn_fail(err, s, "out of memory for the rotation's table");
-        if (s != ATTN_OK) {
-            sdpa_free(k_rot);
+        s = rotated_keys(c, c->length, n_new, k, rope_base, &k_rot, err);
+        if (s != ATTN_OK)
             return s;
-        }
         k = k_rot;
     }
 
@@ -423,8 +444,7 @@ attn_status attn_kv_append_check(const attn_kv_cache *c, int64_t at, int64_t n_n
     const attn_kv_config *cfg = &c->config;
     if (n_new == 0 || !(rope_base > 0.0f) || cfg->head_dim % 2 != 0)
         return ATTN_OK;
-    if (attn_kv_bytes_after_append(c, n_new) < 0 ||
-        n_new > INT64_MAX / cfg->num_kv_heads / (cfg->head_dim + cfg->value_dim))
+    if (!append_size_fits(c, n_new))
         return attn_fail(err, ATTN_ERR_INVALID, "appending %lld positions is too large",
                          (long long)n_new);
     /* A rotated element is a cos + b sin of two elements of its row, so
@@ -442,15 +462,8 @@ attn_status attn_kv_append_check(const attn_kv_cache *c, int64_t at, int64_t n_n
         return check_values(c, "k", k, n_new, cfg->head_dim, false, err);
     if (kv_fits(cfg->dtype, 2.0f * big) && isfinite(2.0f * big))
         return ATTN_OK;
-    float *k_rot = sdpa_alloc(cfg->num_kv_heads * n_new * cfg->head_dim, sizeof *k_rot);
-    if (k_rot == NULL)
-        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the rotated keys");
-    attn_status s = sdpa_rope_at(rope_base, cfg->head_dim, 1, k, k_rot, cfg->num_kv_heads, n_new,
-                                 at);
-    if (s == ATTN_OK)
-        s = check_values(c, "k", k_rot, n_new, cfg->head_dim, true, err);
-    else
-        s = attn_fail(err, s, "out of memory for the rotation's table");
+    float *k_rot = NULL;
+    attn_status s = rotated_keys(c, at, n_new, k, rope_base, &k_rot, err);
     sdpa_free(k_rot);
     return s;
 }

@@ -436,16 +436,24 @@ typedef struct {
     sdpa_stats_acc *stats;
 } fwd_unit;
 
+/* The address of row r of head h of a tensor at `base` with `heads` heads
+ * of width d (row stride ld). As an integer: the prefetches below step
+ * one row past a tensor's last, which a pointer may not. */
+static uintptr_t row_address(const attn_sdpa_params *p, const float *base, int64_t h,
+                             int64_t heads, int64_t n, int64_t d, int64_t ld, int64_t r)
+{
+    return (uintptr_t)base + (uintptr_t)(sdpa_head_at(p, 0, h, heads, n, d) + r * ld) *
+                                 sizeof(float);
+}
+
 /* Asks the caches for rows [r0, r1) of head h of a tensor at `base` with
  * `heads` heads of width d (row stride ld), line by line: where the rows
  * follow each other (ld == d), as one range. */
 static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t h, int64_t heads,
                           int64_t n, int64_t d, int64_t ld, int64_t r0, int64_t r1, bool write)
 {
-    /* Addresses as integers: stepping a pointer one row past the tensor's
-     * last would be undefined, an integer is not. */
     const uintptr_t f = sizeof(float);
-    uintptr_t row = (uintptr_t)base + (uintptr_t)(sdpa_head_at(p, 0, h, heads, n, d) + r0 * ld) * f;
+    uintptr_t row = row_address(p, base, h, heads, n, d, ld, r0);
     const int64_t span = ld == d ? (r1 - r0) * d : d, rows = ld == d ? 1 : r1 - r0;
     for (int64_t r = 0; r < rows; r++, row += (uintptr_t)ld * f) {
         const uintptr_t end = row + (uintptr_t)span * f;
@@ -463,8 +471,7 @@ static void prefetch_rows(const attn_sdpa_params *p, const float *base, int64_t 
 static void lines_of_rows(kern_prefetch *pf, const attn_sdpa_params *p, const float *base,
                           int64_t h, int64_t heads, int64_t n, int64_t d, int64_t r0, int64_t r1)
 {
-    const uintptr_t row = (uintptr_t)base +
-                          (uintptr_t)(sdpa_head_at(p, 0, h, heads, n, d) + r0 * d) * sizeof(float);
+    const uintptr_t row = row_address(p, base, h, heads, n, d, d, r0);
     pf->at[pf->n] = row / 64 * 64;
     pf->end[pf->n] = row + (uintptr_t)((r1 - r0) * d) * sizeof(float);
     pf->n++;
