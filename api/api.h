@@ -228,6 +228,11 @@ typedef struct {
 } api_allocator;
 void api_set_allocator(const api_allocator *a);
 
+/* No computation follows soon on this thread (a server's worker whose
+ * queue is empty): libattn's helper threads stop polling for one and block
+ * now, leaving their cores to others (attn_threads_rest). */
+void api_threads_rest(void);
+
 /* The bytes of the answer: body_len and every block's. */
 size_t api_response_bytes(const api_response *res);
 

@@ -110,6 +110,11 @@ void api_set_allocator(const api_allocator *a)
                            : NULL);
 }
 
+void api_threads_rest(void)
+{
+    attn_threads_rest();
+}
+
 float *api_alloc_floats(int64_t count)
 {
     if (count < 0 || (uint64_t)count > SIZE_MAX / sizeof(float) - 1)

@@ -706,6 +706,18 @@ typedef struct {
  * still be freed. */
 void attn_set_allocator(const attn_allocator *a);
 
+/*
+ * A helper that finishes its part of a call polls for the next call for a
+ * few tens of microseconds before it blocks, since a next call often comes
+ * at once (the backward pass's rounds, a decode step's merge). A caller
+ * that knows no call will follow soon (a server between requests) says so
+ * here: every helper polling now blocks at once, leaving its core to the
+ * threads that want it (a low-priority helper spinning on a core delays a
+ * thread woken there by the rest of its poll). Nothing else changes; the
+ * next call wakes the helpers it wants.
+ */
+void attn_threads_rest(void);
+
 /* ------------------------------------------------------------- kernels */
 
 /*

@@ -454,3 +454,14 @@ void attn_parallel_for_until(int threads, int64_t count,
         leave_crew(c);
     }
 }
+
+/* The helpers polling for a next call see a "post" with no job: they stop
+ * polling, find the queue empty and block at once. A call posted after
+ * wakes them as it would any blocked helper. */
+void attn_threads_rest(void)
+{
+    pthread_mutex_lock(&crews_lock);
+    for (crew *c = crews; c != NULL; c = c->next)
+        atomic_fetch_add_explicit(&c->posted, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&crews_lock);
+}

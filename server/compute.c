@@ -326,7 +326,17 @@ static void *worker_main(void *arg)
          * itself; another is woken only for the ones after it. */
         if (q->head && q->head->next)
             pthread_cond_signal(&q->work);
+        bool idle = !q->head && q->running == 0;
         pthread_mutex_unlock(&q->lock);
+        /* Nothing computes or waits: libattn's helpers would poll on for a
+         * next call that cannot come before the next request, at this
+         * worker's low priority, and a thread woken on a core where one
+         * polls (the I/O thread this resume wakes, the client) waits for
+         * the poll to end: the scheduler does not hand it the core at the
+         * poller's sched_yield. A decode step of 2048 positions waited
+         * ~60 us for it (docs/benchmarks.md). */
+        if (idle)
+            api_threads_rest();
         atomic_store(&r->computed, true);
         conn_computed(r->connection);
         http_resume(r);

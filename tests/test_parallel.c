@@ -5,7 +5,8 @@
  * call and run at their caller's scheduling policy and nice value; calls
  * from many threads at once and calls from inside a unit are safe; a
  * forked child gets helpers of its own; a cancelled loop starts no more
- * units; and attention computed on the
+ * units; helpers told to rest (attn_threads_rest) block and still serve
+ * the next call, whoever else is calling meanwhile; and attention computed on the
  * helpers is the same, bit for bit, call after call and caller beside
  * caller.
  *
@@ -13,6 +14,7 @@
  * offered the work), the caller's first unit waits for one to show up.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -319,6 +321,107 @@ START_TEST(concurrent_callers_each_run_every_unit_once)
 }
 END_TEST
 
+/* ------------------------------------------------------------- rest */
+
+/* How many of this process's threads are libattn's helpers, and how many
+ * of those are blocked ('S' in /proc/self/task/TID/stat). */
+static void count_helpers(int *helpers, int *asleep)
+{
+    *helpers = *asleep = 0;
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], line[512];
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* gone meanwhile */
+        size_t n = fread(line, 1, sizeof line - 1, f);
+        fclose(f);
+        line[n] = '\0';
+        /* "tid (name) state ...": the name may hold spaces, not ')' here */
+        char *open = strchr(line, '('), *close = strrchr(line, ')');
+        if (!open || !close || close[1] != ' ')
+            continue;
+        if (strncmp(open + 1, "attn-helper-", 12) != 0)
+            continue;
+        (*helpers)++;
+        *asleep += close[2] == 'S';
+    }
+    closedir(d);
+}
+
+/* Told to rest right after a call, the helpers block (within a bound that
+ * a busy machine's scheduling fits) and the next call still gets one of
+ * them; resting with no call about changes nothing else. */
+START_TEST(rested_helpers_block_and_serve_the_next_call)
+{
+    attn_threads_rest(); /* before any crew of this class: nothing to do */
+    for (int round = 0; round < 3; round++) {
+        record r;
+        record_init(&r, 2, 64, true);
+        attn_parallel_for(2, 64, record_unit, &r);
+        attn_threads_rest();
+        check_record(&r, pthread_self(), "a call before a rest");
+        ck_assert_msg(atomic_load(&r.helper_ran), "round %d: no helper ran a unit", round);
+        record_free(&r);
+        int helpers = 0, asleep = 0;
+        struct timespec pause = {0, 100 * 1000};
+        for (int k = 0; k < 20000; k++) { /* 2 s */
+            count_helpers(&helpers, &asleep);
+            if (helpers > 0 && asleep == helpers)
+                break;
+            nanosleep(&pause, NULL);
+        }
+        ck_assert_msg(helpers > 0 && asleep == helpers,
+                      "round %d: %d of %d helpers blocked after a rest", round, asleep,
+                      helpers);
+    }
+}
+END_TEST
+
+typedef struct {
+    atomic_bool stop;
+    long rests;
+} rester;
+
+static void *rest_until_stopped(void *arg)
+{
+    rester *w = arg;
+    while (!atomic_load(&w->stop)) {
+        attn_threads_rest();
+        w->rests++;
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* Rests said from another thread while four callers compute (a server's
+ * worker resting beside others): every call still runs every unit once
+ * and returns. */
+START_TEST(rests_beside_callers_lose_no_unit)
+{
+    rester w = {.rests = 0};
+    atomic_init(&w.stop, false);
+    pthread_t rt;
+    ck_assert_int_eq(pthread_create(&rt, NULL, rest_until_stopped, &w), 0);
+    side_caller callers[4] = {{2, 200, 0}, {3, 200, 0}, {4, 150, 0}, {2, 200, 0}};
+    pthread_t t[4];
+    for (int k = 0; k < 4; k++)
+        ck_assert_int_eq(pthread_create(&t[k], NULL, calls_side_by_side, &callers[k]), 0);
+    for (int k = 0; k < 4; k++)
+        pthread_join(t[k], NULL);
+    atomic_store(&w.stop, true);
+    pthread_join(rt, NULL);
+    ck_assert_msg(w.rests > 0, "the resting thread never ran");
+    for (int k = 0; k < 4; k++)
+        ck_assert_msg(callers[k].failures == 0, "caller %d (%d threads): %d units wrong", k,
+                      callers[k].threads, callers[k].failures);
+}
+END_TEST
+
 /* ------------------------------------------------------------ nesting */
 
 typedef struct {
@@ -561,6 +664,8 @@ static Suite *parallel_suite(void)
          {concurrent_callers_each_run_every_unit_once,
           nested_call_runs_inline_on_its_units_thread, forked_child_gets_helpers_of_its_own}},
         {"cancel", false, {cancelled_loop_starts_no_unit_after_the_flag}},
+        {"rest", false,
+         {rested_helpers_block_and_serve_the_next_call, rests_beside_callers_lose_no_unit}},
         {"attention", true, {attention_bit_identical_across_calls_and_callers}},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
