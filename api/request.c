@@ -409,12 +409,45 @@ static bool read_weights_mode(const api_field *f, const codec_member *m,
  * float32. */
 #define API_MASK_HIDDEN (-1e30f)
 
+/* The first element of x[0..n) that is not finite, or -1: by blocks, each
+ * scanned without a branch per element (an exponent of all ones is a NaN
+ * or an infinity), which the compiler turns into vector code; a block
+ * with one is looked at again for its index. The codec refuses such a
+ * base64 element already (its check_finite), so this is the API's own
+ * guarantee, kept cheap: element by element, a decode step's q, k and v
+ * (6144 floats) took ~1.5 us of the step's decoding. */
+static int64_t first_not_finite(const float *x, int64_t n)
+{
+    enum { BLOCK = 1024 };
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        const int64_t e = n - b > BLOCK ? b + BLOCK : n;
+        uint32_t bad = 0;
+        for (int64_t i = b; i < e; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        for (int64_t i = b; bad && i < e; i++)
+            if (!isfinite(x[i]))
+                return i;
+    }
+    return -1;
+}
+
 static bool check_finite_input(const api_field *f, const codec_member *m,
                                codec_tensor *t, api_error *err)
 {
     const bool mask = f->kind == API_FIELD_MASK;
     if (t->dtype != CODEC_F32 || (!mask && *m->value == '['))
         return true;
+    if (!mask) {
+        int64_t i = first_not_finite(t->f32, t->count);
+        if (i >= 0)
+            return api_fail(err, 400, "invalid_number", f->name,
+                            "%s[%lld] (row-major) is not a finite float32", f->name,
+                            (long long)i);
+        return true;
+    }
     for (int64_t i = 0; i < t->count; i++) {
         if (mask && t->f32[i] <= API_MASK_HIDDEN) {
             t->f32[i] = -INFINITY;

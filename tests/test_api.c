@@ -1941,6 +1941,49 @@ START_TEST(error_number_not_finite_as_float32)
 }
 END_TEST
 
+/* A base64 input's first non-finite element is named wherever it lies:
+ * first, either side of blocks of 1024 (the API's own scan's), last; and a
+ * later one does not hide it. Large and subnormal finite values pass. */
+START_TEST(error_base64_input_names_the_first_non_finite_element)
+{
+    const int64_t n = 3000; /* q [1, n, 1] against one key: rows of width 1 */
+    const int64_t places[] = {0, 1023, 1024, 1025, 2047, 2048, n - 1};
+    const float bad[] = {INFINITY, -INFINITY, NAN, -NAN};
+    float *x = malloc((size_t)n * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    for (size_t p = 0; p <= sizeof places / sizeof *places; p++) {
+        for (int64_t i = 0; i < n; i++)
+            x[i] = i % 3 == 0 ? 1e30f : i % 3 == 1 ? -FLT_TRUE_MIN : (float)i * 0.25f;
+        bool clean = p == sizeof places / sizeof *places; /* the last round: none */
+        int64_t at = clean ? -1 : places[p];
+        if (!clean) {
+            x[at] = bad[p % 4];
+            if (at + 1 < n)
+                x[n - 1] = INFINITY;
+        }
+        sbuf b = {0};
+        sb_printf(&b, "{\"q\":{\"shape\":[%lld,1],\"dtype\":\"float32\",\"base64\":\"",
+                  (long long)n);
+        b64_encode(&b, (const unsigned char *)x, (size_t)n * sizeof *x);
+        sb_printf(&b, "\"},\"k\":[[1]],\"v\":[[1]]}");
+        json_t *j = call(API_OP_ATTENTION, b.s, b.len, &LIM, clean ? 200 : 400);
+        if (!clean) {
+            char expect[64];
+            snprintf(expect, sizeof expect, "element %lld is", (long long)at);
+            const char *msg = error_message(j);
+            ck_assert_msg(msg && strstr(msg, expect), "at %lld: %s", (long long)at,
+                          msg ? msg : "(no message)");
+            ck_assert_str_eq(
+                json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                "invalid_number");
+        }
+        json_decref(j);
+        free(b.s);
+    }
+    free(x);
+}
+END_TEST
+
 START_TEST(error_ragged_array)
 {
     expect_error(API_OP_ATTENTION, "{\"q\":[[1,2],[3]],\"k\":[[1,2]],\"v\":[[1,2]]}", 422,
@@ -3635,6 +3678,7 @@ static Suite *api_suite(void)
     tcase_add_test(er, error_missing_required_field);
     tcase_add_test(er, error_wrong_types);
     tcase_add_test(er, error_number_not_finite_as_float32);
+    tcase_add_test(er, error_base64_input_names_the_first_non_finite_element);
     tcase_add_test(er, error_ragged_array);
     tcase_add_test(er, error_rank_outside_2_to_4);
     tcase_add_test(er, error_empty_dimension);

@@ -4288,6 +4288,31 @@ START_TEST(cache_bad_shapes_are_422_naming_the_field)
     ck_assert_int_eq(r.status, 200);
     reply_free(&r);
 
+    /* One key/value head: k and v as [n, d] or [1, n, d], nothing else */
+    char one[23];
+    cache_new(shared.port, "{\"num_kv_heads\": 1, \"head_dim\": 2}", NULL, one);
+    static const struct {
+        const char *body;
+        int status;
+    } single[] = {
+        {"{\"k\": [[1,2],[3,4]], \"v\": [[5,6],[7,8]]}", 200},
+        {"{\"k\": [[[1,2]]], \"v\": [[[5,6]]]}", 200},
+        {"{\"k\": [[[1,2]],[[1,2]]], \"v\": [[[5,6]],[[5,6]]]}", 422},
+        {"{\"k\": [[1,2,3]], \"v\": [[5,6]]}", 422},
+        {"{\"k\": [[1,2]], \"v\": [[[[5,6]]]]}", 422},
+    };
+    for (size_t i = 0; i < sizeof single / sizeof single[0]; i++) {
+        r = cache_call(shared.port, "POST", one, single[i].body, NULL);
+        ck_assert_msg(r.status == single[i].status, "%s: %ld %s", single[i].body, r.status,
+                      r.body);
+        reply_free(&r);
+    }
+    reply g1 = cache_call(shared.port, "GET", one, NULL, NULL);
+    ck_assert_int_eq(body_integer(&g1, NULL, "length"), 3);
+    reply_free(&g1);
+    reply d1 = cache_call(shared.port, "DELETE", one, NULL, NULL);
+    reply_free(&d1);
+
     static const struct {
         const char *body;
         int status;
