@@ -85,18 +85,22 @@ typedef struct {
  * panel is packed (its first: the next panel's keys). */
 #define KERN_PF_BEFORE_PACK 16
 
-/* Asks for the next `lines` lines of pf (none when pf is NULL). */
+/* Asks for the next `lines` lines of pf (none when pf is NULL). A range's
+ * position is kept in a register while its lines are asked for (through
+ * pf's memory, each line would wait on the store of the one before). */
 static inline void kern_prefetch_some(kern_prefetch *pf, int lines)
 {
-    while (pf != NULL && lines > 0 && pf->n > 0) {
+    if (pf == NULL)
+        return;
+    while (lines > 0 && pf->n > 0) {
         const int i = pf->n - 1;
-        if (pf->at[i] >= pf->end[i]) {
+        uintptr_t at = pf->at[i];
+        const uintptr_t end = pf->end[i];
+        for (; lines > 0 && at < end; at += 64, lines--)
+            __builtin_prefetch((const void *)at, 0, 3);
+        pf->at[i] = at;
+        if (at >= end)
             pf->n--;
-            continue;
-        }
-        __builtin_prefetch((const void *)pf->at[i], 0, 3);
-        pf->at[i] += 64;
-        lines--;
     }
 }
 

@@ -81,7 +81,10 @@ KERN_SHARED static void KF(pack_t)(const float *src, int64_t lds, int64_t rows, 
             }
         }
     }
-    for (int64_t c = 0; c < cols; c++) {
+    /* The columns the transposes wrote need no more when they wrote the
+     * padding too (a short sequence's panel). */
+    const int64_t c_from = zero_from >= ldd ? cols_v : 0;
+    for (int64_t c = c_from; c < cols; c++) {
         float *d = dst + c * ldd;
         for (int64_t r = c < cols_v ? rows : 0; r < rows; r++)
             d[r] = src[r * lds + c];

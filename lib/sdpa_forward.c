@@ -477,47 +477,54 @@ static void lines_of_rows(kern_prefetch *pf, const attn_sdpa_params *p, const fl
     pf->n++;
 }
 
-/* Asks for the rows of item hk of sequence s (its key/value head hk) when
- * that is a short sequence's; only for a ragged batch (batch 0's heads).
- * Where they are a few ranges of lines (a head's rows follow each other)
- * and pf is not NULL, they go into pf, for the item before to ask for
- * along its loops: k's first (the panel is packed first), v's last;
- * otherwise they are asked for now. */
+/* Asks for the rows of item hk (its key/value head hk) of the sequence of
+ * c (sdpa_call_seq's, of a ragged batch: batch 0's heads) when that is a
+ * short sequence. Where they are a few ranges of lines (a head's rows
+ * follow each other) and pf is not NULL (emptied before), they go into pf,
+ * for the item before to ask for along its loops: k's first (the panel is
+ * packed first), v's last; otherwise they are asked for now. */
+static void prefetch_call(const fwd_job *job, const sdpa_call *c, int64_t hk,
+                          kern_prefetch *pf)
+{
+    const attn_sdpa_params *p = c->p;
+    /* (bfloat16 inputs are in q16, k16, v16: not asked for) */
+    if (c->q == NULL || c->k == NULL || c->v == NULL || c->q_hi - c->q_lo > KERN_FWD_BQ ||
+        c->k_hi - c->k_lo > KERN_BK)
+        return;
+    const int64_t h0 = hk * c->group, h1 = (hk + 1) * c->group;
+    if (pf != NULL && c->ldq == p->d_k && c->ldk == p->d_k && c->ldv == p->d_v &&
+        c->ldo == p->d_v && (c->out_stream ? 1 : 2) * c->group + 2 <= KERN_PF_RANGES) {
+        lines_of_rows(pf, p, c->v, hk, p->heads_kv, p->n_k, p->d_v, c->k_lo, c->k_hi);
+        for (int64_t h = h0; h < h1; h++) {
+            /* (Rows written around the caches need not be there.) */
+            if (!c->out_stream)
+                lines_of_rows(pf, p, job->out, h, p->heads_q, p->n_q, p->d_v, c->q_lo, c->q_hi);
+            lines_of_rows(pf, p, c->q, h, p->heads_q, p->n_q, p->d_k, c->q_lo, c->q_hi);
+        }
+        lines_of_rows(pf, p, c->k, hk, p->heads_kv, p->n_k, p->d_k, c->k_lo, c->k_hi);
+        return;
+    }
+    for (int64_t h = h0; h < h1; h++) {
+        prefetch_rows(p, c->q, h, p->heads_q, p->n_q, p->d_k, c->ldq, c->q_lo, c->q_hi, false);
+        if (!c->out_stream)
+            prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c->ldo, c->q_lo, c->q_hi,
+                          true);
+    }
+    prefetch_rows(p, c->k, hk, p->heads_kv, p->n_k, p->d_k, c->ldk, c->k_lo, c->k_hi, false);
+    prefetch_rows(p, c->v, hk, p->heads_kv, p->n_k, p->d_v, c->ldv, c->k_lo, c->k_hi, false);
+}
+
+/* The same for sequence s (none past the last, or without a ragged batch). */
 static void prefetch_item(const fwd_job *job, int64_t s, int64_t hk, kern_prefetch *pf)
 {
-    const sdpa_call *call = &job->call;
-    const attn_sdpa_params *p = call->p;
+    const attn_sdpa_params *p = job->call.p;
     if (pf != NULL)
         pf->n = 0;
     if (p->ragged.seqs == 0 || s >= p->ragged.seqs)
         return;
     int64_t b;
-    const sdpa_call c = sdpa_call_seq(call, s, &b);
-    /* (bfloat16 inputs are in q16, k16, v16: not asked for) */
-    if (c.q == NULL || c.k == NULL || c.v == NULL || c.q_hi - c.q_lo > KERN_FWD_BQ ||
-        c.k_hi - c.k_lo > KERN_BK)
-        return;
-    const int64_t h0 = hk * c.group, h1 = (hk + 1) * c.group;
-    if (pf != NULL && c.ldq == p->d_k && c.ldk == p->d_k && c.ldv == p->d_v &&
-        c.ldo == p->d_v && (c.out_stream ? 1 : 2) * c.group + 2 <= KERN_PF_RANGES) {
-        lines_of_rows(pf, p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.k_lo, c.k_hi);
-        for (int64_t h = h0; h < h1; h++) {
-            /* (Rows written around the caches need not be there.) */
-            if (!c.out_stream)
-                lines_of_rows(pf, p, job->out, h, p->heads_q, p->n_q, p->d_v, c.q_lo, c.q_hi);
-            lines_of_rows(pf, p, c.q, h, p->heads_q, p->n_q, p->d_k, c.q_lo, c.q_hi);
-        }
-        lines_of_rows(pf, p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.k_lo, c.k_hi);
-        return;
-    }
-    for (int64_t h = h0; h < h1; h++) {
-        prefetch_rows(p, c.q, h, p->heads_q, p->n_q, p->d_k, c.ldq, c.q_lo, c.q_hi, false);
-        if (!c.out_stream)
-            prefetch_rows(p, job->out, h, p->heads_q, p->n_q, p->d_v, c.ldo, c.q_lo, c.q_hi,
-                          true);
-    }
-    prefetch_rows(p, c.k, hk, p->heads_kv, p->n_k, p->d_k, c.ldk, c.k_lo, c.k_hi, false);
-    prefetch_rows(p, c.v, hk, p->heads_kv, p->n_k, p->d_v, c.ldv, c.k_lo, c.k_hi, false);
+    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    prefetch_call(job, &c, hk, pf);
 }
 
 /* Where the weights of the rows of t go (NULL: not asked for). */
@@ -654,24 +661,34 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
         while (i == 0 && run < end.s && seq_alone(job, run))
             run++;
         if (run - s > 1) {
-            for (int64_t hk = 0; hk < p->heads_kv; hk++)
-                for (int64_t r = s; r < run; r++) {
-                    int64_t b;
-                    const sdpa_call c = sdpa_call_seq(&job->call, r, &b);
-                    if (c.q_hi == c.q_lo)
+            /* Each sequence's call is made once a head: as the next one
+             * (its rows asked for), then as the one computed. */
+            sdpa_call calls[2];
+            int64_t bs[2];
+            for (int64_t hk = 0; hk < p->heads_kv; hk++) {
+                int at = 0;
+                calls[0] = sdpa_call_seq(&job->call, s, &bs[0]);
+                for (int64_t r = s; r < run; r++, at ^= 1) {
+                    const sdpa_call *c = &calls[at], *next = &calls[at ^ 1];
+                    if (r + 1 < run)
+                        calls[at ^ 1] = sdpa_call_seq(&job->call, r + 1, &bs[at ^ 1]);
+                    if (c->q_hi == c->q_lo)
                         continue;
                     /* The next item: the next sequence's, the run's first
                      * of the next head, or (likely this worker's next unit)
                      * the first after the run. */
                     kern_prefetch pf;
-                    if (r + 1 < run)
-                        prefetch_item(job, r + 1, hk, &pf);
-                    else if (hk + 1 < p->heads_kv)
+                    if (r + 1 < run) {
+                        pf.n = 0;
+                        prefetch_call(job, next, hk, &pf);
+                    } else if (hk + 1 < p->heads_kv) {
                         prefetch_item(job, s, hk + 1, &pf);
-                    else
+                    } else {
                         prefetch_item(job, run, 0, &pf);
-                    forward_alone(&u, &c, b, hk, &pf);
+                    }
+                    forward_alone(&u, c, bs[at], hk, &pf);
                 }
+            }
             s = run;
             continue;
         }
