@@ -162,15 +162,6 @@ static const char *fence_put(fenced *f, const char *s, size_t len)
     return f->end - len;
 }
 
-/* Loop tests run twice: _i 0 with rows classified in blocks wherever they
- * fit (as in a large body), 1 with numbers checked and read one at a time
- * (as in a body shorter than CODEC_BLOCKS_FROM_LEN): both must accept the
- * same texts, fail at the same byte and read the same floats. */
-static void blocks_way(int i)
-{
-    codec_set_blocks_from_len(i ? SIZE_MAX : 0);
-}
-
 static void unfence(fenced *f)
 {
     munmap(f->map, f->map_len);
@@ -244,7 +235,6 @@ static void check_corpus_file(const char *name, const char *text, size_t len)
 
 START_TEST(validator_matches_jsontestsuite_corpus)
 {
-    blocks_way(_i);
     int n = for_each_corpus_file(check_corpus_file);
     ck_assert_int_ge(n, 300);
     ck_assert_int_ge(corpus_y, 90);
@@ -268,7 +258,6 @@ static void check_fenced(const char *name, const char *text, size_t len)
 
 START_TEST(validator_never_reads_past_the_end)
 {
-    blocks_way(_i);
     for_each_corpus_file(check_fenced);
     const char *cases[] = {"\"abc", "\"\\u12", "\"\\", "[1,", "{\"a\"", "tru", "-", "1e", "1.",
                            "\"\xe2\x82", "[\"\\ud800\\u"};
@@ -550,7 +539,6 @@ END_TEST
 
 START_TEST(decode_nested_ranks_two_to_four)
 {
-    blocks_way(_i);
     codec_tensor t;
     codec_error e;
     ck_assert(decode("[[1, 2.5, -3], [4e1, 0.1, -0]]", false, &t, &e));
@@ -607,7 +595,6 @@ END_TEST
 
 START_TEST(decode_long_rows_match_strtod)
 {
-    blocks_way(_i);
     /* rows longer than the element buffer's first sizes, short numbers so
      * that the first guess from the text length is too small */
     for (int rows = 1; rows <= 3; rows++) {
@@ -805,7 +792,6 @@ END_TEST
 
 START_TEST(decode_refuses_numbers_not_finite_as_float32)
 {
-    blocks_way(_i);
     codec_tensor t;
     codec_error e;
     ck_assert(!decode("[[1, 1e39]]", false, &t, &e));
@@ -2271,7 +2257,6 @@ END_TEST
 
 START_TEST(mutated_documents_never_crash)
 {
-    blocks_way(_i);
     const char *seeds[] = {
         "[[1, 2.5, -3e-2], [4, 5, 6]]",
         "{\"shape\": [2, 2], \"data\": [1, 2, 3, 4]}",
@@ -2573,7 +2558,6 @@ END_TEST
 
 START_TEST(validator_accepts_long_rows_exactly_when_a_reference_does)
 {
-    blocks_way(_i);
     uint64_t seed = 7;
     int valid_rows = 0, invalid_rows = 0;
     fenced f = fence_make(2400);
@@ -2783,7 +2767,6 @@ END_TEST
  * its byte, and the rows read as strtod reads them. */
 START_TEST(short_rows_of_long_numbers_checked_in_every_number)
 {
-    blocks_way(_i);
     uint64_t seed = 21;
     for (int bad = -1; bad < 16; bad++) {
         char body[2048];
@@ -2837,7 +2820,6 @@ END_TEST
 
 START_TEST(codec_error_gives_the_place_of_the_fault)
 {
-    blocks_way(_i);
     codec_error e;
     /* the validator: the ']' after the trailing comma */
     const char *s = "{\n  \"a\": [1, 2,]\n}";
@@ -3004,17 +2986,9 @@ END_TEST
  * whose row classifier follows ATTN_KERNEL's width (api_codec_setup sets
  * the codec's, codec_set_simd), and make test runs it once per kernel (the
  * tag "kernel", tests/run-suites.sh). */
-/* after each test, blocks wherever they fit again (a loop test's second way
- * must not carry over when the tests run in one process, CK_FORK=no) */
-static void blocks_everywhere(void)
-{
-    codec_set_blocks_from_len(0);
-}
-
 static TCase *tcase(Suite *s, const char *name, bool kernel)
 {
     TCase *tc = tcase_create(name);
-    tcase_add_checked_fixture(tc, blocks_everywhere, blocks_everywhere);
     if (kernel)
         tcase_set_tags(tc, "kernel");
     /* the property tests run ~1M cases; sanitizers slow them several-fold */
@@ -3027,8 +3001,8 @@ Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
     TCase *tc = tcase(s, "validator", true);
-    tcase_add_loop_test(tc, validator_matches_jsontestsuite_corpus, 0, 2);
-    tcase_add_loop_test(tc, validator_never_reads_past_the_end, 0, 2);
+    tcase_add_test(tc, validator_matches_jsontestsuite_corpus);
+    tcase_add_test(tc, validator_never_reads_past_the_end);
     tcase_add_test(tc, validator_rejects_what_rfc8259_forbids);
     tcase_add_test(tc, validator_error_names_offset_line_and_column);
     tcase_add_test(tc, validator_bounds_nesting_without_recursion);
@@ -3045,8 +3019,8 @@ Suite *codec_suite(void)
     tcase_add_test(tc, escape_text_reads_back_as_the_text_for_any_bytes);
     tcase_add_test(tc, escape_text_examples);
     tc = tcase(s, "decode", true);
-    tcase_add_loop_test(tc, decode_nested_ranks_two_to_four, 0, 2);
-    tcase_add_loop_test(tc, decode_long_rows_match_strtod, 0, 2);
+    tcase_add_test(tc, decode_nested_ranks_two_to_four);
+    tcase_add_test(tc, decode_long_rows_match_strtod);
     tcase_add_test(tc, decode_bool_masks_in_every_form);
     tcase_add_test(tc, decode_data_against_declared_dtype_says_so);
     tcase_add_test(tc, decode_flat_form);
@@ -3054,7 +3028,7 @@ Suite *codec_suite(void)
     tcase_add_test(tc, decode_empty_arrays_give_zero_dimensions);
     tcase_add_test(tc, decode_refuses_ragged_arrays);
     tcase_add_test(tc, decode_refuses_wrong_types);
-    tcase_add_loop_test(tc, decode_refuses_numbers_not_finite_as_float32, 0, 2);
+    tcase_add_test(tc, decode_refuses_numbers_not_finite_as_float32);
     tcase_add_test(tc, decode_object_form_errors);
     tcase_add_test(tc, decode_base64_errors);
     tcase_add_test(tc, decode_checks_declared_shape_before_allocating);
@@ -3086,14 +3060,14 @@ Suite *codec_suite(void)
     tc = tcase(s, "rows", true);
     tcase_add_test(tc, row_scan_paths_classify_every_byte_and_sign_alike);
     tcase_add_test(tc, row_block_grammar_matches_a_reference_recognizer);
-    tcase_add_loop_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does, 0, 2);
+    tcase_add_test(tc, validator_accepts_long_rows_exactly_when_a_reference_does);
     tcase_add_test(tc, doc_tensor_reads_rows_from_the_notes_as_from_the_text);
     tcase_add_test(tc, blocks_resume_after_the_byte_that_ended_one);
-    tcase_add_loop_test(tc, short_rows_of_long_numbers_checked_in_every_number, 0, 2);
+    tcase_add_test(tc, short_rows_of_long_numbers_checked_in_every_number);
     tc = tcase(s, "robustness", true);
-    tcase_add_loop_test(tc, mutated_documents_never_crash, 0, 2);
+    tcase_add_test(tc, mutated_documents_never_crash);
     tc = tcase(s, "library", false);
-    tcase_add_loop_test(tc, codec_error_gives_the_place_of_the_fault, 0, 2);
+    tcase_add_test(tc, codec_error_gives_the_place_of_the_fault);
     tcase_add_test(tc, parse_integer_decides_on_the_digits);
     tcase_add_test(tc, simd_switch_caps_the_width_in_use);
     tcase_add_test(tc, buf_string_quotes_and_escapes);
@@ -3105,9 +3079,6 @@ int main(void)
     /* the codec's width follows ATTN_KERNEL, as the API layer sets it, so
      * that the suite run once per kernel runs each of its paths */
     api_codec_setup();
-    /* blocks wherever they fit, as before there was a length below which
-     * they are not tried: the loop tests (blocks_way) run both ways */
-    codec_set_blocks_from_len(0);
     SRunner *sr = srunner_create(codec_suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -466,16 +466,4 @@ void codec_set_simd(codec_simd widest);
 codec_simd codec_simd_in_use(void);
 const char *codec_simd_name(codec_simd simd);
 
-/*
- * The shortest text (bytes) whose validation classifies its rows of numbers
- * in blocks of 64 bytes (row_scan.c) and notes them for codec_doc_tensor;
- * a shorter one is checked and read one number at a time, which costs less
- * for a few short rows (a small request's whole body) than classifying
- * them. Both ways accept the same texts and read the same floats; tests
- * set 0 (blocks wherever they fit) or SIZE_MAX (never) to run each.
- */
-#define CODEC_BLOCKS_FROM_LEN 4096
-void codec_set_blocks_from_len(size_t len);
-size_t codec_blocks_from_len(void);
-
 #endif /* CODEC_H */

@@ -29,7 +29,6 @@ typedef struct {
     const char *what; /* the failure, for the message */
     cursor at;
     codec_doc *doc;   /* where to note members and rows, when asked for */
-    bool blocks;      /* rows are classified by blocks (not in a short text) */
 } walk;
 
 /* The states between values: each step function returns the next one. */
@@ -211,7 +210,7 @@ static state check_number_row(walk *w)
     cursor blocks_from = p;
     bool first_block = true;
     for (;;) {
-        if (w->blocks && p >= blocks_from && end - p >= 64) {
+        if (p >= blocks_from && end - p >= 64) {
             codec_row_block b;
             codec_row_scan(p, &b);
             if (b.len && codec_row_grammar(&b)) {
@@ -389,8 +388,7 @@ static state check_key(walk *w)
 
 static bool validate(const char *text, size_t len, codec_doc *doc, codec_error *err)
 {
-    walk w = {.p = codec_skip_ws(text, text + len), .end = text + len, .doc = doc,
-              .blocks = len >= codec_blocks_from_len()};
+    walk w = {.p = codec_skip_ws(text, text + len), .end = text + len, .doc = doc};
     state s = VALUE;
     if (len == 0)
         s = fail_at(&w, "empty body (expected a JSON value)", text);

@@ -83,18 +83,6 @@ codec_simd codec_simd_in_use(void)
     return (codec_simd)unknown;
 }
 
-static _Atomic size_t blocks_from_len = CODEC_BLOCKS_FROM_LEN;
-
-void codec_set_blocks_from_len(size_t len)
-{
-    atomic_store(&blocks_from_len, len);
-}
-
-size_t codec_blocks_from_len(void)
-{
-    return atomic_load_explicit(&blocks_from_len, memory_order_relaxed);
-}
-
 const char *codec_simd_name(codec_simd simd)
 {
     static const char *const names[] = {"portable", "sse2", "avx2", "avx512"};
