@@ -4,6 +4,7 @@
  * jansson's json_loadb / json_dumps on the same text.
  *
  *   codec COUNT
+ *   codec small FILE [REPEATS]
  *
  * The text is a JSON array of COUNT random float32 values, each written the
  * way NumPy's repr writes a float32 (the shortest decimal that reads back to
@@ -16,6 +17,14 @@
  * Each figure is the best of several repetitions after a warm-up; ours and
  * jansson's take turns, one repetition each, so that other work on the
  * machine hits both alike.
+ *
+ * `codec small FILE` times what a small request's body costs the codec, in
+ * process: FILE is a JSON object of tensors (bench/bodies.py's small.json:
+ * q, k, v [4, 4], nested); validate is codec_doc_validate (and
+ * codec_doc_free), read is codec_doc_tensor of every member (and freeing
+ * the tensors), write is codec_tensor_encode of the first member (16 floats
+ * for small.json, as many as the answer's). Each is REPEATS (default 100000)
+ * calls in a row, ten rounds taking turns, the best round's mean in ns.
  */
 #include <float.h>
 #include <stdbool.h>
@@ -168,8 +177,79 @@ static int check_round_trip(const char *text, size_t len)
     return rc;
 }
 
+static int small_body(const char *path, long repeats)
+{
+    static char text[1 << 16];
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        perror(path);
+        return 1;
+    }
+    size_t len = fread(text, 1, sizeof text, f);
+    fclose(f);
+    enum { MAX_MEMBERS = 8 };
+    codec_doc doc;
+    codec_span spans[MAX_MEMBERS];
+    codec_error err;
+    if (!codec_doc_validate(&doc, text, len, spans, MAX_MEMBERS, &err)) {
+        fprintf(stderr, "codec: %s: %s\n", path, err.message);
+        return 1;
+    }
+    size_t members = doc.members < MAX_MEMBERS ? doc.members : MAX_MEMBERS;
+    codec_tensor first;
+    if (members == 0 ||
+        !codec_doc_tensor(&doc, spans[0].value, spans[0].value_end, "x", false, &first, &err)) {
+        fprintf(stderr, "codec: %s: no tensor to read first\n", path);
+        return 1;
+    }
+    double best[3] = {INFINITY, INFINITY, INFINITY};
+    for (int r = 0; r <= 10; r++) { /* r == 0 is the warm-up */
+        double t0 = now_s();
+        for (long i = 0; i < repeats; i++) {
+            codec_doc d;
+            if (!codec_doc_validate(&d, text, len, spans, MAX_MEMBERS, &err))
+                return 1;
+            codec_doc_free(&d);
+        }
+        double t1 = now_s();
+        for (long i = 0; i < repeats; i++)
+            for (size_t m = 0; m < members; m++) {
+                codec_tensor t;
+                if (!codec_doc_tensor(&doc, spans[m].value, spans[m].value_end, "x", false, &t,
+                                      &err))
+                    return 1;
+                codec_tensor_free(&t);
+            }
+        double t2 = now_s();
+        for (long i = 0; i < repeats; i++) {
+            codec_buf b = {0};
+            codec_tensor_encode(&b, first.f32, first.rank, first.shape, CODEC_ENC_NESTED);
+            if (b.failed)
+                return 1;
+            codec_buf_free(&b);
+        }
+        double t3 = now_s();
+        if (r == 0)
+            continue;
+        double t[3] = {t1 - t0, t2 - t1, t3 - t2};
+        for (int k = 0; k < 3; k++)
+            if (t[k] < best[k])
+                best[k] = t[k];
+    }
+    printf("body_bytes %zu\n", len);
+    printf("tensors %zu\n", members);
+    printf("validate_ns %.0f\n", best[0] * 1e9 / (double)repeats);
+    printf("read_ns %.0f\n", best[1] * 1e9 / (double)repeats);
+    printf("write_ns %.0f\n", best[2] * 1e9 / (double)repeats);
+    codec_tensor_free(&first);
+    codec_doc_free(&doc);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 3 && strcmp(argv[1], "small") == 0)
+        return small_body(argv[2], argc >= 4 ? atol(argv[3]) : 100000);
     size_t count = argc == 2 ? (size_t)atol(argv[1]) : 1000000;
     size_t len;
     char *text = make_text(count, &len);
