@@ -449,17 +449,15 @@ static bool check_finite_input(const api_field *f, const codec_member *m,
         return true;
     }
     for (int64_t i = 0; i < t->count; i++) {
-        if (mask && t->f32[i] <= API_MASK_HIDDEN) {
+        if (t->f32[i] <= API_MASK_HIDDEN) {
             t->f32[i] = -INFINITY;
             continue;
         }
         if (!isfinite(t->f32[i]) && *m->value != '[')
             return api_fail(err, 400, "invalid_number", f->name,
-                            "%s[%lld] (row-major) is not a finite float32%s",
-                            f->name, (long long)i,
-                            mask ? " (an additive mask may hide a key with -inf or any "
-                                   "value at or below -1e30)"
-                                 : "");
+                            "%s[%lld] (row-major) is not a finite float32 (an additive mask "
+                            "may hide a key with -inf or any value at or below -1e30)",
+                            f->name, (long long)i);
     }
     return true;
 }
