@@ -185,8 +185,8 @@ test('the ScaledObject\'s metrics are gauges of /metrics', async () => {
 });
 
 test('Prometheus answers the ScaledObject\'s queries: 0 when idle, the queue and the requests in flight under load', async () => {
-  // One compute thread and four requests of about a second each: one
-  // computes, three wait, for a few seconds of 1 s scrapes.
+  // One compute thread and four clients each posting a forward and backward
+  // pass: one computes, three wait, while 1 s scrapes look on.
   const busy = await startAttnd(['--threads', '1']);
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'attnd-keda-'));
@@ -220,10 +220,20 @@ test('Prometheus answers the ScaledObject\'s queries: 0 when idle, the queue and
     await until([[queue, (v) => v === 0], [inFlight, (v) => v === 0], ['up', (v) => v === 1]], 30);
     const n = 1536, d = 64, h = 8;
     const t = { shape: [h, n, d], dtype: 'float32', base64: Buffer.from(new Float32Array(h * n * d).fill(0.01).buffer).toString('base64') };
-    const body = { q: t, k: t, v: t, grad_output: t, output_encoding: 'base64' };
-    const load = Promise.all([0, 1, 2, 3].map(() => post(`${busy.url}/v1/attention`, body)));
-    const [q, f] = await until([[queue, (v) => v >= 1], [inFlight, (v) => v >= 2]], 20);
-    const answers = await load;
+    const body = JSON.stringify({ q: t, k: t, v: t, grad_output: t, output_encoding: 'base64' });
+    // Four clients post again and again until Prometheus has seen the load:
+    // however fast this machine computes, some scrape falls inside it.
+    let loaded = true;
+    const answers = [];
+    const client = async () => { while (loaded) answers.push(await post(`${busy.url}/v1/attention`, body)); };
+    const load = Promise.all([0, 1, 2, 3].map(client));
+    let q, f;
+    try {
+      [q, f] = await until([[queue, (v) => v >= 1], [inFlight, (v) => v >= 2]], 20);
+    } finally {
+      loaded = false;
+      await load;
+    }
     assert.ok(answers.every((r) => r.status === 200), `the load answered ${answers.map((r) => r.status)}`);
     await until([[queue, (v) => v === 0], [inFlight, (v) => v === 0]], 10);
     console.log(`# under load: queue-depth query ${q}, in-flight query ${f}; idle again: 0 and 0`);
