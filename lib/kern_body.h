@@ -471,7 +471,8 @@ KF(short_scores)(const int R, int rows, int64_t keys, int64_t d_k, const float *
     const vmask tail = vmask_first((int)(d_k - whole)), first = vmask_first(R);
     const float *kj = k;
     for (int64_t j = 0; j < keys; j++, kj += ldk) {
-        kern_prefetch_some(pf, 4);
+        /* (16 lines a key: fewer calls than 4 a key, and ahead of need) */
+        kern_prefetch_some(pf, 16);
         vf acc[8];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
