@@ -1307,10 +1307,19 @@ START_TEST(a_cancel_flag_set_midway_stops_a_long_decode)
                              .causal = true, .threads = threads};
         atomic_int flag = 0;
         kp.cancel = &flag;
+        /* The pause is a fraction of the call's own time, measured here
+         * (a fixed one outlasted the whole call on a loaded machine), and
+         * varied from attempt to attempt between a sixth and five sixths. */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ASSERT_OK(attn_kv_forward(cache, &kp, q, out, NULL, &err), err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long call_ns = (long)((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
+        call_ns = call_ns < 1000000000L ? call_ns : 999999999L;
         bool midway = false;
-        for (int attempt = 0; attempt < 20 && !midway; attempt++) {
+        for (int attempt = 0; attempt < 40 && !midway; attempt++) {
             atomic_store(&flag, 0);
-            canceller k = {.pause = {0, 500000}, .flag = &flag};
+            canceller k = {.pause = {0, call_ns / 6 * (attempt % 5 + 1)}, .flag = &flag};
             pthread_t t;
             pthread_create(&t, NULL, cancel_later, &k);
             attn_status st = attn_kv_forward(cache, &kp, q, out, NULL, &err);
@@ -1319,7 +1328,7 @@ START_TEST(a_cancel_flag_set_midway_stops_a_long_decode)
                           err.message);
             midway = st == ATTN_ERR_CANCELLED && strstr(err.message, "before") == NULL;
         }
-        ck_assert_msg(midway, "threads %d: never stopped midway in 20 calls", threads);
+        ck_assert_msg(midway, "threads %d: never stopped midway in 40 calls", threads);
         /* The flag down, the same call runs to its end. */
         atomic_store(&flag, 0);
         ASSERT_OK(attn_kv_forward(cache, &kp, q, out, NULL, &err), err);

@@ -4548,6 +4548,20 @@ static char *zeros_body(int n, int d_k, int d_v, int heads, int n_q)
     return body;
 }
 
+/* body (from zeros_body, freed) asking for its answer in base64. */
+static char *base64_output(char *body)
+{
+    static const char field[] = "\"output_encoding\": \"base64\", ";
+    size_t len = strlen(body);
+    char *out = malloc(len + sizeof field);
+    ck_assert_ptr_nonnull(out);
+    out[0] = '{';
+    memcpy(out + 1, field, sizeof field - 1);
+    memcpy(out + sizeof field, body + 1, len); /* after its '{', with the NUL */
+    free(body);
+    return out;
+}
+
 /* The memory of an attention over a cache is judged with the cache's
  * length: decoding 64 query rows over 8192 positions of values 1024 wide
  * reads them in 8 runs of pages, whose partial outputs (2 MiB) do not fit
@@ -4904,22 +4918,25 @@ END_TEST
  * every computation does: one of about 8 s on the only compute thread,
  * abandoned once it computes, does not hold a small request from another
  * client for its time, and is logged as 499. The cache's values are wide
- * and its keys narrow, so that the body is small and the work long. */
+ * and its keys narrow, so that the body is small and the work long; the
+ * cache is long (32768 positions) so that the work is long with few query
+ * rows, whose answer (base64) stays well within the request memory's
+ * default limit: at most 16384 rows of 1024 values. */
 START_TEST(cache_attention_abandoned_stops_midway)
 {
-    /* A fast probe asks for up to 262144 query rows: --max-work well above
-     * their ~1e12 FLOPs keeps the heavy request from being refused. */
     server s = start_server("--threads", "1", "--max-work", "1e13");
     char id[23];
     cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
-    char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
-    reply r = cache_call(s.port, "POST", id, fill_body, NULL);
-    ck_assert_int_eq(r.status, 200);
-    reply_free(&r);
+    char *fill_body = zeros_body(4096, 8, 1024, 0, 0);
+    for (int i = 0; i < 8; i++) {
+        reply r = cache_call(s.port, "POST", id, fill_body, NULL);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+    }
     free(fill_body);
     /* Sized from a probe: the work grows with the query rows. */
-    char *probe = zeros_body(0, 8, 1024, 1, 256);
-    r = cache_call(s.port, "POST", id, probe, NULL);
+    char *probe = base64_output(zeros_body(0, 8, 1024, 1, 256));
+    reply r = cache_call(s.port, "POST", id, probe, NULL);
     ck_assert_int_eq(r.status, 200);
     json_t *doc = json_loadb(r.body, r.body_len, 0, NULL);
     double took = json_number_value(json_object_get(
@@ -4927,14 +4944,15 @@ START_TEST(cache_attention_abandoned_stops_midway)
     json_decref(doc);
     reply_free(&r);
     free(probe);
-    double rows = took > 0 ? 256 * 8000 / took : 65536;
-    char *heavy = zeros_body(0, 8, 1024, 1, rows < 256 ? 256 : rows > 262144 ? 262144 : (int)rows);
+    double rows = took > 0 ? 256 * 8000 / took : 16384;
+    char *heavy = base64_output(
+        zeros_body(0, 8, 1024, 1, rows < 256 ? 256 : rows > 16384 ? 16384 : (int)rows));
     char path[64];
     snprintf(path, sizeof path, "/v1/caches/%s/attention", id);
     int fd = post_to("127.0.0.1", s.port, path, heavy);
     free(heavy);
     if (!wait_computing(s.port, 1)) {
-        char answer[300];
+        char answer[700];
         bool closed;
         read_until_close(fd, answer, sizeof answer, 1, &closed);
         ck_abort_msg("the heavy cache attention (probe %.1f ms, %.0f rows) never computed; "
