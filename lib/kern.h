@@ -55,6 +55,13 @@ static inline int64_t kern_panel_ld(int64_t cols)
  * vectors, its zero rows the padding. */
 #define KERN_SHORT_LD 16
 
+/* A short sequence of at most this many keys, when its softmax rows are not
+ * asked for, has its keys read where they are by forward_short (no panel
+ * of k^T): its scores summed with d_k in the lanes, a few vector products
+ * and a transpose-and-add a score, fewer than a panel's transposes and
+ * 64-step sums for so few keys. */
+#define KERN_SHORT_DIRECT 16
+
 /* One key tile of one (batch, head), seen by the forward pass:
  *   kt [d_k, ld]        k^T of keys j0 .. j0 + cols, ld = kern_panel_ld(cols)
  *   v  [cols, d_v]      the tile's rows of v (row stride ldv)
@@ -126,14 +133,16 @@ struct attn_kern {
 
     /* A short sequence's query rows c->q_lo .. c->q_hi of head (b, h)
      * through all its keys at once (1 to KERN_BK of them: one tile; k^T
-     * packed in kt [d_k, ld]), for a plain call (c->plain) without
-     * statistics or weights: the output rows from o (row stride c->ldo)
-     * and, when rows is not NULL, their softmax rows, each the bits the
-     * tiled path (forward_tile on the one tile, then the rows' finish)
-     * gives. False when a row needs that path (a score or an output not
-     * finite, a row that sees no key); its rows may be written then. The
-     * lines of pf (NULL: none) are asked for along the way, all of them by
-     * the end. */
+     * packed in kt [d_k, ld], except with at most KERN_SHORT_DIRECT keys
+     * and rows NULL: then kt is not read), for a plain call (c->plain)
+     * without statistics or weights: the output rows from o (row stride
+     * c->ldo) and, when rows is not NULL, their softmax rows. With rows,
+     * or more keys, each the bits the tiled path (forward_tile on the one
+     * tile, then the rows' finish) gives; otherwise within a few roundings
+     * of them (the same sums in another order). False when a row needs
+     * that path (a score or an output not finite, a row that sees no key);
+     * its rows may be written then. The lines of pf (NULL: none) are asked
+     * for along the way, all of them by the end. */
     bool (*forward_short)(const sdpa_call *c, int64_t b, int64_t h, const float *kt,
                           int64_t ld, float *o, attn_softmax_row *rows, kern_prefetch *pf);
 

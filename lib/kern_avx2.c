@@ -143,6 +143,27 @@ static inline __attribute__((always_inline)) void vtranspose(const float *src, i
     }
 }
 
+/* Lanes r < R (R = 4 or 8) of the result: the sum of a[r]'s lanes, for the
+ * short step's scores (kern_body.h). A tree of pairs, the same order for
+ * both R: within each 128-bit half (0 + 2) + (1 + 3), then the halves.
+ * Lanes from R on are left unspecified. */
+static inline __attribute__((always_inline)) vf vhsums(const int R, const vf *a)
+{
+    vf b[4], c[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R / 2; i++)
+        b[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    /* c[i], half H: rows 4i .. 4i + 3, each the sum of its half H */
+#pragma GCC unroll 8
+    for (int i = 0; i < R / 4; i++)
+        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    const vf e = R == 4 ? c[0] : c[1];
+    return _mm256_add_ps(_mm256_permute2f128_ps(c[0], e, 0x20),
+                         _mm256_permute2f128_ps(c[0], e, 0x31));
+}
+
 /* exp: see kern_exp.h. 2^n is built in the exponent field; lanes flushed to
  * 0 may hold garbage there (n out of range), which the final AND discards. */
 static inline vf vexp(vf a)

@@ -130,6 +130,35 @@ static inline __attribute__((always_inline)) void vtranspose(const float *src, i
     }
 }
 
+/* Lanes r < R (R = 4, 8 or 16) of the result: the sum of a[r]'s lanes, for
+ * the short step's scores (kern_body.h). A tree of pairs, the same order for
+ * every R: within each 128-bit quarter (0 + 2) + (1 + 3), then the quarters
+ * as (0 + 1) + (2 + 3). Lanes from R on are left unspecified. */
+static inline __attribute__((always_inline)) vf vhsums(const int R, const vf *a)
+{
+    vf b[8], c[4], d[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R / 2; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    /* c[i], quarter Q: rows 4i .. 4i + 3, each the sum of its quarter Q */
+#pragma GCC unroll 8
+    for (int i = 0; i < R / 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    if (R == 4) {
+        const vf x = _mm512_add_ps(c[0], _mm512_shuffle_f32x4(c[0], c[0], 0xB1));
+        return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
+    }
+    /* d[i]: quarters (0 + 1) and (2 + 3) of c[2i], then of c[2i + 1] */
+#pragma GCC unroll 8
+    for (int i = 0; i < R / 8; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+    const vf e = R == 8 ? d[0] : d[1];
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], e, 0x88), _mm512_shuffle_f32x4(d[0], e, 0xDD));
+}
+
 /* exp: see kern_exp.h. */
 static inline vf vexp(vf a)
 {

@@ -179,28 +179,45 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
 /*
  * A short sequence (at most KERN_BK keys: one tile) through its rows of one
  * head at once, without the tiled path's state: the scores, their softmax
- * and the output rows P v, divided by their sums on the way out of the
- * registers, each output row written once. The arithmetic is forward_tile's
- * on a first tile, then the finish of a row (scale_wide), operation for
- * operation: the same bits. What differs is the order of the work: with at
- * most VW keys (one vector of scores a row) up to KSR rows go through each
- * step together, their score sums side by side in registers (a row's 64-step
- * sum alone would wait on each FMA's latency) and their reductions
- * overlapping; with more keys, a strip of KMR rows at a time.
+ * and the output rows P v, each output row written once. Two ways:
+ *
+ * The tiled path's arithmetic on a first tile, then the finish of a row
+ * (scale_wide), operation for operation: the same bits, over k^T packed in
+ * a panel. With at most VW keys (one vector of scores a row) up to KSR rows
+ * go through each step together, their score sums side by side in
+ * registers (a row's 64-step sum alone would wait on each FMA's latency)
+ * and their reductions overlapping; with more keys, a strip of KMR rows at
+ * a time. This way whenever the softmax rows are asked for: the backward
+ * rebuilds the weights from them and its own scores, summed the tiled way,
+ * and they must be the same sums.
+ *
+ * Otherwise, with at most KERN_SHORT_DIRECT keys, the keys are read where
+ * they are (no panel of k^T): a strip of up to VW query rows, one row a
+ * lane, goes through them key by key. A score q_i . k_j is summed with d_k
+ * in the lanes (q_i's and k_j's rows multiplied vector by vector), and the
+ * strip's sums of lanes for key j are taken together (vhsums: a
+ * transpose-and-add tree), one vector of the strip's scores a key. The
+ * softmax is then vertical (the strip's maxima and sums one vector each, no
+ * reduction across lanes), and P = exp(s - m) / l is made before the
+ * products, so that the output rows need no finish. Not the tiled path's
+ * order of operations: its outputs differ from it by roundings
+ * (tests/test_kernels.c bounds them).
  */
 
 /* Rows of the one-vector scores block: as many as a register block holds. */
 #define KSR (KMR * KNV)
 
-/* o [rows, ..) = (P v)[rows] / l, one register block of nv vectors: P
- * [rows, keys] (row stride ldp), the products from zero, key by key
- * (KF(block)'s order), each lane then divided as scale_wide divides (inv =
- * 1 / l), and written around the caches when `stream` (KF(short_out) says
- * when: whole cache lines). The lanes not finite. */
+/* o [rows, ..) = (P v)[rows], one register block of nv vectors: P (rows
+ * [rows, keys], P(r, j) at pm[r * p_rs + j * p_cs]), the products from
+ * zero, key by key (KF(block)'s order); when `scaled` each lane then
+ * divided as scale_wide divides (inv = 1 / l), and written around the
+ * caches when `stream` (KF(short_out) says when: whole cache lines). The
+ * lanes not finite. */
 static inline __attribute__((always_inline)) vmask
-KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, const float *pm,
-                    int64_t ldp, const float *v, int64_t ldv, float *o, int64_t ldo, vmask last,
-                    const double *inv, bool stream, kern_prefetch *pf)
+KF(short_out_block)(const int nv, const bool masked, const bool scaled, int rows, int64_t keys,
+                    const float *pm, int64_t p_rs, int64_t p_cs, const float *v, int64_t ldv,
+                    float *o, int64_t ldo, vmask last, const double *inv, bool stream,
+                    kern_prefetch *pf)
 {
     vf acc[KMR][KNV];
 #pragma GCC unroll 8
@@ -212,10 +229,10 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
     int64_t off[KMR];
 #pragma GCC unroll 8
     for (int r = 0; r < KMR; r++)
-        off[r] = (r < rows ? r : 0) * ldp;
-    const float *vp = v;
+        off[r] = (r < rows ? r : 0) * p_rs;
+    const float *vp = v, *pp = pm;
 #pragma GCC unroll 2
-    for (int64_t j = 0; j < keys; j++, vp += ldv) {
+    for (int64_t j = 0; j < keys; j++, vp += ldv, pp += p_cs) {
         kern_prefetch_some(pf, 2);
         vf bv[KNV];
 #pragma GCC unroll 4
@@ -223,7 +240,7 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
             bv[u] = masked && u == nv - 1 ? vload_m(vp + u * VW, last) : vload(vp + u * VW);
 #pragma GCC unroll 8
         for (int r = 0; r < KMR; r++) {
-            vf pr = vset1(pm[off[r] + j]);
+            vf pr = vset1(pp[off[r]]);
 #pragma GCC unroll 4
             for (int u = 0; u < nv; u++)
                 acc[r][u] = vfma(pr, bv[u], acc[r][u]);
@@ -236,7 +253,7 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
             break;
 #pragma GCC unroll 4
         for (int u = 0; u < nv; u++) {
-            vf y = vmul_d(acc[r][u], inv[r]);
+            vf y = scaled ? vmul_d(acc[r][u], inv[r]) : acc[r][u];
             bad |= vnonfinite(y);
             if (masked && u == nv - 1)
                 vstore_m(o + r * ldo + u * VW, y, last);
@@ -249,52 +266,57 @@ KF(short_out_block)(const int nv, const bool masked, int rows, int64_t keys, con
     return bad;
 }
 
-#define KERN_SHORT_ARGS                                                                 \
-    int rows, int64_t keys, const float *pm, int64_t ldp, const float *v, int64_t ldv,  \
-        float *o, int64_t ldo, vmask last, const double *inv, bool stream, kern_prefetch *pf
-#define KERN_SHORT_PASS rows, keys, pm, ldp, v, ldv, o, ldo, last, inv, stream, pf
-#define KERN_SHORT_INSTANCE(name, nv, masked)                                           \
-    static vmask name(KERN_SHORT_ARGS)                                                  \
-    {                                                                                   \
-        return KF(short_out_block)(nv, masked, KERN_SHORT_PASS);                        \
+#define KERN_SHORT_ARGS                                                                   \
+    int rows, int64_t keys, const float *pm, int64_t p_rs, int64_t p_cs, const float *v,  \
+        int64_t ldv, float *o, int64_t ldo, vmask last, const double *inv, bool stream,   \
+        kern_prefetch *pf
+#define KERN_SHORT_PASS rows, keys, pm, p_rs, p_cs, v, ldv, o, ldo, last, inv, stream, pf
+#define KERN_SHORT_INSTANCE(name, nv, masked, scaled)                                     \
+    static vmask name(KERN_SHORT_ARGS)                                                    \
+    {                                                                                     \
+        return KF(short_out_block)(nv, masked, scaled, KERN_SHORT_PASS);                  \
     }
+#define KERN_SHORT_INSTANCES(nv)                                                          \
+    KERN_SHORT_INSTANCE(KF(short_out_##nv), nv, false, false)                             \
+    KERN_SHORT_INSTANCE(KF(short_out_##nv##m), nv, true, false)                           \
+    KERN_SHORT_INSTANCE(KF(short_out_##nv##s), nv, false, true)                           \
+    KERN_SHORT_INSTANCE(KF(short_out_##nv##ms), nv, true, true)
 
-KERN_SHORT_INSTANCE(KF(short_out_1), 1, false)
-KERN_SHORT_INSTANCE(KF(short_out_1m), 1, true)
+KERN_SHORT_INSTANCES(1)
 #if KNV >= 2
-KERN_SHORT_INSTANCE(KF(short_out_2), 2, false)
-KERN_SHORT_INSTANCE(KF(short_out_2m), 2, true)
+KERN_SHORT_INSTANCES(2)
 #endif
 #if KNV >= 3
-KERN_SHORT_INSTANCE(KF(short_out_3), 3, false)
-KERN_SHORT_INSTANCE(KF(short_out_3m), 3, true)
+KERN_SHORT_INSTANCES(3)
 #endif
 #if KNV >= 4
-KERN_SHORT_INSTANCE(KF(short_out_4), 4, false)
-KERN_SHORT_INSTANCE(KF(short_out_4m), 4, true)
+KERN_SHORT_INSTANCES(4)
 #endif
 
 typedef vmask (*KF(short_out_fn))(KERN_SHORT_ARGS);
 
-static const KF(short_out_fn) KF(short_outs)[KNV][2] = {
-    {KF(short_out_1), KF(short_out_1m)},
+/* By vectors, masked, scaled. */
+#define KERN_SHORT_ROW(nv)                                                                \
+    {{KF(short_out_##nv), KF(short_out_##nv##s)}, {KF(short_out_##nv##m), KF(short_out_##nv##ms)}}
+static const KF(short_out_fn) KF(short_outs)[KNV][2][2] = {
+    KERN_SHORT_ROW(1),
 #if KNV >= 2
-    {KF(short_out_2), KF(short_out_2m)},
+    KERN_SHORT_ROW(2),
 #endif
 #if KNV >= 3
-    {KF(short_out_3), KF(short_out_3m)},
+    KERN_SHORT_ROW(3),
 #endif
 #if KNV >= 4
-    {KF(short_out_4), KF(short_out_4m)},
+    KERN_SHORT_ROW(4),
 #endif
 };
 
-/* Output rows r0 .. r0 + rows (at most KSR) from their weights P [rows,
- * keys] (row stride ldp) and inv = 1 / l, a strip of KMR rows at a time:
- * the lanes not finite. */
+/* Output rows from `rows` rows of their weights P (P(r, j) at pm[r *
+ * p_rs + j * p_cs]), a strip of KMR rows at a time; with inv (1 / l) not
+ * NULL each row divided by its sum on the way out: the lanes not finite. */
 static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const float *pm,
-                           int64_t ldp, const float *v, float *o, const double *inv,
-                           kern_prefetch *pf)
+                           int64_t p_rs, int64_t p_cs, const float *v, float *o,
+                           const double *inv, kern_prefetch *pf)
 {
     const int64_t d_v = c->p->d_v, ldo = c->ldo;
     /* Streaming stores take whole aligned vectors, and pay off for whole
@@ -311,9 +333,9 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
             const int64_t width = KMIN(d_v - c0, (int64_t)(KNV * VW));
             const int nv = (int)((width + VW - 1) / VW);
             const int tail = (int)(width - (int64_t)(nv - 1) * VW);
-            bad |= KF(short_outs)[nv - 1][tail < VW](strip, keys, pm + r0 * ldp, ldp, v + c0,
-                                                     c->ldv, o + r0 * ldo + c0, ldo,
-                                                     vmask_first(tail), inv + r0, stream, pf);
+            bad |= KF(short_outs)[nv - 1][tail < VW][inv != NULL](
+                strip, keys, pm + r0 * p_rs, p_rs, p_cs, v + c0, c->ldv, o + r0 * ldo + c0, ldo,
+                vmask_first(tail), inv != NULL ? inv + r0 : NULL, stream, pf);
         }
     }
     return bad;
@@ -431,6 +453,142 @@ static const KF(vrows_fn) KF(short_vector_blocks)[KSR / 4] = {
 #endif
 };
 
+/* The scores of up to R rows of q (row stride ldq; rows past `rows`
+ * repeat row 0) against keys k_j (row stride ldk), unscaled: lane r of
+ * st[j * VW ..] is q_r . k_j, the sum of d_k in the lanes (lane by lane from
+ * zero, then vhsums); its lanes from R on are written when `all`, left
+ * alone otherwise. At most 8 rows, so that their sums and addresses stay
+ * in registers. */
+static inline __attribute__((always_inline)) void
+KF(short_scores)(const int R, int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq,
+                 const float *k, int64_t ldk, float *st, bool all, kern_prefetch *pf)
+{
+    const float *qr[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        qr[r] = q + (r < rows ? r : 0) * ldq;
+    const int64_t whole = d_k / VW * VW;
+    const vmask tail = vmask_first((int)(d_k - whole)), first = vmask_first(R);
+    const float *kj = k;
+    for (int64_t j = 0; j < keys; j++, kj += ldk) {
+        /* (16 lines a key: fewer calls than 4 a key, and ahead of need) */
+        kern_prefetch_some(pf, 16);
+        vf acc[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r] = vzero();
+        for (int64_t u = 0; u < whole; u += VW) {
+            const vf kv = vload(kj + u);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                acc[r] = vfma(vload(qr[r] + u), kv, acc[r]);
+        }
+        if (whole < d_k) {
+            const vf kv = vload_m(kj + whole, tail);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                acc[r] = vfma(vload_m(qr[r] + whole, tail), kv, acc[r]);
+        }
+        const vf y = vhsums(R, acc);
+        if (all)
+            vstore(st + j * VW, y);
+        else
+            vstore_m(st + j * VW, y, first);
+    }
+}
+
+#define KERN_SCORES_ARGS                                                                  \
+    int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq, const float *k,     \
+        int64_t ldk, float *st, bool all, kern_prefetch *pf
+#define KERN_SCORES_PASS rows, keys, d_k, q, ldq, k, ldk, st, all, pf
+#define KERN_SCORES_INSTANCE(R)                                                           \
+    static void KF(short_scores_##R)(KERN_SCORES_ARGS)                                    \
+    {                                                                                     \
+        KF(short_scores)(R, KERN_SCORES_PASS);                                            \
+    }
+/* The scores of a strip of rows (at most VW) into st [keys, VW]: 8 rows at
+ * a time (4 when there are no more), each row's lane the same sum (vhsums
+ * adds in the same order whatever its R). */
+#if VW >= 8
+KERN_SCORES_INSTANCE(4)
+KERN_SCORES_INSTANCE(8)
+static void KF(strip_scores)(int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq,
+                             const float *k, int64_t ldk, float *st, kern_prefetch *pf)
+{
+    if (rows <= 4) {
+        KF(short_scores_4)(rows, keys, d_k, q, ldq, k, ldk, st, true, pf);
+        return;
+    }
+    for (int r0 = 0; r0 < rows; r0 += 8)
+        KF(short_scores_8)(rows - r0 < 8 ? rows - r0 : 8, keys, d_k, q + r0 * ldq, ldq, k, ldk,
+                           st + r0, r0 == 0, pf);
+}
+#else
+KERN_SCORES_INSTANCE(1)
+static void KF(strip_scores)(int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq,
+                             const float *k, int64_t ldk, float *st, kern_prefetch *pf)
+{
+    KF(short_scores_1)(rows, keys, d_k, q, ldq, k, ldk, st, true, pf);
+}
+#endif
+
+/*
+ * Rows r0 .. r0 + rows (at most VW) of the in-place step: their scores
+ * against every key (keys <= KERN_SHORT_DIRECT), the softmax of each row
+ * (row i0 + r seeing the keys [lo, hi) of sdpa_row_range, all of them when
+ * `whole`) and their output rows. False when a score is not finite, a row
+ * sees no key or an output is not finite. (No softmax rows: see above.)
+ */
+static bool KF(short_direct)(const sdpa_call *c, int rows, int64_t keys, const float *q,
+                             const float *k, const float *v, float *o, int64_t i0, bool whole,
+                             kern_prefetch *pf)
+{
+    const attn_sdpa_params *p = c->p;
+    float st[KERN_SHORT_DIRECT * VW];
+    KF(strip_scores)(rows, keys, p->d_k, q, c->ldq, k, c->ldk, st, pf);
+    /* Row r's visible keys [lo, hi) as lanes (small integers: exact) */
+    vf lo = vzero(), hi_1 = vzero();
+    if (!whole) {
+        float lo_r[VW], hi_r[VW];
+        for (int r = 0; r < VW; r++) {
+            int64_t l = 0, h = keys;
+            if (r < rows)
+                sdpa_row_range(c, i0 + r, c->k_lo, keys, &l, &h);
+            lo_r[r] = (float)l;
+            hi_r[r] = (float)(h - 1);
+        }
+        lo = vload(lo_r);
+        hi_1 = vload(hi_r);
+    }
+    const vf vs = vset1(p->scale), none = vset1(-INFINITY);
+    vf m = none;
+    vmask bad = vmask_first(0);
+    for (int64_t j = 0; j < keys; j++) {
+        vf y = vmul(vload(st + j * VW), vs);
+        if (!whole) {
+            const vf at = vset1((float)j);
+            y = vblend(vge(at, lo) & vge(hi_1, at), y, none);
+        }
+        bad |= vbad(y);
+        m = vmax(m, y);
+        vstore(st + j * VW, y);
+    }
+    /* (lanes past rows repeat row 0, not its range) */
+    const vmask real = vmask_first(rows);
+    if (!vmask_none((bad | vge(none, m)) & real))
+        return false;
+    vf l = vzero();
+    for (int64_t j = 0; j < keys; j++) {
+        const vf e = vexp(vsub(vload(st + j * VW), m));
+        vstore(st + j * VW, e);
+        l = vadd(l, e);
+    }
+    const vf inv = vdiv(vset1(1.0f), l);
+    for (int64_t j = 0; j < keys; j++)
+        vstore(st + j * VW, vmul(vload(st + j * VW), inv));
+    return vmask_none(KF(short_out)(c, rows, keys, st, 1, VW, v, o, NULL, pf));
+}
+
 /*
  * The softmax of a strip of `rows` score rows s [rows, KERN_BK] of `keys`
  * keys, row i0 + r seeing the keys [lo, hi) of sdpa_row_range (all of them
@@ -485,11 +643,12 @@ static bool KF(short_softmax)(const sdpa_call *c, float *s, int rows, int64_t ke
 }
 
 /* Query rows c->q_lo .. c->q_hi of head (b, h) against every key of the
- * sequence (c->k_lo .. c->k_hi, 1 to KERN_BK of them, k^T packed in kt
- * [d_k, ld]): the output rows from o (row stride c->ldo) and, when rows is
- * not NULL, their softmax rows. False when a row needs the tiled path (a
- * score not finite, a row that sees no key, an output not finite); rows
- * may have been written then. */
+ * sequence (c->k_lo .. c->k_hi, 1 to KERN_BK of them; k^T packed in kt
+ * [d_k, ld] unless KF(short_direct) reads them in place: at most
+ * KERN_SHORT_DIRECT keys and rows NULL): the output rows from o (row stride
+ * c->ldo) and, when rows is not NULL, their softmax rows. False when a row
+ * needs the tiled path (a score not finite, a row that sees no key, an
+ * output not finite); rows may have been written then. */
 static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const float *kt,
                               int64_t ld, float *o, attn_softmax_row *rows, kern_prefetch *pf)
 {
@@ -503,6 +662,15 @@ static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const fl
     sdpa_row_range(c, c->q_lo, c->k_lo, keys, &lo, &hi);
     sdpa_row_range(c, c->q_hi - 1, c->k_lo, keys, &lo_last, &hi_last);
     const bool whole = lo == 0 && hi == keys && lo_last == 0 && hi_last == keys;
+    if (keys <= KERN_SHORT_DIRECT && rows == NULL) {
+        const float *k = sdpa_head_k(c, b, h) + c->k_lo * c->ldk;
+        bool ok = true;
+        for (int64_t r0 = 0; r0 < n && ok; r0 += VW)
+            ok = KF(short_direct)(c, (int)KMIN((int64_t)VW, n - r0), keys, q + r0 * ldq, k, v,
+                                  o + r0 * ldo, c->q_lo + r0, whole, pf);
+        kern_prefetch_some(pf, INT_MAX);
+        return ok;
+    }
     float pm[KSR * KERN_BK];
     double inv[KSR];
     const int block = keys <= VW ? KSR : KMR;
@@ -522,7 +690,7 @@ static bool KF(forward_short)(const sdpa_call *c, int64_t b, int64_t h, const fl
             if (!KF(short_softmax)(c, pm, strip, keys, c->q_lo + r0, whole, inv, sm))
                 break;
         }
-        if (!vmask_none(KF(short_out)(c, strip, keys, pm, ldp, v, o + r0 * ldo, inv, pf)))
+        if (!vmask_none(KF(short_out)(c, strip, keys, pm, ldp, 1, v, o + r0 * ldo, inv, pf)))
             break;
         done += strip;
     }

@@ -66,6 +66,12 @@ static inline void vtranspose(const float *src, int64_t lds, int rows, float *ds
     (void)ldd;
     *dst = rows > 0 ? *src : 0.0f;
 }
+/* The short step's sums of lanes (kern_body.h): one lane, R = 1. */
+static inline vf vhsums(const int R, const vf *a)
+{
+    (void)R;
+    return a[0];
+}
 static inline vf vexp(vf a) { return a < ATTN_EXP_MIN ? 0.0f : expf(a); }
 
 /* ------------------------------------------------------------- bfloat16 */

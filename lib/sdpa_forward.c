@@ -557,7 +557,10 @@ static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int6
     const int64_t ld = keys <= KERN_SHORT_LD && min64(p->n_k, KERN_BK) >= KERN_SHORT_LD
                            ? KERN_SHORT_LD
                            : kern_panel_ld(keys);
-    bool panel = false; /* the worker's panel holds the short step's */
+    /* the worker's panel holds the short step's (none needed when it
+     * reads a few keys in place) */
+    const bool in_place = keys <= KERN_SHORT_DIRECT && job->rows == NULL;
+    bool panel = in_place;
     for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
         if (whole) {
             if (!panel) {
@@ -574,7 +577,7 @@ static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int6
                 continue;
             if (c->out_stream) /* (its streamed rows before the tiled path's stores) */
                 sdpa_fence_streams();
-            panel = false; /* forward_block packs it its own way */
+            panel = in_place; /* forward_block packs it its own way */
         }
         kern_prefetch_some(pf, INT_MAX);
         forward_block(job, u->w, c, t, from, u->stats, block_weights(job, &t));

@@ -508,10 +508,89 @@ START_TEST(whole_strip_row_steps_give_the_bits_of_row_by_row)
 }
 END_TEST
 
+/*
+ * A forward without softmax rows, `fast` (no mask: forward_short reads a
+ * sequence of at most KERN_SHORT_DIRECT keys in place), against the tiled
+ * steps' forward of the same call, `tiled`: the same bits for the rows of
+ * a sequence of more keys (the panel's step repeats the tiled operations),
+ * within the roundings of their two orders of the same sums for a sequence
+ * of fewer (each score summed with d_k in the lanes, the weights normalized
+ * before the products). The bound of a row, from its inputs (u = 2^-24, S =
+ * scale * max_j sum_p |q_p k_jp| over the sequence's n keys):
+ *   a score in float, either order:  ds <= (d_k + 2) u S (u S when every
+ *                                    product is an integer and the sums
+ *                                    exact)
+ *   a weight exp(s - m) / l:         rel <= 2 (expm1(2 ds) + 4 u) + (n + 4) u
+ *   an output sum_j p_j v_j:         |o - o*| <= (rel + (n + 2) u) (1 + rel) max |v|
+ * and twice that between the two. A row the step hands back to the tiled
+ * path (a score not finite, a row that sees no key) has the same bits.
+ */
+static void assert_outputs_agree(const attn_sdpa_params *p, const float *q, const float *k,
+                                 const float *v, const float *fast, const float *tiled,
+                                 size_t ci)
+{
+    const double u = 0x1p-24;
+    const bool bnhd = p->layout == ATTN_LAYOUT_BNHD;
+    const int64_t group = p->heads_q / p->heads_kv, seqs = p->ragged.seqs;
+    const int64_t *cu_q = p->ragged.cu_seqlens_q;
+    const int64_t *cu_k = p->ragged.cu_seqlens_k != NULL ? p->ragged.cu_seqlens_k : cu_q;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < p->heads_q; h++) {
+            const int64_t hk = h / group;
+            int64_t s = 0;
+            for (int64_t i = 0; i < p->n_q; i++) {
+                int64_t k0 = 0, k1 = p->n_k;
+                if (seqs > 0) {
+                    while (cu_q[s + 1] <= i)
+                        s++;
+                    k0 = cu_k[s];
+                    k1 = cu_k[s + 1];
+                }
+                const int64_t n = k1 - k0;
+                const int64_t qi = bnhd ? (b * p->n_q + i) * p->heads_q + h
+                                        : (b * p->heads_q + h) * p->n_q + i;
+                const float *o0 = fast + qi * p->d_v, *o1 = tiled + qi * p->d_v;
+                double S = 0.0, vmax = 0.0;
+                bool exact = true; /* every product an integer, the sums below 2^24 */
+                for (int64_t j = k0; j < k1; j++) {
+                    const int64_t kj = bnhd ? (b * p->n_k + j) * p->heads_kv + hk
+                                            : (b * p->heads_kv + hk) * p->n_k + j;
+                    double dot = 0.0;
+                    for (int64_t c = 0; c < p->d_k; c++) {
+                        const double t = (double)q[qi * p->d_k + c] * (double)k[kj * p->d_k + c];
+                        exact &= t == nearbyint(t);
+                        dot += fabs(t);
+                    }
+                    exact &= dot < 0x1p24;
+                    S = fmax(S, (double)p->scale * dot);
+                    for (int64_t c = 0; c < p->d_v; c++)
+                        vmax = fmax(vmax, fabs((double)v[kj * p->d_v + c]));
+                }
+                /* (exact sums in any order: the scale's rounding alone) */
+                const double ds = (exact ? 1.0 : (double)(p->d_k + 2)) * u * S;
+                const double rel = 2.0 * (expm1(2.0 * ds) + 4.0 * u) + (double)(n + 4) * u;
+                const double bound = n > KERN_SHORT_DIRECT
+                                         ? 0.0
+                                         : 2.0 * (rel + (double)(n + 2) * u) * (1.0 + rel) * vmax;
+                for (int64_t c = 0; c < p->d_v; c++) {
+                    const bool same = memcmp(&o0[c], &o1[c], sizeof o0[c]) == 0;
+                    ck_assert_msg(same || (isfinite(o0[c]) &&
+                                           fabs((double)o0[c] - (double)o1[c]) <= bound),
+                                  "case %zu: row %lld of (%lld, %lld), %lld keys, column %lld: "
+                                  "%.9g against the tiled %.9g, bound %.3g",
+                                  ci, (long long)i, (long long)b, (long long)h, (long long)n,
+                                  (long long)c, (double)o0[c], (double)o1[c], bound);
+                }
+            }
+        }
+}
+
 /* A short sequence (at most 64 keys: one tile) of a plain call, without
  * statistics or weights, goes through the kernel's whole-sequence step
  * (forward_short); add a mask of zeros and it goes the tiled way. Both give
- * the same bits, output and softmax rows: with one vector of keys or more,
+ * the same bits, output and softmax rows, and without the rows the step's
+ * output is within rounding of them (assert_outputs_agree: the keys read
+ * in place, up to KERN_SHORT_DIRECT of them): with one vector of keys or more,
  * causal and windowed rows, grouped heads, cross lengths (rows that see no
  * key), widths off the vectors, both layouts, dense batch entries, scores
  * that overflow (those rows handed back to the tiled path), and outputs
@@ -535,6 +614,9 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
         /* dense: B entries of max_q rows, max_k keys */
         {5, 2, 2, 64, 32, 0, 13, 13, false, false, false, ATTN_LAYOUT_BHND, 1.0},
         {3, 3, 1, 33, 64, 0, 7, 50, true, false, false, ATTN_LAYOUT_BNHD, 1.0},
+        /* q and k of -1, 0, 1: every score exact, the bound of the rest's
+         * roundings alone */
+        {1, 2, 2, 64, 64, 300, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 0.0},
     };
     uint64_t seed = 123;
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
@@ -567,11 +649,17 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
         float *q = random_floats(nq * (size_t)p.d_k, &seed, cases[ci].amp);
         float *k = random_floats(nk * (size_t)p.d_k, &seed, 1.0);
         float *v = random_floats(nk * (size_t)p.d_v, &seed, 1.0);
-        float *out[2], zero = 0.0f;
-        attn_softmax_row *rows[2];
-        for (int with_mask = 0; with_mask < 2; with_mask++) {
+        if (cases[ci].amp == 0.0) {
+            for (size_t i = 0; i < nq * (size_t)p.d_k; i++)
+                q[i] = (float)((int64_t)(rng_next(&seed) % 3) - 1);
+            for (size_t i = 0; i < nk * (size_t)p.d_k; i++)
+                k[i] = (float)((int64_t)(rng_next(&seed) % 3) - 1);
+        }
+        float *out[3], zero = 0.0f;
+        attn_softmax_row *rows[3];
+        for (int with_mask = 0; with_mask < 3; with_mask++) {
             attn_sdpa_params pm = p;
-            if (with_mask) /* one 0.0 broadcast to every score */
+            if (with_mask == 1) /* one 0.0 broadcast to every score */
                 pm.mask = (attn_mask){.kind = ATTN_MASK_BIAS, .bias = &zero};
             /* On cache lines, as attnd's pool gives them: the output is
              * streamed only in whole lines (a large calloc block starts 16
@@ -582,8 +670,10 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
             memset(out[with_mask], 0, out_bytes);
             rows[with_mask] = xcalloc(nq, sizeof *rows[0]);
             attn_error err = {0};
-            ck_assert_msg(attn_sdpa_forward(&pm, q, k, v, out[with_mask], rows[with_mask], NULL,
-                                            NULL, &err) == ATTN_OK,
+            /* (the third without the softmax rows) */
+            ck_assert_msg(attn_sdpa_forward(&pm, q, k, v, out[with_mask],
+                                            with_mask < 2 ? rows[with_mask] : NULL, NULL, NULL,
+                                            &err) == ATTN_OK,
                           "%s", err.message);
         }
         /* (the large ones are large enough, and their rows whole lines:
@@ -593,7 +683,8 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
                       p.d_v % 16 == 0);
         ck_assert_msg(same_bits(out[0], out[1], nq * (size_t)p.d_v), "case %zu: out", ci);
         ck_assert_msg(memcmp(rows[0], rows[1], nq * sizeof *rows[0]) == 0, "case %zu: rows", ci);
-        for (int i = 0; i < 2; i++) {
+        assert_outputs_agree(&p, q, k, v, out[2], out[1], ci);
+        for (int i = 0; i < 3; i++) {
             free(out[i]);
             free(rows[i]);
         }
