@@ -456,79 +456,107 @@ static const KF(vrows_fn) KF(short_vector_blocks)[KSR / 4] = {
 /* The scores of up to R rows of q (row stride ldq; rows past `rows`
  * repeat row 0) against keys k_j (row stride ldk), unscaled: lane r of
  * st[j * VW ..] is q_r . k_j, the sum of d_k in the lanes (lane by lane from
- * zero, then vhsums); its lanes from R on are written when `all`, left
- * alone otherwise. At most 8 rows, so that their sums and addresses stay
+ * zero, then vhsums); its other lanes are left alone. G keys at a time (R G
+ * <= VW, at most 16 sums): one vhsums takes the G keys' R sums each, key g's
+ * in lanes g R .. g R + R (vhsums adds in the same order whatever its
+ * width, so each lane is the same sum whatever R and G), and each row of q
+ * loaded once serves G keys. At most 8 rows, so that their addresses stay
  * in registers. */
 static inline __attribute__((always_inline)) void
-KF(short_scores)(const int R, int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq,
-                 const float *k, int64_t ldk, float *st, bool all, kern_prefetch *pf)
+KF(short_scores)(const int R, const int G, int rows, int64_t keys, int64_t d_k, const float *q,
+                 int64_t ldq, const float *k, int64_t ldk, float *st, kern_prefetch *pf)
 {
     const float *qr[8];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
         qr[r] = q + (r < rows ? r : 0) * ldq;
     const int64_t whole = d_k / VW * VW;
-    const vmask tail = vmask_first((int)(d_k - whole)), first = vmask_first(R);
-    const float *kj = k;
-    for (int64_t j = 0; j < keys; j++, kj += ldk) {
+    const vmask tail = vmask_first((int)(d_k - whole));
+    /* key g's lanes of a vhsums */
+    vmask part[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+        part[g] = vmask_first((g + 1) * R) & ~vmask_first(g * R);
+    for (int64_t j = 0; j < keys; j += G) {
         /* (16 lines a key: fewer calls than 4 a key, and ahead of need) */
         kern_prefetch_some(pf, 16);
-        vf acc[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-            acc[r] = vzero();
+        /* keys past the last repeat it (their sums are not stored) */
+        const float *kj[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            kj[g] = k + (j + g < keys ? j + g : keys - 1) * ldk;
+        vf acc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < R * G; i++)
+            acc[i] = vzero();
+#pragma GCC unroll 4
         for (int64_t u = 0; u < whole; u += VW) {
-            const vf kv = vload(kj + u);
+            vf kv[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                kv[g] = vload(kj[g] + u);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                acc[r] = vfma(vload(qr[r] + u), kv, acc[r]);
+            for (int r = 0; r < R; r++) {
+                const vf qv = vload(qr[r] + u);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++)
+                    acc[g * R + r] = vfma(qv, kv[g], acc[g * R + r]);
+            }
         }
         if (whole < d_k) {
-            const vf kv = vload_m(kj + whole, tail);
+            vf kv[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                kv[g] = vload_m(kj[g] + whole, tail);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                acc[r] = vfma(vload_m(qr[r] + whole, tail), kv, acc[r]);
+            for (int r = 0; r < R; r++) {
+                const vf qv = vload_m(qr[r] + whole, tail);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++)
+                    acc[g * R + r] = vfma(qv, kv[g], acc[g * R + r]);
+            }
         }
-        const vf y = vhsums(R, acc);
-        if (all)
-            vstore(st + j * VW, y);
-        else
-            vstore_m(st + j * VW, y, first);
+        const vf y = vhsums(R * G, acc);
+        /* key j + g's sums, lanes g R .. g R + R, into lanes 0 .. R */
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            if (g == 0 || j + g < keys)
+                vstore_m(st + (j + g) * VW - g * R, y, part[g]);
     }
 }
 
 #define KERN_SCORES_ARGS                                                                  \
     int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq, const float *k,     \
-        int64_t ldk, float *st, bool all, kern_prefetch *pf
-#define KERN_SCORES_PASS rows, keys, d_k, q, ldq, k, ldk, st, all, pf
-#define KERN_SCORES_INSTANCE(R)                                                           \
+        int64_t ldk, float *st, kern_prefetch *pf
+#define KERN_SCORES_PASS rows, keys, d_k, q, ldq, k, ldk, st, pf
+#define KERN_SCORES_INSTANCE(R, G)                                                        \
     static void KF(short_scores_##R)(KERN_SCORES_ARGS)                                    \
     {                                                                                     \
-        KF(short_scores)(R, KERN_SCORES_PASS);                                            \
+        KF(short_scores)(R, G, KERN_SCORES_PASS);                                         \
     }
-/* The scores of a strip of rows (at most VW) into st [keys, VW]: 8 rows at
- * a time (4 when there are no more), each row's lane the same sum (vhsums
- * adds in the same order whatever its R). */
+/* The scores of a strip of rows (at most VW) into lanes 0 .. rows of st
+ * [keys, VW]: 8 rows at a time, the last 4 or fewer 4 at a time (each
+ * row's lane the same sum). */
 #if VW >= 8
-KERN_SCORES_INSTANCE(4)
-KERN_SCORES_INSTANCE(8)
+KERN_SCORES_INSTANCE(4, VW / 4 < 4 ? VW / 4 : 4)
+KERN_SCORES_INSTANCE(8, VW / 8 < 2 ? VW / 8 : 2)
 static void KF(strip_scores)(int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq,
                              const float *k, int64_t ldk, float *st, kern_prefetch *pf)
 {
-    if (rows <= 4) {
-        KF(short_scores_4)(rows, keys, d_k, q, ldq, k, ldk, st, true, pf);
-        return;
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+        if (rows - r0 <= 4)
+            KF(short_scores_4)(rows - r0, keys, d_k, q + r0 * ldq, ldq, k, ldk, st + r0, pf);
+        else
+            KF(short_scores_8)(rows - r0 < 8 ? rows - r0 : 8, keys, d_k, q + r0 * ldq, ldq, k,
+                               ldk, st + r0, pf);
     }
-    for (int r0 = 0; r0 < rows; r0 += 8)
-        KF(short_scores_8)(rows - r0 < 8 ? rows - r0 : 8, keys, d_k, q + r0 * ldq, ldq, k, ldk,
-                           st + r0, r0 == 0, pf);
 }
 #else
-KERN_SCORES_INSTANCE(1)
+KERN_SCORES_INSTANCE(1, 1)
 static void KF(strip_scores)(int rows, int64_t keys, int64_t d_k, const float *q, int64_t ldq,
                              const float *k, int64_t ldk, float *st, kern_prefetch *pf)
 {
-    KF(short_scores_1)(rows, keys, d_k, q, ldq, k, ldk, st, true, pf);
+    KF(short_scores_1)(rows, keys, d_k, q, ldq, k, ldk, st, pf);
 }
 #endif
 
@@ -561,10 +589,12 @@ static bool KF(short_direct)(const sdpa_call *c, int rows, int64_t keys, const f
         hi_1 = vload(hi_r);
     }
     const vf vs = vset1(p->scale), none = vset1(-INFINITY);
+    /* (lanes past rows are not scores: zero, and not checked) */
+    const vmask real = vmask_first(rows);
     vf m = none;
     vmask bad = vmask_first(0);
     for (int64_t j = 0; j < keys; j++) {
-        vf y = vmul(vload(st + j * VW), vs);
+        vf y = vblend(real, vmul(vload(st + j * VW), vs), vzero());
         if (!whole) {
             const vf at = vset1((float)j);
             y = vblend(vge(at, lo) & vge(hi_1, at), y, none);
@@ -573,8 +603,6 @@ static bool KF(short_direct)(const sdpa_call *c, int rows, int64_t keys, const f
         m = vmax(m, y);
         vstore(st + j * VW, y);
     }
-    /* (lanes past rows repeat row 0, not its range) */
-    const vmask real = vmask_first(rows);
     if (!vmask_none((bad | vge(none, m)) & real))
         return false;
     vf l = vzero();
