@@ -479,7 +479,7 @@ KF(short_scores)(const int R, const int G, int rows, int64_t keys, int64_t d_k, 
         part[g] = vmask_first((g + 1) * R) & ~vmask_first(g * R);
     for (int64_t j = 0; j < keys; j += G) {
         /* (16 lines a key: fewer calls than 4 a key, and ahead of need) */
-        kern_prefetch_some(pf, 16);
+        kern_prefetch_some(pf, 16 * G);
         /* keys past the last repeat it (their sums are not stored) */
         const float *kj[4];
 #pragma GCC unroll 4
