@@ -520,7 +520,7 @@ KF(short_scores)(const int R, const int G, int rows, int64_t keys, int64_t d_k, 
         /* key j + g's sums, lanes g R .. g R + R, into lanes 0 .. R */
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
-            if (g == 0 || j + g < keys)
+            if (j + g < keys)
                 vstore_m(st + (j + g) * VW - g * R, y, part[g]);
     }
 }
