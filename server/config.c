@@ -125,9 +125,9 @@ static const opt_row options[] = {
      .offset = OFF(drain_timeout), .def = "20", .min = 0, .max = 86400, .limit = true,
      .help = "after SIGTERM, requests whose bodies are still arriving are dropped within a second "
              "and those computing may finish for this long; then attnd exits"},
-    /* Every connection holds a file descriptor and libmicrohttpd's 16 KiB
-     * buffer for it (touched only as far as it is used): 4096 is 64 MiB at
-     * most, and four times what a load generator or a proxy in front
+    /* Every connection holds a file descriptor and libmicrohttpd's 32 KiB
+     * buffer for it (touched once it has served a request): 4096 is 128 MiB
+     * at most, and four times what a load generator or a proxy in front
      * usually opens. Past it new connections wait in the listen backlog. */
     {.name = "max-connections", .metavar = "N", .type = OPT_INT,
      .offset = OFF(max_connections), .def = "4096", .min = 16, .max = 1000000,

@@ -21,7 +21,7 @@
  * itself before attnd sees the request: mhd_quirks.c says what attnd does
  * about it.
  *
- * Beyond the connection's 16 KiB buffer (MHD_OPTION_CONNECTION_MEMORY_LIMIT
+ * Beyond the connection's 32 KiB buffer (MHD_OPTION_CONNECTION_MEMORY_LIMIT
  * in http.c) the request never reaches attnd: libmicrohttpd answers 414 or
  * 431 itself with a one-line HTML body (compiled into the library), or,
  * when not even that fits, closes the connection. The limits above keep
@@ -37,7 +37,7 @@
 
 /* Longest request target answered, and most header bytes (names and
  * values): as nginx's large_client_header_buffers 8k, and within
- * libmicrohttpd's 16 KiB connection buffer. */
+ * libmicrohttpd's 32 KiB connection buffer. */
 #define MAX_TARGET 8192
 #define MAX_HEADER_BYTES 12288
 

@@ -424,10 +424,15 @@ bool http_start(srv_server *srv, char *err, size_t err_len)
         (unsigned int)(cfg->max_connections + conn_limit_room(cfg->max_connections)),
         MHD_OPTION_UNESCAPE_CALLBACK, unescape, srv,
         /* The per-connection pool holds the request head and the read
-         * buffer, and libmicrohttpd clears it after every request: 64 KiB
-         * made that memset a tenth of a /healthz, 16 KiB still takes 8 KiB
-         * of headers (nginx's default) and reads bodies in big enough bites. */
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
+         * buffer (half of it), and libmicrohttpd clears it after every
+         * request. A body is read one buffer a turn of the poll loop, a
+         * poll and a recv each (a system call costs ~1 us on a virtual
+         * machine): 32 KiB reads a decode step's 33 KB body in three turns
+         * instead of five, for ~0.1 us more zeroing a request
+         * (docs/benchmarks.md). Larger pools libmicrohttpd maps per
+         * connection (a mmap and a munmap each), and 64 KiB made the
+         * zeroing a tenth of a /healthz. */
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(32 * 1024),
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,

@@ -1540,7 +1540,7 @@ START_TEST(long_target_is_414_and_big_headers_431_in_json)
     resp = raw_exchange(shared.port, req, strlen(req), 5, &closed);
     expect_one_json_error("13 KB of headers", resp, 431, "header_too_large");
     free(resp);
-    /* Past the 16 KiB buffer libmicrohttpd answers (or closes) itself:
+    /* Past the 32 KiB buffer libmicrohttpd answers (or closes) itself:
      * still never more than one response. */
     free(req);
     n = 40000;
