@@ -143,6 +143,21 @@ static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 /* True on helpers, and on a caller while it runs units. */
 static _Thread_local bool in_units;
 
+#ifdef __linux__
+/* The calling thread's id, asked of the kernel once: gettid is a system
+ * call each time (about a microsecond on a virtual machine, twice a
+ * decoding step otherwise). 0 until asked; a forked child forgets it
+ * (after_fork_child), its one thread having another id. */
+static _Thread_local pid_t own_tid;
+
+static pid_t thread_id(void)
+{
+    if (own_tid == 0)
+        own_tid = gettid();
+    return own_tid;
+}
+#endif
+
 static sched_class current_class(void)
 {
     sched_class c = {0};
@@ -151,7 +166,7 @@ static sched_class current_class(void)
         c.priority = param.sched_priority;
 #ifdef __linux__ /* nice is per thread on Linux */
     errno = 0;
-    int nice = getpriority(PRIO_PROCESS, (id_t)gettid());
+    int nice = getpriority(PRIO_PROCESS, (id_t)thread_id());
     if (errno == 0)
         c.nice = nice;
 #endif
@@ -332,6 +347,9 @@ static void after_fork_parent(void)
 
 static void after_fork_child(void)
 {
+#ifdef __linux__
+    own_tid = 0;
+#endif
     crew *c = crews;
     crews = NULL;
     while (c != NULL) {

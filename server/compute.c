@@ -283,6 +283,10 @@ static void poll_for_work(srv_compute *q)
     q->polling--;
 }
 
+/* How long (s) a request must have waited in the queue before its worker
+ * looks whether its client is still there. */
+#define GONE_LOOK_AFTER 1e-3
+
 static void *worker_main(void *arg)
 {
     srv_compute *q = &((srv_server *)arg)->compute;
@@ -314,11 +318,18 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&q->lock);
 
         metrics_queued(&r->srv->metrics, r->label, -1);
-        /* A request whose client left while it queued is not started. */
-        if (!atomic_load(&r->cancel) && conn_client_gone(r->connection))
+        /* A request whose client left while it queued is not started. One
+         * taken within GONE_LOOK_AFTER of its queueing is not looked at:
+         * its client sent its body just now, and the look is a system call
+         * (about a microsecond on a virtual machine) on the way of every
+         * decoding step; the watcher stops it like any computation if its
+         * client has gone all the same. */
+        double wait = srv_now() - r->t_queued;
+        if (!atomic_load(&r->cancel) && wait > GONE_LOOK_AFTER &&
+            conn_client_gone(r->connection))
             atomic_store(&r->cancel, 1);
         if (!atomic_load(&r->cancel))
-            run(r, others, srv_now() - r->t_queued);
+            run(r, others, wait);
 
         pthread_mutex_lock(&q->lock);
         q->running--;

@@ -12,8 +12,9 @@
  *     out of the queue if it still waits there (its place freed at once),
  *     or, if it computes, stopped through libattn's cancellation flag
  *     (api_limits.cancel) at its next unit of work. A compute worker also
- *     looks before it starts a request (compute.c), so a request whose
- *     client left while it queued is never started.
+ *     looks before it starts a request that waited in the queue for more
+ *     than a millisecond (compute.c), so such a request whose client left
+ *     while it queued is never started.
  * Either way the request ends as nginx's 499 in the log and the metrics.
  *   - Idle memory: the pool's blocks that no request has taken for
  *     POOL_IDLE_SECONDS are unmapped (pool.c), so that a server that has
