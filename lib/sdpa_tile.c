@@ -47,24 +47,31 @@ int64_t sdpa_seq_count(const attn_sdpa_params *p)
     return p->ragged.seqs > 0 ? p->ragged.seqs : p->batch;
 }
 
+/* (a field added to sdpa_call goes into the initializer below too) */
+_Static_assert(sizeof(void *) != 8 || sizeof(sdpa_call) == 168, "sdpa_call_seq: every field");
+
 sdpa_call sdpa_call_seq(const sdpa_call *c, int64_t s, int64_t *b)
 {
-    sdpa_call in = *c;
     const attn_ragged *r = &c->p->ragged;
-    if (r->seqs > 0) {
-        const int64_t *cu_k = r->cu_seqlens_k != NULL ? r->cu_seqlens_k : r->cu_seqlens_q;
-        in.q_lo = r->cu_seqlens_q[s];
-        in.q_hi = r->cu_seqlens_q[s + 1];
-        in.k_lo = cu_k[s];
-        in.k_hi = cu_k[s + 1];
-        /* Query row i of the sequence sits at position i + offset among
-         * the packed keys: bottom-right within its own sequence. */
-        in.offset = in.k_hi - in.q_hi;
-        *b = 0;
-    } else {
+    if (r->seqs == 0) {
         *b = s;
+        return *c;
     }
-    return in;
+    const int64_t *cu_k = r->cu_seqlens_k != NULL ? r->cu_seqlens_k : r->cu_seqlens_q;
+    /* Query row i of the sequence sits at position i + offset among the
+     * packed keys: bottom-right within its own sequence. The fields as an
+     * initializer, not stored into a copy of *c: a copy that is then
+     * copied out reads each changed field back as part of a wider load,
+     * which waits until the field's store has gone to the cache (a
+     * microsecond's item spent a tenth of its time there). */
+    *b = 0;
+    return (sdpa_call){.p = c->p, .q = c->q, .k = c->k, .v = c->v, .q16 = c->q16,
+                       .k16 = c->k16, .v16 = c->v16, .group = c->group,
+                       .offset = cu_k[s + 1] - r->cu_seqlens_q[s + 1], .ldq = c->ldq,
+                       .ldk = c->ldk, .ldv = c->ldv, .ldo = c->ldo, .before = c->before,
+                       .after = c->after, .plain = c->plain, .q_lo = r->cu_seqlens_q[s],
+                       .q_hi = r->cu_seqlens_q[s + 1], .k_lo = cu_k[s], .k_hi = cu_k[s + 1],
+                       .bf16 = c->bf16, .out_stream = c->out_stream};
 }
 
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
