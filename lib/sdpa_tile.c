@@ -99,47 +99,11 @@ void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *beg
         *end = *begin;
 }
 
-void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int64_t *lo,
-                    int64_t *hi)
-{
-    const int64_t pos = i + c->offset;
-    *lo = clamp64(pos - c->before - j0, 0, cols);
-    *hi = clamp64(pos + c->after + 1 - j0, 0, cols);
-    if (*hi < *lo || i < c->q_lo || i >= c->q_hi)
-        *hi = *lo;
-}
-
 float sdpa_alibi_slope(const sdpa_call *c, int64_t b, int64_t h)
 {
     const attn_variants *var = &c->p->variants;
     return var->alibi_slopes == NULL ? 0.0f
                                      : var->alibi_slopes[b * var->alibi_batch_stride + h];
-}
-
-int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t heads,
-                     int64_t n, int64_t d)
-{
-    if (p->layout == ATTN_LAYOUT_BNHD)
-        return (b * n * heads + h) * d;
-    return (b * heads + h) * n * d;
-}
-
-const float *sdpa_head_q(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return c->q + sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k);
-}
-
-const float *sdpa_head_k(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return c->k + sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_k);
-}
-
-const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return c->v + sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_v);
 }
 
 sdpa_src sdpa_src_at(sdpa_src s, int64_t at)
@@ -183,12 +147,6 @@ void sdpa_src_widen(sdpa_src s, int64_t count, float *dst)
 {
     for (int64_t i = 0; i < count; i++)
         dst[i] = sdpa_src_value(s, i);
-}
-
-int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_v);
 }
 
 /* ------------------------------------------------- the forward's hooks */
