@@ -212,7 +212,7 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
  * zero, key by key (KF(block)'s order); when `scaled` each lane then
  * divided as scale_wide divides (inv = 1 / l), and written around the
  * caches when `stream` (KF(short_out) says when: whole cache lines). The
- * lanes not finite. */
+ * lanes not finite in some row. */
 static inline __attribute__((always_inline)) vmask
 KF(short_out_block)(const int R, const int nv, const bool masked, const bool scaled, int rows,
                     int64_t keys,
@@ -247,7 +247,9 @@ KF(short_out_block)(const int R, const int nv, const bool masked, const bool sca
                 acc[r][u] = vfma(pr, bv[u], acc[r][u]);
         }
     }
-    vmask bad = vmask_first(0);
+    /* y * 0 is 0 where y is finite, nan where it is not: one sum of
+     * them, one test at the end */
+    vf zeros = vzero();
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         if (r >= rows)
@@ -255,7 +257,7 @@ KF(short_out_block)(const int R, const int nv, const bool masked, const bool sca
 #pragma GCC unroll 4
         for (int u = 0; u < nv; u++) {
             vf y = scaled ? vmul_d(acc[r][u], inv[r]) : acc[r][u];
-            bad |= vnonfinite(y);
+            zeros = vfma(y, vzero(), zeros);
             if (masked && u == nv - 1)
                 vstore_m(o + r * ldo + u * VW, y, last);
             else if (stream)
@@ -264,7 +266,7 @@ KF(short_out_block)(const int R, const int nv, const bool masked, const bool sca
                 vstore(o + r * ldo + u * VW, y);
         }
     }
-    return bad;
+    return vnonfinite(zeros);
 }
 
 #define KERN_SHORT_ARGS                                                                   \
