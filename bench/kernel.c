@@ -150,7 +150,9 @@ static int cmd_info(void)
  * BATCH is log48 (48 sequences of lengths log-uniform over 16 .. 2048, about
  * 20k rows), short2000 (2000 of 1 .. 16) or mixed501 (one of 4096, first,
  * then 500 of 1 .. 32: nearly all the work in one sequence, which only
- * units cut by work share between the threads), from a fixed seed.
+ * units cut by work share between the threads), from a fixed seed; short20
+ * and short200 are short2000's first 20 and 200 sequences (their tensors
+ * in the caches: the items' arithmetic without the memory's share).
  * Its buffers are made on first use and kept for the next turns.
  */
 typedef enum { T_SGEMM, T_SDPA, T_RAGGED, T_PADDED, T_MHA, T_PEAK, T_STREAM } task_kind;
@@ -184,6 +186,8 @@ static int64_t batch_lengths(const char *name, int64_t *len)
     const bool mixed = strcmp(name, "mixed501") == 0;
     int64_t n = strcmp(name, "log48") == 0       ? 48
                 : strcmp(name, "short2000") == 0 ? 2000
+                : strcmp(name, "short200") == 0  ? 200
+                : strcmp(name, "short20") == 0   ? 20
                 : mixed                          ? 501
                                                  : 0;
     /* (the seed gives log48 19963 rows, the longest 2023) */

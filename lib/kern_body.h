@@ -212,23 +212,24 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
  * zero, key by key (KF(block)'s order); when `scaled` each lane then
  * divided as scale_wide divides (inv = 1 / l), and written around the
  * caches when `stream` (KF(short_out) says when: whole cache lines). The
- * lanes not finite. */
+ * lanes not finite in some row. */
 static inline __attribute__((always_inline)) vmask
-KF(short_out_block)(const int nv, const bool masked, const bool scaled, int rows, int64_t keys,
+KF(short_out_block)(const int R, const int nv, const bool masked, const bool scaled, int rows,
+                    int64_t keys,
                     const float *pm, int64_t p_rs, int64_t p_cs, const float *v, int64_t ldv,
                     float *o, int64_t ldo, vmask last, const double *inv, bool stream,
                     kern_prefetch *pf)
 {
     vf acc[KMR][KNV];
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++)
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int u = 0; u < nv; u++)
             acc[r][u] = vzero();
     /* Rows past `rows` repeat row 0, as in KF(block). */
     int64_t off[KMR];
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++)
+    for (int r = 0; r < R; r++)
         off[r] = (r < rows ? r : 0) * p_rs;
     const float *vp = v, *pp = pm;
 #pragma GCC unroll 2
@@ -239,22 +240,24 @@ KF(short_out_block)(const int nv, const bool masked, const bool scaled, int rows
         for (int u = 0; u < nv; u++)
             bv[u] = masked && u == nv - 1 ? vload_m(vp + u * VW, last) : vload(vp + u * VW);
 #pragma GCC unroll 8
-        for (int r = 0; r < KMR; r++) {
+        for (int r = 0; r < R; r++) {
             vf pr = vset1(pp[off[r]]);
 #pragma GCC unroll 4
             for (int u = 0; u < nv; u++)
                 acc[r][u] = vfma(pr, bv[u], acc[r][u]);
         }
     }
-    vmask bad = vmask_first(0);
+    /* y * 0 is 0 where y is finite, nan where it is not: one sum of
+     * them, one test at the end */
+    vf zeros = vzero();
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < R; r++) {
         if (r >= rows)
             break;
 #pragma GCC unroll 4
         for (int u = 0; u < nv; u++) {
             vf y = scaled ? vmul_d(acc[r][u], inv[r]) : acc[r][u];
-            bad |= vnonfinite(y);
+            zeros = vfma(y, vzero(), zeros);
             if (masked && u == nv - 1)
                 vstore_m(o + r * ldo + u * VW, y, last);
             else if (stream)
@@ -263,7 +266,7 @@ KF(short_out_block)(const int nv, const bool masked, const bool scaled, int rows
                 vstore(o + r * ldo + u * VW, y);
         }
     }
-    return bad;
+    return vnonfinite(zeros);
 }
 
 #define KERN_SHORT_ARGS                                                                   \
@@ -274,7 +277,7 @@ KF(short_out_block)(const int nv, const bool masked, const bool scaled, int rows
 #define KERN_SHORT_INSTANCE(name, nv, masked, scaled)                                     \
     static vmask name(KERN_SHORT_ARGS)                                                    \
     {                                                                                     \
-        return KF(short_out_block)(nv, masked, scaled, KERN_SHORT_PASS);                  \
+        return KF(short_out_block)(KMR, nv, masked, scaled, KERN_SHORT_PASS);             \
     }
 #define KERN_SHORT_INSTANCES(nv)                                                          \
     KERN_SHORT_INSTANCE(KF(short_out_##nv), nv, false, false)                             \
@@ -311,9 +314,45 @@ static const KF(short_out_fn) KF(short_outs)[KNV][2][2] = {
 #endif
 };
 
+/* The same block for exactly R rows (rows == R) of KNV whole vectors,
+ * scaled or not: no row's products repeated for the rows past a strip's.
+ * Each output lane is the same sum whatever the block's rows. */
+#define KERN_EXACT_INSTANCE(R)                                                            \
+    static vmask KF(short_out_r##R)(KERN_SHORT_ARGS)                                      \
+    {                                                                                     \
+        return KF(short_out_block)(R, KNV, false, false, KERN_SHORT_PASS);                \
+    }                                                                                     \
+    static vmask KF(short_out_r##R##s)(KERN_SHORT_ARGS)                                   \
+    {                                                                                     \
+        return KF(short_out_block)(R, KNV, false, true, KERN_SHORT_PASS);                 \
+    }
+
+KERN_EXACT_INSTANCE(1)
+KERN_EXACT_INSTANCE(2)
+KERN_EXACT_INSTANCE(3)
+KERN_EXACT_INSTANCE(4)
+#if KMR >= 5
+KERN_EXACT_INSTANCE(5)
+#endif
+#if KMR >= 6
+KERN_EXACT_INSTANCE(6)
+#endif
+_Static_assert(KMR == 4 || KMR == 6, "an exact block for every row count up to KMR");
+
+/* By rows - 1, scaled. */
+#define KERN_EXACT_ROW(R) {KF(short_out_r##R), KF(short_out_r##R##s)}
+static const KF(short_out_fn) KF(short_exact)[KMR][2] = {
+    KERN_EXACT_ROW(1), KERN_EXACT_ROW(2), KERN_EXACT_ROW(3), KERN_EXACT_ROW(4),
+#if KMR >= 6
+    KERN_EXACT_ROW(5), KERN_EXACT_ROW(6),
+#endif
+};
+
 /* Output rows from `rows` rows of their weights P (P(r, j) at pm[r *
- * p_rs + j * p_cs]), a strip of KMR rows at a time; with inv (1 / l) not
- * NULL each row divided by its sum on the way out: the lanes not finite. */
+ * p_rs + j * p_cs]), in strips of at most KMR rows split evenly (7 rows as
+ * 4 and 3, not 6 and 1), a strip of whole vectors by its exact block; with
+ * inv (1 / l) not NULL each row divided by its sum on the way out: the
+ * lanes not finite. */
 static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const float *pm,
                            int64_t p_rs, int64_t p_cs, const float *v, float *o,
                            const double *inv, kern_prefetch *pf)
@@ -327,16 +366,21 @@ static vmask KF(short_out)(const sdpa_call *c, int rows, int64_t keys, const flo
                         (uintptr_t)o % (LINE * sizeof(float)) == 0 && ldo % LINE == 0 &&
                         d_v % LINE == 0;
     vmask bad = vmask_first(0);
-    for (int r0 = 0; r0 < rows; r0 += KMR) {
-        const int strip = rows - r0 < KMR ? rows - r0 : KMR;
+    const int strips = (rows + KMR - 1) / KMR;
+    for (int s = 0, r0 = 0; s < strips; s++) {
+        /* (the first rows % strips strips one row longer) */
+        const int strip = rows / strips + (s < rows % strips);
         for (int64_t c0 = 0; c0 < d_v; c0 += KNV * VW) {
             const int64_t width = KMIN(d_v - c0, (int64_t)(KNV * VW));
             const int nv = (int)((width + VW - 1) / VW);
             const int tail = (int)(width - (int64_t)(nv - 1) * VW);
-            bad |= KF(short_outs)[nv - 1][tail < VW][inv != NULL](
-                strip, keys, pm + r0 * p_rs, p_rs, p_cs, v + c0, c->ldv, o + r0 * ldo + c0, ldo,
-                vmask_first(tail), inv != NULL ? inv + r0 : NULL, stream, pf);
+            const KF(short_out_fn) f = width == KNV * VW
+                                           ? KF(short_exact)[strip - 1][inv != NULL]
+                                           : KF(short_outs)[nv - 1][tail < VW][inv != NULL];
+            bad |= f(strip, keys, pm + r0 * p_rs, p_rs, p_cs, v + c0, c->ldv, o + r0 * ldo + c0,
+                     ldo, vmask_first(tail), inv != NULL ? inv + r0 : NULL, stream, pf);
         }
+        r0 += strip;
     }
     return bad;
 }

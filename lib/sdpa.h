@@ -87,14 +87,35 @@ sdpa_call sdpa_call_seq(const sdpa_call *c, int64_t s, int64_t *b);
 /* Offset of the first row of head h in batch b of a tensor with `heads`
  * heads of n rows of d, in the call's layout (rows then follow at the row
  * stride of the tensor). */
-int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t heads,
-                     int64_t n, int64_t d);
+static inline int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h,
+                                   int64_t heads, int64_t n, int64_t d)
+{
+    if (p->layout == ATTN_LAYOUT_BNHD)
+        return (b * n * heads + h) * d;
+    return (b * heads + h) * n * d;
+}
 
 /* q of head (b, h): [n_q, d_k]; k, v of its key/value head: [n_k, d_k],
- * [n_k, d_v]; rows at the strides ldq, ldk, ldv. */
-const float *sdpa_head_q(const sdpa_call *c, int64_t b, int64_t h);
-const float *sdpa_head_k(const sdpa_call *c, int64_t b, int64_t h);
-const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h);
+ * [n_k, d_v]; rows at the strides ldq, ldk, ldv. (Inline, as the next
+ * ones: a short sequence's item, a fraction of a microsecond, takes
+ * several.) */
+static inline const float *sdpa_head_q(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return c->q + sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k);
+}
+static inline const float *sdpa_head_k(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return c->k + sdpa_head_at(p, b, c->group == 1 ? h : h / c->group, p->heads_kv, p->n_k,
+                               p->d_k);
+}
+static inline const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return c->v + sdpa_head_at(p, b, c->group == 1 ? h : h / c->group, p->heads_kv, p->n_k,
+                               p->d_v);
+}
 /* The same heads' rows as the caller gave them (float32 or bfloat16). */
 sdpa_src sdpa_src_q(const sdpa_call *c, int64_t b, int64_t h);
 sdpa_src sdpa_src_k(const sdpa_call *c, int64_t b, int64_t h);
@@ -107,7 +128,11 @@ float sdpa_src_value(sdpa_src s, int64_t i);
 void sdpa_src_widen(sdpa_src s, int64_t count, float *dst);
 /* Offsets of head (b, h)'s rows in out/dout (and dq: q's layout), and of
  * its key/value head's rows in dk and dv. */
-int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h);
+static inline int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h)
+{
+    const attn_sdpa_params *p = c->p;
+    return sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_v);
+}
 
 /* The keys [*begin, *end) of the call's sequence that some row of [i0,
  * i0 + rows) may see under the causal mask and the window (empty: *begin
@@ -121,8 +146,15 @@ void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *beg
 /* Keys of row i visible within a tile from j0 of cols keys: [*lo, *hi),
  * relative to j0 and clipped to [0, cols]; none for a row outside the
  * call's sequence. */
-void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int64_t *lo,
-                    int64_t *hi);
+static inline void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols,
+                                  int64_t *lo, int64_t *hi)
+{
+    const int64_t pos = i + c->offset, l = pos - c->before - j0, h = pos + c->after + 1 - j0;
+    *lo = l < 0 ? 0 : l > cols ? cols : l;
+    *hi = h < 0 ? 0 : h > cols ? cols : h;
+    if (*hi < *lo || i < c->q_lo || i >= c->q_hi)
+        *hi = *lo;
+}
 /* slope_h of ALiBi for (b, h); 0 without. */
 float sdpa_alibi_slope(const sdpa_call *c, int64_t b, int64_t h);
 

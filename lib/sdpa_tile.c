@@ -47,24 +47,31 @@ int64_t sdpa_seq_count(const attn_sdpa_params *p)
     return p->ragged.seqs > 0 ? p->ragged.seqs : p->batch;
 }
 
+/* (a field added to sdpa_call goes into the initializer below too) */
+_Static_assert(sizeof(void *) != 8 || sizeof(sdpa_call) == 168, "sdpa_call_seq: every field");
+
 sdpa_call sdpa_call_seq(const sdpa_call *c, int64_t s, int64_t *b)
 {
-    sdpa_call in = *c;
     const attn_ragged *r = &c->p->ragged;
-    if (r->seqs > 0) {
-        const int64_t *cu_k = r->cu_seqlens_k != NULL ? r->cu_seqlens_k : r->cu_seqlens_q;
-        in.q_lo = r->cu_seqlens_q[s];
-        in.q_hi = r->cu_seqlens_q[s + 1];
-        in.k_lo = cu_k[s];
-        in.k_hi = cu_k[s + 1];
-        /* Query row i of the sequence sits at position i + offset among
-         * the packed keys: bottom-right within its own sequence. */
-        in.offset = in.k_hi - in.q_hi;
-        *b = 0;
-    } else {
+    if (r->seqs == 0) {
         *b = s;
+        return *c;
     }
-    return in;
+    const int64_t *cu_k = r->cu_seqlens_k != NULL ? r->cu_seqlens_k : r->cu_seqlens_q;
+    /* Query row i of the sequence sits at position i + offset among the
+     * packed keys: bottom-right within its own sequence. The fields as an
+     * initializer, not stored into a copy of *c: a copy that is then
+     * copied out reads each changed field back as part of a wider load,
+     * which waits until the field's store has gone to the cache (a
+     * microsecond's item spent a tenth of its time there). */
+    *b = 0;
+    return (sdpa_call){.p = c->p, .q = c->q, .k = c->k, .v = c->v, .q16 = c->q16,
+                       .k16 = c->k16, .v16 = c->v16, .group = c->group,
+                       .offset = cu_k[s + 1] - r->cu_seqlens_q[s + 1], .ldq = c->ldq,
+                       .ldk = c->ldk, .ldv = c->ldv, .ldo = c->ldo, .before = c->before,
+                       .after = c->after, .plain = c->plain, .q_lo = r->cu_seqlens_q[s],
+                       .q_hi = r->cu_seqlens_q[s + 1], .k_lo = cu_k[s], .k_hi = cu_k[s + 1],
+                       .bf16 = c->bf16, .out_stream = c->out_stream};
 }
 
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
@@ -92,47 +99,11 @@ void sdpa_query_range(const sdpa_call *c, int64_t j0, int64_t cols, int64_t *beg
         *end = *begin;
 }
 
-void sdpa_row_range(const sdpa_call *c, int64_t i, int64_t j0, int64_t cols, int64_t *lo,
-                    int64_t *hi)
-{
-    const int64_t pos = i + c->offset;
-    *lo = clamp64(pos - c->before - j0, 0, cols);
-    *hi = clamp64(pos + c->after + 1 - j0, 0, cols);
-    if (*hi < *lo || i < c->q_lo || i >= c->q_hi)
-        *hi = *lo;
-}
-
 float sdpa_alibi_slope(const sdpa_call *c, int64_t b, int64_t h)
 {
     const attn_variants *var = &c->p->variants;
     return var->alibi_slopes == NULL ? 0.0f
                                      : var->alibi_slopes[b * var->alibi_batch_stride + h];
-}
-
-int64_t sdpa_head_at(const attn_sdpa_params *p, int64_t b, int64_t h, int64_t heads,
-                     int64_t n, int64_t d)
-{
-    if (p->layout == ATTN_LAYOUT_BNHD)
-        return (b * n * heads + h) * d;
-    return (b * heads + h) * n * d;
-}
-
-const float *sdpa_head_q(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return c->q + sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_k);
-}
-
-const float *sdpa_head_k(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return c->k + sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_k);
-}
-
-const float *sdpa_head_v(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return c->v + sdpa_head_at(p, b, h / c->group, p->heads_kv, p->n_k, p->d_v);
 }
 
 sdpa_src sdpa_src_at(sdpa_src s, int64_t at)
@@ -176,12 +147,6 @@ void sdpa_src_widen(sdpa_src s, int64_t count, float *dst)
 {
     for (int64_t i = 0; i < count; i++)
         dst[i] = sdpa_src_value(s, i);
-}
-
-int64_t sdpa_head_o_at(const sdpa_call *c, int64_t b, int64_t h)
-{
-    const attn_sdpa_params *p = c->p;
-    return sdpa_head_at(p, b, h, p->heads_q, p->n_q, p->d_v);
 }
 
 /* ------------------------------------------------- the forward's hooks */

@@ -602,21 +602,30 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
         bool causal, cross, window;
         attn_layout layout;
         double amp;
+        bool every; /* the lengths 1, 2 .. max_q, then again (not drawn) */
     } cases[] = {
-        {1, 2, 2, 64, 64, 300, 20, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0},
-        {1, 4, 2, 40, 24, 200, 24, 40, true, true, false, ATTN_LAYOUT_BNHD, 2.0},
-        {1, 2, 1, 16, 16, 150, 16, 64, false, true, true, ATTN_LAYOUT_BHND, 2.0},
-        {1, 1, 1, 64, 64, 40, 16, 0, true, false, false, ATTN_LAYOUT_BHND, 1e19},
+        {1, 2, 2, 64, 64, 300, 20, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0, false},
+        {1, 4, 2, 40, 24, 200, 24, 40, true, true, false, ATTN_LAYOUT_BNHD, 2.0, false},
+        {1, 2, 1, 16, 16, 150, 16, 64, false, true, true, ATTN_LAYOUT_BHND, 2.0, false},
+        {1, 1, 1, 64, 64, 40, 16, 0, true, false, false, ATTN_LAYOUT_BHND, 1e19, false},
         /* outputs of more than SDPA_STREAM_OUT_BYTES, written around the
          * caches: both layouts, grouped heads, rows handed back */
-        {1, 8, 8, 64, 64, 1200, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0},
-        {1, 8, 4, 64, 64, 1200, 16, 0, true, false, false, ATTN_LAYOUT_BNHD, 1e19},
+        {1, 8, 8, 64, 64, 1200, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0, false},
+        {1, 8, 4, 64, 64, 1200, 16, 0, true, false, false, ATTN_LAYOUT_BNHD, 1e19, false},
         /* dense: B entries of max_q rows, max_k keys */
-        {5, 2, 2, 64, 32, 0, 13, 13, false, false, false, ATTN_LAYOUT_BHND, 1.0},
-        {3, 3, 1, 33, 64, 0, 7, 50, true, false, false, ATTN_LAYOUT_BNHD, 1.0},
+        {5, 2, 2, 64, 32, 0, 13, 13, false, false, false, ATTN_LAYOUT_BHND, 1.0, false},
+        {3, 3, 1, 33, 64, 0, 7, 50, true, false, false, ATTN_LAYOUT_BNHD, 1.0, false},
         /* q and k of -1, 0, 1: every score exact, the bound of the rest's
          * roundings alone */
-        {1, 2, 2, 64, 64, 300, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 0.0},
+        {1, 2, 2, 64, 64, 300, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 0.0, false},
+        /* every row count of the output's strips (split evenly, each by
+         * a block of exactly its rows where it is whole vectors): 1 to 16
+         * rows with the keys in place, 17 to 70 through the panel (or the
+         * tiled path past 64 keys); widths of whole blocks and widths with
+         * a part of one */
+        {1, 2, 2, 64, 64, 48, 16, 0, false, false, false, ATTN_LAYOUT_BHND, 1.0, true},
+        {1, 2, 1, 32, 40, 48, 24, 0, true, false, false, ATTN_LAYOUT_BHND, 1.0, true},
+        {1, 1, 1, 16, 128, 70, 70, 0, false, false, false, ATTN_LAYOUT_BNHD, 1.0, true},
     };
     uint64_t seed = 123;
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
@@ -626,7 +635,9 @@ START_TEST(short_sequences_give_the_bits_of_the_tiled_steps)
             cu_q = xcalloc((size_t)seqs + 1, sizeof *cu_q);
             cu_k = xcalloc((size_t)seqs + 1, sizeof *cu_k);
             for (int64_t i = 0; i < seqs; i++) {
-                int64_t lq = 1 + (int64_t)(rng_next(&seed) % (uint64_t)cases[ci].max_q);
+                int64_t lq = 1 + (cases[ci].every
+                                      ? i % cases[ci].max_q
+                                      : (int64_t)(rng_next(&seed) % (uint64_t)cases[ci].max_q));
                 int64_t lk = cases[ci].cross
                                  ? (int64_t)(rng_next(&seed) % (uint64_t)(cases[ci].max_k + 1))
                                  : lq;
