@@ -4612,18 +4612,23 @@ END_TEST
  * over, the same append evicts it and succeeds. The caches' values are
  * wide (1024) and their keys narrow (8), so that the attention's body is
  * small (read in a millisecond) and its computation long (a few hundred
- * milliseconds; seconds under the sanitizers). */
+ * milliseconds, a hundred per 1536 positions on a 2-core machine; seconds
+ * under the sanitizers). */
 START_TEST(cache_memory_full_only_while_the_caches_to_evict_are_in_use)
 {
-    /* 1536 positions of one head of 8 + 1024 float32: 24 pages, 6.3 MB */
-    server s = start_server("--cache-memory", "8MiB", "--threads", "2");
+    /* 6144 positions of one head of 8 + 1024 float32: 96 pages, 25.4 MB,
+     * appended 1536 at a time */
+    server s = start_server("--cache-memory", "32MiB", "--threads", "2");
     static const char shape[] = "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}";
     char busy[23], other[23];
     cache_new(s.port, shape, NULL, busy);
     char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
-    reply r = cache_call(s.port, "POST", busy, fill_body, NULL);
-    ck_assert_int_eq(r.status, 200);
-    reply_free(&r);
+    reply r;
+    for (int i = 0; i < 4; i++) {
+        r = cache_call(s.port, "POST", busy, fill_body, NULL);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+    }
     char *slow = zeros_body(0, 8, 1024, 8, SLOW_N);
     async_cache a = {s.port, busy, slow, {0}};
     pthread_t t;
@@ -4631,7 +4636,7 @@ START_TEST(cache_memory_full_only_while_the_caches_to_evict_are_in_use)
     ck_assert(wait_computing(s.port, 1));
     usleep(50000); /* its 256 KB body read: the cache is held */
     cache_new(s.port, shape, NULL, other);
-    char *grow = zeros_body(640, 8, 1024, 0, 0); /* 10 pages: only with the busy cache gone */
+    char *grow = zeros_body(2560, 8, 1024, 0, 0); /* 40 pages: only with the busy cache gone */
     r = cache_call(s.port, "POST", other, grow, NULL);
     char retry[16];
     ck_assert_error(r, 503, "cache_memory_full");
