@@ -179,12 +179,14 @@ def checks(url, pid):
 def budget_checks(url):
     """--max-memory: a request that does not fit beside the one computing
     gets 503 with Retry-After."""
-    # About a second of one core, about 12 MiB: alone it is let in, beside
-    # itself it does not fit in --max-memory 16MiB.
-    n = 3072
+    # About 14 MiB priced: alone it is let in, beside itself it does not fit
+    # in --max-memory 16MiB. Long and narrow (n = 12288, d = 16: about 0.2 s
+    # on 2 cores, the memory of n = 3072, d = 64 for four times its work),
+    # so that it still computes when the second one's body has been read.
+    n, d = 12288, 16
     path, heavy = "/v1/attention", {
-        "q": tensor([n, 64], 0.01), "k": tensor([n, 64], 0.02), "v": tensor([n, 64], 1.0),
-        "grad_output": tensor([n, 64], 1.0), "output_encoding": "base64"}
+        "q": tensor([n, d], 0.01), "k": tensor([n, d], 0.02), "v": tensor([n, d], 1.0),
+        "grad_output": tensor([n, d], 1.0), "output_encoding": "base64"}
     done = {}
 
     def run():
