@@ -76,6 +76,14 @@ typedef struct {
     attn_softmax_row *rows;
     sdpa_stats_acc *unit_stats; /* [units], with statistics */
     int64_t k_tiles;            /* the most key tiles of a sequence */
+    int64_t seqs;               /* the call's sequences (sdpa_seq_count) */
+    /* The work's sequences (work.seqs) are those of each key/value head
+     * in turn (a ragged batch in [B, H, n, d]): work sequence v is head
+     * v / seqs of sequence v % seqs, its items only that head's. */
+    bool by_head;
+    /* by_head: one key/value head's cost of each sequence ([seqs]; the
+     * plan asks for it once a head) */
+    double *head_cost;
     int64_t q_tiles;            /* query blocks of a batch entry (head mean) */
     /* The head mean of a ragged batch: the first unit of each sequence
      * ([seqs + 1], one per query block of it); NULL otherwise. */
@@ -110,17 +118,33 @@ static int64_t first_panel(const fwd_job *job, int64_t s)
                                  : s * job->call.p->heads_kv * job->k_tiles;
 }
 
-static int64_t fwd_items(const void *ctx, int64_t s)
+/* The sequence of work sequence v (and its key/value head when the work
+ * goes head by head, else -1). */
+static int64_t fwd_seq(const fwd_job *job, int64_t v, int64_t *hk)
 {
-    const fwd_job *job = ctx;
-    int64_t b;
-    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
-    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
+    *hk = job->by_head ? v / job->seqs : -1;
+    return job->by_head ? v % job->seqs : v;
+}
+
+/* The items of a work sequence whose sequence's call is c: a query block
+ * of one head each, or one per key/value head (every head's, or the work
+ * sequence's one when by_head). */
+static int64_t call_items(const fwd_job *job, const sdpa_call *c)
+{
+    const int64_t q_tiles = tiles(c->q_hi - c->q_lo, KERN_FWD_BQ);
     if (q_tiles == 0)
         return 0;
-    return seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK))
-               ? c.p->heads_q * q_tiles
-               : c.p->heads_kv;
+    if (seq_shared(c, q_tiles, tiles(c->k_hi - c->k_lo, KERN_BK)))
+        return (job->by_head ? c->group : c->p->heads_q) * q_tiles;
+    return job->by_head ? 1 : c->p->heads_kv;
+}
+
+static int64_t fwd_items(const void *ctx, int64_t v)
+{
+    const fwd_job *job = ctx;
+    int64_t b, hk;
+    const sdpa_call c = sdpa_call_seq(&job->call, fwd_seq(job, v, &hk), &b);
+    return call_items(job, &c);
 }
 
 /* Cost of one head's query block qt: the products over the keys it sees,
@@ -137,26 +161,28 @@ static double block_cost(const sdpa_call *c, int64_t qt)
            64.0 * width + 2e4;
 }
 
-static double fwd_cost(const void *ctx, int64_t s, int64_t i)
+static double fwd_cost(const void *ctx, int64_t v, int64_t i)
 {
     const fwd_job *job = ctx;
-    int64_t b;
-    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    int64_t b, hk;
+    const sdpa_call c = sdpa_call_seq(&job->call, fwd_seq(job, v, &hk), &b);
     const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
     if (seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK)))
         return block_cost(&c, i % q_tiles);
     return (double)c.group * block_cost(&c, 0);
 }
 
-static double fwd_seq_cost(const void *ctx, int64_t s)
+static double fwd_seq_cost(const void *ctx, int64_t v)
 {
     const fwd_job *job = ctx;
-    int64_t b;
-    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+    if (job->head_cost != NULL)
+        return job->head_cost[v % job->seqs];
+    int64_t b, hk;
+    const sdpa_call c = sdpa_call_seq(&job->call, fwd_seq(job, v, &hk), &b);
     double cost = 0.0;
     for (int64_t qt = 0; qt < tiles(c.q_hi - c.q_lo, KERN_FWD_BQ); qt++)
         cost += block_cost(&c, qt);
-    return cost * (double)c.p->heads_q;
+    return cost * (double)(job->by_head ? c.group : c.p->heads_q);
 }
 
 /* --------------------------------------------------------------- packing */
@@ -167,7 +193,7 @@ static int64_t panel_seq(const fwd_job *job, int64_t u)
 {
     if (job->panel_at == NULL)
         return u / (job->call.p->heads_kv * job->k_tiles);
-    int64_t lo = 0, hi = job->work.seqs; /* panel_at[lo] <= u < panel_at[hi] */
+    int64_t lo = 0, hi = job->seqs; /* panel_at[lo] <= u < panel_at[hi] */
     while (hi - lo > 1) {
         int64_t mid = lo + (hi - lo) / 2;
         if (job->panel_at[mid] <= u)
@@ -584,29 +610,37 @@ static void forward_alone(const fwd_unit *u, const sdpa_call *c, int64_t b, int6
     }
 }
 
-/* Item i of sequence s (fwd_items says which items a sequence has). */
+/* Item i of sequence s (batch entry b, call c) that shares its panels:
+ * query block i % q_tiles of head i / q_tiles. */
+static void forward_shared(const fwd_unit *u, const sdpa_call *c, int64_t b, int64_t s,
+                           int64_t i)
+{
+    const fwd_job *job = u->job;
+    const int64_t q_tiles = tiles(c->q_hi - c->q_lo, KERN_FWD_BQ);
+    const int64_t k_tiles = tiles(c->k_hi - c->k_lo, KERN_BK);
+    sdpa_tile t = {.b = b, .h = i / q_tiles};
+    t.i0 = c->q_lo + i % q_tiles * KERN_FWD_BQ;
+    t.rows = min64(c->q_hi - t.i0, KERN_FWD_BQ);
+    const int64_t hk = t.h / c->group;
+    int64_t none = -1;
+    fwd_keys from = {.panels = NULL, .packed = &none}; /* no keys: no tile is read */
+    if (k_tiles > 0 && job->kv_b != NULL)
+        from.panels_b = job->kv_b + (first_panel(job, s) + hk * k_tiles) * job->panel_words;
+    else if (k_tiles > 0)
+        from.panels = panels_of(job, s, b, hk, k_tiles);
+    forward_block(job, u->w, c, t, from, u->stats, block_weights(job, &t));
+}
+
+/* Item i of sequence s (fwd_items says which items a sequence has; the
+ * work not by head). */
 static void forward_item(void *ctx, int64_t s, int64_t i)
 {
     const fwd_unit *u = ctx;
     const fwd_job *job = u->job;
     int64_t b;
     const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
-    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
-    const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
-    sdpa_tile t = {.b = b};
-    if (seq_shared(&c, q_tiles, k_tiles)) {
-        const int64_t qt = i % q_tiles;
-        t.h = i / q_tiles;
-        t.i0 = c.q_lo + qt * KERN_FWD_BQ;
-        t.rows = min64(c.q_hi - t.i0, KERN_FWD_BQ);
-        const int64_t hk = t.h / c.group;
-        int64_t none = -1;
-        fwd_keys from = {.panels = NULL, .packed = &none}; /* no keys: no tile is read */
-        if (k_tiles > 0 && job->kv_b != NULL)
-            from.panels_b = job->kv_b + (first_panel(job, s) + hk * k_tiles) * job->panel_words;
-        else if (k_tiles > 0)
-            from.panels = panels_of(job, s, b, hk, k_tiles);
-        forward_block(job, u->w, &c, t, from, u->stats, block_weights(job, &t));
+    if (seq_shared(&c, tiles(c.q_hi - c.q_lo, KERN_FWD_BQ), tiles(c.k_hi - c.k_lo, KERN_BK))) {
+        forward_shared(u, &c, b, s, i);
         return;
     }
     /* A short sequence's item is over in a microsecond, about the time its
@@ -621,84 +655,77 @@ static void forward_item(void *ctx, int64_t s, int64_t i)
     forward_alone(u, &c, b, i, &pf);
 }
 
-/* Whether sequence s's items are one per key/value head (or none): a short
- * sequence, which no other item shares panels with. */
-static bool seq_alone(const fwd_job *job, int64_t s)
-{
-    int64_t b;
-    const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
-    const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
-    return q_tiles == 0 || !seq_shared(&c, q_tiles, tiles(c.k_hi - c.k_lo, KERN_BK));
-}
-
 /*
- * The items of a unit in order, except for runs of whole short sequences
- * of a ragged batch in [B, H, n, d]: those go head by head, each head
- * through every sequence of the run. A head's rows of consecutive
- * sequences are consecutive in memory, so the run reads q, k, v and writes
- * the output as four streams that the hardware's prefetchers follow,
- * instead of jumping between the heads' rows every microsecond. (Each item
- * owns its rows: the order changes which rows come first, not a bit of
- * them.)
+ * The items of a unit in order. A ragged batch in [B, H, n, d] is worked
+ * head by head (fwd_job.by_head): a unit is a run of consecutive
+ * sequences of one key/value head (or two, where it ends one head and
+ * starts the next), and so is a worker's share of consecutive units. A
+ * head's rows of consecutive sequences are consecutive in memory, so the
+ * short sequences' items read q, k, v and write the output as four long
+ * streams that the hardware's prefetchers follow, instead of jumping
+ * between the heads' rows every few sequences. (Each item owns its rows:
+ * the order changes which rows come first, not a bit of them.)
  */
 static void forward_unit(void *ctx, int64_t unit, int worker)
 {
     const fwd_job *job = ctx;
-    const attn_sdpa_params *p = job->call.p;
     fwd_unit u = {.job = job, .w = &job->workers[worker]};
     if (job->unit_stats != NULL) {
         u.stats = &job->unit_stats[unit];
         sdpa_stats_init(u.stats);
     }
-    if (p->ragged.seqs == 0 || p->layout != ATTN_LAYOUT_BHND) {
+    if (!job->by_head) {
         attn_unit_items(&job->work, &job->units, unit, forward_item, &u);
         if (job->call.out_stream)
             sdpa_fence_streams();
         return;
     }
     const sdpa_item_at end = job->units.start[unit + 1];
-    int64_t s = job->units.start[unit].s, i = job->units.start[unit].i;
-    while (s < end.s || (s == end.s && i < end.i)) {
-        /* Sequences before end.s are whole in the unit, from item 0. */
-        int64_t run = s;
-        while (i == 0 && run < end.s && seq_alone(job, run))
-            run++;
-        if (run - s > 1) {
-            /* Each sequence's call is made once a head: as the next one
-             * (its rows asked for), then as the one computed. */
-            sdpa_call calls[2];
-            int64_t bs[2];
-            for (int64_t hk = 0; hk < p->heads_kv; hk++) {
-                int at = 0;
-                calls[0] = sdpa_call_seq(&job->call, s, &bs[0]);
-                for (int64_t r = s; r < run; r++, at ^= 1) {
-                    const sdpa_call *c = &calls[at], *next = &calls[at ^ 1];
-                    if (r + 1 < run)
-                        calls[at ^ 1] = sdpa_call_seq(&job->call, r + 1, &bs[at ^ 1]);
-                    if (c->q_hi == c->q_lo)
-                        continue;
-                    /* The next item: the next sequence's, the run's first
-                     * of the next head, or (likely this worker's next unit)
-                     * the first after the run. */
-                    kern_prefetch pf;
-                    if (r + 1 < run) {
-                        pf.n = 0;
-                        prefetch_call(job, next, hk, &pf);
-                    } else if (hk + 1 < p->heads_kv) {
-                        prefetch_item(job, s, hk + 1, &pf);
-                    } else {
-                        prefetch_item(job, run, 0, &pf);
-                    }
-                    forward_alone(&u, c, bs[at], hk, &pf);
-                }
-            }
-            s = run;
+    const int64_t seqs = job->seqs, all = job->work.seqs;
+    int64_t v = job->units.start[unit].s, i = job->units.start[unit].i;
+    /* Each sequence's call is made once a head: as the next one (its rows
+     * asked for), then as the one computed. calls[at] is v's; `ahead`
+     * when calls[at ^ 1] is v + 1's. */
+    sdpa_call calls[2];
+    int64_t bs[2];
+    int at = 0;
+    bool ahead = false;
+    if (v < all)
+        calls[0] = sdpa_call_seq(&job->call, v % seqs, &bs[0]);
+    while (v < end.s || (v == end.s && i < end.i)) {
+        const sdpa_call *c = &calls[at];
+        if (i >= call_items(job, c)) {
+            if (++v >= all)
+                break;
+            i = 0;
+            if (ahead)
+                at ^= 1;
+            else
+                calls[at] = sdpa_call_seq(&job->call, v % seqs, &bs[at]);
+            ahead = false;
             continue;
         }
-        if (i < fwd_items(job, s))
-            forward_item(&u, s, i++);
-        else
-            s++, i = 0;
+        const int64_t s = v % seqs, hk = v / seqs;
+        if (seq_shared(c, tiles(c->q_hi - c->q_lo, KERN_FWD_BQ),
+                       tiles(c->k_hi - c->k_lo, KERN_BK))) {
+            forward_shared(&u, c, bs[at], s, hk * c->group * tiles(c->q_hi - c->q_lo,
+                                                                   KERN_FWD_BQ) + i++);
+            continue;
+        }
+        /* A short sequence's item is over in a microsecond, about the time
+         * its rows take to come from memory: the next item's rows (the
+         * next sequence's, this head's or the next one's; likely this
+         * worker's next unit's past the end) are asked for now, to arrive
+         * while this one computes. */
+        kern_prefetch pf;
+        pf.n = 0;
+        if (v + 1 < all) {
+            calls[at ^ 1] = sdpa_call_seq(&job->call, (v + 1) % seqs, &bs[at ^ 1]);
+            ahead = true;
+            prefetch_call(job, &calls[at ^ 1], (v + 1) / seqs, &pf);
+        }
+        forward_alone(&u, c, bs[at], hk, &pf);
+        i++;
     }
     /* The unit's streamed rows are in memory before its end is seen. */
     if (job->call.out_stream)
@@ -709,7 +736,7 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
  * mean_at[s] <= u < mean_at[s + 1]. */
 static int64_t mean_seq(const fwd_job *job, int64_t u)
 {
-    int64_t lo = 0, hi = job->work.seqs; /* mean_at[lo] <= u < mean_at[hi] */
+    int64_t lo = 0, hi = job->seqs; /* mean_at[lo] <= u < mean_at[hi] */
     while (hi - lo > 1) {
         int64_t mid = lo + (hi - lo) / 2;
         if (job->mean_at[mid] <= u)
@@ -936,27 +963,41 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
      * memory in either case). */
     job.call.out_stream = ragged && (double)p->heads_q * (double)p->n_q * (double)p->d_v *
                                             sizeof(float) >= SDPA_STREAM_OUT_BYTES;
-    job.work = (sdpa_work){.ctx = &job, .seqs = sdpa_seq_count(p), .items = fwd_items,
-                           .cost = fwd_cost, .seq_cost = fwd_seq_cost};
+    job.seqs = sdpa_seq_count(p);
+    job.by_head = ragged && p->layout == ATTN_LAYOUT_BHND;
+    job.work = (sdpa_work){.ctx = &job, .seqs = job.seqs * (job.by_head ? p->heads_kv : 1),
+                           .items = fwd_items, .cost = fwd_cost, .seq_cost = fwd_seq_cost};
     _Alignas(64) char small[SMALL_WORKSPACE];
     fwd_arena arena = {.base = small, .next = small, .end = small + sizeof small};
     /* A panel read by one item only is packed by that item, while it is
      * in cache; otherwise once for all of them, before. */
     int64_t panels = 0, *panel_at = NULL;
     if (ragged) {
-        panel_at = ws_alloc(&arena, job.work.seqs + 1, sizeof *panel_at);
-        if (panel_at == NULL)
+        panel_at = ws_alloc(&arena, job.seqs + 1, sizeof *panel_at);
+        if (job.by_head)
+            job.head_cost = ws_alloc(&arena, job.seqs, sizeof *job.head_cost);
+        if (panel_at == NULL || (job.by_head && job.head_cost == NULL)) {
+            ws_free(&arena, panel_at);
+            ws_free(&arena, job.head_cost);
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
+        }
         panel_at[0] = 0;
-        for (int64_t seq = 0; seq < job.work.seqs; seq++) {
+        for (int64_t seq = 0; seq < job.seqs; seq++) {
             int64_t b;
             const sdpa_call c = sdpa_call_seq(&job.call, seq, &b);
+            const int64_t q_tiles = tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
             const int64_t k_tiles = tiles(c.k_hi - c.k_lo, KERN_BK);
             job.k_tiles = k_tiles > job.k_tiles ? k_tiles : job.k_tiles;
-            bool shared = seq_shared(&c, tiles(c.q_hi - c.q_lo, KERN_FWD_BQ), k_tiles);
+            bool shared = seq_shared(&c, q_tiles, k_tiles);
             panel_at[seq + 1] = panel_at[seq] + (shared ? p->heads_kv * k_tiles : 0);
+            if (job.head_cost != NULL) {
+                double cost = 0.0;
+                for (int64_t qt = 0; qt < q_tiles; qt++)
+                    cost += block_cost(&c, qt);
+                job.head_cost[seq] = cost * (double)c.group;
+            }
         }
-        panels = panel_at[job.work.seqs];
+        panels = panel_at[job.seqs];
         job.panel_at = panel_at;
     } else {
         job.k_tiles = tiles(p->n_k, KERN_BK);
@@ -969,18 +1010,19 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     job.q_tiles = tiles(p->n_q, KERN_FWD_BQ);
     int64_t run_units = mean ? p->batch * job.q_tiles : job.units.count, *mean_at = NULL;
     if (mean && ragged) {
-        mean_at = ws_alloc(&arena, job.work.seqs + 1, sizeof *mean_at);
+        mean_at = ws_alloc(&arena, job.seqs + 1, sizeof *mean_at);
         if (mean_at == NULL) {
             ws_free(&arena, panel_at);
+            ws_free(&arena, job.head_cost);
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the forward pass's tiles");
         }
         mean_at[0] = 0;
-        for (int64_t seq = 0; seq < job.work.seqs; seq++) {
+        for (int64_t seq = 0; seq < job.seqs; seq++) {
             int64_t b;
             const sdpa_call c = sdpa_call_seq(&job.call, seq, &b);
             mean_at[seq + 1] = mean_at[seq] + tiles(c.q_hi - c.q_lo, KERN_FWD_BQ);
         }
-        run_units = mean_at[job.work.seqs];
+        run_units = mean_at[job.seqs];
         job.mean_at = mean_at;
     }
     int threads = sdpa_threads(p, run_units, attn_sdpa_flops(p));
@@ -1027,6 +1069,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     ws_free(&arena, kt);
     ws_free(&arena, kv_b);
     ws_free(&arena, panel_at);
+    ws_free(&arena, job.head_cost);
     ws_free(&arena, mean_at);
     sdpa_free(q_rot);
     sdpa_free(k_rot);
