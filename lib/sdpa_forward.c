@@ -81,8 +81,8 @@ typedef struct {
      * in turn (a ragged batch in [B, H, n, d]): work sequence v is head
      * v / seqs of sequence v % seqs, its items only that head's. */
     bool by_head;
-    /* by_head: one key/value head's cost of each sequence ([seqs]; the
-     * plan asks for it once a head) */
+    /* by_head: the cost of each work sequence ([work.seqs], each
+     * sequence's once a head: the plan reads every one, twice) */
     double *head_cost;
     int64_t q_tiles;            /* query blocks of a batch entry (head mean) */
     /* The head mean of a ragged batch: the first unit of each sequence
@@ -176,7 +176,7 @@ static double fwd_seq_cost(const void *ctx, int64_t v)
 {
     const fwd_job *job = ctx;
     if (job->head_cost != NULL)
-        return job->head_cost[v % job->seqs];
+        return job->head_cost[v];
     int64_t b, hk;
     const sdpa_call c = sdpa_call_seq(&job->call, fwd_seq(job, v, &hk), &b);
     double cost = 0.0;
@@ -683,6 +683,9 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
     const sdpa_item_at end = job->units.start[unit + 1];
     const int64_t seqs = job->seqs, all = job->work.seqs;
     int64_t v = job->units.start[unit].s, i = job->units.start[unit].i;
+    /* v's sequence s and head hk, stepped along with v (no division an
+     * item) */
+    int64_t hk, s = fwd_seq(job, v, &hk);
     /* Each sequence's call is made once a head: as the next one (its rows
      * asked for), then as the one computed. calls[at] is v's; `ahead`
      * when calls[at ^ 1] is v + 1's. */
@@ -691,21 +694,22 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
     int at = 0;
     bool ahead = false;
     if (v < all)
-        calls[0] = sdpa_call_seq(&job->call, v % seqs, &bs[0]);
+        calls[0] = sdpa_call_seq(&job->call, s, &bs[0]);
     while (v < end.s || (v == end.s && i < end.i)) {
         const sdpa_call *c = &calls[at];
         if (i >= call_items(job, c)) {
             if (++v >= all)
                 break;
+            if (++s == seqs)
+                s = 0, hk++;
             i = 0;
             if (ahead)
                 at ^= 1;
             else
-                calls[at] = sdpa_call_seq(&job->call, v % seqs, &bs[at]);
+                calls[at] = sdpa_call_seq(&job->call, s, &bs[at]);
             ahead = false;
             continue;
         }
-        const int64_t s = v % seqs, hk = v / seqs;
         if (seq_shared(c, tiles(c->q_hi - c->q_lo, KERN_FWD_BQ),
                        tiles(c->k_hi - c->k_lo, KERN_BK))) {
             forward_shared(&u, c, bs[at], s, hk * c->group * tiles(c->q_hi - c->q_lo,
@@ -720,9 +724,10 @@ static void forward_unit(void *ctx, int64_t unit, int worker)
         kern_prefetch pf;
         pf.n = 0;
         if (v + 1 < all) {
-            calls[at ^ 1] = sdpa_call_seq(&job->call, (v + 1) % seqs, &bs[at ^ 1]);
+            const bool last = s + 1 == seqs;
+            calls[at ^ 1] = sdpa_call_seq(&job->call, last ? 0 : s + 1, &bs[at ^ 1]);
             ahead = true;
-            prefetch_call(job, &calls[at ^ 1], (v + 1) / seqs, &pf);
+            prefetch_call(job, &calls[at ^ 1], last ? hk + 1 : hk, &pf);
         }
         forward_alone(&u, c, bs[at], hk, &pf);
         i++;
@@ -975,7 +980,7 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
     if (ragged) {
         panel_at = ws_alloc(&arena, job.seqs + 1, sizeof *panel_at);
         if (job.by_head)
-            job.head_cost = ws_alloc(&arena, job.seqs, sizeof *job.head_cost);
+            job.head_cost = ws_alloc(&arena, job.work.seqs, sizeof *job.head_cost);
         if (panel_at == NULL || (job.by_head && job.head_cost == NULL)) {
             ws_free(&arena, panel_at);
             ws_free(&arena, job.head_cost);
@@ -994,7 +999,8 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
                 double cost = 0.0;
                 for (int64_t qt = 0; qt < q_tiles; qt++)
                     cost += block_cost(&c, qt);
-                job.head_cost[seq] = cost * (double)c.group;
+                for (int64_t hk = 0; hk < p->heads_kv; hk++)
+                    job.head_cost[hk * job.seqs + seq] = cost * (double)c.group;
             }
         }
         panels = panel_at[job.seqs];
