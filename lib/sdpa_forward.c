@@ -82,7 +82,7 @@ typedef struct {
      * v / seqs of sequence v % seqs, its items only that head's. */
     bool by_head;
     /* by_head: the cost of each work sequence ([work.seqs], each
-     * sequence's once a head: the plan reads every one, twice) */
+     * sequence's once a head), for the plan to read in place */
     double *head_cost;
     int64_t q_tiles;            /* query blocks of a batch entry (head mean) */
     /* The head mean of a ragged batch: the first unit of each sequence
@@ -175,8 +175,6 @@ static double fwd_cost(const void *ctx, int64_t v, int64_t i)
 static double fwd_seq_cost(const void *ctx, int64_t v)
 {
     const fwd_job *job = ctx;
-    if (job->head_cost != NULL)
-        return job->head_cost[v];
     int64_t b, hk;
     const sdpa_call c = sdpa_call_seq(&job->call, fwd_seq(job, v, &hk), &b);
     double cost = 0.0;
@@ -1001,8 +999,10 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
                     cost += block_cost(&c, qt);
                 for (int64_t hk = 0; hk < p->heads_kv; hk++)
                     job.head_cost[hk * job.seqs + seq] = cost * (double)c.group;
+                job.work.total += cost * (double)p->heads_q;
             }
         }
+        job.work.seq_costs = job.head_cost;
         panels = panel_at[job.seqs];
         job.panel_at = panel_at;
     } else {

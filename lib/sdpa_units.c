@@ -15,8 +15,8 @@
  * one whose items are large. */
 double attn_units_plan(const sdpa_work *w, sdpa_units *u)
 {
-    double total = 0.0;
-    for (int64_t s = 0; s < w->seqs; s++)
+    double total = w->seq_costs != NULL ? w->total : 0.0;
+    for (int64_t s = 0; w->seq_costs == NULL && s < w->seqs; s++)
         total += w->seq_cost(w->ctx, s);
     double share = total / SDPA_UNITS_MAX;
     if (share < SDPA_UNIT_MIN_COST)
@@ -25,7 +25,7 @@ double attn_units_plan(const sdpa_work *w, sdpa_units *u)
     u->start[0] = (sdpa_item_at){0, 0};
     double run = 0.0; /* cost of the unit being filled */
     for (int64_t s = 0; s < w->seqs; s++) {
-        double whole = w->seq_cost(w->ctx, s);
+        double whole = w->seq_costs != NULL ? w->seq_costs[s] : w->seq_cost(w->ctx, s);
         if (run + whole < share || u->count + 1 >= SDPA_UNITS_MAX) {
             run += whole;
             continue;
