@@ -82,6 +82,10 @@ static double forward_bytes(const attn_sdpa_params *p, bool weights, bool stats)
                 (weights && p->weights_mean ? lines(seqs + 1, 8) : 0);
     else if (bf16)
         bytes = shared ? lines(B * hkv * k_tiles * panel_words, 4) : 0;
+    /* A ragged batch in [B, H, n, d], worked head by head: the cost of
+     * each sequence of each key/value head. */
+    if (seqs > 0 && p->layout == ATTN_LAYOUT_BHND)
+        bytes += lines(hkv * seqs, 8);
     /* Statistics per unit: a ragged batch's units are planned by cost, at
      * most SDPA_UNITS_MAX + 1; its head mean's are its sequences' query
      * blocks. */
