@@ -316,8 +316,14 @@ static void prologue_block(void *ctx, int64_t block, int worker)
         int64_t i = r % p->n_q, bh = r / p->n_q;
         int64_t at = sdpa_head_o_at(j->call, bh / p->heads_q, bh % p->heads_q) + i * j->call->ldo;
         double s = 0.0;
-        for (int64_t c = 0; c < p->d_v; c++)
-            s += (double)sdpa_src_value(j->dout, at + c) * j->out[at + c];
+        if (j->dout.f32 != NULL) {
+            const float *d = j->dout.f32 + at, *o = j->out + at;
+            for (int64_t c = 0; c < p->d_v; c++)
+                s += (double)d[c] * o[c];
+        } else {
+            for (int64_t c = 0; c < p->d_v; c++)
+                s += (double)sdpa_src_value(j->dout, at + c) * j->out[at + c];
+        }
         j->delta[r] = (float)s;
     }
     for (int64_t s = 0; s < j->splits; s++) {
