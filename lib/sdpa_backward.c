@@ -22,9 +22,9 @@
  * runs which item changes nothing: the result is the same for a given
  * thread count, bit for bit. The long sums are blocked: every
  * SDPA_FOLD_TILES key tiles of an item its float partials of dq are folded
- * into double sums, and every SDPA_FOLD_TILES query tiles those of dk and
- * dv (written when the key tile is done), so that their error does not
- * grow with n_k or n_q. (When no item takes more key tiles than that, dq
+ * into double sums, and every 1024 query rows (SDPA_FOLD_TILES * KERN_BK,
+ * whole query tiles) those of dk and dv (written when the key tile is
+ * done), so that their error does not grow with n_k or n_q. (When no item takes more key tiles than that, dq
  * has no double sums: its copies are added in double at the end.)
  *
  * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
@@ -235,19 +235,22 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             key_tiles = 0;
         }
         key_tiles++;
-        int64_t query_tiles = 0; /* since dk and dv were last folded */
+        /* Query rows added into dk and dv since they were last folded: at
+         * most SDPA_FOLD_TILES * KERN_BK (1024) in a float partial, as many
+         * as dq's partials take keys, whatever the query tile's height. */
+        int64_t query_rows = 0;
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
-                if (query_tiles == SDPA_FOLD_TILES) {
+                if (query_rows + t.rows > SDPA_FOLD_TILES * KERN_BK) {
                     fold(job->kern, w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
                     fold(job->kern, w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
-                    query_tiles = 0;
+                    query_rows = 0;
                 }
-                query_tiles++;
+                query_rows += t.rows;
                 const int64_t row = bh * p->n_q + t.i0;
                 sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
