@@ -34,7 +34,7 @@
  * per tile of the backward pass: the k^T panel and v tile are read once per
  * this many rows (16 strips of 6 rows in the AVX kernels). */
 #define KERN_FWD_BQ 96
-#define KERN_BWD_BQ 64
+#define KERN_BWD_BQ 96
 
 /* Largest register block of any kernel (rows of C per strip). */
 #define KERN_MR_MAX 8

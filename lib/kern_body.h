@@ -27,7 +27,7 @@
  * reads and writes only the lanes of `last` when `masked`.
  */
 static inline __attribute__((always_inline)) void
-KF(block)(const int nv, const bool masked, int rows, int64_t kdim, const float *a,
+KF(block)(const int mr, const int nv, const bool masked, int rows, int64_t kdim, const float *a,
           int64_t a_rs, int64_t a_cs, const float *b, int64_t ldb, float *c,
           int64_t ldc, vmask last, bool accumulate)
 {
@@ -36,10 +36,10 @@ KF(block)(const int nv, const bool masked, int rows, int64_t kdim, const float *
      * body has one address update, not one per row. */
     int64_t off[KMR];
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++)
+    for (int r = 0; r < mr; r++)
         off[r] = (r < rows ? r : 0) * a_rs;
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < mr; r++) {
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) {
             acc[r][v] = vzero();
@@ -56,7 +56,7 @@ KF(block)(const int nv, const bool masked, int rows, int64_t kdim, const float *
         for (int v = 0; v < nv; v++)
             bv[v] = masked && v == nv - 1 ? vload_m(bp + v * VW, last) : vload(bp + v * VW);
 #pragma GCC unroll 8
-        for (int r = 0; r < KMR; r++) {
+        for (int r = 0; r < mr; r++) {
             vf ab = vset1(ap[off[r]]);
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++)
@@ -64,7 +64,7 @@ KF(block)(const int nv, const bool masked, int rows, int64_t kdim, const float *
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
+    for (int r = 0; r < mr; r++) {
         if (r >= rows)
             break;
 #pragma GCC unroll 4
@@ -84,7 +84,7 @@ KF(block)(const int nv, const bool masked, int rows, int64_t kdim, const float *
         int64_t ldb, float *c, int64_t ldc, vmask last, bool accumulate
 #define KERN_BLOCK_PASS rows, kdim, a, a_rs, a_cs, b, ldb, c, ldc, last, accumulate
 #define KERN_BLOCK_INSTANCE(name, nv, masked)                                        \
-    static void name(KERN_BLOCK_ARGS) { KF(block)(nv, masked, KERN_BLOCK_PASS); }
+    static void name(KERN_BLOCK_ARGS) { KF(block)(KMR, nv, masked, KERN_BLOCK_PASS); }
 
 KERN_BLOCK_INSTANCE(KF(block_1), 1, false)
 KERN_BLOCK_INSTANCE(KF(block_1m), 1, true)
@@ -99,6 +99,18 @@ KERN_BLOCK_INSTANCE(KF(block_3m), 3, true)
 #if KNV >= 4
 KERN_BLOCK_INSTANCE(KF(block_4), 4, false)
 KERN_BLOCK_INSTANCE(KF(block_4m), 4, true)
+#endif
+
+/* A strip of at most KERN_SHORT_MR rows (the last of a tile of 64 rows
+ * or keys in strips of 6) in whole vectors: a block of that many rows, not
+ * KMR rows of which the last repeat row 0. Each element is the same sum as
+ * in the KMR-row block, bit for bit. */
+#define KERN_SHORT_MR 4
+#if KMR > KERN_SHORT_MR
+static void KF(block_short)(KERN_BLOCK_ARGS)
+{
+    KF(block)(KERN_SHORT_MR, KNV, false, KERN_BLOCK_PASS);
+}
 #endif
 
 typedef void (*KF(block_fn))(KERN_BLOCK_ARGS);
@@ -125,6 +137,13 @@ static void KF(gemm)(int rows, int64_t cols, int64_t kdim, const float *a, int64
         int64_t width = KMIN(cols - c0, (int64_t)(KNV * VW));
         int nv = (int)((width + VW - 1) / VW);
         int tail = (int)(width - (int64_t)(nv - 1) * VW);
+#if KMR > KERN_SHORT_MR
+        if (rows <= KERN_SHORT_MR && nv == KNV && tail == VW) {
+            KF(block_short)(rows, kdim, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc,
+                            vmask_first(tail), accumulate);
+            continue;
+        }
+#endif
         KF(blocks)[nv - 1][tail < VW](rows, kdim, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc,
                                       vmask_first(tail), accumulate);
     }

@@ -573,17 +573,20 @@ KERN_SHARED static void KF(softmax_grad_row)(float *x, float *dp, int64_t n, flo
 }
 
 /*
- * score_row and softmax_grad_row for a whole strip whose rows all see all
- * the tile's keys with nothing but the scale (strip_sees_all), every row
- * with some weight: the same operations in the same order, the rows side
- * by side so that their exponentials overlap (see strip_plain).
+ * score_row and softmax_grad_row for a strip of n <= KMR rows that all see
+ * all KERN_BK keys of the tile with nothing but the scale (rows_see_all),
+ * every row with some weight: the same operations in the same order, the
+ * rows side by side so that their exponentials overlap (see strip_plain).
  */
-static inline void KF(bwd_strip_plain)(float *ps, float *ds, const attn_softmax_row *rows,
-                                const float *delta, float scale)
+static inline __attribute__((always_inline)) void
+KF(bwd_strip_plain)(float *ps, float *ds, const attn_softmax_row *rows, const float *delta,
+                    float scale, int n)
 {
     const vf vs = vset1(scale);
 #pragma GCC unroll 8
     for (int r = 0; r < KMR; r++) {
+        if (r >= n)
+            break;
         const vf vm = vset1(rows[r].max), vinv = vset1(1.0f / rows[r].sum);
         const vf vd = vset1(delta[r]);
 #pragma GCC unroll 8
@@ -613,8 +616,12 @@ KF(bwd_strip_steps)(const sdpa_call *c, const sdpa_tile *t, const sdpa_bwd_state
     bool all_weighted = true;
     for (int r = 0; r < rows; r++)
         all_weighted &= st->rows[r0 + r].sum > 0.0f;
-    if (all_weighted && KF(strip_sees_all)(c, t, t->i0 + r0, rows)) {
-        KF(bwd_strip_plain)(ps, ds, st->rows + r0, st->delta + r0, p->scale);
+    if (all_weighted && cols == KERN_BK && KF(rows_see_all)(c, t, t->i0 + r0, rows)) {
+        /* A whole strip with its row count known, so its loops unroll. */
+        if (rows == KMR)
+            KF(bwd_strip_plain)(ps, ds, st->rows + r0, st->delta + r0, p->scale, KMR);
+        else
+            KF(bwd_strip_plain)(ps, ds, st->rows + r0, st->delta + r0, p->scale, rows);
         return;
     }
     for (int r = 0; r < rows; r++) {

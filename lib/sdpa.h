@@ -298,8 +298,9 @@ typedef struct {
 /* A backward worker's view of one (query tile, key tile) pair. dq sums
  * over every key tile, dk and dv over every query tile (of every query
  * head of the group): long sums, added here in float and folded by the
- * caller into double sums every SDPA_FOLD_TILES tiles (blocked summation:
- * the error stays that of a few tiles' float sums at any length). */
+ * caller into double sums every SDPA_FOLD_TILES key tiles (dq) or every
+ * SDPA_FOLD_TILES * KERN_BK query rows (dk, dv) (blocked summation: the
+ * error stays that of a few tiles' float sums at any length). */
 typedef struct {
     float *p, *ds;                /* [KERN_BWD_BQ, KERN_BK] workspaces */
     float *capped;                /* [KERN_BK] workspace: tanh of a row, with softcap */

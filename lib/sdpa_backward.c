@@ -22,9 +22,10 @@
  * runs which item changes nothing: the result is the same for a given
  * thread count, bit for bit. The long sums are blocked: every
  * SDPA_FOLD_TILES key tiles of an item its float partials of dq are folded
- * into double sums, and every SDPA_FOLD_TILES query tiles those of dk and
- * dv (written when the key tile is done), so that their error does not
- * grow with n_k or n_q.
+ * into double sums, and every 1024 query rows (SDPA_FOLD_TILES * KERN_BK,
+ * whole query tiles) those of dk and dv (written when the key tile is
+ * done), so that their error does not grow with n_k or n_q. (When no item takes more key tiles than that, dq
+ * has no double sums: its copies are added in double at the end.)
  *
  * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
  * the items, into the two forms the products read (pairs along each row,
@@ -79,8 +80,9 @@ typedef struct {
     const float *delta;
     float *dq, *dk, *dv;
     float **dq_split; /* [splits]: dq itself, then the copies (float partials) */
-    double **dq_sum;  /* [splits]: their folded sums (the layout of dq) */
+    double **dq_sum;  /* [splits]: their folded sums (the layout of dq), when dq_folds */
     int64_t splits;   /* the most of any sequence */
+    bool dq_folds;    /* a split takes more than SDPA_FOLD_TILES key tiles */
     /* Per sequence of a ragged batch (one entry for them all otherwise,
      * since batch entries are alike): the cost of one pair's work, and in
      * how many splits it is done. */
@@ -233,19 +235,22 @@ static void backward_item(void *ctx, int64_t s, int64_t i)
             key_tiles = 0;
         }
         key_tiles++;
-        int64_t query_tiles = 0; /* since dk and dv were last folded */
+        /* Query rows added into dk and dv since they were last folded: at
+         * most SDPA_FOLD_TILES * KERN_BK (1024) in a float partial, as many
+         * as dq's partials take keys, whatever the query tile's height. */
+        int64_t query_rows = 0;
         for (t.h = hk * c->group; t.h < (hk + 1) * c->group; t.h++) {
             const int64_t bh = b * p->heads_q + t.h;
             const int64_t q_at = sdpa_head_at(p, b, t.h, p->heads_q, p->n_q, p->d_k);
             const int64_t o_at = sdpa_head_o_at(c, b, t.h);
             for (t.i0 = i_start; t.i0 < i_end; t.i0 += KERN_BWD_BQ) {
                 t.rows = min64(i_end - t.i0, KERN_BWD_BQ);
-                if (query_tiles == SDPA_FOLD_TILES) {
+                if (query_rows + t.rows > SDPA_FOLD_TILES * KERN_BK) {
                     fold(job->kern, w->dk_sum, p->d_k, dk, c->ldk, t.cols, p->d_k);
                     fold(job->kern, w->dv_sum, p->d_v, dv, c->ldv, t.cols, p->d_v);
-                    query_tiles = 0;
+                    query_rows = 0;
                 }
-                query_tiles++;
+                query_rows += t.rows;
                 const int64_t row = bh * p->n_q + t.i0;
                 sdpa_bwd_state st = {
                     .p = w->p, .ds = w->ds, .capped = w->capped,
@@ -304,8 +309,8 @@ typedef struct {
 } prologue_job;
 
 /* delta [B, H_q, n_q] = rowsum(dout * out), the softmax's correction term;
- * and every copy of dq zeroed (rows r0 .. r1 of it, in memory order), since
- * the units add into them. */
+ * and every copy of dq (and its double sums, if any) zeroed (rows r0 .. r1
+ * of it, in memory order), since the units add into them. */
 static void prologue_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
@@ -316,13 +321,21 @@ static void prologue_block(void *ctx, int64_t block, int worker)
         int64_t i = r % p->n_q, bh = r / p->n_q;
         int64_t at = sdpa_head_o_at(j->call, bh / p->heads_q, bh % p->heads_q) + i * j->call->ldo;
         double s = 0.0;
-        for (int64_t c = 0; c < p->d_v; c++)
-            s += (double)sdpa_src_value(j->dout, at + c) * j->out[at + c];
+        if (j->dout.f32 != NULL) {
+            const float *d = j->dout.f32 + at, *o = j->out + at;
+            for (int64_t c = 0; c < p->d_v; c++)
+                s += (double)d[c] * o[c];
+        } else {
+            for (int64_t c = 0; c < p->d_v; c++)
+                s += (double)sdpa_src_value(j->dout, at + c) * j->out[at + c];
+        }
         j->delta[r] = (float)s;
     }
     for (int64_t s = 0; s < j->splits; s++) {
         memset(j->dq_split[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(float));
-        memset(j->dq_sum[s] + r0 * p->d_k, 0, (size_t)((r1 - r0) * p->d_k) * sizeof(double));
+        if (j->dq_sum != NULL)
+            memset(j->dq_sum[s] + r0 * p->d_k, 0,
+                   (size_t)((r1 - r0) * p->d_k) * sizeof(double));
     }
 }
 
@@ -367,12 +380,22 @@ typedef struct {
 } reduce_job;
 
 /* dq = the sums and the partials of splits 0 .. S-1, added in double in
- * that order (split 0's partials are dq itself). */
+ * that order (split 0's partials are dq itself); without double sums
+ * (dq_sum NULL), the partials alone. */
 static void reduce_block(void *ctx, int64_t block, int worker)
 {
     (void)worker;
     const reduce_job *j = ctx;
     int64_t f0 = block * BWD_SUM_BLOCK, f1 = min64(f0 + BWD_SUM_BLOCK, j->count);
+    if (j->dq_sum == NULL) {
+        for (int64_t f = f0; f < f1; f++) {
+            double sum = 0.0;
+            for (int64_t s = 0; s < j->splits; s++)
+                sum += j->dq_split[s][f];
+            j->dq_split[0][f] = (float)sum;
+        }
+        return;
+    }
     double *sum = j->dq_sum[0];
     for (int64_t s = 0; s < j->splits; s++) {
         const float *part = j->dq_split[s];
@@ -422,7 +445,24 @@ static int64_t plan_costs(bwd_job *job, int64_t entries, double *total)
     return k_tiles * (job->work.seqs / entries) * job->call.p->heads_kv;
 }
 
-/* job->seq_splits of the first `entries` sequences, and job->splits. */
+/* Does a split of the key tiles of some sequence take more than
+ * SDPA_FOLD_TILES of them (so that its partials of dq are folded)? */
+static bool splits_fold(const bwd_job *job, int64_t entries)
+{
+    for (int64_t s = 0; s < entries; s++) {
+        int64_t b;
+        const sdpa_call c = sdpa_call_seq(&job->call, s, &b);
+        if (job->seq_splits[s] > 0 && /* 0: a sequence without keys */
+            tiles(tiles(c.k_hi - c.k_lo, KERN_BK), job->seq_splits[s]) > SDPA_FOLD_TILES)
+            return true;
+    }
+    return false;
+}
+
+/* job->seq_splits of the first `entries` sequences, job->splits, and
+ * whether dq has double sums (job->dq_folds: not when every split takes at
+ * most SDPA_FOLD_TILES key tiles, as with n_k <= 1024; the copies of dq
+ * are then added in double at the end, the partials alone). */
 static void plan_splits(bwd_job *job, int64_t entries, int threads, double total)
 {
     job->splits = 1;
@@ -433,6 +473,7 @@ static void plan_splits(bwd_job *job, int64_t entries, int threads, double total
             splits_for(threads, job->pair_cost[s], total, tiles(c.k_hi - c.k_lo, KERN_BK));
         job->splits = job->seq_splits[s] > job->splits ? job->seq_splits[s] : job->splits;
     }
+    job->dq_folds = splits_fold(job, entries);
 }
 
 static void free_workers(bwd_worker *w, int n)
@@ -548,10 +589,11 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
     bool cancelled = false;
     float *delta = sdpa_alloc(n_rows, sizeof(float));
     job.dq_split = calloc((size_t)job.splits, sizeof *job.dq_split);
-    job.dq_sum = calloc((size_t)job.splits, sizeof *job.dq_sum);
+    job.dq_sum = job.dq_folds ? calloc((size_t)job.splits, sizeof *job.dq_sum) : NULL;
     job.workers = alloc_workers(threads, p, job.call.bf16);
     bool ok = job.pair_cost != NULL && job.seq_splits != NULL && delta != NULL &&
-              job.dq_split != NULL && job.dq_sum != NULL && job.workers != NULL;
+              job.dq_split != NULL && (job.dq_sum != NULL || !job.dq_folds) &&
+              job.workers != NULL;
     bwd_bf16 *h = &job.b16;
     if (ok && job.call.bf16) {
         job.kern_bf16 = kernels->bf16;
@@ -590,7 +632,7 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         job.dq_split[0] = dq;
         for (int64_t i = 1; ok && i < job.splits; i++)
             ok = (job.dq_split[i] = sdpa_alloc(n_rows * p->d_k, sizeof(float))) != NULL;
-        for (int64_t i = 0; ok && i < job.splits; i++)
+        for (int64_t i = 0; ok && job.dq_sum != NULL && i < job.splits; i++)
             ok = (job.dq_sum[i] = sdpa_alloc(n_rows * p->d_k, sizeof(double))) != NULL;
     }
     if (ok) {
@@ -608,13 +650,14 @@ attn_status attn_sdpa_backward_with(const sdpa_kernels *kernels, const attn_sdpa
         attn_parallel_for_until(threads, job.units.count, backward_unit, &job, p->cancel);
         cancelled = attn_cancelled(p->cancel);
     }
-    if (ok && !cancelled) {
+    if (ok && !cancelled && (job.splits > 1 || job.dq_sum != NULL)) {
+        /* (One split without double sums has dq already.) */
         reduce_job red = {.dq_split = job.dq_split, .dq_sum = job.dq_sum,
                           .splits = job.splits, .count = n_rows * p->d_k};
         attn_parallel_for(threads, blocks(red.count, BWD_SUM_BLOCK), reduce_block, &red);
-        if (rope)
-            ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     }
+    if (ok && !cancelled && rope)
+        ok = sdpa_rope(&job.call, threads, dq, dk, dq, dk, true) == ATTN_OK;
     sdpa_free(q_rot);
     sdpa_free(k_rot);
     sdpa_free(h->qb);

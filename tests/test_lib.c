@@ -1884,6 +1884,30 @@ START_TEST(threads_2_large_backward_sums_every_workers_dq)
 }
 END_TEST
 
+/* One key/value head of 2100 keys (33 key tiles, the last of 52 keys) on
+ * two threads: its key tiles split two ways, each split's dq folded into
+ * double every 16 of its tiles, against one thread's single run (folded
+ * every 16 tiles too); causal, the splits' tiles see different rows. And
+ * 1000 keys: splits without double sums, their copies added in double. */
+START_TEST(threads_2_splits_of_one_pair)
+{
+    attn_sdpa_params p = sdpa_shape(1, 2, 1, 300, 2100, 16, 8);
+    sdpa_case c;
+    case_init(&c, &p, 3760, 1.0);
+    compare_threads(&c, 2, "MQA 300x2100 d=16");
+    case_free(&c);
+    p = sdpa_shape(1, 1, 1, 2100, 2100, 8, 8);
+    p.causal = true;
+    case_init(&c, &p, 3761, 1.0);
+    compare_threads(&c, 2, "2100x2100 causal d=8");
+    case_free(&c);
+    p = sdpa_shape(1, 2, 1, 300, 1000, 16, 8);
+    case_init(&c, &p, 3762, 1.0);
+    compare_threads(&c, 2, "MQA 300x1000 d=16");
+    case_free(&c);
+}
+END_TEST
+
 typedef struct {
     const sdpa_case *c;
     float *out;
@@ -2456,6 +2480,7 @@ static Suite *lib_suite(void)
          {threads_1_and_2_agree_forward_and_backward,
           threads_more_than_work_agree,
           threads_2_large_backward_sums_every_workers_dq,
+          threads_2_splits_of_one_pair,
           concurrent_calls_from_two_threads_match_sequential,
           parallel_for_runs_every_unit_once}},
         {"cancel", false,
