@@ -30,7 +30,7 @@
 #
 # Environment: BENCH_PEERS (default ../shared/peers), BENCH_WRK_SECONDS (5),
 # BENCH_ONLY (a subset of "kernel ragged decode memory server codec parallel http oip"; default all),
-# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about ten),
+# BENCH_KERNEL_SECONDS (120: the kernel section's rounds, after its warm-up: about seven on 2 cores),
 # BENCH_DECODE_SECONDS (60: the decode rows' rounds, about forty).
 set -u
 cd "$(dirname "$0")/.." || exit 1
