@@ -234,10 +234,9 @@ static void KF(forward_tile)(const sdpa_call *c, const sdpa_tile *t, const kern_
  * lanes not finite in some row. */
 static inline __attribute__((always_inline)) vmask
 KF(short_out_block)(const int R, const int nv, const bool masked, const bool scaled, int rows,
-                    int64_t keys,
-                    const float *pm, int64_t p_rs, int64_t p_cs, const float *v, int64_t ldv,
-                    float *o, int64_t ldo, vmask last, const double *inv, bool stream,
-                    kern_prefetch *pf)
+                    int64_t keys, const float *pm, int64_t p_rs, int64_t p_cs, const float *v,
+                    int64_t ldv, float *o, int64_t ldo, vmask last, const double *inv,
+                    bool stream, kern_prefetch *pf)
 {
     vf acc[KMR][KNV];
 #pragma GCC unroll 8

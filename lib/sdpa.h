@@ -198,10 +198,9 @@ typedef struct {
     int64_t (*items)(const void *ctx, int64_t s);          /* items of sequence s */
     double (*cost)(const void *ctx, int64_t s, int64_t i); /* of item i of s */
     double (*seq_cost)(const void *ctx, int64_t s);        /* of all items of s */
-    /* NULL, or seq_cost of every sequence ([seqs]) and their sum, read in
-     * place of seq_cost (a plan of many small sequences) */
+    /* NULL, or seq_cost of every sequence ([seqs]), read in place of
+     * seq_cost (a plan of many small sequences) */
     const double *seq_costs;
-    double total;
 } sdpa_work;
 
 typedef struct {

@@ -24,8 +24,9 @@
  * SDPA_FOLD_TILES key tiles of an item its float partials of dq are folded
  * into double sums, and every 1024 query rows (SDPA_FOLD_TILES * KERN_BK,
  * whole query tiles) those of dk and dv (written when the key tile is
- * done), so that their error does not grow with n_k or n_q. (When no item takes more key tiles than that, dq
- * has no double sums: its copies are added in double at the end.)
+ * done), so that their error does not grow with n_k or n_q. (When no item
+ * takes more key tiles than that, dq has no double sums: its copies are
+ * added in double at the end.)
  *
  * In bfloat16 (ATTN_PRECISION_BFLOAT16) q and dO are rounded once, before
  * the items, into the two forms the products read (pairs along each row,

@@ -999,7 +999,6 @@ attn_status attn_sdpa_forward_with(const sdpa_kernels *kernels, const attn_sdpa_
                     cost += block_cost(&c, qt);
                 for (int64_t hk = 0; hk < p->heads_kv; hk++)
                     job.head_cost[hk * job.seqs + seq] = cost * (double)c.group;
-                job.work.total += cost * (double)p->heads_q;
             }
         }
         job.work.seq_costs = job.head_cost;

@@ -15,9 +15,9 @@
  * one whose items are large. */
 double attn_units_plan(const sdpa_work *w, sdpa_units *u)
 {
-    double total = w->seq_costs != NULL ? w->total : 0.0;
-    for (int64_t s = 0; w->seq_costs == NULL && s < w->seqs; s++)
-        total += w->seq_cost(w->ctx, s);
+    double total = 0.0;
+    for (int64_t s = 0; s < w->seqs; s++)
+        total += w->seq_costs != NULL ? w->seq_costs[s] : w->seq_cost(w->ctx, s);
     double share = total / SDPA_UNITS_MAX;
     if (share < SDPA_UNIT_MIN_COST)
         share = SDPA_UNIT_MIN_COST;
