@@ -2873,7 +2873,7 @@ static codec_int_result integer(const char *s, int64_t limit, int64_t *out)
 {
     const char *stop;
     codec_int_result r = codec_parse_integer(s, s + strlen(s), limit, &stop, out);
-    ck_assert_msg(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
+    CHECK(stop == s + strlen(s), "%s: stopped at %td", s, stop - s);
     return r;
 }
 

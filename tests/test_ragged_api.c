@@ -120,8 +120,8 @@ static void assert_close(const char *what, const float *a, const float *b, int64
 static void assert_zero(const char *what, const float *a, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        ck_assert_msg(a[i] == 0.0f, "%s: element %lld is %g, not 0", what, (long long)i,
-                      (double)a[i]);
+        if (a[i] != 0.0f)
+            ck_abort_msg("%s: element %lld is %g, not 0", what, (long long)i, (double)a[i]);
 }
 
 static json_t *error_of(json_t *j)
