@@ -179,6 +179,42 @@ static inline vf vexp(vf a)
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
+/* vexp of x[i], i < n <= 8, in place: each step for all of them before the
+ * next, so that their chains of dependent operations overlap. */
+#define KERN_VEXPS
+static inline __attribute__((always_inline)) void vexps(const int n, vf *x)
+{
+    vmask keep[8];
+    vf k[8], r[8], p[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++) {
+        keep[i] = _mm512_cmp_ps_mask(x[i], _mm512_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
+        r[i] = _mm512_min_ps(x[i], _mm512_set1_ps(EXP_ARG_MAX));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++)
+        k[i] = _mm512_roundscale_ps(_mm512_mul_ps(r[i], _mm512_set1_ps(EXP_LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++)
+        r[i] = _mm512_fnmadd_ps(k[i], _mm512_set1_ps(EXP_LN2_HI), r[i]);
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++)
+        r[i] = _mm512_fnmadd_ps(k[i], _mm512_set1_ps(EXP_LN2_LO), r[i]);
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++)
+        p[i] = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C7), r[i], _mm512_set1_ps(EXP_C6));
+    const float c[] = {EXP_C5, EXP_C4, EXP_C3, EXP_C2, 1.0f, 1.0f};
+#pragma GCC unroll 8
+    for (int j = 0; j < 6; j++)
+#pragma GCC unroll 8
+        for (int i = 0; i < n; i++)
+            p[i] = _mm512_fmadd_ps(p[i], r[i], _mm512_set1_ps(c[j]));
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++)
+        x[i] = _mm512_maskz_scalef_ps(keep[i], p[i], k[i]);
+}
+
 /* ------------------------------------------------------------- bfloat16 */
 
 typedef __m512i vpair;

@@ -273,6 +273,17 @@ static void KF(bf16_pack_t)(const float *src, int64_t lds, int64_t keys, int64_t
 
 /* ---------------------------------------------------------------- forward */
 
+/* Without the vector file's own (KERN_VEXPS): x[i] = vexp(x[i]) for i <
+ * n, one after the other. */
+#ifndef KERN_VEXPS
+static inline __attribute__((always_inline)) void vexps(const int n, vf *x)
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++)
+        x[i] = vexp(x[i]);
+}
+#endif
+
 #define KERN_V32 (32 / VW) /* vectors of half a full tile's keys */
 
 /*
@@ -317,19 +328,31 @@ static bool KF(strip_bf16)(const float *s, float scale, const float *m_old, floa
     }
     if (!vmask_none(bad))
         return false;
+    /* G rows' exponentials at a time, step by step (vexps): their chains
+     * of dependent operations side by side. */
+    enum { G = KMR % 2 == 0 ? 2 : 1 };
 #pragma GCC unroll 8
-    for (int r = 0; r < KMR; r++) {
-        vf e[KERN_BV];
+    for (int r0 = 0; r0 < KMR; r0 += G) {
+        vf e[G * KERN_BV]; /* row r0 + g's at e + g KERN_BV */
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++)
-            e[v] = vexp(vsub(vmul(vload(s + r * KERN_BK + v * VW), vs), shift[r]));
+        for (int g = 0; g < G; g++)
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV / 2; v++)
-            vp_store(pb + r * (KERN_BK / 2) + v * VW, vbf16_weights2(&e[v], &e[v + KERN_BV / 2]));
+            for (int v = 0; v < KERN_BV; v++)
+                e[g * KERN_BV + v] =
+                    vsub(vmul(vload(s + (r0 + g) * KERN_BK + v * VW), vs), shift[r0 + g]);
+        vexps(G * KERN_BV, e);
 #pragma GCC unroll 8
-        for (int v = 0; v < KERN_BV; v++)
-            acc[r] = vadd(acc[r], e[v]);
-        sum[r] = vhsum(acc[r]);
+        for (int g = 0; g < G; g++) {
+            const int r = r0 + g;
+#pragma GCC unroll 8
+            for (int v = 0; v < KERN_BV / 2; v++)
+                vp_store(pb + r * (KERN_BK / 2) + v * VW,
+                         vbf16_weights2(&e[g * KERN_BV + v], &e[g * KERN_BV + v + KERN_BV / 2]));
+#pragma GCC unroll 8
+            for (int v = 0; v < KERN_BV; v++)
+                acc[r] = vadd(acc[r], e[g * KERN_BV + v]);
+            sum[r] = vhsum(acc[r]);
+        }
     }
     return true;
 }

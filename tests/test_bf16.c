@@ -1951,6 +1951,49 @@ START_TEST(bf16_words_give_the_bits_of_their_floats_on_every_kernel)
 }
 END_TEST
 
+/* A plain strip's row steps taken at once (kern_body_bf16.h's strip_bf16,
+ * its rows' exponentials side by side) give the bits of the row-by-row
+ * path, which a call asking for the weights takes: outputs and softmax
+ * rows, on every bfloat16 kernel, over whole tiles of 64 keys and a tile
+ * cut short, with scores spread wide enough for exponentials that flush to
+ * zero. */
+START_TEST(plain_strips_give_the_bits_of_the_row_path_on_every_kernel)
+{
+    sdpa_kernels kernels[4];
+    const char *names[4];
+    const int n_kernels = bf16_kernels(kernels, names);
+    const struct {
+        int64_t nq, nk, d;
+        double spread;
+    } shapes[] = {{70, 150, 9, 2.0}, {48, 192, 64, 2.0}, {30, 128, 128, 2.0}, {36, 256, 64, 40.0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        attn_sdpa_params p = sdpa_shape(1, 2, 2, shapes[s].nq, shapes[s].nk, shapes[s].d,
+                                        shapes[s].d);
+        p.threads = 2;
+        p.precision = ATTN_PRECISION_BFLOAT16;
+        sdpa_case c;
+        case_init(&c, &p, 700 + s, shapes[s].spread);
+        for (int kn = 0; kn < n_kernels; kn++) {
+            lib_run x = run_lib(&c, ATTN_LAYOUT_BHND, false, false, &kernels[kn]);
+            lib_run y = run_lib(&c, ATTN_LAYOUT_BHND, true, false, &kernels[kn]);
+            char what[96];
+            snprintf(what, sizeof what, "%s, shape %zu", names[kn], s);
+            size_t i = 0;
+            while (i < c.n_out && same_bits(x.out[i], y.out[i]))
+                i++;
+            ck_assert_msg(i == c.n_out, "%s: output %zu is %a in strips, %a row by row", what,
+                          i, (double)x.out[i < c.n_out ? i : 0],
+                          (double)y.out[i < c.n_out ? i : 0]);
+            ck_assert_msg(memcmp(x.rows, y.rows, c.n_rows * sizeof *x.rows) == 0,
+                          "%s: softmax rows differ", what);
+            lib_run_free(&x);
+            lib_run_free(&y);
+        }
+        case_free(&c);
+    }
+}
+END_TEST
+
 /* Each input's dtype is its own: every mix of words and floats among q,
  * k, v and dO gives the same bits (the process's kernel, through
  * attn_sdpa_forward_in and attn_sdpa_backward_in). */
@@ -2055,6 +2098,7 @@ static Suite *bf16_suite(void)
     tcase_set_timeout(t, 600);
     tcase_add_test(t, avx512_bf16_and_emulation_agree_bit_for_bit);
     tcase_add_test(t, bf16_words_give_the_bits_of_their_floats_on_every_kernel);
+    tcase_add_test(t, plain_strips_give_the_bits_of_the_row_path_on_every_kernel);
     suite_add_tcase(s, t);
     t = tcase_create("edges");
     tcase_set_tags(t, "kernel");
