@@ -15,6 +15,14 @@ Prints "name value" lines for bench/run.sh:
                         (the append and the kernel, as the server timed them)
   http_dec_overhead_us  the median over steps of round trip - compute
   http_dec_overhead_2k_us  the same over a cache of 2048 positions
+  http_dec_pause_get_us  median round trip of GET /v2/health/live (answered
+                        by the I/O thread, nothing computed) on the same kind
+                        of connection, each sent after a pause as long as a
+                        step's median round trip at 32768 positions: what
+                        any request costs that comes after the client and
+                        the server have been waiting that long (on a
+                        virtual machine whose idle cores halt, their
+                        wake-ups), next to which to read the overhead
   http_cache_step_ms    a step through a cache at 4096 positions (float32)
   http_resend_step_ms   the same step through POST /v1/attention, q, k and v
                         of all 4096 positions sent each time (base64)
@@ -146,6 +154,23 @@ def decode_steps(url, conn, rng, n, rounds):
     return rtt, comp, over
 
 
+def pause_get(url, pause, rounds):
+    """Round trips (us) of GET /v2/health/live, each after `pause` seconds
+    of silence on a kept-alive connection, after a warm-up."""
+    raw = RawConn(url)
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: attnd\r\n\r\n"
+    times = []
+    for i in range(rounds):
+        time.sleep(pause)
+        status, body, seconds = raw.exchange(request)
+        if status != 200:
+            sys.exit(f"GET /v2/health/live: {status} {body[:200]!r}")
+        if i >= 3:
+            times.append(seconds * 1e6)
+    raw.close()
+    return times
+
+
 def main(url, rounds):
     rng = np.random.default_rng(0)
     conn = Conn(url)
@@ -156,6 +181,7 @@ def main(url, rounds):
     print("http_dec_rtt_us %.1f" % statistics.median(rtt))
     print("http_dec_compute_us %.1f" % statistics.median(comp))
     print("http_dec_overhead_us %.1f" % statistics.median(over))
+    print("http_dec_pause_get_us %.1f" % statistics.median(pause_get(url, statistics.median(rtt) * 1e-6, rounds)))
     rtt, comp, over = decode_steps(url, conn, rng, 2048, rounds)
     print("http_dec_overhead_2k_us %.1f" % statistics.median(over))
 
