@@ -159,28 +159,9 @@ static inline __attribute__((always_inline)) vf vhsums(const int R, const vf *a)
     return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], e, 0x88), _mm512_shuffle_f32x4(d[0], e, 0xDD));
 }
 
-/* exp: see kern_exp.h. */
-static inline vf vexp(vf a)
-{
-    vmask keep = _mm512_cmp_ps_mask(a, _mm512_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
-    a = _mm512_min_ps(a, _mm512_set1_ps(EXP_ARG_MAX));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(EXP_LOG2E)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), a);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
-    vf p = _mm512_set1_ps(EXP_C7);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C5));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
-
-/* vexp of x[i], i < n <= 8, in place: each step for all of them before the
- * next, so that their chains of dependent operations overlap. */
+/* exp (see kern_exp.h) of x[i], i < n <= 8, in place: each step for all of
+ * them before the next, so that their chains of dependent operations
+ * overlap. */
 #define KERN_VEXPS
 static inline __attribute__((always_inline)) void vexps(const int n, vf *x)
 {
@@ -213,6 +194,13 @@ static inline __attribute__((always_inline)) void vexps(const int n, vf *x)
 #pragma GCC unroll 8
     for (int i = 0; i < n; i++)
         x[i] = _mm512_maskz_scalef_ps(keep[i], p[i], k[i]);
+}
+
+/* exp: see kern_exp.h. */
+static inline __attribute__((always_inline)) vf vexp(vf a)
+{
+    vexps(1, &a);
+    return a;
 }
 
 /* ------------------------------------------------------------- bfloat16 */
