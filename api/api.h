@@ -175,6 +175,13 @@ api_call *api_prepare(api_op op, const char *body, size_t len, const api_limits 
 void api_execute(api_call *call, int threads, api_response *res);
 void api_call_free(api_call *call);
 
+/* api_execute, only if the call would not wait for another request (for a
+ * KV cache, its turn held or awaited by another): true when it ran (res
+ * filled, the call freed), false when nothing was done and the call is
+ * still the caller's. For a thread that must not wait, such as the one
+ * serving connections. */
+bool api_execute_now(api_call *call, int threads, api_response *res);
+
 /*
  * api_prepare for the Open Inference Protocol (KServe v2): the body of
  * POST /v2/models/{attention|multihead}/infer, whose JSON text ends where

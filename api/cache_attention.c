@@ -68,6 +68,7 @@ typedef struct {
     attn_kv_params p;    /* n_q, heads_q, scale, causal, variants */
     int out, lse;        /* planned results, -1 when not asked */
     int64_t length, bytes; /* the cache after this request, for the answer */
+    bool turn_held;      /* the cache's turn taken already (hold_now) */
 } cache_state;
 
 static cache_state *state(const api_call *c)
@@ -451,7 +452,9 @@ static bool compute(api_call *c, int threads, api_error *err)
     cache_state *st = state(c);
     cache_entry *e = st->cache;
     attn_softmax_row *rows = NULL;
-    cache_turn_begin(e);
+    if (!st->turn_held)
+        cache_turn_begin(e);
+    st->turn_held = false;
     attn_kv_info info;
     attn_kv_info_get(e->kv, &info);
     bool ok = check_in_turn(c, &info, err) && change(c, err);
@@ -472,6 +475,15 @@ static bool compute(api_call *c, int threads, api_error *err)
     cache_turn_end(e);
     free(rows);
     return ok;
+}
+
+/* The cache's turn, when nobody holds or awaits it: then compute, which
+ * follows at once, does not wait for it. */
+static bool hold_now(api_call *c)
+{
+    cache_state *st = state(c);
+    st->turn_held = cache_turn_try_begin(st->cache);
+    return st->turn_held;
 }
 
 /* ----------------------------------------------------------------- answer */
@@ -522,6 +534,7 @@ const api_operation api_cache_attention_op = {
     .cost = cost,
     .score_bound = score_bound,
     .compute = compute,
+    .hold_now = hold_now,
     .dims = meta_dims,
     .release = release,
     .write_extra = write_cache,

@@ -357,6 +357,16 @@ void cache_turn_begin(cache_entry *e)
     pthread_mutex_unlock(&e->turn_lock);
 }
 
+bool cache_turn_try_begin(cache_entry *e)
+{
+    pthread_mutex_lock(&e->turn_lock);
+    bool free_now = e->serving == e->next_ticket;
+    if (free_now)
+        e->next_ticket++;
+    pthread_mutex_unlock(&e->turn_lock);
+    return free_now;
+}
+
 void cache_turn_end(cache_entry *e)
 {
     pthread_mutex_lock(&e->turn_lock);

@@ -69,6 +69,10 @@ void cache_remove(api_caches *s, cache_entry *e);
 /* Waits for this request's turn on the cache, and ends it. */
 void cache_turn_begin(cache_entry *e);
 void cache_turn_end(cache_entry *e);
+/* Begins this request's turn only if nobody holds or awaits one: true when
+ * it did (cache_turn_end ends it), false when cache_turn_begin would have
+ * waited (nothing changed). */
+bool cache_turn_try_begin(cache_entry *e);
 
 /* During a turn: makes room for the cache to hold `delta` more bytes,
  * evicting idle caches as needed (503 cache_memory_full when they are not

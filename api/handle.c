@@ -432,6 +432,14 @@ static void encode(api_call *c, codec_buf *b)
     codec_buf_puts(b, "}");
 }
 
+bool api_execute_now(api_call *c, int threads, api_response *res)
+{
+    if (c->op->hold_now && !c->op->hold_now(c))
+        return false;
+    api_execute(c, threads, res);
+    return true;
+}
+
 void api_execute(api_call *c, int threads, api_response *res)
 {
     memset(res, 0, sizeof *res);

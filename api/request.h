@@ -418,6 +418,10 @@ struct api_operation {
     double (*score_bound)(const api_call *c, const char **blame);
     /* Fills the planned results (and c->stats) with `threads` threads. */
     bool (*compute)(api_call *c, int threads, api_error *err);
+    /* Takes now, without waiting, what compute would wait for (a KV
+     * cache's turn), for a compute that follows at once; false when it is
+     * held by another request. NULL: compute never waits. */
+    bool (*hold_now)(api_call *c);
     /* meta.shape: its dimensions into dims (at most 16); returns how many. */
     size_t (*dims)(const api_call *c, api_dim *dims);
     void (*release)(api_call *c); /* the state's own allocations; may be NULL */

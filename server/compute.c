@@ -9,12 +9,14 @@
  * compute requests ask for (a 4 KB multi-head body can ask for seconds).
  *   - A body whose decoding is itself tiny work is decoded and costed on
  *     the I/O thread that read it. If the whole request is tiny too
- *     (INLINE_MAX_WORK, about a tenth of a millisecond; and not attention
- *     over a KV cache, which may wait for the cache's turn) and a slot is
- *     free with nobody waiting, it is computed right there: handing microseconds
+ *     (INLINE_MAX_WORK, about a tenth of a millisecond) and a slot is free
+ *     with nobody waiting, it is computed right there: handing microseconds
  *     of work to a worker would cost two thread wake-ups and the suspension
  *     of the connection, more than the attention itself. It takes a slot
- *     like any other, so it counts against --threads and --queue.
+ *     like any other, so it counts against --threads and --queue. A step
+ *     over a KV cache is computed there only when the cache's turn is free
+ *     at that moment (api_execute_now): an I/O thread never waits for a
+ *     turn that another request holds, however long that one computes.
  *   - Everything else waits in the queue for a worker with its connection
  *     suspended (decoded already, or still a body that the worker decodes).
  *
@@ -194,17 +196,23 @@ static bool prepare(srv_request *r, int threads)
 }
 
 /* Computes a prepared (or still raw) request that waited `wait` seconds
- * for its slot; r->res is its answer. */
-static void run(srv_request *r, int others, double wait)
+ * for its slot; r->res is its answer. `now`: on an I/O thread, which must
+ * not wait for another request (a KV cache's turn): false then, with the
+ * request as it was. */
+static bool run(srv_request *r, int others, double wait, bool now)
 {
     int threads = others == 0 ? r->srv->compute.slots : 1;
     if (!r->call && !prepare(r, threads))
-        return;
-    api_execute(r->call, threads, &r->res);
+        return true;
+    if (now && !api_execute_now(r->call, threads, &r->res))
+        return false;
+    if (!now)
+        api_execute(r->call, threads, &r->res);
     r->call = NULL;
     settle(r);
     if (!atomic_load(&r->cancel))
         metrics_computed(&r->srv->metrics, r->label, wait, r->res.compute_ms * 1e-3);
+    return true;
 }
 
 /* How much lower than the I/O threads a compute worker runs (nice). */
@@ -329,7 +337,7 @@ static void *worker_main(void *arg)
             conn_client_gone(r->connection))
             atomic_store(&r->cancel, 1);
         if (!atomic_load(&r->cancel))
-            run(r, others, wait);
+            run(r, others, wait, false);
 
         pthread_mutex_lock(&q->lock);
         q->running--;
@@ -417,20 +425,19 @@ compute_result compute_submit(srv_request *r)
     }
 
     pthread_mutex_lock(&q->lock);
-    /* Never a KV cache's attention: it may wait for the cache's turn behind
-     * a long request to the same cache, and an I/O thread must not wait. */
-    bool may_inline = r->route->op != API_OP_CACHE_ATTENTION;
-    if (r->call && may_inline && work <= INLINE_MAX_WORK && q->running < q->slots &&
-        q->waiting == 0) {
+    if (r->call && work <= INLINE_MAX_WORK && q->running < q->slots && q->waiting == 0) {
         int others = q->running++;
         pthread_mutex_unlock(&q->lock);
-        run(r, others, 0);
+        bool done = run(r, others, 0, true);
         pthread_mutex_lock(&q->lock);
         q->running--;
         if (q->waiting)
             pthread_cond_signal(&q->work);
-        pthread_mutex_unlock(&q->lock);
-        return COMPUTE_DONE;
+        if (done) {
+            pthread_mutex_unlock(&q->lock);
+            return COMPUTE_DONE;
+        }
+        /* a KV cache's turn is another request's: queued like any other */
     }
     if (q->running + q->waiting >= q->slots + q->queue_max) {
         pthread_mutex_unlock(&q->lock);

@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -4659,6 +4660,78 @@ START_TEST(cache_memory_full_only_while_the_caches_to_evict_are_in_use)
 }
 END_TEST
 
+typedef struct {
+    async_cache call;
+    atomic_bool done;
+    double done_at; /* now_s() when the answer came */
+} timed_cache;
+
+static void *timed_cache_thread(void *arg)
+{
+    timed_cache *t = arg;
+    cache_thread(&t->call);
+    t->done_at = now_s();
+    atomic_store(&t->done, true);
+    return NULL;
+}
+
+/* A step small enough to be computed on the I/O thread that read it, to a
+ * cache whose turn a long request holds, is queued instead: the I/O thread
+ * never waits for the turn (/healthz is answered at once while both are
+ * pending), and the step is applied after the long one, whole. */
+START_TEST(cache_step_behind_a_held_turn_leaves_the_io_thread_free)
+{
+    server s = start_server("--threads", "2", "--max-work", "1e13");
+    char id[23];
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
+    char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
+    for (int i = 0; i < 4; i++) {
+        reply r = cache_call(s.port, "POST", id, fill_body, NULL);
+        ck_assert_int_eq(r.status, 200);
+        reply_free(&r);
+    }
+    free(fill_body);
+    /* 8 heads of 2 * SLOW_N query rows over 6144 positions: about a second */
+    char *slow = base64_output(zeros_body(0, 8, 1024, 8, 2 * SLOW_N));
+    timed_cache a = {{s.port, id, slow, {0}}, false, 0};
+    pthread_t ta;
+    pthread_create(&ta, NULL, timed_cache_thread, &a);
+    if (!wait_computing(s.port, 1)) {
+        pthread_join(ta, NULL);
+        ck_abort_msg("the long step never computed: %ld %.200s", a.call.r.status,
+                     a.call.r.body);
+    }
+    usleep(50000); /* its body read: the cache's turn is held */
+    char *step = zeros_body(1, 8, 1024, 0, 0); /* 5 KB: decoded and costed inline */
+    timed_cache b = {{s.port, id, step, {0}}, false, 0};
+    pthread_t tb;
+    pthread_create(&tb, NULL, timed_cache_thread, &b);
+    usleep(100000); /* the step's body read and judged */
+    double t0 = now_s();
+    reply r = get(s.port, "/healthz");
+    double answered = now_s();
+    ck_assert_int_eq(r.status, 200);
+    reply_free(&r);
+    ck_assert_msg(answered - t0 < 0.25, "/healthz waited %.2f s beside a step queued for a "
+                  "held turn", answered - t0);
+    ck_assert_msg(!atomic_load(&b.done), "the step was answered while another held the turn");
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    ck_assert_msg(a.done_at > answered + 0.1, "the long step ended %.2f s after /healthz was "
+                  "answered: too soon to show the I/O thread free (make it longer)",
+                  a.done_at - answered);
+    ck_assert_int_eq(a.call.r.status, 200);
+    ck_assert_int_eq(b.call.r.status, 200);
+    ck_assert_msg(strstr(b.call.r.body, "\"cache\":{\"length\":6145,"),
+                  "the step's answer: %.200s", b.call.r.body);
+    reply_free(&a.call.r);
+    reply_free(&b.call.r);
+    free(slow);
+    free(step);
+    ck_assert_int_eq(stop_server(&s), 0);
+}
+END_TEST
+
 /* Connections from a few addresses, each with headers that never end, fill
  * --max-connections; with or without a per-address limit (under which each
  * address stays) a client from another address is answered at once, in the
@@ -5853,6 +5926,7 @@ static Suite *server_suite(void)
     tcase_add_test(caches, cache_idle_one_expires_with_404_and_is_counted);
     tcase_add_test(caches, cache_memory_evicts_the_least_recently_used_idle_cache);
     tcase_add_test(caches, cache_memory_full_only_while_the_caches_to_evict_are_in_use);
+    tcase_add_test(caches, cache_step_behind_a_held_turn_leaves_the_io_thread_free);
     tcase_add_test(caches, cache_attention_workspace_counts_against_the_request_memory);
     tcase_add_test(caches, cache_belongs_to_the_key_that_made_it);
     tcase_add_test(caches, cache_concurrent_appends_from_many_connections_are_whole);
