@@ -15,6 +15,15 @@ Prints "name value" lines for bench/run.sh:
                         (the append and the kernel, as the server timed them)
   http_dec_overhead_us  the median over steps of round trip - compute
   http_dec_overhead_2k_us  the same over a cache of 2048 positions
+  http_dec_overhead_64_us  the same over a cache of 64 positions (a kernel
+                        of microseconds: nothing streamed through the CPU's
+                        caches, the client's next step sent at once)
+  http_dec_overhead_64_pause_us  the same 64-position steps, each sent after
+                        a pause as long as the 32768-position step's median
+                        compute: what the step's own way costs when the
+                        client, attnd's threads and the cores have been
+                        doing something else (or nothing) for that long,
+                        without any large cache read
   http_dec_pause_get_us  median round trip of GET /v2/health/live (answered
                         by the I/O thread, nothing computed) on the same kind
                         of connection, each sent after a pause as long as a
@@ -23,6 +32,13 @@ Prints "name value" lines for bench/run.sh:
                         the server have been waiting that long (on a
                         virtual machine whose idle cores halt, their
                         wake-ups), next to which to read the overhead
+  http_dec_small_rtt_us  median round trip of a small model's step
+                        (examples/decode.py's layer: H_q=4, H_kv=2, d=16,
+                        200 positions), back to back: small enough to be
+                        computed on the I/O thread that reads it
+  http_dec_small_pause_rtt_us  the same, each step sent 300 us after the
+                        answer before it (a client with work of its own
+                        between steps)
   http_cache_step_ms    a step through a cache at 4096 positions (float32)
   http_resend_step_ms   the same step through POST /v1/attention, q, k and v
                         of all 4096 positions sent each time (base64)
@@ -40,6 +56,8 @@ import urllib.parse
 import numpy as np
 
 H_Q, H_KV, D = 32, 8, 128
+# examples/decode.py's layers: 4 query heads, 2 key/value heads of width 16
+SMALL = (4, 2, 16)
 
 
 def b64(a):
@@ -116,30 +134,36 @@ class Conn:
         return json.loads(text) if text else {}
 
 
-def filled_cache(conn, rng, n, dtype):
-    cache = conn.call("POST", "/v1/caches", {"num_kv_heads": H_KV, "head_dim": D, "dtype": dtype})["id"]
+def filled_cache(conn, rng, n, dtype, dims=(H_Q, H_KV, D)):
+    _, h_kv, d = dims
+    cache = conn.call("POST", "/v1/caches", {"num_kv_heads": h_kv, "head_dim": d, "dtype": dtype})["id"]
     for start in range(0, n, 2048):
         m = min(2048, n - start)
         conn.call("POST", f"/v1/caches/{cache}/attention",
-                  {"k": b64(rng.standard_normal((H_KV, m, D))), "v": b64(rng.standard_normal((H_KV, m, D)))})
+                  {"k": b64(rng.standard_normal((h_kv, m, d))), "v": b64(rng.standard_normal((h_kv, m, d)))})
     return cache
 
 
-def step_body(rng, truncate):
-    return {"truncate": truncate, "k": b64(rng.standard_normal((H_KV, 1, D))),
-            "v": b64(rng.standard_normal((H_KV, 1, D))), "q": b64(rng.standard_normal((H_Q, 1, D))),
+def step_body(rng, truncate, dims=(H_Q, H_KV, D)):
+    h_q, h_kv, d = dims
+    return {"truncate": truncate, "k": b64(rng.standard_normal((h_kv, 1, d))),
+            "v": b64(rng.standard_normal((h_kv, 1, d))), "q": b64(rng.standard_normal((h_q, 1, d))),
             "output_encoding": "base64"}
 
 
-def decode_steps(url, conn, rng, n, rounds):
+def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
     """Round trips, compute times and their differences (us) of `rounds`
-    decode steps over a bfloat16 cache of n positions, after a warm-up."""
-    cache = filled_cache(conn, rng, n, "bfloat16")
+    decode steps over a bfloat16 cache of n positions with `dims` (query
+    heads, key/value heads, width), after a warm-up; each step sent `pause`
+    seconds after the answer before it."""
+    cache = filled_cache(conn, rng, n, "bfloat16", dims)
     raw = RawConn(url)
-    steps = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n)).encode())
+    steps = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n, dims)).encode())
              for _ in range(8)]
     rtt, comp, over = [], [], []
     for i in range(rounds):
+        if pause:
+            time.sleep(pause)
         status, body, seconds = raw.exchange(steps[i % 8])
         dt = seconds * 1e6
         if status != 200:
@@ -182,8 +206,21 @@ def main(url, rounds):
     print("http_dec_compute_us %.1f" % statistics.median(comp))
     print("http_dec_overhead_us %.1f" % statistics.median(over))
     print("http_dec_pause_get_us %.1f" % statistics.median(pause_get(url, statistics.median(rtt) * 1e-6, rounds)))
-    rtt, comp, over = decode_steps(url, conn, rng, 2048, rounds)
+    rtt, comp2k, over = decode_steps(url, conn, rng, 2048, rounds)
     print("http_dec_overhead_2k_us %.1f" % statistics.median(over))
+    # 1b. the same step's way with no large cache read: 64 positions, back
+    # to back, then each after a pause as long as the long step's compute
+    rtt, comp64, over = decode_steps(url, conn, rng, 64, rounds)
+    print("http_dec_overhead_64_us %.1f" % statistics.median(over))
+    rtt, comp64, over = decode_steps(url, conn, rng, 64, rounds, statistics.median(comp) * 1e-6)
+    print("http_dec_overhead_64_pause_us %.1f" % statistics.median(over))
+    # 1c. a small model's step (examples/decode.py's shapes, 200 positions):
+    # its body is decoded and, its cache's turn being free, computed on the
+    # I/O thread; back to back, and after a pause of 300 us
+    rtt, comp_s, over = decode_steps(url, conn, rng, 200, rounds, dims=SMALL)
+    print("http_dec_small_rtt_us %.1f" % statistics.median(rtt))
+    rtt, comp_s, over = decode_steps(url, conn, rng, 200, rounds, 300e-6, dims=SMALL)
+    print("http_dec_small_pause_rtt_us %.1f" % statistics.median(rtt))
 
     # 2. the same step at 4096 positions: through a cache, or re-sending K, V
     n = 4096

@@ -737,7 +737,7 @@ else
 fi
 row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
     "$(get http_dec_overhead_us)" \
-    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; GET /v2/health/live (nothing computed) after a pause as long as a step: $(get http_dec_pause_get_us) us; one kept-alive connection, bench/decode_http.py" \
+    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; GET /v2/health/live (nothing computed) after a pause as long as a step: $(get http_dec_pause_get_us) us; over 64 positions (nothing streamed), round trip - compute $(get http_dec_overhead_64_us) us back to back, $(get http_dec_overhead_64_pause_us) us after a pause as long as the long step's compute; a small model's step (H_q=4, H_kv=2, d=16, 200 positions, computed on the I/O thread) round trip $(get http_dec_small_rtt_us) us, $(get http_dec_small_pause_rtt_us) us after a pause of 300 us; one kept-alive connection, bench/decode_http.py" \
     "<=" 150
 row "decode step at 4096 positions (float32): re-sending K and V to /v1/attention / through a KV cache (time)" \
     "$(get http_resend_ratio)" \
