@@ -478,12 +478,20 @@ static bool compute(api_call *c, int threads, api_error *err)
 }
 
 /* The cache's turn, when nobody holds or awaits it: then compute, which
- * follows at once, does not wait for it. */
+ * follows at once, does not wait for it. Declined when the cache has grown
+ * since the call was costed (another request appended meanwhile): the
+ * caller judged the work at the length seen then. */
 static bool hold_now(api_call *c)
 {
     cache_state *st = state(c);
-    st->turn_held = cache_turn_try_begin(st->cache);
-    return st->turn_held;
+    if (!cache_turn_try_begin(st->cache))
+        return false;
+    if (length_after(st, attn_kv_length(st->cache->kv)) > length_after(st, st->length_seen)) {
+        cache_turn_end(st->cache);
+        return false;
+    }
+    st->turn_held = true;
+    return true;
 }
 
 /* ----------------------------------------------------------------- answer */
@@ -516,6 +524,9 @@ static size_t meta_dims(const api_call *c, api_dim *d)
 static void release(api_call *c)
 {
     cache_state *st = state(c);
+    if (st->turn_held) /* taken by hold_now, compute never reached */
+        cache_turn_end(st->cache);
+    st->turn_held = false;
     cache_release(c->lim.caches, st->cache);
     st->cache = NULL;
 }

@@ -66,7 +66,10 @@ void cache_release(api_caches *s, cache_entry *e);
  * last holder lets go. */
 void cache_remove(api_caches *s, cache_entry *e);
 
-/* Waits for this request's turn on the cache, and ends it. */
+/* Waits for this request's turn on the cache, and ends it. Turns go in the
+ * order requests ask for them, which for requests from different
+ * connections is about the order they arrived (two taken off the compute
+ * queue together may ask in either order). */
 void cache_turn_begin(cache_entry *e);
 void cache_turn_end(cache_entry *e);
 /* Begins this request's turn only if nobody holds or awaits one: true when

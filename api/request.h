@@ -420,7 +420,8 @@ struct api_operation {
     bool (*compute)(api_call *c, int threads, api_error *err);
     /* Takes now, without waiting, what compute would wait for (a KV
      * cache's turn), for a compute that follows at once; false when it is
-     * held by another request. NULL: compute never waits. */
+     * held by another request. release gives back what compute did not
+     * reach. NULL: compute never waits. */
     bool (*hold_now)(api_call *c);
     /* meta.shape: its dimensions into dims (at most 16); returns how many. */
     size_t (*dims)(const api_call *c, api_dim *dims);

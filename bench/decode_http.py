@@ -206,20 +206,20 @@ def main(url, rounds):
     print("http_dec_compute_us %.1f" % statistics.median(comp))
     print("http_dec_overhead_us %.1f" % statistics.median(over))
     print("http_dec_pause_get_us %.1f" % statistics.median(pause_get(url, statistics.median(rtt) * 1e-6, rounds)))
-    rtt, comp2k, over = decode_steps(url, conn, rng, 2048, rounds)
+    _, _, over = decode_steps(url, conn, rng, 2048, rounds)
     print("http_dec_overhead_2k_us %.1f" % statistics.median(over))
     # 1b. the same step's way with no large cache read: 64 positions, back
     # to back, then each after a pause as long as the long step's compute
-    rtt, comp64, over = decode_steps(url, conn, rng, 64, rounds)
+    _, _, over = decode_steps(url, conn, rng, 64, rounds)
     print("http_dec_overhead_64_us %.1f" % statistics.median(over))
-    rtt, comp64, over = decode_steps(url, conn, rng, 64, rounds, statistics.median(comp) * 1e-6)
+    _, _, over = decode_steps(url, conn, rng, 64, rounds, statistics.median(comp) * 1e-6)
     print("http_dec_overhead_64_pause_us %.1f" % statistics.median(over))
     # 1c. a small model's step (examples/decode.py's shapes, 200 positions):
     # its body is decoded and, its cache's turn being free, computed on the
     # I/O thread; back to back, and after a pause of 300 us
-    rtt, comp_s, over = decode_steps(url, conn, rng, 200, rounds, dims=SMALL)
+    rtt, _, _ = decode_steps(url, conn, rng, 200, rounds, dims=SMALL)
     print("http_dec_small_rtt_us %.1f" % statistics.median(rtt))
-    rtt, comp_s, over = decode_steps(url, conn, rng, 200, rounds, 300e-6, dims=SMALL)
+    rtt, _, _ = decode_steps(url, conn, rng, 200, rounds, 300e-6, dims=SMALL)
     print("http_dec_small_pause_rtt_us %.1f" % statistics.median(rtt))
 
     # 2. the same step at 4096 positions: through a cache, or re-sending K, V

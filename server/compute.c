@@ -204,10 +204,12 @@ static bool run(srv_request *r, int others, double wait, bool now)
     int threads = others == 0 ? r->srv->compute.slots : 1;
     if (!r->call && !prepare(r, threads))
         return true;
-    if (now && !api_execute_now(r->call, threads, &r->res))
-        return false;
-    if (!now)
+    if (now) {
+        if (!api_execute_now(r->call, threads, &r->res))
+            return false;
+    } else {
         api_execute(r->call, threads, &r->res);
+    }
     r->call = NULL;
     settle(r);
     if (!atomic_load(&r->cancel))
@@ -493,7 +495,10 @@ compute_result compute_submit(srv_request *r)
 
 void compute_expect(srv_server *srv, uint64_t body_bytes)
 {
-    if (body_bytes > EXPECT_MAX_BODY)
+    /* A body decoded on the I/O thread may be computed there too (its
+     * cache's turn free, its work tiny): a worker woken for it would poll
+     * for nothing. */
+    if (body_bytes > EXPECT_MAX_BODY || api_decode_work(body_bytes) <= INLINE_MAX_WORK / 2)
         return;
     srv_compute *q = &srv->compute;
     pthread_mutex_lock(&q->lock);

@@ -451,6 +451,87 @@ static void check_attention(const attention_case *c)
     json_decref(j);
 }
 
+/* An allocator that refuses every request while `refusing` is set. */
+static bool refusing;
+static void *refusing_alloc(void *ctx, size_t n)
+{
+    (void)ctx;
+    return refusing ? NULL : malloc(n);
+}
+static void *refusing_realloc(void *ctx, void *p, size_t n)
+{
+    (void)ctx;
+    return refusing ? NULL : realloc(p, n);
+}
+static void refusing_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+/* One step over the cache of lim, with api_execute_now: whether it ran,
+ * and its status. */
+static bool step_now(const api_limits *lim, int *status)
+{
+    static const char body[] = "{\"k\": [[1, 0]], \"v\": [[2, 3]], \"q\": [[1, 1]]}";
+    api_cost cost;
+    api_response res;
+    api_call *call = api_prepare(API_OP_CACHE_ATTENTION, body, strlen(body), lim, &cost, &res);
+    ck_assert_msg(call, "prepare: %d %s", res.status, res.body ? res.body : "");
+    bool ran = api_execute_now(call, 1, &res);
+    if (!ran) {
+        api_call_free(call);
+        return false;
+    }
+    *status = res.status;
+    api_response_free(&res);
+    return true;
+}
+
+/* api_execute_now takes a cache's turn without waiting; a step that took it
+ * and then failed before computing (its results' memory refused) gives it
+ * back: the next step runs at once, over a cache the failure left as it was. */
+START_TEST(cache_step_failing_after_its_turn_gives_the_turn_back)
+{
+    api_caches *caches = api_caches_new(1e9, 0);
+    api_limits lim = {.threads = 1, .caches = caches};
+    api_response res;
+    static const char shape[] = "{\"num_kv_heads\": 1, \"head_dim\": 2}";
+    api_cache_create(shape, strlen(shape), &lim, &res);
+    ck_assert_int_eq(res.status, 201);
+    json_t *j = json_loadb(res.body, res.body_len, 0, NULL);
+    char id[64];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
+    json_decref(j);
+    api_response_free(&res);
+    lim.cache_id = id;
+
+    api_set_allocator(&(api_allocator){
+        .alloc = refusing_alloc, .realloc = refusing_realloc, .free = refusing_free});
+    static const char body[] = "{\"k\": [[1, 0]], \"v\": [[2, 3]], \"q\": [[1, 1]]}";
+    api_cost cost;
+    api_call *call = api_prepare(API_OP_CACHE_ATTENTION, body, strlen(body), &lim, &cost, &res);
+    ck_assert_ptr_nonnull(call);
+    refusing = true;
+    bool ran = api_execute_now(call, 1, &res);
+    refusing = false;
+    ck_assert(ran);
+    ck_assert_int_eq(res.status, 500);
+    ck_assert_str_eq(res.error_code, "out_of_memory");
+    api_response_free(&res);
+    api_set_allocator(NULL);
+
+    int status = 0;
+    ck_assert_msg(step_now(&lim, &status), "the turn was not given back");
+    ck_assert_int_eq(status, 200);
+    api_cache_get(&lim, &res);
+    ck_assert_int_eq(res.status, 200);
+    ck_assert_msg(strstr(res.body, "\"length\":1"), "the cache after one step: %s", res.body);
+    api_response_free(&res);
+    api_caches_free(caches);
+}
+END_TEST
+
 START_TEST(attention_rank2_nested_matches_reference)
 {
     check_attention(&(attention_case){.rank = 2, .B = 1, .Hq = 1, .Hkv = 1, .nq = 5, .nk = 7,
@@ -3726,6 +3807,9 @@ static Suite *api_suite(void)
     tcase_add_test(va, multihead_lse_null_for_rows_a_window_empties);
     suite_add_tcase(s, va);
 
+    TCase *turns = tcase_create("caches");
+    tcase_add_test(turns, cache_step_failing_after_its_turn_gives_the_turn_back);
+    suite_add_tcase(s, turns);
     TCase *cost = tcase_create("cost");
     tcase_set_tags(cost, "kernel");
     tcase_set_timeout(cost, 120);

@@ -4681,18 +4681,22 @@ static void *timed_cache_thread(void *arg)
  * pending), and the step is applied whole once the long one is done. */
 START_TEST(cache_step_behind_a_held_turn_leaves_the_io_thread_free)
 {
-    server s = start_server("--threads", "2", "--max-work", "1e13");
+    /* One I/O thread: a second one would answer /healthz while the first
+     * waited for the turn. */
+    server s = start_server("--threads", "2", "--io-threads", "1", "--max-work", "1e13");
     char id[23];
-    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8, \"value_dim\": 1024}", NULL, id);
-    char *fill_body = zeros_body(1536, 8, 1024, 0, 0);
-    for (int i = 0; i < 4; i++) {
+    cache_new(s.port, "{\"num_kv_heads\": 1, \"head_dim\": 8}", NULL, id);
+    enum { FILLS = 6, FILL = 16384 };
+    char *fill_body = zeros_body(FILL, 8, 8, 0, 0);
+    for (int i = 0; i < FILLS; i++) {
         reply r = cache_call(s.port, "POST", id, fill_body, NULL);
         ck_assert_int_eq(r.status, 200);
         reply_free(&r);
     }
     free(fill_body);
-    /* 8 heads of 2 * SLOW_N query rows over 6144 positions: about a second */
-    char *slow = base64_output(zeros_body(0, 8, 1024, 8, 2 * SLOW_N));
+    /* 8 heads of 4 * SLOW_N query rows over 98304 positions: a second or
+     * two, an answer of 1.4 MB */
+    char *slow = base64_output(zeros_body(0, 8, 8, 8, 4 * SLOW_N));
     timed_cache a = {{s.port, id, slow, {0}}, false, 0};
     pthread_t ta;
     pthread_create(&ta, NULL, timed_cache_thread, &a);
@@ -4705,7 +4709,7 @@ START_TEST(cache_step_behind_a_held_turn_leaves_the_io_thread_free)
      * under the sanitizers): until then a small step finds the turn free
      * and is answered at once. One that is still unanswered after 100 ms
      * waits for the turn. */
-    char *step = zeros_body(1, 8, 1024, 0, 0); /* 5 KB: decoded and costed inline */
+    char *step = zeros_body(1, 8, 8, 0, 0); /* decoded and costed inline */
     timed_cache b;
     pthread_t tb;
     int steps = 0;
@@ -4737,11 +4741,14 @@ START_TEST(cache_step_behind_a_held_turn_leaves_the_io_thread_free)
     ck_assert_int_eq(a.call.r.status, 200);
     ck_assert_int_eq(b.call.r.status, 200);
     char whole[48]; /* every step's position appended, once */
-    snprintf(whole, sizeof whole, "\"cache\":{\"length\":%d,", 6144 + steps);
+    snprintf(whole, sizeof whole, "\"cache\":{\"length\":%d,", FILLS * FILL + steps);
     ck_assert_msg(strstr(b.call.r.body, whole), "after %d steps, the last one's answer: %.200s",
                   steps, b.call.r.body);
     reply_free(&a.call.r);
     reply_free(&b.call.r);
+    /* the reservations of the steps that went back to the queue settled */
+    ck_assert(metric(s.port, "attnd_memory_bytes_pending") == 0);
+    ck_assert(metric(s.port, "attnd_queue_depth{route=\"/v1/caches/{id}/attention\"}") == 0);
     free(slow);
     free(step);
     ck_assert_int_eq(stop_server(&s), 0);
