@@ -54,6 +54,13 @@
  * 4) is ~6e4; inline it takes ~10 us of CPU instead of 16-20 us. */
 #define INLINE_MAX_WORK 2e6
 
+/* A body whose decoding is tiny work, decoded on the I/O thread that read
+ * it. */
+static bool decoded_on_io_thread(size_t body_bytes)
+{
+    return api_decode_work(body_bytes) <= INLINE_MAX_WORK / 2;
+}
+
 /* The request's limits; its arrival on api_now_ms's clock (the same
  * monotonic clock as srv_now, in ms) makes meta.timing_ms.total count from
  * the request's headers. */
@@ -413,7 +420,7 @@ compute_result compute_submit(srv_request *r)
     /* Decoding a small body is tiny work: do it here and know the cost. A
      * refusal (400, 422, the budget) is then answered without a queue. */
     double work = 0;
-    if (api_decode_work(r->body_len) <= INLINE_MAX_WORK / 2) {
+    if (decoded_on_io_thread(r->body_len)) {
         api_limits lim = compute_limits(r, 1);
         api_cost cost;
         r->call = prepare_call(r, &lim, &cost);
@@ -498,7 +505,7 @@ void compute_expect(srv_server *srv, uint64_t body_bytes)
     /* A body decoded on the I/O thread may be computed there too (its
      * cache's turn free, its work tiny): a worker woken for it would poll
      * for nothing. */
-    if (body_bytes > EXPECT_MAX_BODY || api_decode_work(body_bytes) <= INLINE_MAX_WORK / 2)
+    if (body_bytes > EXPECT_MAX_BODY || decoded_on_io_thread(body_bytes))
         return;
     srv_compute *q = &srv->compute;
     pthread_mutex_lock(&q->lock);

@@ -469,14 +469,17 @@ static void refusing_free(void *ctx, void *p)
     free(p);
 }
 
+/* A step appending one position and attending over the cache. */
+static const char cache_step[] = "{\"k\": [[1, 0]], \"v\": [[2, 3]], \"q\": [[1, 1]]}";
+
 /* One step over the cache of lim, with api_execute_now: whether it ran,
  * and its status. */
 static bool step_now(const api_limits *lim, int *status)
 {
-    static const char body[] = "{\"k\": [[1, 0]], \"v\": [[2, 3]], \"q\": [[1, 1]]}";
     api_cost cost;
     api_response res;
-    api_call *call = api_prepare(API_OP_CACHE_ATTENTION, body, strlen(body), lim, &cost, &res);
+    api_call *call =
+        api_prepare(API_OP_CACHE_ATTENTION, cache_step, strlen(cache_step), lim, &cost, &res);
     ck_assert_msg(call, "prepare: %d %s", res.status, res.body ? res.body : "");
     bool ran = api_execute_now(call, 1, &res);
     if (!ran) {
@@ -508,9 +511,9 @@ START_TEST(cache_step_failing_after_its_turn_gives_the_turn_back)
 
     api_set_allocator(&(api_allocator){
         .alloc = refusing_alloc, .realloc = refusing_realloc, .free = refusing_free});
-    static const char body[] = "{\"k\": [[1, 0]], \"v\": [[2, 3]], \"q\": [[1, 1]]}";
     api_cost cost;
-    api_call *call = api_prepare(API_OP_CACHE_ATTENTION, body, strlen(body), &lim, &cost, &res);
+    api_call *call =
+        api_prepare(API_OP_CACHE_ATTENTION, cache_step, strlen(cache_step), &lim, &cost, &res);
     ck_assert_ptr_nonnull(call);
     refusing = true;
     bool ran = api_execute_now(call, 1, &res);
