@@ -1,7 +1,7 @@
 """Decoding over HTTP against attnd: what a request costs beyond the kernel,
 and what a server-side KV cache saves over re-sending K and V every step.
 
-    python3 bench/decode_http.py URL [ROUNDS]
+    python3 bench/decode_http.py URL [ROUNDS [DECODE_FLOOR]]
 
 Prints "name value" lines for bench/run.sh:
   http_dec_rtt_us       median round trip of a decode step on a kept-alive
@@ -14,6 +14,21 @@ Prints "name value" lines for bench/run.sh:
   http_dec_compute_us   the median of the same steps' meta.timing_ms.compute
                         (the append and the kernel, as the server timed them)
   http_dec_overhead_us  the median over steps of round trip - compute
+  http_dec_server_us    the median of the same steps' meta.timing_ms.total -
+                        compute: attnd's own part that its clock sees (the
+                        body read after its headers, decoding, queueing for
+                        a worker, encoding); the rest of the overhead is the
+                        request's way in, the answer's hand-back to the I/O
+                        thread and its way out
+  http_dec_floor_us     with DECODE_FLOOR (bench/decode_floor.c, built): the
+                        same requests sent to that blunt C responder, which
+                        streams as many bytes as the step's K and V with two
+                        threads and answers as many bytes as attnd, taking
+                        turns with attnd's steps in blocks of 10 (attnd's
+                        rows above are then from those turns): its round
+                        trip - stream time, the least a server pays on this
+                        machine for the step's exchange after such a stream
+  http_dec_floor_stream_us  the median of its stream times
   http_dec_overhead_2k_us  the same over a cache of 2048 positions
   http_dec_overhead_64_us  the same over a cache of 64 positions (a kernel
                         of microseconds: nothing streamed through the CPU's
@@ -49,6 +64,7 @@ import http.client
 import json
 import socket
 import statistics
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -151,31 +167,73 @@ def step_body(rng, truncate, dims=(H_Q, H_KV, D)):
             "output_encoding": "base64"}
 
 
-def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
-    """Round trips, compute times and their differences (us) of `rounds`
-    decode steps over a bfloat16 cache of n positions with `dims` (query
-    heads, key/value heads, width), after a warm-up; each step sent `pause`
-    seconds after the answer before it."""
-    cache = filled_cache(conn, rng, n, "bfloat16", dims)
-    raw = RawConn(url)
-    steps = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n, dims)).encode())
-             for _ in range(8)]
-    rtt, comp, over = [], [], []
-    for i in range(rounds):
+class Steps:
+    """Timed steps on one connection: per step kept (after a warm-up of 3),
+    the round trip, meta.timing_ms.compute and total (us)."""
+
+    def __init__(self, url, requests):
+        self.raw = RawConn(url)
+        self.requests = requests
+        self.sent = 0
+        self.rtt, self.compute, self.total = [], [], []
+
+    def step(self, pause):
         if pause:
             time.sleep(pause)
-        status, body, seconds = raw.exchange(steps[i % 8])
-        dt = seconds * 1e6
+        status, body, seconds = self.raw.exchange(self.requests[self.sent % len(self.requests)])
         if status != 200:
             sys.exit(f"decode step: {status} {body[:200]!r}")
-        c = json.loads(body)["meta"]["timing_ms"]["compute"] * 1e3
-        if i >= 3:  # after a warm-up
-            rtt.append(dt)
-            comp.append(c)
-            over.append(dt - c)
-    raw.close()
+        timing = json.loads(body)["meta"]["timing_ms"]
+        self.sent += 1
+        if self.sent > 3:
+            self.rtt.append(seconds * 1e6)
+            self.compute.append(timing["compute"] * 1e3)
+            self.total.append(timing["total"] * 1e3)
+        return body
+
+    def overhead(self):
+        return [r - c for r, c in zip(self.rtt, self.compute)]
+
+
+def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
+    """attnd's Steps: `rounds` decode steps over a bfloat16 cache of n
+    positions with `dims` (query heads, key/value heads, width), after a
+    warm-up; each step sent `pause` seconds after the answer before it."""
+    cache = filled_cache(conn, rng, n, "bfloat16", dims)
+    steps = Steps(url, [RawConn.request(f"/v1/caches/{cache}/attention",
+                                        json.dumps(step_body(rng, n, dims)).encode())
+                        for _ in range(8)])
+    while len(steps.rtt) < rounds:
+        steps.step(pause)
+    steps.raw.close()
     conn.call("DELETE", f"/v1/caches/{cache}")
-    return rtt, comp, over
+    return steps
+
+
+def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
+    """attnd's Steps over n positions (as decode_steps) and decode_floor's
+    for the same requests, taking turns in blocks of 10 steps; the floor
+    streams the bytes of the cache's K and V and answers attnd's length."""
+    cache = filled_cache(conn, rng, n, "bfloat16")
+    requests = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n)).encode())
+                for _ in range(8)]
+    ours = Steps(url, requests)
+    answer = ours.step(0)
+    kv_bytes = n * H_KV * 2 * D * 2  # bfloat16 keys and values
+    floor = subprocess.Popen([floor_binary, str(kv_bytes), str(len(answer))], stdout=subprocess.PIPE)
+    try:
+        theirs = Steps(f"http://127.0.0.1:{int(floor.stdout.readline())}", requests)
+        while len(ours.rtt) < rounds or len(theirs.rtt) < rounds:
+            for s in (ours, theirs):
+                for _ in range(10):
+                    s.step(0)
+        theirs.raw.close()
+    finally:
+        floor.kill()
+        floor.wait()
+    ours.raw.close()
+    conn.call("DELETE", f"/v1/caches/{cache}")
+    return ours, theirs
 
 
 def pause_get(url, pause, rounds):
@@ -195,32 +253,37 @@ def pause_get(url, pause, rounds):
     return times
 
 
-def main(url, rounds):
+def main(url, rounds, floor_binary=None):
     rng = np.random.default_rng(0)
     conn = Conn(url)
     # 1. a decode step's round trip against its compute time, 32768 positions,
     # and the same at 2048 (a cache that streams 8 MB, not 134 MB, through
     # the CPU's caches before the answer is written and read)
-    rtt, comp, over = decode_steps(url, conn, rng, 32768, rounds)
-    print("http_dec_rtt_us %.1f" % statistics.median(rtt))
-    print("http_dec_compute_us %.1f" % statistics.median(comp))
-    print("http_dec_overhead_us %.1f" % statistics.median(over))
-    print("http_dec_pause_get_us %.1f" % statistics.median(pause_get(url, statistics.median(rtt) * 1e-6, rounds)))
-    _, _, over = decode_steps(url, conn, rng, 2048, rounds)
-    print("http_dec_overhead_2k_us %.1f" % statistics.median(over))
+    if floor_binary:
+        ours, theirs = decode_steps_with_floor(url, conn, rng, 32768, rounds, floor_binary)
+    else:
+        ours, theirs = decode_steps(url, conn, rng, 32768, rounds), None
+    median = statistics.median
+    print("http_dec_rtt_us %.1f" % median(ours.rtt))
+    print("http_dec_compute_us %.1f" % median(ours.compute))
+    print("http_dec_overhead_us %.1f" % median(ours.overhead()))
+    print("http_dec_server_us %.1f" % median(t - c for t, c in zip(ours.total, ours.compute)))
+    if theirs:
+        print("http_dec_floor_us %.1f" % median(theirs.overhead()))
+        print("http_dec_floor_stream_us %.1f" % median(theirs.compute))
+    print("http_dec_pause_get_us %.1f" % median(pause_get(url, median(ours.rtt) * 1e-6, rounds)))
+    print("http_dec_overhead_2k_us %.1f" % median(decode_steps(url, conn, rng, 2048, rounds).overhead()))
     # 1b. the same step's way with no large cache read: 64 positions, back
     # to back, then each after a pause as long as the long step's compute
-    _, _, over = decode_steps(url, conn, rng, 64, rounds)
-    print("http_dec_overhead_64_us %.1f" % statistics.median(over))
-    _, _, over = decode_steps(url, conn, rng, 64, rounds, statistics.median(comp) * 1e-6)
-    print("http_dec_overhead_64_pause_us %.1f" % statistics.median(over))
+    print("http_dec_overhead_64_us %.1f" % median(decode_steps(url, conn, rng, 64, rounds).overhead()))
+    steps = decode_steps(url, conn, rng, 64, rounds, median(ours.compute) * 1e-6)
+    print("http_dec_overhead_64_pause_us %.1f" % median(steps.overhead()))
     # 1c. a small model's step (examples/decode.py's shapes, 200 positions):
     # its body is decoded and, its cache's turn being free, computed on the
     # I/O thread; back to back, and after a pause of 300 us
-    rtt, _, _ = decode_steps(url, conn, rng, 200, rounds, dims=SMALL)
-    print("http_dec_small_rtt_us %.1f" % statistics.median(rtt))
-    rtt, _, _ = decode_steps(url, conn, rng, 200, rounds, 300e-6, dims=SMALL)
-    print("http_dec_small_pause_rtt_us %.1f" % statistics.median(rtt))
+    print("http_dec_small_rtt_us %.1f" % median(decode_steps(url, conn, rng, 200, rounds, dims=SMALL).rtt))
+    steps = decode_steps(url, conn, rng, 200, rounds, 300e-6, dims=SMALL)
+    print("http_dec_small_pause_rtt_us %.1f" % median(steps.rtt))
 
     # 2. the same step at 4096 positions: through a cache, or re-sending K, V
     n = 4096
@@ -250,4 +313,4 @@ def main(url, rounds):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 100)
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 100, sys.argv[3] if len(sys.argv) > 3 else None)

@@ -21,7 +21,9 @@
 #   4. the tensor codec against jansson (bench/codec.c)
 #   4b. the fixed cost of one attn_parallel_for call (bench/parallel.c)
 #   5. HTTP under wrk: attnd against nginx (../shared/peers/nginx.conf) and the
-#      FastAPI peer (../shared/peers/fastapi_attention.py)
+#      FastAPI peer (../shared/peers/fastapi_attention.py); decode steps
+#      through a KV cache (bench/decode_http.py), taking turns with a blunt
+#      C responder of the same exchange (bench/decode_floor.c)
 #   5b. the Open Inference Protocol: binary /v2 against base64 /v1 under wrk,
 #      and the transport's share of a large binary request (Server-Timing)
 # Everything it starts listens on 127.0.0.1 and is stopped on exit. Raw
@@ -108,11 +110,12 @@ compile() { # name libs...
         return 1
     fi
 }
-have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0
+have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0; have_floor=0
 [ -f "$BUILD/libattn.a" ] && compile kernel bench/peak.c "$BUILD/libattn.a" && have_kernel=1
 [ -f "$BUILD/libattn.a" ] && compile decode "$BUILD/libattn.a" && have_decode=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
+compile decode_floor && have_floor=1
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
 # ------------------------------------------------------------------ machine
@@ -375,7 +378,10 @@ done
 # against re-sending K and V each time.
 if [ -n "$ATTND_URL" ] && /usr/bin/python3 -c 'import numpy' 2> /dev/null; then
     note "http: decode steps through a KV cache"
-    if /usr/bin/python3 bench/decode_http.py "${ATTND_URL%/v1/attention}" 100 > "$TMP/dechttp" 2> "$TMP/dechttp.err"; then
+    floor=""
+    [ "$have_floor" = 1 ] && floor="$OUT/decode_floor"
+    # shellcheck disable=SC2086
+    if /usr/bin/python3 bench/decode_http.py "${ATTND_URL%/v1/attention}" 100 $floor > "$TMP/dechttp" 2> "$TMP/dechttp.err"; then
         cat "$TMP/dechttp" >> "$RES"
         cp "$TMP/dechttp" "$OUT/decode_http.txt"
     else
@@ -737,7 +743,7 @@ else
 fi
 row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
     "$(get http_dec_overhead_us)" \
-    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us; over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; GET /v2/health/live (nothing computed) after a pause as long as a step: $(get http_dec_pause_get_us) us; over 64 positions (nothing streamed), round trip - compute $(get http_dec_overhead_64_us) us back to back, $(get http_dec_overhead_64_pause_us) us after a pause as long as the long step's compute; a small model's step (H_q=4, H_kv=2, d=16, 200 positions, computed on the I/O thread) round trip $(get http_dec_small_rtt_us) us, $(get http_dec_small_pause_rtt_us) us after a pause of 300 us; one kept-alive connection, bench/decode_http.py" \
+    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us, of the overhead inside attnd's clock (meta.timing_ms.total - compute: body read, decoding, queueing, encoding) $(get http_dec_server_us) us; the floor, a blunt C responder of the same exchange streaming as many bytes with two threads, taking turns (bench/decode_floor.c): round trip - stream $(get http_dec_floor_us) us (stream $(get http_dec_floor_stream_us) us); over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; GET /v2/health/live (nothing computed) after a pause as long as a step: $(get http_dec_pause_get_us) us; over 64 positions (nothing streamed), round trip - compute $(get http_dec_overhead_64_us) us back to back, $(get http_dec_overhead_64_pause_us) us after a pause as long as the long step's compute; a small model's step (H_q=4, H_kv=2, d=16, 200 positions, computed on the I/O thread) round trip $(get http_dec_small_rtt_us) us, $(get http_dec_small_pause_rtt_us) us after a pause of 300 us; one kept-alive connection, bench/decode_http.py" \
     "<=" 150
 row "decode step at 4096 positions (float32): re-sending K and V to /v1/attention / through a KV cache (time)" \
     "$(get http_resend_ratio)" \

@@ -1,0 +1,201 @@
+/*
+ * The floor of a decode step's round trip on this machine: the least any
+ * server pays, beyond its computation, for the exchange attnd's step makes.
+ *
+ *   decode_floor STREAM_BYTES ANSWER_BYTES
+ *
+ * Listens on a free loopback port (printed on stdout, one line) and answers
+ * every HTTP/1.1 request of one kept-alive connection at a time as bluntly
+ * as a server can: it reads the request to its Content-Length with one
+ * blocking recv after another (nothing parsed beyond that), then reads
+ * STREAM_BYTES of memory with two threads (its "computation": a sum of
+ * 64-bit words, what a decode step over a large KV cache does to the CPU's
+ * caches and cores), then writes ANSWER_BYTES of JSON with one sendmsg:
+ *
+ *   {"meta":{"timing_ms":{"compute":C,"total":T}},"pad":"xxxx..."}
+ *
+ * C is the stream's time and T that from the request's last byte read to
+ * the answer made, both in ms, as attnd's meta.timing_ms says them, so that
+ * bench/decode_http.py times both servers with one client: round trip -
+ * compute is then, for this program, what the machine's loopback, its
+ * wake-ups and its caches cost after such a stream, with no JSON decoded,
+ * no thread handing work to another and no HTTP library. attnd's step
+ * pays that and its own part (reading the body in pieces, decoding,
+ * handing the step to a worker and the answer back, encoding).
+ *
+ * Threads: the accepting thread streams the first half, one helper the
+ * second; the helper blocks between requests, as attnd's do.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The memory streamed: words[0, n) in two halves. */
+static uint64_t *words;
+static size_t n_words;
+static volatile uint64_t sums[2]; /* kept, so the reads are not elided */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
+static unsigned long posted, finished; /* streams asked of the helper, done by it */
+
+static void stream_half(int half)
+{
+    size_t from = half == 0 ? 0 : n_words / 2, to = half == 0 ? n_words / 2 : n_words;
+    uint64_t s[8] = {0};
+    size_t i = from;
+    for (; i + 8 <= to; i += 8)
+        for (int j = 0; j < 8; j++)
+            s[j] += words[i + j];
+    for (; i < to; i++)
+        s[0] += words[i];
+    sums[half] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    unsigned long done = 0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        while (posted == done)
+            pthread_cond_wait(&changed, &lock);
+        pthread_mutex_unlock(&lock);
+        stream_half(1);
+        pthread_mutex_lock(&lock);
+        finished = ++done;
+        pthread_cond_broadcast(&changed);
+        pthread_mutex_unlock(&lock);
+    }
+    return NULL;
+}
+
+/* Both halves, the helper woken for the second. */
+static void stream_all(void)
+{
+    pthread_mutex_lock(&lock);
+    unsigned long want = ++posted;
+    pthread_cond_broadcast(&changed);
+    pthread_mutex_unlock(&lock);
+    stream_half(0);
+    pthread_mutex_lock(&lock);
+    while (finished != want)
+        pthread_cond_wait(&changed, &lock);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Reads one request whole into buf (cap bytes); false when the client has
+ * gone or sent what this program does not read. */
+static bool read_request(int fd, char *buf, size_t cap)
+{
+    size_t got = 0, total = 0;
+    for (;;) {
+        ssize_t n = recv(fd, buf + got, cap - got, 0);
+        if (n <= 0)
+            return false;
+        got += (size_t)n;
+        if (total == 0) {
+            char *end = memmem(buf, got, "\r\n\r\n", 4);
+            if (end != NULL) {
+                char *len = memmem(buf, (size_t)(end - buf), "Content-Length:", 15);
+                total = (size_t)(end + 4 - buf) + (len ? strtoul(len + 15, NULL, 10) : 0);
+                if (total > cap)
+                    return false;
+            }
+        }
+        if (total != 0 && got >= total)
+            return got == total;
+        if (got == cap)
+            return false;
+    }
+}
+
+static void serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes)
+{
+    while (read_request(fd, request, cap)) {
+        double t0 = now_s();
+        stream_all();
+        double t1 = now_s();
+        int head = snprintf(answer, answer_bytes,
+                            "{\"meta\":{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}},\"pad\":\"",
+                            (t1 - t0) * 1e3, (now_s() - t0) * 1e3);
+        memset(answer + head, 'x', answer_bytes - (size_t)head - 2);
+        memcpy(answer + answer_bytes - 2, "\"}", 2);
+        char status[128];
+        int status_len = snprintf(status, sizeof status,
+                                  "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                  "Content-Length: %zu\r\n\r\n",
+                                  answer_bytes);
+        struct iovec parts[2] = {{status, (size_t)status_len}, {answer, answer_bytes}};
+        struct msghdr msg = {.msg_iov = parts, .msg_iovlen = 2};
+        if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)((size_t)status_len + answer_bytes))
+            return;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: decode_floor STREAM_BYTES ANSWER_BYTES\n");
+        return 2;
+    }
+    size_t stream_bytes = strtoull(argv[1], NULL, 10);
+    size_t answer_bytes = strtoull(argv[2], NULL, 10);
+    if (stream_bytes < 64 || answer_bytes < 128 || answer_bytes > (64u << 20)) {
+        fprintf(stderr, "decode_floor: STREAM_BYTES >= 64, ANSWER_BYTES in [128, 64 MiB]\n");
+        return 2;
+    }
+    n_words = stream_bytes / sizeof *words;
+    words = malloc(n_words * sizeof *words);
+    size_t cap = 16u << 20;
+    char *request = malloc(cap), *answer = malloc(answer_bytes);
+    if (words == NULL || request == NULL || answer == NULL) {
+        fprintf(stderr, "decode_floor: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n_words; i++)
+        words[i] = i; /* every page touched before the first request */
+    pthread_t helper;
+    if (pthread_create(&helper, NULL, helper_main, NULL) != 0) {
+        fprintf(stderr, "decode_floor: cannot start the helper\n");
+        return 1;
+    }
+
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t addr_len = sizeof addr;
+    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        listen(listener, 16) != 0 ||
+        getsockname(listener, (struct sockaddr *)&addr, &addr_len) != 0) {
+        perror("decode_floor: listen");
+        return 1;
+    }
+    printf("%d\n", ntohs(addr.sin_port));
+    fflush(stdout);
+    for (;;) {
+        int fd = accept(listener, NULL, NULL);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        serve(fd, request, cap, answer, answer_bytes);
+        close(fd);
+    }
+}
