@@ -1,27 +1,33 @@
 /*
- * The floor of a decode step's round trip on this machine: the least any
- * server pays, beyond its computation, for the exchange attnd's step makes.
+ * The floor of a decode step's round trip on the machine it runs on: the
+ * least any server pays, beyond its computation, for the exchange attnd's
+ * step makes.
  *
  *   decode_floor STREAM_BYTES ANSWER_BYTES
  *
- * Listens on a free loopback port (printed on stdout, one line) and answers
- * every HTTP/1.1 request of one kept-alive connection at a time as bluntly
- * as a server can: it reads the request to its Content-Length with one
- * blocking recv after another (nothing parsed beyond that), then reads
+ * Listens on a free loopback port (printed on stdout, one line), takes one
+ * connection and answers its HTTP/1.1 requests, one after another, as
+ * bluntly as a server can; it exits when that connection closes. It reads
+ * a request to its Content-Length with one blocking recv after another
+ * (nothing parsed beyond that: a request sent before the last one's answer,
+ * or a header not spelled "Content-Length", closes the connection), then
+ * reads
  * STREAM_BYTES of memory with two threads (its "computation": a sum of
  * 64-bit words, what a decode step over a large KV cache does to the CPU's
  * caches and cores), then writes ANSWER_BYTES of JSON with one sendmsg:
  *
  *   {"meta":{"timing_ms":{"compute":C,"total":T}},"pad":"xxxx..."}
  *
- * C is the stream's time and T that from the request's last byte read to
- * the answer made, both in ms, as attnd's meta.timing_ms says them, so that
- * bench/decode_http.py times both servers with one client: round trip -
+ * C is the stream's time, in ms as attnd's meta.timing_ms.compute, so that
+ * bench/decode_http.py times both servers with one client (T, from the
+ * request's last byte read to the answer made, is there because the client
+ * reads a total; attnd's counts from the request's headers). Round trip -
  * compute is then, for this program, what the machine's loopback, its
  * wake-ups and its caches cost after such a stream, with no JSON decoded,
- * no thread handing work to another and no HTTP library. attnd's step
- * pays that and its own part (reading the body in pieces, decoding,
- * handing the step to a worker and the answer back, encoding).
+ * no HTTP library, and its one hand-off (waking the helper) inside the
+ * stream's clock. attnd's step pays that and its own part (reading the
+ * body in pieces, decoding, handing the step to a worker and the answer
+ * back to the I/O thread, encoding).
  *
  * Threads: the accepting thread streams the first half, one helper the
  * second; the helper blocks between requests, as attnd's do.
@@ -127,6 +133,24 @@ static bool read_request(int fd, char *buf, size_t cap)
     }
 }
 
+/* Writes head and body, in one sendmsg unless a signal cuts it short. */
+static bool send_answer(int fd, const char *head, size_t head_len, const char *body,
+                        size_t body_len)
+{
+    size_t sent = 0, total = head_len + body_len;
+    while (sent < total) {
+        size_t of_head = sent < head_len ? sent : head_len, of_body = sent - of_head;
+        struct iovec parts[2] = {{(void *)(head + of_head), head_len - of_head},
+                                 {(void *)(body + of_body), body_len - of_body}};
+        struct msghdr msg = {.msg_iov = parts, .msg_iovlen = 2};
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (n <= 0)
+            return false;
+        sent += (size_t)n;
+    }
+    return true;
+}
+
 static void serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes)
 {
     while (read_request(fd, request, cap)) {
@@ -143,9 +167,7 @@ static void serve(int fd, char *request, size_t cap, char *answer, size_t answer
                                   "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                   "Content-Length: %zu\r\n\r\n",
                                   answer_bytes);
-        struct iovec parts[2] = {{status, (size_t)status_len}, {answer, answer_bytes}};
-        struct msghdr msg = {.msg_iov = parts, .msg_iovlen = 2};
-        if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)((size_t)status_len + answer_bytes))
+        if (!send_answer(fd, status, (size_t)status_len, answer, answer_bytes))
             return;
     }
 }
@@ -189,13 +211,14 @@ int main(int argc, char **argv)
     }
     printf("%d\n", ntohs(addr.sin_port));
     fflush(stdout);
-    for (;;) {
-        int fd = accept(listener, NULL, NULL);
-        if (fd < 0)
-            continue;
-        int one = 1;
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        serve(fd, request, cap, answer, answer_bytes);
-        close(fd);
+    int fd = accept(listener, NULL, NULL);
+    if (fd < 0) {
+        perror("decode_floor: accept");
+        return 1;
     }
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    serve(fd, request, cap, answer, answer_bytes);
+    close(fd);
+    return 0;
 }

@@ -26,8 +26,9 @@ Prints "name value" lines for bench/run.sh:
                         threads and answers as many bytes as attnd, taking
                         turns with attnd's steps in blocks of 10 (attnd's
                         rows above are then from those turns): its round
-                        trip - stream time, the least a server pays on this
-                        machine for the step's exchange after such a stream
+                        trip - stream time, the least a server pays for the
+                        step's exchange after such a stream on the machine
+                        the bench runs on
   http_dec_floor_stream_us  the median of its stream times
   http_dec_overhead_2k_us  the same over a cache of 2048 positions
   http_dec_overhead_64_us  the same over a cache of 64 positions (a kernel
@@ -91,8 +92,9 @@ class RawConn:
     blocks in recv itself (no timeout: Python would poll(2) before each
     recv)."""
 
-    def __init__(self, url):
+    def __init__(self, url, name="attnd"):
         u = urllib.parse.urlsplit(url)
+        self.name = name
         self.s = socket.create_connection((u.hostname, u.port), timeout=600)
         self.s.settimeout(None)
         self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -114,7 +116,7 @@ class RawConn:
         while got != total:
             n = self.s.recv_into(self.view[got:])
             if n == 0:
-                sys.exit("attnd closed the connection")
+                sys.exit(f"{self.name} closed the connection")
             got += n
             if total < 0:
                 end = self.buf.find(b"\r\n\r\n", 0, got)
@@ -171,8 +173,8 @@ class Steps:
     """Timed steps on one connection: per step kept (after a warm-up of 3),
     the round trip, meta.timing_ms.compute and total (us)."""
 
-    def __init__(self, url, requests):
-        self.raw = RawConn(url)
+    def __init__(self, url, requests, name="attnd"):
+        self.raw = RawConn(url, name)
         self.requests = requests
         self.sent = 0
         self.rtt, self.compute, self.total = [], [], []
@@ -182,7 +184,7 @@ class Steps:
             time.sleep(pause)
         status, body, seconds = self.raw.exchange(self.requests[self.sent % len(self.requests)])
         if status != 200:
-            sys.exit(f"decode step: {status} {body[:200]!r}")
+            sys.exit(f"decode step ({self.raw.name}): {status} {body[:200]!r}")
         timing = json.loads(body)["meta"]["timing_ms"]
         self.sent += 1
         if self.sent > 3:
@@ -191,19 +193,23 @@ class Steps:
             self.total.append(timing["total"] * 1e3)
         return body
 
+    def keep(self, n):
+        """Keeps the first n steps kept."""
+        del self.rtt[n:], self.compute[n:], self.total[n:]
+
     def overhead(self):
         return [r - c for r, c in zip(self.rtt, self.compute)]
 
 
 def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
     """attnd's Steps: `rounds` decode steps over a bfloat16 cache of n
-    positions with `dims` (query heads, key/value heads, width), after a
-    warm-up; each step sent `pause` seconds after the answer before it."""
+    positions with `dims` (query heads, key/value heads, width), the first 3
+    a warm-up; each step sent `pause` seconds after the answer before it."""
     cache = filled_cache(conn, rng, n, "bfloat16", dims)
     steps = Steps(url, [RawConn.request(f"/v1/caches/{cache}/attention",
                                         json.dumps(step_body(rng, n, dims)).encode())
                         for _ in range(8)])
-    while len(steps.rtt) < rounds:
+    while steps.sent < rounds:
         steps.step(pause)
     steps.raw.close()
     conn.call("DELETE", f"/v1/caches/{cache}")
@@ -212,8 +218,10 @@ def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
 
 def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
     """attnd's Steps over n positions (as decode_steps) and decode_floor's
-    for the same requests, taking turns in blocks of 10 steps; the floor
-    streams the bytes of the cache's K and V and answers attnd's length."""
+    for the same requests, taking turns in blocks of 10 steps until each has
+    sent `rounds` (attnd's first, whose answer gives the floor its length,
+    is one of its warm-up), the same number kept of each; the floor streams
+    the bytes of the cache's K and V."""
     cache = filled_cache(conn, rng, n, "bfloat16")
     requests = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n)).encode())
                 for _ in range(8)]
@@ -222,12 +230,14 @@ def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
     kv_bytes = n * H_KV * 2 * D * 2  # bfloat16 keys and values
     floor = subprocess.Popen([floor_binary, str(kv_bytes), str(len(answer))], stdout=subprocess.PIPE)
     try:
-        theirs = Steps(f"http://127.0.0.1:{int(floor.stdout.readline())}", requests)
-        while len(ours.rtt) < rounds or len(theirs.rtt) < rounds:
+        theirs = Steps(f"http://127.0.0.1:{int(floor.stdout.readline())}", requests, "decode_floor")
+        while ours.sent < rounds or theirs.sent < rounds:
             for s in (ours, theirs):
                 for _ in range(10):
                     s.step(0)
         theirs.raw.close()
+        for s in (ours, theirs):
+            s.keep(rounds - 3)
     finally:
         floor.kill()
         floor.wait()
@@ -254,6 +264,8 @@ def pause_get(url, pause, rounds):
 
 
 def main(url, rounds, floor_binary=None):
+    if rounds < 4:
+        sys.exit("ROUNDS: at least 4 (the first 3 steps of each kind are a warm-up)")
     rng = np.random.default_rng(0)
     conn = Conn(url)
     # 1. a decode step's round trip against its compute time, 32768 positions,

@@ -115,7 +115,10 @@ have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0; have
 [ -f "$BUILD/libattn.a" ] && compile decode "$BUILD/libattn.a" && have_decode=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
-compile decode_floor && have_floor=1
+# The floor responder needs neither OpenBLAS nor jansson.
+cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -pthread bench/decode_floor.c -o "$OUT/decode_floor" \
+    2> "$OUT/decode_floor.cc.log" && have_floor=1 ||
+    note "could not compile bench/decode_floor.c (see $OUT/decode_floor.cc.log)"
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
 # ------------------------------------------------------------------ machine
@@ -745,7 +748,7 @@ floor_detail="the floor, a blunt C responder of the same exchange streaming as m
 [ -n "$(get http_dec_floor_us)" ] || floor_detail="the floor (bench/decode_floor.c) not measured"
 row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
     "$(get http_dec_overhead_us)" \
-    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us, of the overhead inside attnd's clock (meta.timing_ms.total - compute: body read, decoding, queueing, encoding) $(get http_dec_server_us) us; $floor_detail; over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; GET /v2/health/live (nothing computed) after a pause as long as a step: $(get http_dec_pause_get_us) us; over 64 positions (nothing streamed), round trip - compute $(get http_dec_overhead_64_us) us back to back, $(get http_dec_overhead_64_pause_us) us after a pause as long as the long step's compute; a small model's step (H_q=4, H_kv=2, d=16, 200 positions, computed on the I/O thread) round trip $(get http_dec_small_rtt_us) us, $(get http_dec_small_pause_rtt_us) us after a pause of 300 us; one kept-alive connection, bench/decode_http.py" \
+    "round trip $(get http_dec_rtt_us) us, compute (append + kernel, meta.timing_ms) $(get http_dec_compute_us) us, of the overhead inside attnd's clock (meta.timing_ms.total - compute: body read, decoding, queueing, encoding) $(get http_dec_server_us) us; $floor_detail; over 2048 positions, round trip - compute $(get http_dec_overhead_2k_us) us; GET /v2/health/live (nothing computed) after a pause as long as a step: $(get http_dec_pause_get_us) us; over 64 positions (nothing streamed), round trip - compute $(get http_dec_overhead_64_us) us back to back, $(get http_dec_overhead_64_pause_us) us after a pause as long as the long step's compute; a small model's step (H_q=4, H_kv=2, d=16, 200 positions, computed on the I/O thread) round trip $(get http_dec_small_rtt_us) us, $(get http_dec_small_pause_rtt_us) us after a pause of 300 us; one kept-alive connection to each server, bench/decode_http.py" \
     "<=" 150
 row "decode step at 4096 positions (float32): re-sending K and V to /v1/attention / through a KV cache (time)" \
     "$(get http_resend_ratio)" \
