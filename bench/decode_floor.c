@@ -3,7 +3,7 @@
  * least any server pays, beyond its computation, for the exchange attnd's
  * step makes.
  *
- *   decode_floor STREAM_BYTES ANSWER_BYTES
+ *   decode_floor STREAM_BYTES ANSWER_BYTES [codec]
  *
  * Listens on a free loopback port (printed on stdout, one line), takes one
  * connection and answers its HTTP/1.1 requests, one after another, as
@@ -29,6 +29,18 @@
  * body in pieces, decoding, handing the step to a worker and the answer
  * back to the I/O thread, encoding).
  *
+ * With "codec", it also does what the step's wire format asks of any
+ * server, with attnd's own JSON codec (api/json/, build/libcodec.a): before
+ * the stream it validates the body and decodes its "q", "k" and "v" (base64
+ * or numbers), and after it answers {"output": ..., "meta": ...}, the output
+ * being q's values in q's shape as base64 float32 (what attnd answers for a
+ * step with "output_encoding": "base64"), so ANSWER_BYTES is not used. Its
+ * round trip - compute is then the machine's floor plus decoding and
+ * encoding: what is left of attnd's figure beyond it is the rest of attnd's
+ * way (libmicrohttpd's turns, the hand-offs to a worker and back, the
+ * checks and the cache's bookkeeping). A body it cannot read closes the
+ * connection, with the codec's message on stderr.
+ *
  * Threads: the accepting thread streams the first half, one helper the
  * second; the helper blocks between requests, as attnd's do.
  */
@@ -45,6 +57,8 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "json/codec.h"
 
 static double now_s(void)
 {
@@ -107,9 +121,9 @@ static void stream_all(void)
     pthread_mutex_unlock(&lock);
 }
 
-/* Reads one request whole into buf (cap bytes); false when the client has
- * gone or sent what this program does not read. */
-static bool read_request(int fd, char *buf, size_t cap)
+/* Reads one request whole into buf (cap bytes), its length in *len; false
+ * when the client has gone or sent what this program does not read. */
+static bool read_request(int fd, char *buf, size_t cap, size_t *len)
 {
     size_t got = 0, total = 0;
     for (;;) {
@@ -126,8 +140,10 @@ static bool read_request(int fd, char *buf, size_t cap)
                     return false;
             }
         }
-        if (total != 0 && got >= total)
+        if (total != 0 && got >= total) {
+            *len = got;
             return got == total;
+        }
         if (got == cap)
             return false;
     }
@@ -151,31 +167,95 @@ static bool send_answer(int fd, const char *head, size_t head_len, const char *b
     return true;
 }
 
-static void serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes)
+/* The request's q, k and v, decoded from its body (the text after the
+ * head) by attnd's codec; false, with the codec's message on stderr, when
+ * the body is not valid JSON with a decodable q. */
+static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
 {
-    while (read_request(fd, request, cap)) {
+    const char *body = (const char *)memmem(request, len, "\r\n\r\n", 4) + 4;
+    codec_span spans[16];
+    codec_member members[16];
+    size_t count = 0;
+    codec_doc doc;
+    codec_error err = {0};
+    memset(qkv, 0, 3 * sizeof *qkv);
+    bool ok = codec_doc_validate(&doc, body, len - (size_t)(body - request), spans, 16, &err);
+    if (ok) {
+        ok = codec_doc_members(&doc, members, 16, &count, "", &err);
+        for (size_t i = 0; ok && i < count; i++) {
+            const char *names = "qkv", *at = strchr(names, members[i].key[0]);
+            if (at != NULL && members[i].key[0] != '\0' && members[i].key[1] == '\0')
+                ok = codec_doc_tensor(&doc, members[i].value, members[i].value_end,
+                                      members[i].key, false, &qkv[at - names], &err);
+        }
+        codec_doc_free(&doc);
+    }
+    if (ok && qkv[0].f32 == NULL) {
+        ok = false;
+        snprintf(err.message, sizeof err.message, "no float32 q");
+    }
+    if (!ok) {
+        fprintf(stderr, "decode_floor: %s\n", err.message);
+        for (int i = 0; i < 3; i++)
+            codec_tensor_free(&qkv[i]);
+    }
+    return ok;
+}
+
+/* With `codec`, each body is decoded and the answer encoded by attnd's
+ * codec; otherwise ANSWER_BYTES of padding are answered. */
+static void serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes,
+                  bool codec)
+{
+    size_t len;
+    while (read_request(fd, request, cap, &len)) {
+        double t_read = now_s();
+        codec_tensor qkv[3];
+        if (codec && !decode_body(request, len, qkv))
+            return;
         double t0 = now_s();
         stream_all();
         double t1 = now_s();
-        int head = snprintf(answer, answer_bytes,
-                            "{\"meta\":{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}},\"pad\":\"",
-                            (t1 - t0) * 1e3, (now_s() - t0) * 1e3);
-        memset(answer + head, 'x', answer_bytes - (size_t)head - 2);
-        memcpy(answer + answer_bytes - 2, "\"}", 2);
+        codec_buf out = {0};
+        if (codec) {
+            codec_buf_puts(&out, "{\"output\":");
+            codec_tensor_encode(&out, qkv[0].f32, qkv[0].rank, qkv[0].shape, CODEC_ENC_BASE64);
+            codec_buf_printf(&out, ",\"meta\":{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}}}",
+                             (t1 - t0) * 1e3, (now_s() - t_read) * 1e3);
+            for (int i = 0; i < 3; i++)
+                codec_tensor_free(&qkv[i]);
+            if (out.failed) {
+                fprintf(stderr, "decode_floor: out of memory for an answer\n");
+                codec_buf_free(&out);
+                return;
+            }
+        } else {
+            int head = snprintf(answer, answer_bytes,
+                                "{\"meta\":{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}},"
+                                "\"pad\":\"",
+                                (t1 - t0) * 1e3, (now_s() - t_read) * 1e3);
+            memset(answer + head, 'x', answer_bytes - (size_t)head - 2);
+            memcpy(answer + answer_bytes - 2, "\"}", 2);
+        }
+        const char *text = codec ? out.data : answer;
+        size_t text_len = codec ? out.len : answer_bytes;
         char status[128];
         int status_len = snprintf(status, sizeof status,
                                   "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                   "Content-Length: %zu\r\n\r\n",
-                                  answer_bytes);
-        if (!send_answer(fd, status, (size_t)status_len, answer, answer_bytes))
+                                  text_len);
+        bool sent = send_answer(fd, status, (size_t)status_len, text, text_len);
+        codec_buf_free(&out);
+        if (!sent)
             return;
     }
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: decode_floor STREAM_BYTES ANSWER_BYTES\n");
+    bool codec = argc == 4 && strcmp(argv[3], "codec") == 0;
+    if (argc != 3 && !codec) {
+        fprintf(stderr, "usage: decode_floor STREAM_BYTES ANSWER_BYTES [codec]\n");
         return 2;
     }
     size_t stream_bytes = strtoull(argv[1], NULL, 10);
@@ -218,7 +298,7 @@ int main(int argc, char **argv)
     }
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    serve(fd, request, cap, answer, answer_bytes);
+    serve(fd, request, cap, answer, answer_bytes, codec);
     close(fd);
     return 0;
 }

@@ -30,6 +30,13 @@ Prints "name value" lines for bench/run.sh:
                         step's exchange after such a stream on the machine
                         the bench runs on
   http_dec_floor_stream_us  the median of its stream times
+  http_dec_floor_codec_us  the same responder in its "codec" mode, taking
+                        turns with both: it also decodes each body's q, k
+                        and v and encodes its answer (q's shape, base64)
+                        with attnd's JSON codec, so this is the floor plus
+                        what the step's wire format costs any server
+  http_dec_floor_codec_work_us  of which its decoding and encoding (its
+                        total - stream)
   http_dec_overhead_2k_us  the same over a cache of 2048 positions
   http_dec_overhead_64_us  the same over a cache of 64 positions (a kernel
                         of microseconds: nothing streamed through the CPU's
@@ -217,33 +224,41 @@ def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
 
 
 def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
-    """attnd's Steps over n positions (as decode_steps) and decode_floor's
-    for the same requests, taking turns in blocks of 10 steps until each has
-    sent `rounds` (attnd's first, whose answer gives the floor its length,
-    is one of its warm-up), the same number kept of each; the floor streams
-    the bytes of the cache's K and V."""
+    """attnd's Steps over n positions (as decode_steps) and decode_floor's,
+    plain and in its "codec" mode, for the same requests, taking turns in
+    blocks of 10 steps until each has sent `rounds` (attnd's first, whose
+    answer gives the plain floor its length, is one of its warm-up), the
+    same number kept of each; the floors stream the bytes of the cache's K
+    and V."""
     cache = filled_cache(conn, rng, n, "bfloat16")
     requests = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n)).encode())
                 for _ in range(8)]
     ours = Steps(url, requests)
     answer = ours.step(0)
     kv_bytes = n * H_KV * 2 * D * 2  # bfloat16 keys and values
-    floor = subprocess.Popen([floor_binary, str(kv_bytes), str(len(answer))], stdout=subprocess.PIPE)
+    floors, servers = [], [ours]
     try:
-        theirs = Steps(f"http://127.0.0.1:{int(floor.stdout.readline())}", requests, "decode_floor")
-        while ours.sent < rounds or theirs.sent < rounds:
-            for s in (ours, theirs):
+        for mode in ([], ["codec"]):
+            floors.append(subprocess.Popen([floor_binary, str(kv_bytes), str(len(answer))] + mode,
+                                           stdout=subprocess.PIPE))
+            port = int(floors[-1].stdout.readline())
+            name = " ".join(["decode_floor"] + mode)
+            servers.append(Steps(f"http://127.0.0.1:{port}", requests, name))
+        while any(s.sent < rounds for s in servers):
+            for s in servers:
                 for _ in range(10):
                     s.step(0)
-        theirs.raw.close()
-        for s in (ours, theirs):
+        for s in servers:
             s.keep(rounds - 3)
+            if s is not ours:
+                s.raw.close()
     finally:
-        floor.kill()
-        floor.wait()
+        for f in floors:
+            f.kill()
+            f.wait()
     ours.raw.close()
     conn.call("DELETE", f"/v1/caches/{cache}")
-    return ours, theirs
+    return servers
 
 
 def pause_get(url, pause, rounds):
@@ -272,17 +287,20 @@ def main(url, rounds, floor_binary=None):
     # and the same at 2048 (a cache that streams 8 MB, not 134 MB, through
     # the CPU's caches before the answer is written and read)
     if floor_binary:
-        ours, theirs = decode_steps_with_floor(url, conn, rng, 32768, rounds, floor_binary)
+        ours, floor, floor_codec = decode_steps_with_floor(url, conn, rng, 32768, rounds, floor_binary)
     else:
-        ours, theirs = decode_steps(url, conn, rng, 32768, rounds), None
+        ours, floor, floor_codec = decode_steps(url, conn, rng, 32768, rounds), None, None
     median = statistics.median
     print("http_dec_rtt_us %.1f" % median(ours.rtt))
     print("http_dec_compute_us %.1f" % median(ours.compute))
     print("http_dec_overhead_us %.1f" % median(ours.overhead()))
     print("http_dec_server_us %.1f" % median(t - c for t, c in zip(ours.total, ours.compute)))
-    if theirs:
-        print("http_dec_floor_us %.1f" % median(theirs.overhead()))
-        print("http_dec_floor_stream_us %.1f" % median(theirs.compute))
+    if floor:
+        print("http_dec_floor_us %.1f" % median(floor.overhead()))
+        print("http_dec_floor_stream_us %.1f" % median(floor.compute))
+        print("http_dec_floor_codec_us %.1f" % median(floor_codec.overhead()))
+        work = [t - c for t, c in zip(floor_codec.total, floor_codec.compute)]
+        print("http_dec_floor_codec_work_us %.1f" % median(work))
     print("http_dec_pause_get_us %.1f" % median(pause_get(url, median(ours.rtt) * 1e-6, rounds)))
     print("http_dec_overhead_2k_us %.1f" % median(decode_steps(url, conn, rng, 2048, rounds).overhead()))
     # 1b. the same step's way with no large cache read: 64 positions, back

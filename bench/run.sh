@@ -115,9 +115,10 @@ have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0; have
 [ -f "$BUILD/libattn.a" ] && compile decode "$BUILD/libattn.a" && have_decode=1
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
-# The floor responder needs neither OpenBLAS nor jansson.
-cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -pthread bench/decode_floor.c -o "$OUT/decode_floor" \
-    2> "$OUT/decode_floor.cc.log" && have_floor=1 ||
+# The floor responder needs neither OpenBLAS nor jansson: only attnd's codec.
+[ -f "$BUILD/libcodec.a" ] &&
+    cc $CFLAGS bench/decode_floor.c "$BUILD/libcodec.a" -lm -o "$OUT/decode_floor" \
+        2> "$OUT/decode_floor.cc.log" && have_floor=1 ||
     note "could not compile bench/decode_floor.c (see $OUT/decode_floor.cc.log)"
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
@@ -744,7 +745,7 @@ else
     printf '| %s | n/a | attnd %s; FastAPI: peer not available (%s, python3-fastapi, -uvicorn, -numpy) | >= 10 (aim 20) | peer not available |\n' \
         "$label" "$(http_detail attnd_medium)" "$PEERS/fastapi_attention.py"
 fi
-floor_detail="the floor, a blunt C responder of the same exchange streaming as many bytes with two threads, taking turns (bench/decode_floor.c): round trip - stream $(get http_dec_floor_us) us (stream $(get http_dec_floor_stream_us) us)"
+floor_detail="the floor, a blunt C responder of the same exchange streaming as many bytes with two threads, taking turns (bench/decode_floor.c): round trip - stream $(get http_dec_floor_us) us (stream $(get http_dec_floor_stream_us) us), $(get http_dec_floor_codec_us) us when it also decodes the body and encodes the answer with attnd's codec ($(get http_dec_floor_codec_work_us) us of it)"
 [ -n "$(get http_dec_floor_us)" ] || floor_detail="the floor (bench/decode_floor.c) not measured"
 row "decode step over HTTP (bfloat16 cache of 32768 positions, H_q=32, H_kv=8, d=128, base64): round trip - server compute, median (us)" \
     "$(get http_dec_overhead_us)" \
