@@ -39,7 +39,8 @@
  * encoding: what is left of attnd's figure beyond it is the rest of attnd's
  * way (libmicrohttpd's turns, the hand-offs to a worker and back, the
  * checks and the cache's bookkeeping). A body it cannot read closes the
- * connection, with the codec's message on stderr.
+ * connection and ends the program with status 1, the codec's message on
+ * stderr.
  *
  * Threads: the accepting thread streams the first half, one helper the
  * second; the helper blocks between requests, as attnd's do.
@@ -172,6 +173,7 @@ static bool send_answer(int fd, const char *head, size_t head_len, const char *b
  * the body is not valid JSON with a decodable q. */
 static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
 {
+    /* read_request has found the head's end */
     const char *body = (const char *)memmem(request, len, "\r\n\r\n", 4) + 4;
     codec_span spans[16];
     codec_member members[16];
@@ -182,12 +184,14 @@ static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
     bool ok = codec_doc_validate(&doc, body, len - (size_t)(body - request), spans, 16, &err);
     if (ok) {
         ok = codec_doc_members(&doc, members, 16, &count, "", &err);
-        for (size_t i = 0; ok && i < count; i++) {
-            const char *names = "qkv", *at = strchr(names, members[i].key[0]);
-            if (at != NULL && members[i].key[0] != '\0' && members[i].key[1] == '\0')
-                ok = codec_doc_tensor(&doc, members[i].value, members[i].value_end,
-                                      members[i].key, false, &qkv[at - names], &err);
-        }
+        /* keys are unique after decoding (codec_doc_members); a key with
+         * a NUL in it is key_too_long, no field */
+        static const char *const names[3] = {"q", "k", "v"};
+        for (size_t i = 0; ok && i < count; i++)
+            for (int j = 0; j < 3; j++)
+                if (!members[i].key_too_long && strcmp(members[i].key, names[j]) == 0)
+                    ok = codec_doc_tensor(&doc, members[i].value, members[i].value_end,
+                                          names[j], false, &qkv[j], &err);
         codec_doc_free(&doc);
     }
     if (ok && qkv[0].f32 == NULL) {
@@ -203,8 +207,10 @@ static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
 }
 
 /* With `codec`, each body is decoded and the answer encoded by attnd's
- * codec; otherwise ANSWER_BYTES of padding are answered. */
-static void serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes,
+ * codec; otherwise ANSWER_BYTES of padding are answered. False when a body
+ * could not be decoded or an answer made (the client's leaving is no
+ * failure). */
+static bool serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes,
                   bool codec)
 {
     size_t len;
@@ -212,7 +218,7 @@ static void serve(int fd, char *request, size_t cap, char *answer, size_t answer
         double t_read = now_s();
         codec_tensor qkv[3];
         if (codec && !decode_body(request, len, qkv))
-            return;
+            return false;
         double t0 = now_s();
         stream_all();
         double t1 = now_s();
@@ -227,7 +233,7 @@ static void serve(int fd, char *request, size_t cap, char *answer, size_t answer
             if (out.failed) {
                 fprintf(stderr, "decode_floor: out of memory for an answer\n");
                 codec_buf_free(&out);
-                return;
+                return false;
             }
         } else {
             int head = snprintf(answer, answer_bytes,
@@ -247,8 +253,9 @@ static void serve(int fd, char *request, size_t cap, char *answer, size_t answer
         bool sent = send_answer(fd, status, (size_t)status_len, text, text_len);
         codec_buf_free(&out);
         if (!sent)
-            return;
+            return true;
     }
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -298,7 +305,7 @@ int main(int argc, char **argv)
     }
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    serve(fd, request, cap, answer, answer_bytes, codec);
+    bool served = serve(fd, request, cap, answer, answer_bytes, codec);
     close(fd);
-    return 0;
+    return served ? 0 : 1;
 }

@@ -226,7 +226,8 @@ def decode_steps(url, conn, rng, n, rounds, pause=0.0, dims=(H_Q, H_KV, D)):
 def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
     """attnd's Steps over n positions (as decode_steps) and decode_floor's,
     plain and in its "codec" mode, for the same requests, taking turns in
-    blocks of 10 steps until each has sent `rounds` (attnd's first, whose
+    blocks of 10 steps (the order rotating by one each round) until each
+    has sent `rounds` (attnd's first, whose
     answer gives the plain floor its length, is one of its warm-up), the
     same number kept of each; the floors stream the bytes of the cache's K
     and V."""
@@ -244,10 +245,13 @@ def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
             port = int(floors[-1].stdout.readline())
             name = " ".join(["decode_floor"] + mode)
             servers.append(Steps(f"http://127.0.0.1:{port}", requests, name))
+        block = 0
         while any(s.sent < rounds for s in servers):
-            for s in servers:
+            # each server's block follows each other's in turn
+            for s in servers[block % 3:] + servers[:block % 3]:
                 for _ in range(10):
                     s.step(0)
+            block += 1
         for s in servers:
             s.keep(rounds - 3)
             if s is not ours:

@@ -116,10 +116,15 @@ have_kernel=0; have_decode=0; have_memory=0; have_codec=0; have_parallel=0; have
 [ -f "$BUILD/libattn.a" ] && compile memory "$BUILD/libattn.a" && have_memory=1
 [ -f "$BUILD/libcodec.a" ] && compile codec "$BUILD/libcodec.a" && have_codec=1
 # The floor responder needs neither OpenBLAS nor jansson: only attnd's codec.
-[ -f "$BUILD/libcodec.a" ] &&
-    cc $CFLAGS bench/decode_floor.c "$BUILD/libcodec.a" -lm -o "$OUT/decode_floor" \
-        2> "$OUT/decode_floor.cc.log" && have_floor=1 ||
+# shellcheck disable=SC2086
+if [ ! -f "$BUILD/libcodec.a" ]; then
+    note "no $BUILD/libcodec.a: bench/decode_floor.c not compiled"
+elif cc $CFLAGS bench/decode_floor.c "$BUILD/libcodec.a" -lm -o "$OUT/decode_floor" \
+        2> "$OUT/decode_floor.cc.log"; then
+    have_floor=1
+else
     note "could not compile bench/decode_floor.c (see $OUT/decode_floor.cc.log)"
+fi
 [ -f "$BUILD/libattn.a" ] && compile parallel "$BUILD/libattn.a" && have_parallel=1
 
 # ------------------------------------------------------------------ machine
