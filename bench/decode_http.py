@@ -34,7 +34,7 @@ Prints "name value" lines for bench/run.sh:
                         turns with both: it also decodes each body's q, k
                         and v and encodes its answer (q's shape, base64)
                         with attnd's JSON codec, so this is the floor plus
-                        what the step's wire format costs any server
+                        what the step's wire format costs with that codec
   http_dec_floor_codec_work_us  of which its decoding and encoding (its
                         total - stream)
   http_dec_overhead_2k_us  the same over a cache of 2048 positions
@@ -227,10 +227,9 @@ def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
     """attnd's Steps over n positions (as decode_steps) and decode_floor's,
     plain and in its "codec" mode, for the same requests, taking turns in
     blocks of 10 steps (the order rotating by one each round) until each
-    has sent `rounds` (attnd's first, whose
-    answer gives the plain floor its length, is one of its warm-up), the
-    same number kept of each; the floors stream the bytes of the cache's K
-    and V."""
+    has sent `rounds` (attnd's first, whose answer gives the plain floor its
+    length, is one of its warm-up), the same number kept of each; the floors
+    stream the bytes of the cache's K and V."""
     cache = filled_cache(conn, rng, n, "bfloat16")
     requests = [RawConn.request(f"/v1/caches/{cache}/attention", json.dumps(step_body(rng, n)).encode())
                 for _ in range(8)]
