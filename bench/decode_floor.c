@@ -122,9 +122,10 @@ static void stream_all(void)
     pthread_mutex_unlock(&lock);
 }
 
-/* Reads one request whole into buf (cap bytes), its length in *len; false
- * when the client has gone or sent what this program does not read. */
-static bool read_request(int fd, char *buf, size_t cap, size_t *len)
+/* Reads one request whole into buf (cap bytes): its body is
+ * buf[*body_at, *len). False when the client has gone or sent what this
+ * program does not read. */
+static bool read_request(int fd, char *buf, size_t cap, size_t *body_at, size_t *len)
 {
     size_t got = 0, total = 0;
     for (;;) {
@@ -135,8 +136,9 @@ static bool read_request(int fd, char *buf, size_t cap, size_t *len)
         if (total == 0) {
             char *end = memmem(buf, got, "\r\n\r\n", 4);
             if (end != NULL) {
-                char *len = memmem(buf, (size_t)(end - buf), "Content-Length:", 15);
-                total = (size_t)(end + 4 - buf) + (len ? strtoul(len + 15, NULL, 10) : 0);
+                char *length = memmem(buf, (size_t)(end - buf), "Content-Length:", 15);
+                *body_at = (size_t)(end + 4 - buf);
+                total = *body_at + (length ? strtoul(length + 15, NULL, 10) : 0);
                 if (total > cap)
                     return false;
             }
@@ -168,20 +170,18 @@ static bool send_answer(int fd, const char *head, size_t head_len, const char *b
     return true;
 }
 
-/* The request's q, k and v, decoded from its body (the text after the
- * head) by attnd's codec; false, with the codec's message on stderr, when
- * the body is not valid JSON with a decodable q. */
-static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
+/* The request's q, k and v, decoded from its body by attnd's codec; false,
+ * with the codec's message on stderr, when the body is not valid JSON with
+ * a decodable q. */
+static bool decode_body(const char *body, size_t len, codec_tensor qkv[3])
 {
-    /* read_request has found the head's end */
-    const char *body = (const char *)memmem(request, len, "\r\n\r\n", 4) + 4;
     codec_span spans[16];
     codec_member members[16];
     size_t count = 0;
     codec_doc doc;
     codec_error err = {0};
     memset(qkv, 0, 3 * sizeof *qkv);
-    bool ok = codec_doc_validate(&doc, body, len - (size_t)(body - request), spans, 16, &err);
+    bool ok = codec_doc_validate(&doc, body, len, spans, 16, &err);
     if (ok) {
         ok = codec_doc_members(&doc, members, 16, &count, "", &err);
         /* keys are unique after decoding (codec_doc_members); a key with
@@ -206,6 +206,9 @@ static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
     return ok;
 }
 
+/* An answer's meta: the stream's and the whole request's milliseconds. */
+#define TIMING "{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}}"
+
 /* With `codec`, each body is decoded and the answer encoded by attnd's
  * codec; otherwise ANSWER_BYTES of padding are answered. False when a body
  * could not be decoded or an answer made (the client's leaving is no
@@ -213,21 +216,23 @@ static bool decode_body(const char *request, size_t len, codec_tensor qkv[3])
 static bool serve(int fd, char *request, size_t cap, char *answer, size_t answer_bytes,
                   bool codec)
 {
-    size_t len;
-    while (read_request(fd, request, cap, &len)) {
+    size_t body_at, len;
+    while (read_request(fd, request, cap, &body_at, &len)) {
         double t_read = now_s();
         codec_tensor qkv[3];
-        if (codec && !decode_body(request, len, qkv))
+        if (codec && !decode_body(request + body_at, len - body_at, qkv))
             return false;
         double t0 = now_s();
         stream_all();
         double t1 = now_s();
+        const char *text = answer;
+        size_t text_len = answer_bytes;
         codec_buf out = {0};
         if (codec) {
             codec_buf_puts(&out, "{\"output\":");
             codec_tensor_encode(&out, qkv[0].f32, qkv[0].rank, qkv[0].shape, CODEC_ENC_BASE64);
-            codec_buf_printf(&out, ",\"meta\":{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}}}",
-                             (t1 - t0) * 1e3, (now_s() - t_read) * 1e3);
+            codec_buf_printf(&out, ",\"meta\":" TIMING "}", (t1 - t0) * 1e3,
+                             (now_s() - t_read) * 1e3);
             for (int i = 0; i < 3; i++)
                 codec_tensor_free(&qkv[i]);
             if (out.failed) {
@@ -235,16 +240,14 @@ static bool serve(int fd, char *request, size_t cap, char *answer, size_t answer
                 codec_buf_free(&out);
                 return false;
             }
+            text = out.data;
+            text_len = out.len;
         } else {
-            int head = snprintf(answer, answer_bytes,
-                                "{\"meta\":{\"timing_ms\":{\"compute\":%.6f,\"total\":%.6f}},"
-                                "\"pad\":\"",
+            int head = snprintf(answer, answer_bytes, "{\"meta\":" TIMING ",\"pad\":\"",
                                 (t1 - t0) * 1e3, (now_s() - t_read) * 1e3);
             memset(answer + head, 'x', answer_bytes - (size_t)head - 2);
             memcpy(answer + answer_bytes - 2, "\"}", 2);
         }
-        const char *text = codec ? out.data : answer;
-        size_t text_len = codec ? out.len : answer_bytes;
         char status[128];
         int status_len = snprintf(status, sizeof status,
                                   "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"

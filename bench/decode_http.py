@@ -247,7 +247,8 @@ def decode_steps_with_floor(url, conn, rng, n, rounds, floor_binary):
         block = 0
         while any(s.sent < rounds for s in servers):
             # each server's block follows each other's in turn
-            for s in servers[block % 3:] + servers[:block % 3]:
+            turn = block % len(servers)
+            for s in servers[turn:] + servers[:turn]:
                 for _ in range(10):
                     s.step(0)
             block += 1
